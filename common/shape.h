@@ -1,0 +1,24 @@
+/* Validation of a group's shapes, shared by client and server so that both say the same words
+ * (DESIGN.md's error table). Each check returns EMBPS_OK or sets err and returns its status. */
+#ifndef EMBPS_SHAPE_H
+#define EMBPS_SHAPE_H
+
+#include <stdint.h>
+
+#include "status.h"
+
+/** tokens_per_batch must split into group_size equal token shards. INVALID_ARGUMENT if not. */
+embps_status_t embps_shape_check_tokens_per_batch(uint64_t tokens_per_batch, uint32_t group_size,
+                                                  embps_error_t *err);
+
+/** emb_width must split into group_size equal column slices. INVALID_ARGUMENT if not. */
+embps_status_t embps_shape_check_emb_width(uint64_t emb_width, uint32_t group_size,
+                                           embps_error_t *err);
+
+/** The smallest multiple of group_size that is >= tokens_per_batch (the padded batch size). */
+uint64_t embps_shape_padded_tokens(uint64_t tokens_per_batch, uint32_t group_size);
+
+/** FAILED_PRECONDITION: async updates asked of an optimizer without a fused update. */
+embps_status_t embps_shape_async_unsupported(const char *optimizer_name, embps_error_t *err);
+
+#endif

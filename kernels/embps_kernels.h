@@ -1,0 +1,158 @@
+/* embps kernels: pure compute on arrays, no I/O, no allocation inside the hot loops, nothing
+ * from the layers above. Every kernel has a CPU reference (the `_cpu` functions below); a CUDA
+ * launcher with the same contract sits beside it when the GPU backend is built.
+ *
+ * Conventions shared by every kernel:
+ * - A table slice is `num_rows x width` elements of `dtype` (f32 or bf16), row-major, with a
+ *   row stride of `width` elements. In a shard group each rank holds a column slice of every
+ *   table, so `width` here is the slice's width (shard_width) and `full_width` (emb_width) is
+ *   the table's.
+ * - Gradients handed to the updates are f32 (optimizer math is always f32); storage is
+ *   converted to and from bf16 with round-to-nearest-even.
+ * - Token ids are int64; the caller has validated them against the table's rows.
+ * - Determinism: every result is a function of the inputs alone; sums run in a fixed order. */
+#ifndef EMBPS_KERNELS_H
+#define EMBPS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+
+/* ---- dedup -------------------------------------------------------------------------------- */
+
+/** Bytes of scratch that embps_dedup_cpu needs for n tokens. */
+size_t embps_dedup_workspace_bytes(size_t n);
+
+/**
+ * Deduplicates a batch of tokens.
+ * Writes the distinct tokens to `unique` in ascending order and, for every position i, the
+ * index of tokens[i] in `unique` to segment_ids[i]. `unique` must hold n entries; `workspace`
+ * must hold embps_dedup_workspace_bytes(n) bytes. Returns the number of distinct tokens.
+ * Token 0 (padding) is deduplicated like any other token: the caller skips it.
+ */
+size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_t *segment_ids,
+                       void *workspace);
+
+/* ---- gather ------------------------------------------------------------------------------- */
+
+/**
+ * Copies rows `rows[0..n)` of `table` (num_rows x width of dtype) to `out` (n x width of the
+ * same dtype), in order.
+ */
+void embps_gather_cpu(const void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
+                      size_t n, void *out);
+
+/**
+ * Like embps_gather_cpu, but row i of out is row rows[segment_ids[i]] of the table: expands
+ * unique rows back to a batch (out has n rows). `src` holds the unique rows (num_unique x width).
+ */
+void embps_expand_cpu(const void *src, embps_dtype_t dtype, size_t width,
+                      const uint32_t *segment_ids, size_t n, void *out);
+
+/* ---- segment sum ---------------------------------------------------------------------------- */
+
+/**
+ * Sums gradient rows that share a segment: out[s] = sum over i with segment_ids[i] == s of
+ * grads[i], in ascending i, accumulated in f32. grads is n x width of dtype (f32 or bf16); out
+ * is num_unique x width f32 and is overwritten.
+ */
+void embps_segment_sum_cpu(const void *grads, embps_dtype_t dtype, size_t width,
+                           const uint32_t *segment_ids, size_t n, size_t num_unique, float *out);
+
+/* ---- finite check and norm ------------------------------------------------------------------ */
+
+/**
+ * For an n x width f32 array: writes each row's sum of squares to row_sumsq (when not NULL),
+ * adds the total sum of squares to *total_sumsq (when not NULL; in double), and returns the
+ * number of non-finite elements (NaN or +-inf). The sums of a row whose elements are not all
+ * finite are not meaningful.
+ */
+size_t embps_row_stats_cpu(const float *g, size_t n, size_t width, float *row_sumsq,
+                           double *total_sumsq);
+
+/* ---- fused optimizer updates ---------------------------------------------------------------- */
+
+typedef enum embps_optimizer {
+  EMBPS_OPT_SGD = 1,
+  EMBPS_OPT_ADAGRAD = 2,
+  EMBPS_OPT_ROWWISE_ADAGRAD = 3,
+  EMBPS_OPT_ADAM = 4,
+} embps_optimizer_t;
+
+/** Hyper-parameters, resolved (no zero-means-default here). */
+typedef struct embps_opt_params {
+  float lr;
+  float eps;
+  float decay;        /* accumulator decay per step: exp(-ln2 / half_life), 1 without half-life */
+  float beta1;        /* adam */
+  float beta2;        /* adam */
+  uint64_t step;      /* adam: 1-based count of applied steps, this one included */
+} embps_opt_params_t;
+
+/** decay for a half-life in steps; 1 when half_life <= 0. */
+float embps_opt_decay_from_half_life(float half_life);
+
+/**
+ * Every update below works on the rows `rows[0..n)` of a table slice (num_rows x width of
+ * dtype) with gradient rows `grad` (n x width f32, already summed over duplicates, one per
+ * distinct row: rows holds no duplicates and no padding row). State arrays are indexed by the
+ * table row (the same row numbers as the table). Weight decay is not part of the updates: the
+ * caller adds it to the gradient first with embps_apply_weight_decay_cpu, so that row figures
+ * (rowwise Adagrad's mean square) see the same gradient as the update.
+ */
+
+/** w -= lr * g. */
+void embps_update_sgd_cpu(void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
+                          size_t n, const float *grad, const embps_opt_params_t *p);
+
+/** Element-wise Adagrad. accum: num_rows x width f32.
+ * a = a*decay + g^2; w -= lr * g / (sqrt(a) + eps). */
+void embps_update_adagrad_cpu(void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
+                              size_t n, const float *grad, float *accum,
+                              const embps_opt_params_t *p);
+
+/**
+ * Row-wise Adagrad. accum: num_rows f32 (one per row).
+ * row_sumsq[i] is the sum over the row's full width (all column slices) of g^2; full_width is
+ * the table's emb_width. a = a*decay + row_sumsq[i] / full_width; w -= lr * g / (sqrt(a) + eps).
+ * The caller computes row_sumsq with embps_row_stats_cpu (in a group, all-reduced over ranks).
+ */
+void embps_update_rowwise_adagrad_cpu(void *table, embps_dtype_t dtype, size_t width,
+                                      const int64_t *rows, size_t n, const float *grad,
+                                      const float *row_sumsq, size_t full_width, float *accum,
+                                      const embps_opt_params_t *p);
+
+/**
+ * Adam with bias correction by the table's step count p->step. m, v: num_rows x width f32.
+ * m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+ * w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
+ */
+void embps_update_adam_cpu(void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
+                           size_t n, const float *grad, float *m, float *v,
+                           const embps_opt_params_t *p);
+
+/**
+ * g[i] += weight_decay * w[rows[i]] for every row (no-op when weight_decay == 0), so that the
+ * caller can take row statistics of the decayed gradient before the update.
+ */
+void embps_apply_weight_decay_cpu(const void *table, embps_dtype_t dtype, size_t width,
+                                  const int64_t *rows, size_t n, float *grad, float weight_decay);
+
+/* ---- initializer -------------------------------------------------------------------------- */
+
+/**
+ * The deterministic initial value of element (row, col) of a table: uniform in
+ * [-scale, scale), a function of (seed, row, col) alone, so every shard count gives the same
+ * table. Row 0 (padding) is 0.
+ */
+float embps_init_value(uint64_t seed, uint64_t row, uint64_t col, float scale);
+
+/**
+ * Fills rows [row_begin, row_end) of a table slice holding columns [col_begin,
+ * col_begin + width) with embps_init_value (converted to dtype).
+ */
+void embps_init_rows_cpu(void *table, embps_dtype_t dtype, size_t width, uint64_t row_begin,
+                         uint64_t row_end, uint64_t col_begin, uint64_t seed, float scale);
+
+#endif

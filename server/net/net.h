@@ -1,0 +1,98 @@
+/* The network layer: gRPC over HTTP/2 cleartext (h2c), served by libuv and nghttp2 on one
+ * event-loop thread. It knows nothing of tables or protobuf messages: it delivers each complete
+ * unary request (method path and message bytes) to a handler, and sends back one answer per
+ * call. Every function here runs on the loop thread. */
+#ifndef EMBPS_NET_H
+#define EMBPS_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/status.h"
+
+typedef struct embps_net embps_net_t;
+typedef struct embps_net_call embps_net_call_t;
+
+typedef struct embps_net_config {
+  /** A gRPC message (request) larger than this is refused with RESOURCE_EXHAUSTED. */
+  size_t max_message_bytes;
+  /** A connection that sends no bytes for this long while it has a request half-received,
+   * or that never completes its preface, is closed. 0 disables. */
+  uint64_t stall_timeout_ms;
+  /** A connection with no open streams that stays silent this long is closed. 0 disables. */
+  uint64_t idle_timeout_ms;
+  /** Connections beyond this are accepted and closed at once. */
+  uint32_t max_connections;
+} embps_net_config_t;
+
+typedef struct embps_net_stats {
+  uint64_t requests;     /* complete requests delivered to the handler */
+  uint64_t errors;       /* calls answered with a status other than OK (by net or handler) */
+  uint64_t bytes_in;     /* bytes read from sockets */
+  uint64_t bytes_out;    /* bytes written to sockets */
+  uint32_t connections;  /* open now */
+} embps_net_stats_t;
+
+/**
+ * Called on the loop thread for every complete unary request.
+ * method: the :path, e.g. "/embps.v1.EmbeddingService/Lookup"; valid during the call only.
+ * msg, len: the request message without the gRPC 5-byte prefix. The handler takes ownership of
+ * msg (free it with embps_free; msg is NULL when len == 0).
+ * The handler must answer the call exactly once, now or later, with embps_net_call_reply or
+ * embps_net_call_fail, on the loop thread. The call stays valid until answered, even if its
+ * connection goes away (the answer is then dropped).
+ */
+typedef void (*embps_net_request_cb)(void *user, embps_net_call_t *call, const char *method,
+                                     uint8_t *msg, size_t len);
+
+/**
+ * Creates the network layer on loop. cfg is copied. On failure *out is untouched.
+ * Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
+ */
+embps_status_t embps_net_new(embps_net_t **out, uv_loop_t *loop, const embps_net_config_t *cfg,
+                             embps_net_request_cb on_request, void *user);
+
+/**
+ * Binds and listens on host:port ("127.0.0.1:7070", "[::1]:7070", "0.0.0.0:0"). Port 0 picks a
+ * free port; embps_net_port tells which. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT for an
+ * address that does not parse, EMBPS_UNAVAILABLE when bind/listen fails (err says why).
+ */
+embps_status_t embps_net_listen(embps_net_t *net, const char *host_port, embps_error_t *err);
+
+/** The port the listener is bound to; 0 before listen. */
+int embps_net_port(const embps_net_t *net);
+
+/** Counters since creation. */
+void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out);
+
+/**
+ * Stops listening and closes every connection. Calls not yet answered stay valid and must still
+ * be answered (their answers are dropped). After the loop has run the close callbacks,
+ * embps_net_free releases the rest.
+ */
+void embps_net_close(embps_net_t *net);
+
+/** Frees the network layer after embps_net_close and a turn of the loop. NULL is a no-op. */
+void embps_net_free(embps_net_t *net);
+
+/**
+ * Answers a call with one message (OK status). body[0..len) is the serialized response message
+ * without the gRPC prefix; the call sends it without copying and calls release(release_arg)
+ * once the bytes are written or dropped (release may be NULL when body is static).
+ * After this the call handle is gone.
+ */
+void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t len,
+                          void (*release)(void *), void *release_arg);
+
+/**
+ * Answers a call with an error status and message (sent as grpc-status / grpc-message
+ * trailers, the message percent-encoded). status must not be EMBPS_OK. After this the call
+ * handle is gone.
+ */
+void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const char *message);
+
+/** Non-zero when the call's peer has gone (connection closed or stream reset). */
+int embps_net_call_cancelled(const embps_net_call_t *call);
+
+#endif
