@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages embps needs to build, test and benchmark, skipping those already
+# present (so a machine without network access that has them still works). Sourced or run.
+set -euo pipefail
+
+EMBPS_PACKAGES=(
+  build-essential cmake pkg-config git
+  libuv1-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev
+  python3 python3-grpcio python3-grpc-tools python3-numpy python3-protobuf protobuf-compiler
+  iproute2 iperf3 redis-server redis-tools clang-format
+)
+
+missing=()
+for p in "${EMBPS_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

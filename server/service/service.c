@@ -1,0 +1,636 @@
+/* The service layer.
+ *
+ * Every call is decoded with protobuf-c and validated by one function per call shape
+ * (validate_batch for Lookup and PushGradients, embps_table_config_resolve for CreateTable)
+ * before anything is queued, so a rejected request has changed nothing.
+ *
+ * Lookup replies are the bulk of the bytes a server sends, so they are not packed by
+ * protobuf-c: the service lays out the LookupResponse's small fields and the rows field's
+ * header at the front of one buffer and the engine gathers the rows straight behind them; the
+ * network layer then writes that buffer to the socket without another copy.
+ *
+ * Order: the engine runs ops in submission order and the loop thread submits them in arrival
+ * order, so a lookup that arrives after a push (async or sync) sees it. */
+#include "service.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/dtype.h"
+#include "common/log.h"
+#include "common/shape.h"
+#include "embps/v1/embps.pb-c.h"
+#include "grpc/health/v1/health.pb-c.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "embps's wire arrays are little-endian and it runs on little-endian hosts only"
+#endif
+
+#define SERVICE_PREFIX "/embps.v1.EmbeddingService/"
+#define HEALTH_CHECK "/grpc.health.v1.Health/Check"
+
+struct embps_service {
+  embps_engine_t *engine;
+  embps_store_t *store;
+  embps_net_t *net;
+  embps_service_config_t cfg;
+  uint64_t inflight;
+  struct timespec started;
+};
+
+typedef enum { REQ_CREATE, REQ_LOOKUP, REQ_PUSH } request_kind_t;
+
+/* One call handed to the engine. Owns the unpacked request (tokens and gradients point into
+ * it) and, for a lookup, the reply buffer the engine fills. */
+typedef struct request {
+  embps_service_t *svc;
+  embps_net_call_t *call; /* NULL once answered (an async push is answered before it runs) */
+  request_kind_t kind;
+  ProtobufCMessage *msg;
+  embps_op_t op;
+  uint64_t batch_id;
+  uint32_t shard_index;
+  uint8_t *reply;
+  size_t reply_len;
+} request_t;
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+static void release_buffer(void *p) { embps_free(p); }
+
+/* Packs a protobuf-c message and answers the call with it. */
+static void reply_message(embps_net_call_t *call, const ProtobufCMessage *m) {
+  size_t len = protobuf_c_message_get_packed_size(m);
+  uint8_t *buf = embps_malloc(len);
+  if (!buf) {
+    embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory packing the reply");
+    return;
+  }
+  protobuf_c_message_pack(m, buf);
+  embps_net_call_reply(call, buf, len, release_buffer, buf);
+}
+
+static void fail_call(embps_net_call_t *call, const embps_error_t *err) {
+  embps_net_call_fail(call, err->status, err->message);
+}
+
+static size_t put_varint(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+  while (v >= 0x80) {
+    p[n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = (uint8_t)v;
+  return n;
+}
+
+/* Writes LookupResponse's fields 1-4 and the key and length of field 5 (rows); returns the
+ * bytes written (at most 48). The rows themselves follow. */
+static size_t put_lookup_header(uint8_t *p, uint64_t batch_id, uint32_t shard_index,
+                                uint32_t emb_width, int dtype, size_t rows_bytes) {
+  size_t n = 0;
+  if (batch_id) {
+    p[n++] = 0x08;
+    n += put_varint(p + n, batch_id);
+  }
+  if (shard_index) {
+    p[n++] = 0x10;
+    n += put_varint(p + n, shard_index);
+  }
+  p[n++] = 0x18;
+  n += put_varint(p + n, emb_width);
+  p[n++] = 0x20;
+  n += put_varint(p + n, (uint64_t)dtype);
+  p[n++] = 0x2a;
+  n += put_varint(p + n, rows_bytes);
+  return n;
+}
+
+static embps_table_t *find_ready_table(embps_service_t *svc, const char *name,
+                                       embps_error_t *err) {
+  embps_table_t *t = embps_store_find(svc->store, name ? name : "");
+  if (!t)
+    embps_error_set(err, EMBPS_NOT_FOUND, "table '%s' not found", name ? name : "");
+  return t;
+}
+
+/* ---- validation ---------------------------------------------------------------------------- */
+
+/* The common checks of Lookup and PushGradients. On success *table is the table and the
+ * tokens are known to lie in [0, rows). */
+static embps_status_t validate_batch(embps_service_t *svc, const char *table_name,
+                                     uint32_t shard_index, uint32_t shard_count,
+                                     uint32_t tokens_per_batch, const ProtobufCBinaryData *tokens,
+                                     int dtype, embps_table_t **table, embps_error_t *err) {
+  uint32_t group_size = embps_store_group_size(svc->store);
+  embps_table_t *t;
+  size_t n;
+  const int64_t *tok;
+  embps_status_t ret;
+
+  if (!(t = find_ready_table(svc, table_name, err)))
+    return err->status;
+  if (shard_count == 0)
+    shard_count = 1;
+  if (shard_count != group_size)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "shard_count=%u does not match the %u-rank group: split the batch "
+                           "into one token shard per rank",
+                           shard_count, group_size);
+  if (shard_index >= shard_count)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "shard_index=%u is not below shard_count=%u",
+                           shard_index, shard_count);
+  if (tokens->len % sizeof(int64_t) != 0)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "tokens holds %zu bytes, not a whole number of int64 tokens (8 bytes "
+                           "each, little-endian)",
+                           tokens->len);
+  n = tokens->len / sizeof(int64_t);
+  if (tokens_per_batch == 0)
+    tokens_per_batch = (uint32_t)(n * shard_count);
+  if ((ret = embps_shape_check_tokens_per_batch(tokens_per_batch, group_size, err)) != EMBPS_OK)
+    return ret;
+  if ((uint64_t)n * shard_count != tokens_per_batch)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "shard %u holds %zu tokens, but tokens_per_batch=%u over %u shards "
+                           "needs %u",
+                           shard_index, n, tokens_per_batch, shard_count,
+                           tokens_per_batch / shard_count);
+  if (dtype != 0 && dtype != (int)t->config.dtype)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "dtype mismatch: table '%s' stores %s, the request carries %s",
+                           t->config.name, embps_dtype_name(t->config.dtype),
+                           embps_dtype_name(dtype));
+  tok = (const int64_t *)tokens->data;
+  for (size_t i = 0; i < n; i++) {
+    if (tok[i] < 0 || (uint64_t)tok[i] >= t->config.rows)
+      return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                             "token %lld at position %zu is outside [0, %llu) of table '%s'",
+                             (long long)tok[i], i, (unsigned long long)t->config.rows,
+                             t->config.name);
+  }
+  *table = t;
+  return EMBPS_OK;
+}
+
+static void spec_from_table(const embps_table_t *t, Embps__V1__TableSpec *spec,
+                            Embps__V1__OptimizerConfig *o);
+
+/* ---- completion ---------------------------------------------------------------------------- */
+
+static void request_free(request_t *r) {
+  if (r->msg)
+    protobuf_c_message_free_unpacked(r->msg, NULL);
+  embps_free(r->reply);
+  embps_free(r);
+}
+
+static void on_op_done(embps_op_t *op) {
+  request_t *r = op->user;
+  embps_service_t *svc = r->svc;
+
+  svc->inflight--;
+  if (!r->call) { /* async push, answered when it was ordered */
+    if (op->error.status != EMBPS_OK)
+      EMBPS_WARN("async push to '%s' failed: %s", op->table->config.name, op->error.message);
+    request_free(r);
+    return;
+  }
+  if (op->error.status != EMBPS_OK) {
+    if (r->kind == REQ_CREATE)
+      embps_store_remove(svc->store, op->table);
+    fail_call(r->call, &op->error);
+    request_free(r);
+    return;
+  }
+  switch (r->kind) {
+  case REQ_CREATE: {
+    Embps__V1__CreateTableResponse resp = EMBPS__V1__CREATE_TABLE_RESPONSE__INIT;
+    Embps__V1__TableSpec spec = EMBPS__V1__TABLE_SPEC__INIT;
+    Embps__V1__OptimizerConfig opt = EMBPS__V1__OPTIMIZER_CONFIG__INIT;
+    const embps_table_config_t *c = &op->table->config;
+    spec_from_table(op->table, &spec, &opt);
+    resp.spec = &spec;
+    resp.group_size = embps_store_group_size(svc->store);
+    EMBPS_INFO("created table '%s': rows=%llu emb_width=%u %s %s, %llu bytes on this rank",
+               c->name, (unsigned long long)c->rows, c->emb_width, embps_dtype_name(c->dtype),
+               embps_optimizer_name(c->optimizer), (unsigned long long)op->table->bytes);
+    reply_message(r->call, &resp.base);
+    break;
+  }
+  case REQ_LOOKUP: {
+    uint8_t *buf = r->reply;
+    r->reply = NULL; /* the call owns it now */
+    embps_net_call_reply(r->call, buf, r->reply_len, release_buffer, buf);
+    break;
+  }
+  case REQ_PUSH: {
+    Embps__V1__PushGradientsResponse resp = EMBPS__V1__PUSH_GRADIENTS_RESPONSE__INIT;
+    resp.batch_id = r->batch_id;
+    resp.shard_index = r->shard_index;
+    resp.applied = op->applied;
+    resp.skipped = op->skipped;
+    resp.grad_norm = op->grad_norm;
+    resp.num_unique = op->num_unique;
+    reply_message(r->call, &resp.base);
+    break;
+  }
+  }
+  request_free(r);
+}
+
+static request_t *request_new(embps_service_t *svc, embps_net_call_t *call, request_kind_t kind,
+                              ProtobufCMessage *msg) {
+  request_t *r = embps_calloc(1, sizeof(*r));
+  if (!r)
+    return NULL;
+  r->svc = svc;
+  r->call = call;
+  r->kind = kind;
+  r->msg = msg;
+  r->op.done = on_op_done;
+  r->op.user = r;
+  return r;
+}
+
+static void submit(request_t *r) {
+  r->svc->inflight++;
+  embps_engine_submit(r->svc->engine, &r->op);
+}
+
+/* ---- the calls ----------------------------------------------------------------------------- */
+
+static void config_from_spec(const Embps__V1__TableSpec *spec, embps_table_config_t *c) {
+  memset(c, 0, sizeof(*c));
+  if (spec->name && strlen(spec->name) < sizeof(c->name))
+    strcpy(c->name, spec->name);
+  else if (spec->name) /* too long: keep it unterminated-length so resolve refuses it */
+    memset(c->name, 'x', sizeof(c->name));
+  c->rows = spec->rows;
+  c->emb_width = spec->emb_width;
+  c->dtype = (embps_dtype_t)spec->dtype;
+  c->seed = spec->seed;
+  c->init_scale = spec->init_scale;
+  if (spec->optimizer) {
+    const Embps__V1__OptimizerConfig *o = spec->optimizer;
+    c->optimizer = (embps_optimizer_t)o->kind;
+    c->lr = o->lr;
+    c->eps = o->eps;
+    c->half_life = o->half_life;
+    c->initial_accumulator = o->initial_accumulator;
+    c->weight_decay = o->weight_decay;
+    c->beta1 = o->beta1;
+    c->beta2 = o->beta2;
+  }
+}
+
+static void handle_create_table(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
+                                size_t len) {
+  Embps__V1__CreateTableRequest *req = embps__v1__create_table_request__unpack(NULL, len, msg);
+  embps_table_config_t cfg;
+  embps_error_t err;
+  embps_table_t *t = NULL;
+  request_t *r;
+
+  if (!req) {
+    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed CreateTableRequest message");
+    return;
+  }
+  if (!req->spec) {
+    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "CreateTableRequest has no spec");
+    goto exit;
+  }
+  config_from_spec(req->spec, &cfg);
+  if (embps_table_config_resolve(&cfg, embps_store_group_size(svc->store),
+                                 svc->cfg.max_table_bytes, &err) != EMBPS_OK ||
+      embps_store_add(svc->store, &cfg, &t, &err) != EMBPS_OK) {
+    fail_call(call, &err);
+    goto exit;
+  }
+  r = request_new(svc, call, REQ_CREATE, &req->base);
+  if (!r) {
+    embps_store_remove(svc->store, t);
+    embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+    goto exit;
+  }
+  r->op.kind = EMBPS_OP_CREATE_TABLE;
+  r->op.table = t;
+  submit(r);
+  return;
+exit:
+  embps__v1__create_table_request__free_unpacked(req, NULL);
+}
+
+static void spec_from_table(const embps_table_t *t, Embps__V1__TableSpec *spec,
+                            Embps__V1__OptimizerConfig *o) {
+  const embps_table_config_t *c = &t->config;
+  spec->name = (char *)c->name;
+  spec->rows = c->rows;
+  spec->emb_width = c->emb_width;
+  spec->dtype = (Embps__V1__DType)c->dtype;
+  spec->seed = c->seed;
+  spec->init_scale = c->init_scale;
+  o->kind = (Embps__V1__OptimizerKind)c->optimizer;
+  o->lr = c->lr;
+  o->eps = c->eps;
+  o->half_life = c->half_life;
+  o->initial_accumulator = c->initial_accumulator;
+  o->weight_decay = c->weight_decay;
+  o->beta1 = c->beta1;
+  o->beta2 = c->beta2;
+  spec->optimizer = o;
+}
+
+static void handle_list_tables(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
+                               size_t len) {
+  Embps__V1__ListTablesRequest *req = embps__v1__list_tables_request__unpack(NULL, len, msg);
+  Embps__V1__ListTablesResponse resp = EMBPS__V1__LIST_TABLES_RESPONSE__INIT;
+  size_t n = embps_store_count(svc->store), k = 0;
+  Embps__V1__TableSpec *specs = NULL, **ptrs = NULL;
+  Embps__V1__OptimizerConfig *opts = NULL;
+
+  if (!req) {
+    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed ListTablesRequest message");
+    return;
+  }
+  specs = embps_calloc(n, sizeof(*specs));
+  ptrs = embps_calloc(n, sizeof(*ptrs));
+  opts = embps_calloc(n, sizeof(*opts));
+  if (!specs || !ptrs || !opts) {
+    embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+    goto exit;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const embps_table_t *t = embps_store_at(svc->store, i);
+    if (t->alloc_status != EMBPS_OK)
+      continue; /* still being created */
+    embps__v1__table_spec__init(&specs[k]);
+    embps__v1__optimizer_config__init(&opts[k]);
+    spec_from_table(t, &specs[k], &opts[k]);
+    ptrs[k] = &specs[k];
+    k++;
+  }
+  resp.n_tables = k;
+  resp.tables = ptrs;
+  resp.group_size = embps_store_group_size(svc->store);
+  reply_message(call, &resp.base);
+exit:
+  embps_free(specs);
+  embps_free(ptrs);
+  embps_free(opts);
+  embps__v1__list_tables_request__free_unpacked(req, NULL);
+}
+
+static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
+                          size_t len) {
+  Embps__V1__LookupRequest *req = embps__v1__lookup_request__unpack(NULL, len, msg);
+  embps_error_t err;
+  embps_table_t *t;
+  request_t *r;
+  size_t n, rows_bytes, head;
+  uint8_t header[64];
+
+  if (!req) {
+    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed LookupRequest message");
+    return;
+  }
+  if (validate_batch(svc, req->table, req->shard_index, req->shard_count, req->tokens_per_batch,
+                     &req->tokens, req->dtype, &t, &err) != EMBPS_OK) {
+    fail_call(call, &err);
+    embps__v1__lookup_request__free_unpacked(req, NULL);
+    return;
+  }
+  n = req->tokens.len / sizeof(int64_t);
+  rows_bytes = n * t->config.emb_width * embps_dtype_size(t->config.dtype);
+  head = put_lookup_header(header, req->batch_id, req->shard_index, t->config.emb_width,
+                           t->config.dtype, rows_bytes);
+  r = request_new(svc, call, REQ_LOOKUP, &req->base);
+  if (!r || !(r->reply = embps_aligned_alloc(head + rows_bytes))) {
+    embps_error_set(&err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte reply",
+                    head + rows_bytes);
+    fail_call(call, &err);
+    if (r)
+      r->msg = NULL;
+    embps_free(r);
+    embps__v1__lookup_request__free_unpacked(req, NULL);
+    return;
+  }
+  memcpy(r->reply, header, head);
+  r->reply_len = head + rows_bytes;
+  r->batch_id = req->batch_id;
+  r->shard_index = req->shard_index;
+  r->op.kind = EMBPS_OP_LOOKUP;
+  r->op.table = t;
+  r->op.tokens = (const int64_t *)req->tokens.data;
+  r->op.num_tokens = n;
+  r->op.rows_out = r->reply + head;
+  submit(r);
+}
+
+static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
+                        size_t len) {
+  Embps__V1__PushGradientsRequest *req = embps__v1__push_gradients_request__unpack(NULL, len, msg);
+  embps_error_t err;
+  embps_table_t *t;
+  request_t *r;
+  size_t n, want;
+  int async;
+
+  if (!req) {
+    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed PushGradientsRequest message");
+    return;
+  }
+  if (validate_batch(svc, req->table, req->shard_index, req->shard_count, req->tokens_per_batch,
+                     &req->tokens, req->dtype, &t, &err) != EMBPS_OK)
+    goto fail;
+  n = req->tokens.len / sizeof(int64_t);
+  want = n * t->config.emb_width * embps_dtype_size(t->config.dtype);
+  if (req->gradients.len != want) {
+    embps_error_set(&err, EMBPS_INVALID_ARGUMENT,
+                    "gradients hold %zu bytes, but %zu tokens of emb_width=%u %s need %zu",
+                    req->gradients.len, n, t->config.emb_width, embps_dtype_name(t->config.dtype),
+                    want);
+    goto fail;
+  }
+  async = req->mode == EMBPS__V1__UPDATE_MODE__UPDATE_MODE_ASYNC;
+  if (async && !embps_optimizer_info(t->config.optimizer)->fused_cpu) {
+    embps_shape_async_unsupported(embps_optimizer_name(t->config.optimizer), &err);
+    goto fail;
+  }
+  if (req->mode != EMBPS__V1__UPDATE_MODE__UPDATE_MODE_SYNC && !async) {
+    embps_error_set(&err, EMBPS_INVALID_ARGUMENT, "update mode %d is neither sync nor async",
+                    (int)req->mode);
+    goto fail;
+  }
+  r = request_new(svc, call, REQ_PUSH, &req->base);
+  if (!r) {
+    embps_error_set(&err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+    goto fail;
+  }
+  r->batch_id = req->batch_id;
+  r->shard_index = req->shard_index;
+  r->op.kind = EMBPS_OP_PUSH;
+  r->op.table = t;
+  r->op.tokens = (const int64_t *)req->tokens.data;
+  r->op.num_tokens = n;
+  r->op.grads = req->gradients.data;
+  submit(r);
+  if (async) {
+    /* Ordered: the engine runs ops in submission order, so every later lookup sees it. */
+    Embps__V1__PushGradientsResponse resp = EMBPS__V1__PUSH_GRADIENTS_RESPONSE__INIT;
+    resp.batch_id = r->batch_id;
+    resp.shard_index = r->shard_index;
+    resp.ordered = 1;
+    r->call = NULL;
+    reply_message(call, &resp.base);
+  }
+  return;
+fail:
+  fail_call(call, &err);
+  embps__v1__push_gradients_request__free_unpacked(req, NULL);
+}
+
+static double uptime_s(const embps_service_t *svc) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (double)(now.tv_sec - svc->started.tv_sec) +
+         (double)(now.tv_nsec - svc->started.tv_nsec) * 1e-9;
+}
+
+static uint64_t load(atomic_uint_fast64_t *v) {
+  return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
+                         size_t len) {
+  Embps__V1__GetStatsRequest *req = embps__v1__get_stats_request__unpack(NULL, len, msg);
+  Embps__V1__GetStatsResponse resp = EMBPS__V1__GET_STATS_RESPONSE__INIT;
+  size_t n = embps_store_count(svc->store);
+  Embps__V1__TableStats *ts = NULL, **ptrs = NULL;
+  embps_net_stats_t ns;
+
+  if (!req) {
+    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed GetStatsRequest message");
+    return;
+  }
+  ts = embps_calloc(n, sizeof(*ts));
+  ptrs = embps_calloc(n, sizeof(*ptrs));
+  if (!ts || !ptrs) {
+    embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+    goto exit;
+  }
+  memset(&ns, 0, sizeof(ns));
+  if (svc->net)
+    embps_net_get_stats(svc->net, &ns);
+  resp.rank = embps_store_rank(svc->store);
+  resp.group_size = embps_store_group_size(svc->store);
+  resp.backend = (char *)embps_engine_backend(svc->engine);
+  resp.uptime_s = uptime_s(svc);
+  resp.requests = ns.requests;
+  resp.errors = ns.errors;
+  resp.bytes_in = ns.bytes_in;
+  resp.bytes_out = ns.bytes_out;
+  resp.connections = ns.connections;
+  resp.version = (char *)EMBPS_VERSION;
+  for (size_t i = 0; i < n; i++) {
+    embps_table_t *t = embps_store_at(svc->store, i);
+    embps__v1__table_stats__init(&ts[i]);
+    ts[i].name = t->config.name;
+    ts[i].rows = t->config.rows;
+    ts[i].emb_width = t->config.emb_width;
+    ts[i].lookups = load(&t->counters.lookups);
+    ts[i].pushes = load(&t->counters.pushes);
+    ts[i].rows_looked_up = load(&t->counters.rows_looked_up);
+    ts[i].rows_pushed = load(&t->counters.rows_pushed);
+    ts[i].steps_applied = load(&t->counters.steps_applied);
+    ts[i].steps_skipped = load(&t->counters.steps_skipped);
+    ts[i].bytes = t->bytes;
+    ptrs[i] = &ts[i];
+  }
+  resp.n_tables = n;
+  resp.tables = ptrs;
+  reply_message(call, &resp.base);
+exit:
+  embps_free(ts);
+  embps_free(ptrs);
+  embps__v1__get_stats_request__free_unpacked(req, NULL);
+}
+
+static void handle_health(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
+                          size_t len) {
+  Grpc__Health__V1__HealthCheckRequest *req =
+      grpc__health__v1__health_check_request__unpack(NULL, len, msg);
+  Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+  (void)svc;
+
+  if (!req) {
+    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed HealthCheckRequest message");
+    return;
+  }
+  if (req->service && req->service[0] && strcmp(req->service, "embps.v1.EmbeddingService") != 0) {
+    embps_net_call_fail(call, EMBPS_NOT_FOUND, "unknown service");
+  } else {
+    resp.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    reply_message(call, &resp.base);
+  }
+  grpc__health__v1__health_check_request__free_unpacked(req, NULL);
+}
+
+static void unknown_method(embps_net_call_t *call, const char *method) {
+  char text[320];
+  snprintf(text, sizeof(text), "unknown method %.256s", method);
+  embps_net_call_fail(call, EMBPS_UNIMPLEMENTED, text);
+}
+
+void embps_service_on_request(void *user, embps_net_call_t *call, const char *method,
+                              uint8_t *msg, size_t len) {
+  embps_service_t *svc = user;
+  static const uint8_t empty[1];
+  const uint8_t *m = msg ? msg : empty;
+
+  if (strncmp(method, SERVICE_PREFIX, strlen(SERVICE_PREFIX)) == 0) {
+    const char *name = method + strlen(SERVICE_PREFIX);
+    if (strcmp(name, "Lookup") == 0)
+      handle_lookup(svc, call, m, len);
+    else if (strcmp(name, "PushGradients") == 0)
+      handle_push(svc, call, m, len);
+    else if (strcmp(name, "CreateTable") == 0)
+      handle_create_table(svc, call, m, len);
+    else if (strcmp(name, "ListTables") == 0)
+      handle_list_tables(svc, call, m, len);
+    else if (strcmp(name, "GetStats") == 0)
+      handle_stats(svc, call, m, len);
+    else if (strcmp(name, "Checkpoint") == 0)
+      embps_net_call_fail(call, EMBPS_UNIMPLEMENTED,
+                          "Checkpoint is not implemented yet: tables live in memory only");
+    else
+      unknown_method(call, method);
+  } else if (strcmp(method, HEALTH_CHECK) == 0) {
+    handle_health(svc, call, m, len);
+  } else {
+    unknown_method(call, method);
+  }
+  embps_free(msg);
+}
+
+embps_status_t embps_service_new(embps_service_t **out, embps_engine_t *engine,
+                                 embps_store_t *store, const embps_service_config_t *cfg) {
+  embps_service_t *svc = embps_calloc(1, sizeof(*svc));
+  if (!svc)
+    return EMBPS_RESOURCE_EXHAUSTED;
+  svc->engine = engine;
+  svc->store = store;
+  svc->cfg = *cfg;
+  clock_gettime(CLOCK_MONOTONIC, &svc->started);
+  *out = svc;
+  return EMBPS_OK;
+}
+
+void embps_service_set_net(embps_service_t *svc, embps_net_t *net) { svc->net = net; }
+
+uint64_t embps_service_inflight(const embps_service_t *svc) { return svc->inflight; }
+
+void embps_service_free(embps_service_t *svc) { embps_free(svc); }

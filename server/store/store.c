@@ -1,0 +1,247 @@
+/* The store holds tables by name. Tables are never moved once registered (the registry is an
+ * array of pointers), so the engine can keep a table pointer across threads while the loop
+ * thread looks names up. A table's arrays are allocated by the engine thread, in request order,
+ * so a lookup queued after CreateTable always finds the table initialized.
+ *
+ * Initialization writes every element from embps_init_value, a function of (seed, row, column)
+ * alone, so a table's contents do not depend on how many ranks split it. */
+#include "store.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/shape.h"
+
+struct embps_store {
+  uint32_t rank;
+  uint32_t group_size;
+  size_t max_tables;
+  size_t count;
+  embps_table_t **tables;
+};
+
+static const embps_optimizer_info_t optimizer_registry[] = {
+    {EMBPS_OPT_SGD, "sgd", 0, 0, 1, 1},
+    {EMBPS_OPT_ADAGRAD, "adagrad", 1, 0, 1, 1},
+    {EMBPS_OPT_ROWWISE_ADAGRAD, "rowwise_adagrad", 0, 1, 1, 1},
+    {EMBPS_OPT_ADAM, "adam", 2, 0, 1, 1},
+};
+
+const embps_optimizer_info_t *embps_optimizer_info(embps_optimizer_t opt) {
+  for (size_t i = 0; i < sizeof(optimizer_registry) / sizeof(optimizer_registry[0]); i++)
+    if (optimizer_registry[i].kind == opt)
+      return &optimizer_registry[i];
+  return NULL;
+}
+
+const char *embps_optimizer_name(embps_optimizer_t opt) {
+  const embps_optimizer_info_t *info = embps_optimizer_info(opt);
+  return info ? info->name : "unknown";
+}
+
+uint64_t embps_table_config_bytes(const embps_table_config_t *cfg, uint32_t group_size) {
+  const embps_optimizer_info_t *info = embps_optimizer_info(cfg->optimizer);
+  uint64_t shard_width = cfg->emb_width / (group_size ? group_size : 1);
+  uint64_t per_row = shard_width * embps_dtype_size(cfg->dtype);
+  if (info)
+    per_row += (uint64_t)info->state_per_element * shard_width * 4 + info->state_per_row * 4u;
+  return cfg->rows * per_row;
+}
+
+static int finite_nonneg(float x) { return isfinite(x) && x >= 0.0f; }
+
+embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t group_size,
+                                          uint64_t max_bytes, embps_error_t *err) {
+  size_t name_len = strnlen(cfg->name, sizeof(cfg->name));
+  embps_status_t ret;
+  uint64_t bytes;
+
+  if (name_len == 0 || name_len >= sizeof(cfg->name))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "table name must be 1 to %d bytes long", EMBPS_TABLE_NAME_MAX - 1);
+  for (size_t i = 0; i < name_len; i++) {
+    char c = cfg->name[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+          c == '_' || c == '-' || c == '.'))
+      return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                             "table name '%s' may hold only letters, digits, '_', '-' and '.'",
+                             cfg->name);
+  }
+  if (cfg->rows < 2 || cfg->rows > EMBPS_MAX_ROWS)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "rows=%llu is out of range: a table needs 2 to %llu rows (row 0 is "
+                           "the padding row)",
+                           (unsigned long long)cfg->rows, (unsigned long long)EMBPS_MAX_ROWS);
+  if (cfg->emb_width == 0 || cfg->emb_width > EMBPS_MAX_EMB_WIDTH)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "emb_width=%u is out of range: 1 to %u", cfg->emb_width,
+                           EMBPS_MAX_EMB_WIDTH);
+  if ((ret = embps_shape_check_emb_width(cfg->emb_width, group_size, err)) != EMBPS_OK)
+    return ret;
+  if ((int)cfg->dtype == 0)
+    cfg->dtype = EMBPS_DTYPE_F32;
+  if (embps_dtype_size(cfg->dtype) == 0)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "dtype %d is not f32 or bf16",
+                           (int)cfg->dtype);
+  if ((int)cfg->optimizer == 0)
+    cfg->optimizer = EMBPS_OPT_ROWWISE_ADAGRAD;
+  if (!embps_optimizer_info(cfg->optimizer))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "optimizer %d is not one of sgd, adagrad, rowwise_adagrad, adam",
+                           (int)cfg->optimizer);
+  if (cfg->lr == 0.0f)
+    cfg->lr = 0.01f;
+  if (cfg->eps == 0.0f)
+    cfg->eps = 1e-8f;
+  if (cfg->beta1 == 0.0f)
+    cfg->beta1 = 0.9f;
+  if (cfg->beta2 == 0.0f)
+    cfg->beta2 = 0.999f;
+  if (cfg->init_scale == 0.0f)
+    cfg->init_scale = 1.0f / sqrtf((float)cfg->emb_width);
+  if (!finite_nonneg(cfg->lr) || !(cfg->eps > 0.0f && isfinite(cfg->eps)) ||
+      !finite_nonneg(cfg->half_life) || !finite_nonneg(cfg->initial_accumulator) ||
+      !finite_nonneg(cfg->weight_decay) || !finite_nonneg(cfg->init_scale))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "optimizer settings must be finite and non-negative (lr=%g eps=%g "
+                           "half_life=%g initial_accumulator=%g weight_decay=%g init_scale=%g)",
+                           cfg->lr, cfg->eps, cfg->half_life, cfg->initial_accumulator,
+                           cfg->weight_decay, cfg->init_scale);
+  if (!(cfg->beta1 > 0.0f && cfg->beta1 < 1.0f) || !(cfg->beta2 > 0.0f && cfg->beta2 < 1.0f))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "adam betas must lie in (0, 1), got beta1=%g beta2=%g", cfg->beta1,
+                           cfg->beta2);
+  bytes = embps_table_config_bytes(cfg, group_size);
+  if (bytes > max_bytes)
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "table '%s' needs %llu bytes per rank (rows=%llu emb_width=%u %s, "
+                           "%s state), more than this server's limit of %llu "
+                           "(--max-table-bytes)",
+                           cfg->name, (unsigned long long)bytes, (unsigned long long)cfg->rows,
+                           cfg->emb_width, embps_dtype_name(cfg->dtype),
+                           embps_optimizer_name(cfg->optimizer), (unsigned long long)max_bytes);
+  return EMBPS_OK;
+}
+
+embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t group_size,
+                               size_t max_tables) {
+  embps_store_t *s = embps_calloc(1, sizeof(*s));
+  if (!s)
+    return EMBPS_RESOURCE_EXHAUSTED;
+  s->tables = embps_calloc(max_tables ? max_tables : 1, sizeof(*s->tables));
+  if (!s->tables) {
+    embps_free(s);
+    return EMBPS_RESOURCE_EXHAUSTED;
+  }
+  s->rank = rank;
+  s->group_size = group_size;
+  s->max_tables = max_tables;
+  *out = s;
+  return EMBPS_OK;
+}
+
+static void table_free(embps_table_t *t) {
+  if (!t)
+    return;
+  embps_free(t->data);
+  embps_free(t->state0);
+  embps_free(t->state1);
+  embps_free(t);
+}
+
+void embps_store_free(embps_store_t *store) {
+  if (!store)
+    return;
+  for (size_t i = 0; i < store->count; i++)
+    table_free(store->tables[i]);
+  embps_free(store->tables);
+  embps_free(store);
+}
+
+embps_status_t embps_store_add(embps_store_t *store, const embps_table_config_t *cfg,
+                               embps_table_t **out, embps_error_t *err) {
+  embps_table_t *t;
+
+  if (embps_store_find(store, cfg->name))
+    return embps_error_set(err, EMBPS_ALREADY_EXISTS, "table '%s' already exists", cfg->name);
+  if (store->count >= store->max_tables)
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "this server already holds %zu tables, its limit (--max-tables)",
+                           store->count);
+  t = embps_calloc(1, sizeof(*t));
+  if (!t)
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  t->config = *cfg;
+  t->shard_width = cfg->emb_width / store->group_size;
+  t->col_begin = store->rank * t->shard_width;
+  t->bytes = embps_table_config_bytes(cfg, store->group_size);
+  t->alloc_status = EMBPS_UNAVAILABLE; /* until the engine allocates it */
+  store->tables[store->count++] = t;
+  *out = t;
+  return EMBPS_OK;
+}
+
+void embps_store_remove(embps_store_t *store, embps_table_t *table) {
+  for (size_t i = 0; i < store->count; i++) {
+    if (store->tables[i] == table) {
+      memmove(&store->tables[i], &store->tables[i + 1],
+              (store->count - i - 1) * sizeof(*store->tables));
+      store->count--;
+      table_free(table);
+      return;
+    }
+  }
+}
+
+embps_table_t *embps_store_find(const embps_store_t *store, const char *name) {
+  for (size_t i = 0; i < store->count; i++)
+    if (strcmp(store->tables[i]->config.name, name) == 0)
+      return store->tables[i];
+  return NULL;
+}
+
+size_t embps_store_count(const embps_store_t *store) { return store->count; }
+embps_table_t *embps_store_at(const embps_store_t *store, size_t i) { return store->tables[i]; }
+uint32_t embps_store_group_size(const embps_store_t *store) { return store->group_size; }
+uint32_t embps_store_rank(const embps_store_t *store) { return store->rank; }
+
+embps_status_t embps_table_allocate(embps_table_t *t) {
+  const embps_table_config_t *c = &t->config;
+  const embps_optimizer_info_t *info = embps_optimizer_info(c->optimizer);
+  size_t elems = (size_t)c->rows * t->shard_width;
+  embps_status_t ret = EMBPS_OK;
+
+  t->data = embps_aligned_alloc(elems * embps_dtype_size(c->dtype));
+  if (!t->data)
+    goto fail;
+  if (info->state_per_element >= 1 || info->state_per_row) {
+    size_t n = info->state_per_row ? (size_t)c->rows : elems;
+    t->state0 = embps_aligned_alloc(n * sizeof(float));
+    if (!t->state0)
+      goto fail;
+    /* Adagrad accumulators start at initial_accumulator; adam moments at 0. */
+    float v0 = c->optimizer == EMBPS_OPT_ADAM ? 0.0f : c->initial_accumulator;
+    for (size_t i = 0; i < n; i++)
+      t->state0[i] = v0;
+  }
+  if (info->state_per_element >= 2) {
+    t->state1 = embps_aligned_alloc(elems * sizeof(float));
+    if (!t->state1)
+      goto fail;
+    memset(t->state1, 0, elems * sizeof(float));
+  }
+  embps_init_rows_cpu(t->data, c->dtype, t->shard_width, 0, c->rows, t->col_begin, c->seed,
+                      c->init_scale);
+exit:
+  t->alloc_status = ret;
+  return ret;
+fail:
+  ret = EMBPS_RESOURCE_EXHAUSTED;
+  embps_free(t->data);
+  embps_free(t->state0);
+  embps_free(t->state1);
+  t->data = NULL;
+  t->state0 = t->state1 = NULL;
+  goto exit;
+}

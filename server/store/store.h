@@ -1,0 +1,113 @@
+/* The store: the tables a server holds, each a column slice of the group's table with its
+ * optimizer state. The registry (names to tables) is read and changed on the loop thread only;
+ * a table's arrays are read and written by the engine thread only, and its counters are
+ * atomics that any thread may read. */
+#ifndef EMBPS_STORE_H
+#define EMBPS_STORE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "kernels/embps_kernels.h"
+
+#define EMBPS_TABLE_NAME_MAX 128
+/* Limits beyond which a table is absurd whatever the memory: they keep index arithmetic far
+ * from overflow. */
+#define EMBPS_MAX_ROWS (UINT64_C(1) << 40)
+#define EMBPS_MAX_EMB_WIDTH 65536u
+
+/** What a table is, as CreateTable gives it (defaults resolved by embps_table_config_resolve). */
+typedef struct embps_table_config {
+  char name[EMBPS_TABLE_NAME_MAX];
+  uint64_t rows;
+  uint32_t emb_width;
+  embps_dtype_t dtype;
+  uint64_t seed;
+  float init_scale;
+  embps_optimizer_t optimizer;
+  float lr, eps, half_life, initial_accumulator, weight_decay, beta1, beta2;
+} embps_table_config_t;
+
+typedef struct embps_table_counters {
+  atomic_uint_fast64_t lookups, pushes, rows_looked_up, rows_pushed, steps_applied, steps_skipped;
+} embps_table_counters_t;
+
+typedef struct embps_table {
+  embps_table_config_t config;
+  uint32_t col_begin;   /* first column of this rank's slice */
+  uint32_t shard_width; /* columns in this rank's slice */
+  void *data;           /* rows x shard_width of dtype; NULL until the engine allocates it */
+  float *state0;        /* adagrad/adam m: rows x shard_width; rowwise_adagrad: rows */
+  float *state1;        /* adam v: rows x shard_width */
+  uint64_t step;        /* applied steps (adam's bias correction) */
+  uint64_t bytes;       /* data and state bytes */
+  embps_status_t alloc_status; /* EMBPS_OK once allocated; the failure otherwise */
+  embps_table_counters_t counters;
+} embps_table_t;
+
+typedef struct embps_store embps_store_t;
+
+/** Optimizer names as the CLI and messages spell them ("rowwise_adagrad"). */
+const char *embps_optimizer_name(embps_optimizer_t opt);
+
+/** One entry of the optimizer registry: what each optimizer supports. */
+typedef struct embps_optimizer_info {
+  embps_optimizer_t kind;
+  const char *name;
+  int state_per_element; /* float state arrays of rows x shard_width */
+  int state_per_row;     /* float state arrays of rows */
+  int fused_cpu;         /* a fused table update exists on the CPU backend (async allowed) */
+  int fused_cuda;        /* likewise on the CUDA backend */
+} embps_optimizer_info_t;
+
+/** The registry entry for an optimizer; NULL for an unknown one. */
+const embps_optimizer_info_t *embps_optimizer_info(embps_optimizer_t opt);
+
+/**
+ * Fills defaults in cfg (dtype f32, optimizer rowwise_adagrad, lr 0.01, eps 1e-8, betas 0.9 and
+ * 0.999, init_scale 1/sqrt(emb_width)) and validates it: name, rows, emb_width (and its split
+ * over group_size), dtype, optimizer, hyper-parameters, and the bytes against max_bytes.
+ * Returns EMBPS_OK or EMBPS_INVALID_ARGUMENT / EMBPS_RESOURCE_EXHAUSTED with err set.
+ */
+embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t group_size,
+                                          uint64_t max_bytes, embps_error_t *err);
+
+/** Bytes a table of cfg holds on one rank of a group of group_size (data and state). */
+uint64_t embps_table_config_bytes(const embps_table_config_t *cfg, uint32_t group_size);
+
+/** Creates an empty store for rank `rank` of a group of group_size. */
+embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t group_size,
+                               size_t max_tables);
+/** Frees the store and every table's arrays. NULL is a no-op. */
+void embps_store_free(embps_store_t *store);
+
+/**
+ * Registers a table (cfg already resolved) without allocating its arrays (the engine does that
+ * with embps_table_allocate). Returns EMBPS_ALREADY_EXISTS for a taken name,
+ * EMBPS_RESOURCE_EXHAUSTED beyond max_tables. *out points into the store and lives as long as it.
+ */
+embps_status_t embps_store_add(embps_store_t *store, const embps_table_config_t *cfg,
+                               embps_table_t **out, embps_error_t *err);
+
+/** Removes a table whose allocation failed (it must have no pending work). */
+void embps_store_remove(embps_store_t *store, embps_table_t *table);
+
+/** The table named name; NULL when there is none. */
+embps_table_t *embps_store_find(const embps_store_t *store, const char *name);
+
+/** Number of tables and the i-th one (registration order). */
+size_t embps_store_count(const embps_store_t *store);
+embps_table_t *embps_store_at(const embps_store_t *store, size_t i);
+
+uint32_t embps_store_group_size(const embps_store_t *store);
+uint32_t embps_store_rank(const embps_store_t *store);
+
+/**
+ * Allocates and initializes a table's slice and optimizer state (engine thread). Sets
+ * table->alloc_status and returns it: EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
+ */
+embps_status_t embps_table_allocate(embps_table_t *table);
+
+#endif

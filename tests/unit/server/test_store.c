@@ -1,0 +1,156 @@
+/* The store: config resolution and its refusals, the registry, allocation, and that a table
+ * split over N ranks by columns holds exactly the columns of the unsplit table. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "server/store/store.h"
+
+static embps_table_config_t config(const char *name, uint64_t rows, uint32_t width) {
+  embps_table_config_t c;
+  memset(&c, 0, sizeof(c));
+  strcpy(c.name, name);
+  c.rows = rows;
+  c.emb_width = width;
+  c.seed = 42;
+  return c;
+}
+
+static void test_resolve_defaults(void **state) {
+  embps_table_config_t c = config("t", 100, 64);
+  embps_error_t err;
+  (void)state;
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
+  assert_int_equal(c.dtype, EMBPS_DTYPE_F32);
+  assert_int_equal(c.optimizer, EMBPS_OPT_ROWWISE_ADAGRAD);
+  assert_true(fabsf(c.lr - 0.01f) < 1e-9f);
+  assert_true(fabsf(c.init_scale - 0.125f) < 1e-9f);
+  /* 100 rows x 64 f32 + one accumulator per row */
+  assert_int_equal(embps_table_config_bytes(&c, 1), 100 * 64 * 4 + 100 * 4);
+  assert_int_equal(embps_table_config_bytes(&c, 4), 100 * 16 * 4 + 100 * 4);
+}
+
+static void test_resolve_refusals(void **state) {
+  embps_error_t err;
+  embps_table_config_t c;
+  (void)state;
+  c = config("t", 0, 8);
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.message, "rows=0"));
+  c = config("t", 10, 0);
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.message, "emb_width=0"));
+  c = config("t", 10, 6);
+  assert_int_equal(embps_table_config_resolve(&c, 4, 1 << 30, &err), EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.message, "emb_width=6 does not shard evenly over the 4-rank"));
+  c = config("t", 1ull << 30, 128);
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(err.message, "--max-table-bytes"));
+  c = config("a/b", 10, 8);
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_INVALID_ARGUMENT);
+  c = config("t", 10, 8);
+  c.lr = NAN;
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_INVALID_ARGUMENT);
+  c = config("t", 10, 8);
+  c.dtype = (embps_dtype_t)7;
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_INVALID_ARGUMENT);
+  c = config("t", 10, 8);
+  c.optimizer = (embps_optimizer_t)9;
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_INVALID_ARGUMENT);
+}
+
+static void test_registry(void **state) {
+  embps_store_t *s;
+  embps_table_t *t1, *t2, *t3;
+  embps_table_config_t c;
+  embps_error_t err;
+  (void)state;
+  assert_int_equal(embps_store_new(&s, 0, 1, 2), EMBPS_OK);
+  c = config("one", 10, 8);
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
+  assert_int_equal(embps_store_add(s, &c, &t1, &err), EMBPS_OK);
+  assert_int_equal(embps_store_add(s, &c, &t2, &err), EMBPS_ALREADY_EXISTS);
+  assert_non_null(strstr(err.message, "table 'one' already exists"));
+  c = config("two", 10, 8);
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
+  assert_int_equal(embps_store_add(s, &c, &t2, &err), EMBPS_OK);
+  c = config("three", 10, 8);
+  assert_int_equal(embps_store_add(s, &c, &t3, &err), EMBPS_RESOURCE_EXHAUSTED);
+  assert_ptr_equal(embps_store_find(s, "two"), t2);
+  assert_null(embps_store_find(s, "three"));
+  embps_store_remove(s, t1);
+  assert_null(embps_store_find(s, "one"));
+  assert_int_equal(embps_store_count(s), 1);
+  embps_store_free(s);
+}
+
+/* A table split by columns over N ranks holds, on rank r, exactly columns [r*D/N, (r+1)*D/N)
+ * of the 1-rank table. */
+static void test_column_split_matches(void **state) {
+  const uint32_t width = 12;
+  const uint64_t rows = 33;
+  embps_store_t *whole, *part;
+  embps_table_t *tw, *tp;
+  embps_table_config_t c = config("t", rows, width);
+  embps_error_t err;
+  (void)state;
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
+  assert_int_equal(embps_store_new(&whole, 0, 1, 4), EMBPS_OK);
+  assert_int_equal(embps_store_add(whole, &c, &tw, &err), EMBPS_OK);
+  assert_int_equal(embps_table_allocate(tw), EMBPS_OK);
+  for (uint32_t n = 2; n <= 4; n++) {
+    if (width % n)
+      continue;
+    for (uint32_t r = 0; r < n; r++) {
+      assert_int_equal(embps_store_new(&part, r, n, 4), EMBPS_OK);
+      assert_int_equal(embps_store_add(part, &c, &tp, &err), EMBPS_OK);
+      assert_int_equal(embps_table_allocate(tp), EMBPS_OK);
+      assert_int_equal(tp->shard_width, width / n);
+      for (uint64_t row = 0; row < rows; row++)
+        assert_memory_equal((float *)tp->data + row * tp->shard_width,
+                            (float *)tw->data + row * width + r * (width / n),
+                            tp->shard_width * sizeof(float));
+      embps_store_free(part);
+    }
+  }
+  for (uint32_t col = 0; col < width; col++)
+    assert_true(((float *)tw->data)[col] == 0.0f); /* padding row */
+  embps_store_free(whole);
+}
+
+static void test_allocation_failure(void **state) {
+  embps_store_t *s;
+  embps_table_t *t;
+  embps_table_config_t c = config("adam", 10, 8);
+  embps_error_t err;
+  (void)state;
+  c.optimizer = EMBPS_OPT_ADAM;
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
+  assert_int_equal(embps_store_new(&s, 0, 1, 4), EMBPS_OK);
+  assert_int_equal(embps_store_add(s, &c, &t, &err), EMBPS_OK);
+  for (long k = 1; k <= 3; k++) { /* fail the data, the m and the v allocation in turn */
+    embps_alloc_fail_after(k);
+    assert_int_equal(embps_table_allocate(t), EMBPS_RESOURCE_EXHAUSTED);
+    embps_alloc_fail_after(0);
+    assert_null(t->data);
+    assert_null(t->state0);
+    assert_null(t->state1);
+  }
+  assert_int_equal(embps_table_allocate(t), EMBPS_OK);
+  assert_non_null(t->state1);
+  embps_store_free(s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_resolve_defaults),   cmocka_unit_test(test_resolve_refusals),
+      cmocka_unit_test(test_registry),           cmocka_unit_test(test_column_split_matches),
+      cmocka_unit_test(test_allocation_failure),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
