@@ -1,0 +1,293 @@
+/* The service without sockets or threads: the network layer and the engine are replaced by
+ * fakes that record answers and run ops on the test's thread, so every call's decode,
+ * validation, reply encoding (the hand-laid LookupResponse above all) and every allocation
+ * failure path can be checked directly. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+
+#include "server/service/service.c"
+
+/* ---- fakes ------------------------------------------------------------------------------- */
+
+struct embps_net_call {
+  int answered;
+  embps_status_t status;
+  char message[512];
+  uint8_t *body;
+  size_t len;
+};
+
+void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t len,
+                          void (*release)(void *), void *release_arg) {
+  assert_false(call->answered);
+  call->answered = 1;
+  call->status = EMBPS_OK;
+  call->body = malloc(len ? len : 1);
+  memcpy(call->body, body, len);
+  call->len = len;
+  if (release)
+    release(release_arg);
+}
+
+void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const char *message) {
+  assert_false(call->answered);
+  assert_int_not_equal(status, EMBPS_OK);
+  call->answered = 1;
+  call->status = status;
+  snprintf(call->message, sizeof(call->message), "%s", message);
+}
+
+void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) {
+  (void)net;
+  memset(out, 0, sizeof(*out));
+  out->requests = 7;
+}
+
+/* The fake engine queues ops and runs them when the test says so. */
+static embps_op_t *queued[64];
+static int num_queued;
+
+void embps_engine_submit(embps_engine_t *engine, embps_op_t *op) {
+  (void)engine;
+  queued[num_queued++] = op;
+}
+
+const char *embps_engine_backend(const embps_engine_t *engine) {
+  (void)engine;
+  return "cpu";
+}
+
+static void run_engine(void) {
+  for (int i = 0; i < num_queued; i++) {
+    embps_op_t *op = queued[i];
+    embps_error_clear(&op->error);
+    if (op->kind == EMBPS_OP_CREATE_TABLE) {
+      if (embps_table_allocate(op->table) != EMBPS_OK)
+        embps_error_set(&op->error, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+    } else if (op->kind == EMBPS_OP_LOOKUP) {
+      embps_gather_cpu(op->table->data, op->table->config.dtype, op->table->shard_width,
+                       op->tokens, op->num_tokens, op->rows_out);
+    } else {
+      op->applied = 1;
+      op->num_unique = op->num_tokens;
+    }
+    op->done(op);
+  }
+  num_queued = 0;
+}
+
+/* ---- helpers ----------------------------------------------------------------------------- */
+
+static embps_store_t *store;
+static embps_service_t *svc;
+
+static int setup(void **state) {
+  embps_service_config_t cfg = {.max_table_bytes = 1 << 26};
+  (void)state;
+  assert_int_equal(embps_store_new(&store, 0, 1, 64), EMBPS_OK);
+  assert_int_equal(embps_service_new(&svc, NULL, store, &cfg), EMBPS_OK);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  embps_service_free(svc);
+  embps_store_free(store);
+  return 0;
+}
+
+/* Packs m into a fresh embps_malloc'd buffer and calls the service. */
+static void call(embps_net_call_t *c, const char *method, const ProtobufCMessage *m) {
+  size_t len = m ? protobuf_c_message_get_packed_size(m) : 0;
+  uint8_t *buf = NULL;
+  memset(c, 0, sizeof(*c));
+  if (len) {
+    buf = malloc(len);
+    protobuf_c_message_pack(m, buf);
+  }
+  embps_service_on_request(svc, c, method, buf, len);
+}
+
+static void create(embps_net_call_t *c, const char *name, uint64_t rows, uint32_t width) {
+  Embps__V1__CreateTableRequest req = EMBPS__V1__CREATE_TABLE_REQUEST__INIT;
+  Embps__V1__TableSpec spec = EMBPS__V1__TABLE_SPEC__INIT;
+  spec.name = (char *)name;
+  spec.rows = rows;
+  spec.emb_width = width;
+  spec.seed = 11;
+  req.spec = &spec;
+  call(c, "/embps.v1.EmbeddingService/CreateTable", &req.base);
+  run_engine();
+}
+
+static void lookup(embps_net_call_t *c, const char *table, const int64_t *tokens, size_t n,
+                   uint64_t batch_id) {
+  Embps__V1__LookupRequest req = EMBPS__V1__LOOKUP_REQUEST__INIT;
+  req.table = (char *)table;
+  req.batch_id = batch_id;
+  req.tokens.data = (uint8_t *)tokens;
+  req.tokens.len = n * sizeof(int64_t);
+  call(c, "/embps.v1.EmbeddingService/Lookup", &req.base);
+  run_engine();
+}
+
+static void release_call(embps_net_call_t *c) { free(c->body); }
+
+/* ---- tests ------------------------------------------------------------------------------- */
+
+static void test_create_and_lookup_reply_encoding(void **state) {
+  embps_net_call_t c;
+  int64_t tokens[] = {3, 0, 9, 3};
+  Embps__V1__LookupResponse *resp;
+  Embps__V1__CreateTableResponse *cr;
+  (void)state;
+  create(&c, "enc", 10, 6);
+  assert_true(c.answered);
+  assert_int_equal(c.status, EMBPS_OK);
+  cr = embps__v1__create_table_response__unpack(NULL, c.len, c.body);
+  assert_non_null(cr);
+  assert_int_equal(cr->spec->dtype, EMBPS__V1__DTYPE__DTYPE_F32);
+  assert_int_equal(cr->spec->optimizer->kind, EMBPS__V1__OPTIMIZER_KIND__OPTIMIZER_ROWWISE_ADAGRAD);
+  assert_int_equal(cr->group_size, 1);
+  embps__v1__create_table_response__free_unpacked(cr, NULL);
+  release_call(&c);
+
+  /* batch ids across the varint boundaries */
+  uint64_t ids[] = {0, 1, 127, 128, 300, UINT64_MAX};
+  for (size_t k = 0; k < sizeof(ids) / sizeof(ids[0]); k++) {
+    lookup(&c, "enc", tokens, 4, ids[k]);
+    assert_int_equal(c.status, EMBPS_OK);
+    resp = embps__v1__lookup_response__unpack(NULL, c.len, c.body);
+    assert_non_null(resp);
+    assert_true(resp->batch_id == ids[k]);
+    assert_int_equal(resp->emb_width, 6);
+    assert_int_equal(resp->dtype, EMBPS__V1__DTYPE__DTYPE_F32);
+    assert_int_equal(resp->rows.len, 4 * 6 * sizeof(float));
+    const float *rows = (const float *)resp->rows.data;
+    embps_table_t *t = embps_store_find(store, "enc");
+    for (int i = 0; i < 4; i++)
+      for (int col = 0; col < 6; col++)
+        assert_true(rows[i * 6 + col] ==
+                    embps_init_value(11, (uint64_t)tokens[i], (uint64_t)col, t->config.init_scale));
+    embps__v1__lookup_response__free_unpacked(resp, NULL);
+    release_call(&c);
+  }
+}
+
+static void test_validation_messages(void **state) {
+  embps_net_call_t c;
+  int64_t ok[] = {1, 2}, out_of_range[] = {1, 10};
+  (void)state;
+  create(&c, "val", 10, 4);
+  release_call(&c);
+  lookup(&c, "missing", ok, 2, 1);
+  assert_int_equal(c.status, EMBPS_NOT_FOUND);
+  assert_string_equal(c.message, "table 'missing' not found");
+  lookup(&c, "val", out_of_range, 2, 1);
+  assert_int_equal(c.status, EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(c.message, "token 10 at position 1 is outside [0, 10)"));
+  assert_int_equal(num_queued, 0); /* nothing reached the engine */
+  create(&c, "val", 10, 4);
+  assert_int_equal(c.status, EMBPS_ALREADY_EXISTS);
+  call(&c, "/embps.v1.EmbeddingService/Nope", NULL);
+  assert_int_equal(c.status, EMBPS_UNIMPLEMENTED);
+  assert_non_null(strstr(c.message, "/embps.v1.EmbeddingService/Nope"));
+  {
+    uint8_t *junk = malloc(3);
+    memcpy(junk, "\xff\xff\xff", 3);
+    memset(&c, 0, sizeof(c));
+    embps_service_on_request(svc, &c, "/embps.v1.EmbeddingService/Lookup", junk, 3);
+    assert_int_equal(c.status, EMBPS_INVALID_ARGUMENT);
+    assert_non_null(strstr(c.message, "malformed LookupRequest"));
+  }
+}
+
+static void test_async_push_answered_when_ordered(void **state) {
+  embps_net_call_t c;
+  Embps__V1__PushGradientsRequest req = EMBPS__V1__PUSH_GRADIENTS_REQUEST__INIT;
+  Embps__V1__PushGradientsResponse *resp;
+  int64_t tokens[] = {1, 2};
+  float g[8] = {0};
+  (void)state;
+  create(&c, "async", 10, 4);
+  release_call(&c);
+  req.table = "async";
+  req.tokens.data = (uint8_t *)tokens;
+  req.tokens.len = sizeof(tokens);
+  req.gradients.data = (uint8_t *)g;
+  req.gradients.len = sizeof(g);
+  req.mode = EMBPS__V1__UPDATE_MODE__UPDATE_MODE_ASYNC;
+  call(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base);
+  assert_true(c.answered); /* before the engine ran it */
+  assert_int_equal(num_queued, 1);
+  resp = embps__v1__push_gradients_response__unpack(NULL, c.len, c.body);
+  assert_true(resp->ordered);
+  assert_false(resp->applied);
+  embps__v1__push_gradients_response__free_unpacked(resp, NULL);
+  release_call(&c);
+  run_engine(); /* frees the request */
+  assert_int_equal(embps_service_inflight(svc), 0);
+}
+
+/* Fail the k-th allocation for every k along each call: every call is still answered exactly
+ * once, with OK or RESOURCE_EXHAUSTED, and (under the sanitizer build) nothing leaks. */
+static void test_allocation_failures(void **state) {
+  (void)state;
+  for (long k = 1; k <= 12; k++) {
+    embps_net_call_t c;
+    char name[32];
+    int64_t tokens[] = {1, 2, 3};
+    snprintf(name, sizeof(name), "fail%ld", k);
+
+    embps_alloc_fail_after(k);
+    create(&c, name, 8, 4);
+    embps_alloc_fail_after(0);
+    assert_true(c.answered);
+    if (c.status != EMBPS_OK) {
+      assert_int_equal(c.status, EMBPS_RESOURCE_EXHAUSTED);
+      /* A failed create leaves nothing behind, unless only the reply's packing failed after the
+       * table was made: then the table is whole. */
+      embps_table_t *t = embps_store_find(store, name);
+      assert_true(t == NULL || (t->alloc_status == EMBPS_OK && t->data != NULL));
+    }
+    release_call(&c);
+    if (!embps_store_find(store, name))
+      create(&c, name, 8, 4), release_call(&c);
+
+    embps_alloc_fail_after(k);
+    lookup(&c, name, tokens, 3, 5);
+    embps_alloc_fail_after(0);
+    assert_true(c.answered);
+    assert_true(c.status == EMBPS_OK || c.status == EMBPS_RESOURCE_EXHAUSTED);
+    release_call(&c);
+
+    Embps__V1__GetStatsRequest sreq = EMBPS__V1__GET_STATS_REQUEST__INIT;
+    embps_alloc_fail_after(k);
+    call(&c, "/embps.v1.EmbeddingService/GetStats", &sreq.base);
+    embps_alloc_fail_after(0);
+    assert_true(c.answered);
+    release_call(&c);
+
+    Embps__V1__ListTablesRequest lreq = EMBPS__V1__LIST_TABLES_REQUEST__INIT;
+    embps_alloc_fail_after(k);
+    call(&c, "/embps.v1.EmbeddingService/ListTables", &lreq.base);
+    embps_alloc_fail_after(0);
+    assert_true(c.answered);
+    release_call(&c);
+  }
+  assert_int_equal(embps_service_inflight(svc), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_create_and_lookup_reply_encoding),
+      cmocka_unit_test(test_validation_messages),
+      cmocka_unit_test(test_async_push_answered_when_ordered),
+      cmocka_unit_test(test_allocation_failures),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
