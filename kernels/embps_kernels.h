@@ -28,7 +28,8 @@ size_t embps_dedup_workspace_bytes(size_t n);
  * Deduplicates a batch of tokens.
  * Writes the distinct tokens to `unique` in ascending order and, for every position i, the
  * index of tokens[i] in `unique` to segment_ids[i]. `unique` must hold n entries; `workspace`
- * must hold embps_dedup_workspace_bytes(n) bytes. Returns the number of distinct tokens.
+ * must hold embps_dedup_workspace_bytes(n) bytes, aligned for uint64_t. n must be below
+ * 2^32 (segment ids are uint32). Returns the number of distinct tokens.
  * Token 0 (padding) is deduplicated like any other token: the caller skips it.
  */
 size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_t *segment_ids,
@@ -44,8 +45,8 @@ void embps_gather_cpu(const void *table, embps_dtype_t dtype, size_t width, cons
                       size_t n, void *out);
 
 /**
- * Like embps_gather_cpu, but row i of out is row rows[segment_ids[i]] of the table: expands
- * unique rows back to a batch (out has n rows). `src` holds the unique rows (num_unique x width).
+ * Like embps_gather_cpu, but row i of out is row segment_ids[i] of `src`: expands unique rows
+ * back to a batch (out has n rows). `src` holds the unique rows (num_unique x width).
  */
 void embps_expand_cpu(const void *src, embps_dtype_t dtype, size_t width,
                       const uint32_t *segment_ids, size_t n, void *out);
@@ -87,7 +88,7 @@ typedef struct embps_opt_params {
   float decay;        /* accumulator decay per step: exp(-ln2 / half_life), 1 without half-life */
   float beta1;        /* adam */
   float beta2;        /* adam */
-  uint64_t step;      /* adam: 1-based count of applied steps, this one included */
+  uint64_t step;      /* adam: 1-based count of applied steps, this one included (0 acts as 1) */
 } embps_opt_params_t;
 
 /** decay for a half-life in steps; 1 when half_life <= 0. */
@@ -150,7 +151,8 @@ float embps_init_value(uint64_t seed, uint64_t row, uint64_t col, float scale);
 
 /**
  * Fills rows [row_begin, row_end) of a table slice holding columns [col_begin,
- * col_begin + width) with embps_init_value (converted to dtype).
+ * col_begin + width) with embps_init_value (converted to dtype). Row r is at element r * width
+ * of `table` (table points at the slice's row 0, as everywhere else here).
  */
 void embps_init_rows_cpu(void *table, embps_dtype_t dtype, size_t width, uint64_t row_begin,
                          uint64_t row_end, uint64_t col_begin, uint64_t seed, float scale);

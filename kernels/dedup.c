@@ -1,0 +1,166 @@
+/* Token dedup: sorts the batch and run-length encodes it.
+ *
+ * The sort is an LSD radix sort of (token, position) pairs, because batches are large (4k to
+ * 1M tokens), heavy-tailed, and their ids use far fewer than 64 bits: keys are taken relative
+ * to the batch minimum, so only the bytes that actually differ between tokens cost a pass, and
+ * a pass whose byte is the same for every key is skipped outright. When the key bits plus the
+ * position bits fit in 64, a pair is packed into one uint64 (key above, position below) so each
+ * pass moves 8 bytes per token instead of 12 and scatters into one array instead of two.
+ * LSD radix is stable and the pairs start in position order, so the result (and every pass)
+ * depends on the tokens alone: deterministic, no hashing, no allocation (the caller supplies
+ * the workspace). A final linear scan over the sorted pairs writes the unique tokens and
+ * scatters each position's segment id. */
+#include <string.h>
+
+#include "kernels/embps_kernels.h"
+
+#define RADIX_BITS 8
+#define RADIX_SIZE (1u << RADIX_BITS)
+#define MAX_PASSES (64 / RADIX_BITS)
+
+/* Workspace layout: two uint64 key arrays (ping-pong), then two uint32 position arrays, used
+ * only on the unpacked path. 64-bit arrays come first so all stay naturally aligned. */
+size_t embps_dedup_workspace_bytes(size_t n) {
+  return n * (2 * sizeof(uint64_t) + 2 * sizeof(uint32_t));
+}
+
+/* Number of significant bits of x (0 for 0). */
+static unsigned bit_width(uint64_t x) {
+  unsigned b = 0;
+  while (x) {
+    b++;
+    x >>= 1;
+  }
+  return b;
+}
+
+/* Signed tokens map to order-preserving unsigned values by flipping the sign bit; ids are
+ * validated non-negative upstream, but the kernel should not silently misorder if not. */
+static inline uint64_t key_of(int64_t t) {
+  return (uint64_t)t ^ (UINT64_C(1) << 63);
+}
+
+static inline int64_t token_of(uint64_t k) {
+  return (int64_t)(k ^ (UINT64_C(1) << 63));
+}
+
+/* Histograms of every digit that can vary, in one read pass over the keys. A digit d is
+ * (v >> (shift + d*8)) & 0xff. */
+static void histogram(const uint64_t *restrict v, size_t n, unsigned shift, unsigned passes,
+                      size_t hist[MAX_PASSES][RADIX_SIZE]) {
+  memset(hist, 0, sizeof(size_t) * MAX_PASSES * RADIX_SIZE);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t x = v[i] >> shift;
+    for (unsigned d = 0; d < passes; d++)
+      hist[d][(x >> (d * RADIX_BITS)) & (RADIX_SIZE - 1)]++;
+  }
+}
+
+/* Turns a histogram into exclusive offsets; returns 0 when one bucket holds every key (the
+ * pass would be the identity permutation and is skipped). */
+static int offsets(size_t *restrict h, size_t n) {
+  size_t sum = 0;
+  for (unsigned b = 0; b < RADIX_SIZE; b++) {
+    if (h[b] == n)
+      return 0;
+    size_t c = h[b];
+    h[b] = sum;
+    sum += c;
+  }
+  return 1;
+}
+
+size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_t *segment_ids,
+                       void *workspace) {
+  if (n == 0)
+    return 0;
+
+  uint64_t kmin = key_of(tokens[0]), kmax = kmin;
+  for (size_t i = 1; i < n; i++) {
+    uint64_t k = key_of(tokens[i]);
+    kmin = k < kmin ? k : kmin;
+    kmax = k > kmax ? k : kmax;
+  }
+  if (kmin == kmax) {
+    /* All tokens equal (includes n == 1): no sort needed. */
+    unique[0] = tokens[0];
+    memset(segment_ids, 0, n * sizeof(uint32_t));
+    return 1;
+  }
+
+  unsigned key_bits = bit_width(kmax - kmin);
+  unsigned pos_bits = bit_width((uint64_t)(n - 1));
+  uint64_t *a = workspace;
+  uint64_t *b = a + n;
+  size_t hist[MAX_PASSES][RADIX_SIZE];
+  unsigned passes = (key_bits + RADIX_BITS - 1) / RADIX_BITS;
+
+  if (key_bits + pos_bits <= 64) {
+    /* Packed path: (key - kmin) << pos_bits | position, sorted on the key bits only. */
+    for (size_t i = 0; i < n; i++)
+      a[i] = ((key_of(tokens[i]) - kmin) << pos_bits) | (uint64_t)i;
+    histogram(a, n, pos_bits, passes, hist);
+    for (unsigned d = 0; d < passes; d++) {
+      if (!offsets(hist[d], n))
+        continue;
+      unsigned sh = pos_bits + d * RADIX_BITS;
+      size_t *restrict h = hist[d];
+      for (size_t i = 0; i < n; i++) {
+        uint64_t x = a[i];
+        b[h[(x >> sh) & (RADIX_SIZE - 1)]++] = x;
+      }
+      uint64_t *t = a;
+      a = b;
+      b = t;
+    }
+    uint64_t pos_mask = (UINT64_C(1) << pos_bits) - 1;
+    size_t u = 0;
+    uint64_t prev = a[0] >> pos_bits;
+    unique[0] = token_of(prev + kmin);
+    for (size_t i = 0; i < n; i++) {
+      uint64_t k = a[i] >> pos_bits;
+      if (k != prev) {
+        prev = k;
+        unique[++u] = token_of(k + kmin);
+      }
+      segment_ids[a[i] & pos_mask] = (uint32_t)u;
+    }
+    return u + 1;
+  }
+
+  /* Unpacked path (very wide key ranges with large n): keys and positions in parallel arrays. */
+  uint32_t *pa = (uint32_t *)(b + n);
+  uint32_t *pb = pa + n;
+  for (size_t i = 0; i < n; i++) {
+    a[i] = key_of(tokens[i]) - kmin;
+    pa[i] = (uint32_t)i;
+  }
+  histogram(a, n, 0, passes, hist);
+  for (unsigned d = 0; d < passes; d++) {
+    if (!offsets(hist[d], n))
+      continue;
+    unsigned sh = d * RADIX_BITS;
+    size_t *restrict h = hist[d];
+    for (size_t i = 0; i < n; i++) {
+      uint64_t x = a[i];
+      size_t dst = h[(x >> sh) & (RADIX_SIZE - 1)]++;
+      b[dst] = x;
+      pb[dst] = pa[i];
+    }
+    uint64_t *t = a;
+    a = b;
+    b = t;
+    uint32_t *tp = pa;
+    pa = pb;
+    pb = tp;
+  }
+  size_t u = 0;
+  unique[0] = token_of(a[0] + kmin);
+  segment_ids[pa[0]] = 0;
+  for (size_t i = 1; i < n; i++) {
+    if (a[i] != a[i - 1])
+      unique[++u] = token_of(a[i] + kmin);
+    segment_ids[pa[i]] = (uint32_t)u;
+  }
+  return u + 1;
+}

@@ -1,0 +1,121 @@
+/* The initializer: deterministic, row 0 zero, values in [-scale, scale) and spread over it,
+ * different seeds give different tables, and a table split by columns over 1, 2, 3 or 4 ranks
+ * (and at row offsets) equals the unsplit one bit for bit, in f32 and bf16. */
+#include <math.h>
+
+#include "kernel_test_util.h"
+#include "kernels/embps_kernels.h"
+
+static void test_value_properties(void **state) {
+  (void)state;
+  const float scale = 0.05f;
+  double sum = 0.0, sumsq = 0.0;
+  float lo = 1.0f, hi = -1.0f;
+  size_t count = 0, equal_neighbors = 0, bins[10] = {0};
+  for (uint64_t r = 0; r < 400; r++) {
+    for (uint64_t c = 0; c < 64; c++) {
+      float v = embps_init_value(7, r, c, scale);
+      assert_true(v == embps_init_value(7, r, c, scale));
+      if (r == 0) {
+        assert_true(v == 0.0f);
+        continue;
+      }
+      assert_true(v >= -scale && v < scale);
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+      sum += v;
+      sumsq += (double)v * v;
+      size_t b = (size_t)(((double)v + scale) / (2.0 * scale) * 10.0);
+      bins[b > 9 ? 9 : b]++;
+      count++;
+      equal_neighbors += c > 0 && v == embps_init_value(7, r, c - 1, scale);
+    }
+  }
+  /* Uniform on [-s, s): mean 0, variance s^2/3, every tenth of the range used evenly. */
+  double mean = sum / (double)count, var = sumsq / (double)count - mean * mean;
+  assert_true(fabs(mean) < 0.01 * scale);
+  assert_true(fabs(var / (scale * scale / 3.0) - 1.0) < 0.03);
+  for (int b = 0; b < 10; b++)
+    assert_true(bins[b] > count / 10 * 0.9 && bins[b] < count / 10 * 1.1);
+  assert_true(lo < -0.99f * scale && hi > 0.99f * scale);
+  assert_true(equal_neighbors < 5);
+
+  /* The seed, the row and the column each change the value. */
+  assert_true(embps_init_value(1, 5, 3, 1.0f) != embps_init_value(2, 5, 3, 1.0f));
+  assert_true(embps_init_value(1, 5, 3, 1.0f) != embps_init_value(1, 6, 3, 1.0f));
+  assert_true(embps_init_value(1, 5, 3, 1.0f) != embps_init_value(1, 5, 4, 1.0f));
+  /* Transposing row and column does not give the same value. */
+  assert_true(embps_init_value(1, 5, 3, 1.0f) != embps_init_value(1, 3, 5, 1.0f));
+  /* Scale multiplies. */
+  assert_true(embps_init_value(9, 11, 2, 2.0f) == 2.0f * embps_init_value(9, 11, 2, 1.0f));
+  /* Row 0 is zero for every seed and column; huge row ids are fine. */
+  assert_true(embps_init_value(123, 0, 99, 1.0f) == 0.0f);
+  float big = embps_init_value(3, UINT64_C(1) << 40, 7, 1.0f);
+  assert_true(big >= -1.0f && big < 1.0f);
+}
+
+static void check_split(embps_dtype_t dtype, size_t full_width, size_t ranks) {
+  const uint64_t seed = 99, rows = 37;
+  const float scale = 0.1f;
+  size_t es = embps_dtype_size(dtype);
+  unsigned char *full = kt_alloc(rows * full_width * es);
+  embps_init_rows_cpu(full, dtype, full_width, 0, rows, 0, seed, scale);
+  for (uint64_t r = 0; r < rows; r++)
+    for (size_t c = 0; c < full_width; c++) {
+      float want = embps_init_value(seed, r, c, scale);
+      float got = dtype == EMBPS_DTYPE_BF16
+                      ? embps_bf16_to_f32(((uint16_t *)full)[r * full_width + c])
+                      : ((float *)full)[r * full_width + c];
+      assert_true(got == (dtype == EMBPS_DTYPE_BF16 ? kt_bf16_round(want) : want));
+    }
+
+  size_t sw = full_width / ranks;
+  unsigned char *slice = kt_alloc(rows * sw * es);
+  for (size_t rank = 0; rank < ranks; rank++) {
+    /* Fill in two row ranges, as a loader would in chunks; rows outside stay untouched. */
+    memset(slice, 0xee, rows * sw * es);
+    embps_init_rows_cpu(slice, dtype, sw, 0, 20, rank * sw, seed, scale);
+    embps_init_rows_cpu(slice, dtype, sw, 20, rows, rank * sw, seed, scale);
+    for (uint64_t r = 0; r < rows; r++)
+      assert_memory_equal(slice + r * sw * es, full + (r * full_width + rank * sw) * es, sw * es);
+  }
+  /* A partial fill writes exactly its rows. */
+  memset(slice, 0xee, rows * sw * es);
+  embps_init_rows_cpu(slice, dtype, sw, 5, 9, 0, seed, scale);
+  for (size_t k = 0; k < rows * sw * es; k++) {
+    size_t r = k / (sw * es);
+    if (r < 5 || r >= 9)
+      assert_int_equal(slice[k], 0xee);
+  }
+  free(slice);
+  free(full);
+}
+
+static void test_column_split(void **state) {
+  (void)state;
+  for (size_t ranks = 1; ranks <= 4; ranks++) {
+    check_split(EMBPS_DTYPE_F32, 12 * 5, ranks); /* 60 divides by 1..4 */
+    check_split(EMBPS_DTYPE_BF16, 12 * 5, ranks);
+  }
+  check_split(EMBPS_DTYPE_F32, 12, 3);
+}
+
+static void test_row_zero_in_table(void **state) {
+  (void)state;
+  float t[3 * 4];
+  memset(t, 0x7f, sizeof(t));
+  embps_init_rows_cpu(t, EMBPS_DTYPE_F32, 4, 0, 3, 8, 5, 1.0f);
+  for (int j = 0; j < 4; j++) {
+    assert_true(t[j] == 0.0f);
+    assert_true(t[4 + j] != 0.0f);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_value_properties),
+      cmocka_unit_test(test_column_split),
+      cmocka_unit_test(test_row_zero_in_table),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
