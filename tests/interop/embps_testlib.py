@@ -16,22 +16,32 @@ _GEN = tempfile.mkdtemp(prefix="embps-stubs-")
 
 def _generate_stubs():
     from grpc_tools import protoc
-    protos = ["embps/v1/embps.proto", "grpc/health/v1/health.proto"]
-    for p in protos:
-        rc = protoc.main(["protoc", "-I" + os.path.join(ROOT, "proto"), "--python_out=" + _GEN,
+    # health.proto is copied to another path first: generated at grpc/health/v1/ its module
+    # would shadow the grpc package itself. Its proto package (and so the method path
+    # /grpc.health.v1.Health/Check) stays the same.
+    hdir = os.path.join(_GEN, "src", "embps_health")
+    os.makedirs(hdir)
+    with open(os.path.join(ROOT, "proto/grpc/health/v1/health.proto")) as f, \
+            open(os.path.join(hdir, "health.proto"), "w") as g:
+        g.write(f.read())
+    jobs = [(os.path.join(ROOT, "proto"), "embps/v1/embps.proto"),
+            (os.path.join(_GEN, "src"), "embps_health/health.proto")]
+    for inc, p in jobs:
+        rc = protoc.main(["protoc", "-I" + inc, "--python_out=" + _GEN,
                           "--grpc_python_out=" + _GEN, p])
         if rc != 0:
             raise RuntimeError("protoc failed for " + p)
-    for d in ["embps", "embps/v1", "grpc", "grpc/health", "grpc/health/v1"]:
+    for d in ["embps", "embps/v1", "embps_health"]:
         open(os.path.join(_GEN, d, "__init__.py"), "a").close()
 
+
+import grpc  # noqa: E402
 
 _generate_stubs()
 sys.path.insert(0, _GEN)
 
-import grpc  # noqa: E402
 from embps.v1 import embps_pb2, embps_pb2_grpc  # noqa: E402,F401
-from grpc.health.v1 import health_pb2, health_pb2_grpc  # noqa: E402,F401
+from embps_health import health_pb2, health_pb2_grpc  # noqa: E402,F401
 
 
 def server_binary():

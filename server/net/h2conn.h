@@ -1,0 +1,98 @@
+/* The I/O-free gRPC-over-HTTP/2 core of one server connection (internal to server/net).
+ * It is fed the bytes read from the socket, hands complete unary requests to the request
+ * callback, and hands out batches of output segments for the binding to write. It never
+ * touches a socket, a timer or a loop, so tests drive it with an in-memory HTTP/2 client. */
+#ifndef EMBPS_SERVER_NET_H2CONN_H
+#define EMBPS_SERVER_NET_H2CONN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "server/net/net.h"
+
+typedef struct embps__h2conn embps__h2conn_t;
+typedef struct embps__h2out embps__h2out_t;
+
+/** One piece of output: len bytes at base, valid until its batch is freed. */
+typedef struct embps__h2seg {
+  const uint8_t *base;
+  size_t len;
+} embps__h2seg_t;
+
+/** What a connection core reports to its owner. All pointers are borrowed. */
+typedef struct embps__h2conn_hooks {
+  /** Complete unary requests (same contract as embps_net_request_cb). Never called from
+   * inside an nghttp2 callback: requests are delivered at the end of embps__h2conn_feed. */
+  embps_net_request_cb on_request;
+  void *request_user;
+  /** Called when a call answered outside embps__h2conn_feed left output to send: the owner
+   * should call embps__h2conn_take_output soon (it may do so from inside this callback). May be
+   * NULL. */
+  void (*on_output)(void *io_user);
+  void *io_user;
+  /** Counters to add to (requests, errors); may be NULL. Must outlive the core. */
+  embps_net_stats_t *stats;
+} embps__h2conn_hooks_t;
+
+/** What the binding should do about timers. */
+typedef enum embps__h2conn_phase {
+  EMBPS__H2_IDLE = 0,      /* preface done, no open streams: the idle timeout applies */
+  EMBPS__H2_BUSY = 1,      /* open streams, all fully received: no timeout applies */
+  EMBPS__H2_RECEIVING = 2, /* preface or a request half-received: the stall timeout applies */
+} embps__h2conn_phase_t;
+
+/**
+ * Creates the core of one server connection and queues its SETTINGS (large windows, 16 MiB
+ * frames). hooks is copied. On failure *out is untouched.
+ * Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
+ */
+embps_status_t embps__h2conn_new(embps__h2conn_t **out, size_t max_message_bytes,
+                                 const embps__h2conn_hooks_t *hooks);
+
+/**
+ * Frees the core. Calls not yet answered are detached (marked cancelled; their later answers
+ * are dropped and their release callbacks run). Output batches already taken stay valid and
+ * must still be freed with embps__h2out_free. NULL is a no-op.
+ */
+void embps__h2conn_free(embps__h2conn_t *conn);
+
+/**
+ * Feeds bytes read from the peer (borrowed; copied as needed), then delivers the requests they
+ * completed to on_request. Returns EMBPS_OK, or EMBPS_UNAVAILABLE when the connection is broken
+ * (bad preface, protocol error): the owner should write what embps__h2conn_take_output still
+ * yields (a GOAWAY when possible) and close the connection.
+ */
+embps_status_t embps__h2conn_feed(embps__h2conn_t *conn, const uint8_t *data, size_t len);
+
+/**
+ * Takes the output ready now, or NULL when there is none. The caller owns the batch: write its
+ * segments in order, then free it with embps__h2out_free (which releases the reply bodies it
+ * references). A batch is bounded in size; call again after writing it for more.
+ */
+embps__h2out_t *embps__h2conn_take_output(embps__h2conn_t *conn);
+
+/** The segments of a batch (borrowed from it); *nsegs receives their count. */
+const embps__h2seg_t *embps__h2out_segs(const embps__h2out_t *out, size_t *nsegs);
+
+/** The total number of bytes in a batch. */
+size_t embps__h2out_bytes(const embps__h2out_t *out);
+
+/** Frees a batch and releases what it referenced. NULL is a no-op. */
+void embps__h2out_free(embps__h2out_t *out);
+
+/** Non-zero when the session has nothing more to read or write (GOAWAY exchanged, or a fatal
+ * error) and the connection should close once the last batch is written. */
+int embps__h2conn_want_close(const embps__h2conn_t *conn);
+
+/** The timer phase the connection is in now. */
+embps__h2conn_phase_t embps__h2conn_phase(const embps__h2conn_t *conn);
+
+/**
+ * Percent-encodes a grpc-message value as the gRPC spec asks (bytes outside 0x20..0x7e and
+ * '%' become "%XX"). Returns a string the caller frees with embps_free, or NULL when out of
+ * memory.
+ */
+char *embps__h2_percent_encode(const char *message);
+
+#endif

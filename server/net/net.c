@@ -1,0 +1,455 @@
+/* The libuv binding of the network layer: a TCP listener and, per connection, a uv_tcp_t, one
+ * timer and one h2conn core (h2conn.c) that does all of the protocol.
+ *
+ * Reads land in one 256 KiB buffer shared by the whole loop: the core consumes every read
+ * synchronously (it copies what it keeps), so no connection needs a buffer of its own, and a
+ * large buffer lets a multi-megabyte request arrive in few reads. Writes go out as batches of
+ * segments from the core, handed to uv_write as one iovec array: reply bodies are written
+ * straight from the handler's buffer and released when the write completes. One write is in
+ * flight per connection; when it completes the next batch is taken, so output produced while
+ * writing (pipelined replies) coalesces into the next writev. Measured on loopback (2 vCPUs,
+ * single stream, 2 MiB replies, client advertising 16 MiB frames): strace shows one writev per
+ * reply, and throughput was within the (large) run-to-run noise of a raw send() loop
+ * (2.4-7.2 GB/s against 1.7-4.2 GB/s).
+ *
+ * The one timer per connection follows the core's phase: while the preface or a request is
+ * half-received it is the stall timer (restarted by every read), while the connection has no
+ * open streams it is the idle timer, and otherwise it is stopped. A connection closes on a
+ * protocol error (after its GOAWAY is written), on a timeout, on EOF or a socket error, and on
+ * embps_net_close; closing detaches its outstanding calls inside the core, so the handler may
+ * still answer them. Everything runs on the loop thread. */
+#include "server/net/net.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "server/net/h2conn.h"
+
+#define READ_BUF_BYTES (256u << 10)
+#define LISTEN_BACKLOG 511
+
+typedef enum timer_mode { TIMER_OFF = 0, TIMER_STALL, TIMER_IDLE } timer_mode_t;
+
+typedef struct conn {
+  uv_tcp_t tcp;
+  uv_timer_t timer;
+  uv_write_t wreq;
+  embps_net_t *net;
+  embps__h2conn_t *h2;
+  struct conn *prev, *next;
+  embps__h2out_t *writing; /* the batch of the write in flight */
+  uv_buf_t *bufs;
+  size_t bufs_cap;
+  int handles; /* handles not yet closed */
+  int closing;
+  int broken; /* close as soon as the output is written */
+  timer_mode_t timer_mode;
+} conn_t;
+
+struct embps_net {
+  uv_loop_t *loop;
+  embps_net_config_t cfg;
+  embps_net_request_cb on_request;
+  void *user;
+  uv_tcp_t *listener; /* NULL when not listening; freed by its close callback */
+  int port;
+  int closing;
+  int handles; /* handles of ours not yet closed (listener, rejected sockets) */
+  conn_t *conns;
+  embps_net_stats_t stats;
+  uint8_t *read_buf;
+  int read_buf_busy;
+};
+
+static void conn_close(conn_t *c);
+static void conn_flush(conn_t *c);
+
+/* ---- connections ---- */
+
+static void conn_handle_closed(uv_handle_t *h) {
+  conn_t *c = h->data;
+  if (--c->handles > 0)
+    return;
+  c->net->handles--;
+  embps__h2conn_free(c->h2); /* detaches calls still owed an answer */
+  embps_free(c->bufs);
+  embps_free(c);
+}
+
+static void conn_close(conn_t *c) {
+  if (c->closing)
+    return;
+  c->closing = 1;
+  embps_net_t *net = c->net;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    net->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  net->stats.connections--;
+  net->handles++; /* until both handles are closed */
+  /* A write in flight is cancelled by uv_close; its callback runs first and frees the batch. */
+  uv_close((uv_handle_t *)&c->tcp, conn_handle_closed);
+  uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
+}
+
+static void on_timer(uv_timer_t *t) {
+  conn_t *c = t->data;
+  EMBPS_INFO("closing connection: %s timeout", c->timer_mode == TIMER_STALL ? "stall" : "idle");
+  conn_close(c);
+}
+
+/* Arms the timer for the core's phase. restart_stall: bytes just arrived. */
+static void conn_update_timer(conn_t *c, int restart_stall) {
+  if (c->closing)
+    return;
+  const embps_net_config_t *cfg = &c->net->cfg;
+  embps__h2conn_phase_t phase = embps__h2conn_phase(c->h2);
+  timer_mode_t mode = TIMER_OFF;
+  uint64_t ms = 0;
+  if (phase == EMBPS__H2_RECEIVING && cfg->stall_timeout_ms) {
+    mode = TIMER_STALL;
+    ms = cfg->stall_timeout_ms;
+  } else if (phase == EMBPS__H2_IDLE && cfg->idle_timeout_ms) {
+    mode = TIMER_IDLE;
+    ms = cfg->idle_timeout_ms;
+  }
+  if (mode == c->timer_mode && !(mode == TIMER_STALL && restart_stall))
+    return;
+  c->timer_mode = mode;
+  if (mode == TIMER_OFF)
+    uv_timer_stop(&c->timer);
+  else
+    uv_timer_start(&c->timer, on_timer, ms, 0);
+}
+
+static void on_write(uv_write_t *req, int status) {
+  conn_t *c = req->data;
+  if (status == 0)
+    c->net->stats.bytes_out += embps__h2out_bytes(c->writing);
+  embps__h2out_free(c->writing);
+  c->writing = NULL;
+  if (status < 0) {
+    if (status != UV_ECANCELED)
+      EMBPS_INFO("closing connection: write failed: %s", uv_strerror(status));
+    conn_close(c);
+    return;
+  }
+  conn_flush(c);
+  conn_update_timer(c, 0);
+}
+
+/* Writes the core's pending output, one batch at a time; closes when the core is done. */
+static void conn_flush(conn_t *c) {
+  if (c->closing || c->writing)
+    return;
+  embps__h2out_t *out = embps__h2conn_take_output(c->h2);
+  if (!out) {
+    if (c->broken || embps__h2conn_want_close(c->h2))
+      conn_close(c);
+    return;
+  }
+  size_t nsegs;
+  const embps__h2seg_t *segs = embps__h2out_segs(out, &nsegs);
+  if (nsegs > c->bufs_cap) {
+    size_t cap = c->bufs_cap ? c->bufs_cap : 64;
+    while (cap < nsegs)
+      cap *= 2;
+    uv_buf_t *bufs = embps_realloc(c->bufs, cap * sizeof(*bufs));
+    if (!bufs) {
+      EMBPS_ERROR("out of memory for %zu write buffers; closing connection", nsegs);
+      embps__h2out_free(out);
+      conn_close(c);
+      return;
+    }
+    c->bufs = bufs;
+    c->bufs_cap = cap;
+  }
+  for (size_t i = 0; i < nsegs; i++)
+    c->bufs[i] = uv_buf_init((char *)segs[i].base, (unsigned int)segs[i].len);
+  c->writing = out;
+  c->wreq.data = c;
+  /* libuv copies the buffer descriptors, so c->bufs may be reused at once. */
+  int rc = uv_write(&c->wreq, (uv_stream_t *)&c->tcp, c->bufs, (unsigned int)nsegs, on_write);
+  if (rc < 0) {
+    EMBPS_INFO("closing connection: uv_write: %s", uv_strerror(rc));
+    c->writing = NULL;
+    embps__h2out_free(out);
+    conn_close(c);
+  }
+}
+
+static void on_core_output(void *user) { conn_flush(user); }
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  conn_t *c = h->data;
+  embps_net_t *net = c->net;
+  if (net->read_buf_busy) { /* cannot happen: reads are consumed synchronously */
+    *buf = uv_buf_init(NULL, 0);
+    return;
+  }
+  net->read_buf_busy = 1;
+  *buf = uv_buf_init((char *)net->read_buf, READ_BUF_BYTES);
+}
+
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
+  conn_t *c = stream->data;
+  embps_net_t *net = c->net;
+  if (buf->base == (char *)net->read_buf)
+    net->read_buf_busy = 0;
+  if (nread == 0)
+    return;
+  if (nread < 0) {
+    if (nread != UV_EOF)
+      EMBPS_INFO("closing connection: read: %s", uv_strerror((int)nread));
+    conn_close(c);
+    return;
+  }
+  if (c->broken)
+    return;
+  net->stats.bytes_in += (uint64_t)nread;
+  if (embps__h2conn_feed(c->h2, (const uint8_t *)buf->base, (size_t)nread) != EMBPS_OK) {
+    c->broken = 1;
+    uv_read_stop(stream);
+    uv_timer_stop(&c->timer);
+    c->timer_mode = TIMER_OFF;
+  }
+  conn_flush(c);
+  conn_update_timer(c, 1);
+}
+
+static void reject_closed(uv_handle_t *h) {
+  embps_net_t *net = h->data;
+  net->handles--;
+  embps_free(h);
+}
+
+static void on_connection(uv_stream_t *server, int status) {
+  embps_net_t *net = server->data;
+  embps_status_t ret = EMBPS_OK;
+  conn_t *c = NULL;
+  if (status < 0) {
+    EMBPS_WARN("accept: %s", uv_strerror(status));
+    return;
+  }
+  if (net->closing)
+    return;
+  if (net->cfg.max_connections && net->stats.connections >= net->cfg.max_connections) {
+    uv_tcp_t *t = embps_malloc(sizeof(*t));
+    if (!t || uv_tcp_init(net->loop, t) < 0) {
+      embps_free(t);
+      return;
+    }
+    t->data = net;
+    net->handles++;
+    if (uv_accept(server, (uv_stream_t *)t) == 0)
+      EMBPS_WARN("refusing connection: max_connections=%u reached", net->cfg.max_connections);
+    uv_close((uv_handle_t *)t, reject_closed);
+    return;
+  }
+  c = embps_calloc(1, sizeof(*c));
+  EMBPS_CHECK_GOTO(c, EMBPS_RESOURCE_EXHAUSTED, fail, "out of memory for a connection");
+  c->net = net;
+  embps__h2conn_hooks_t hooks = {.on_request = net->on_request,
+                                 .request_user = net->user,
+                                 .on_output = on_core_output,
+                                 .io_user = c,
+                                 .stats = &net->stats};
+  ret = embps__h2conn_new(&c->h2, net->cfg.max_message_bytes, &hooks);
+  if (ret != EMBPS_OK)
+    goto fail;
+  EMBPS_UV_CHECK_GOTO(uv_tcp_init(net->loop, &c->tcp), fail);
+  c->tcp.data = c;
+  c->handles = 1;
+  c->timer.data = c;
+  if (uv_timer_init(net->loop, &c->timer) < 0) {
+    /* Close what is open; the close callback frees the rest. */
+    c->handles = 1;
+    c->closing = 1;
+    net->handles++;
+    uv_close((uv_handle_t *)&c->tcp, conn_handle_closed);
+    return;
+  }
+  c->handles = 2;
+  c->next = net->conns;
+  if (net->conns)
+    net->conns->prev = c;
+  net->conns = c;
+  net->stats.connections++;
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
+    conn_close(c);
+    return;
+  }
+  /* Small frames (HEADERS, trailers) must not wait for Nagle. */
+  uv_tcp_nodelay(&c->tcp, 1);
+  if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0) {
+    conn_close(c);
+    return;
+  }
+  conn_flush(c); /* our SETTINGS */
+  conn_update_timer(c, 1);
+  return;
+fail:
+  if (c)
+    embps__h2conn_free(c->h2);
+  embps_free(c);
+  (void)ret;
+}
+
+/* ---- the network layer ---- */
+
+embps_status_t embps_net_new(embps_net_t **out, uv_loop_t *loop, const embps_net_config_t *cfg,
+                             embps_net_request_cb on_request, void *user) {
+  embps_status_t ret = EMBPS_OK;
+  embps_net_t *net = embps_calloc(1, sizeof(*net));
+  EMBPS_CHECK_GOTO(net, EMBPS_RESOURCE_EXHAUSTED, fail, "out of memory for the network layer");
+  net->read_buf = embps_malloc(READ_BUF_BYTES);
+  EMBPS_CHECK_GOTO(net->read_buf, EMBPS_RESOURCE_EXHAUSTED, fail, "out of memory for reads");
+  net->loop = loop;
+  net->cfg = *cfg;
+  net->on_request = on_request;
+  net->user = user;
+  *out = net;
+exit:
+  return ret;
+fail:
+  if (net)
+    embps_free(net->read_buf);
+  embps_free(net);
+  goto exit;
+}
+
+/* Parses "host:port", "[v6]:port" (and "localhost:port") into addr. */
+static int parse_addr(const char *host_port, struct sockaddr_storage *addr) {
+  char host[INET6_ADDRSTRLEN + 1];
+  const char *colon, *hstart = host_port;
+  size_t hlen;
+  int v6 = 0;
+  if (host_port[0] == '[') {
+    const char *close = strchr(host_port, ']');
+    if (!close || close[1] != ':')
+      return -1;
+    hstart = host_port + 1;
+    hlen = (size_t)(close - hstart);
+    colon = close + 1;
+    v6 = 1;
+  } else {
+    colon = strrchr(host_port, ':');
+    if (!colon)
+      return -1;
+    hlen = (size_t)(colon - host_port);
+    if (memchr(host_port, ':', hlen))
+      return -1; /* a bare IPv6 address needs brackets */
+  }
+  if (hlen >= sizeof(host))
+    return -1;
+  memcpy(host, hstart, hlen);
+  host[hlen] = '\0';
+  const char *p = colon + 1;
+  if (*p == '\0' || strlen(p) > 5)
+    return -1;
+  long port = 0;
+  for (; *p; p++) {
+    if (*p < '0' || *p > '9')
+      return -1;
+    port = port * 10 + (*p - '0');
+  }
+  if (port > 65535)
+    return -1;
+  if (v6)
+    return uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)addr) == 0 ? 0 : -1;
+  if (hlen == 0)
+    snprintf(host, sizeof(host), "0.0.0.0");
+  else if (strcmp(host, "localhost") == 0)
+    snprintf(host, sizeof(host), "127.0.0.1");
+  return uv_ip4_addr(host, (int)port, (struct sockaddr_in *)addr) == 0 ? 0 : -1;
+}
+
+static void listener_closed(uv_handle_t *h) {
+  embps_net_t *net = h->data;
+  net->handles--;
+  embps_free(h);
+}
+
+embps_status_t embps_net_listen(embps_net_t *net, const char *host_port, embps_error_t *err) {
+  embps_status_t ret = EMBPS_OK;
+  struct sockaddr_storage addr;
+  memset(&addr, 0, sizeof(addr));
+  if (!host_port || parse_addr(host_port, &addr) < 0)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "cannot parse listen address '%s': expected host:port or [v6]:port",
+                           host_port ? host_port : "(null)");
+  if (net->listener || net->closing)
+    return embps_error_set(err, EMBPS_FAILED_PRECONDITION, "the network layer is already %s",
+                           net->closing ? "closed" : "listening");
+  uv_tcp_t *l = embps_malloc(sizeof(*l));
+  if (!l)
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for the listener");
+  int rc = uv_tcp_init(net->loop, l);
+  if (rc < 0) {
+    embps_free(l);
+    return embps_error_set(err, EMBPS_UNAVAILABLE, "uv_tcp_init: %s", uv_strerror(rc));
+  }
+  l->data = net;
+  net->listener = l;
+  net->handles++;
+  const char *step = "bind";
+  rc = uv_tcp_bind(l, (const struct sockaddr *)&addr, 0);
+  if (rc == 0) {
+    step = "listen";
+    rc = uv_listen((uv_stream_t *)l, LISTEN_BACKLOG, on_connection);
+  }
+  if (rc == 0) {
+    struct sockaddr_storage bound;
+    int blen = sizeof(bound);
+    step = "getsockname";
+    rc = uv_tcp_getsockname(l, (struct sockaddr *)&bound, &blen);
+    if (rc == 0)
+      net->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                    : ((struct sockaddr_in *)&bound)->sin_port);
+  }
+  if (rc < 0) {
+    ret = embps_error_set(err, EMBPS_UNAVAILABLE, "cannot listen on %s: %s: %s", host_port, step,
+                          uv_strerror(rc));
+    goto fail;
+  }
+  EMBPS_DEBUG("bound %s (port %d)", host_port, net->port);
+exit:
+  return ret;
+fail:
+  net->listener = NULL;
+  net->port = 0;
+  uv_close((uv_handle_t *)l, listener_closed);
+  goto exit;
+}
+
+int embps_net_port(const embps_net_t *net) { return net->port; }
+
+void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) { *out = net->stats; }
+
+void embps_net_close(embps_net_t *net) {
+  if (net->closing)
+    return;
+  net->closing = 1;
+  if (net->listener) {
+    uv_close((uv_handle_t *)net->listener, listener_closed);
+    net->listener = NULL;
+  }
+  while (net->conns)
+    conn_close(net->conns);
+}
+
+void embps_net_free(embps_net_t *net) {
+  if (!net)
+    return;
+  if (net->handles > 0 || net->conns)
+    EMBPS_ERROR("embps_net_free before embps_net_close and a turn of the loop: leaking it");
+  else {
+    embps_free(net->read_buf);
+    embps_free(net);
+  }
+}

@@ -1,0 +1,597 @@
+/* The gRPC/HTTP2 core without sockets: an in-memory nghttp2 client talks to one h2conn, and
+ * every byte the core produces goes through its output batches, as the binding writes them. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "server/net/h2conn.h"
+#include "tests/unit/net/h2client.h"
+
+#define MAX_CALLS 32
+#define PATH "/embps.v1.EmbeddingService/Lookup"
+#define CT "application/grpc"
+
+typedef struct server {
+  embps__h2conn_t *conn;
+  embps_net_stats_t stats;
+  int answer_inline; /* echo at once from inside the request callback */
+  embps_net_call_t *calls[MAX_CALLS];
+  char methods[MAX_CALLS][128];
+  uint8_t *msgs[MAX_CALLS];
+  size_t lens[MAX_CALLS];
+  int ncalls;
+  int outputs_notified;
+  /* zero-copy check: the range of a reply body, and whether a segment pointed into it */
+  const uint8_t *watch;
+  size_t watch_len;
+  int watch_hit;
+  embps_status_t last_feed;
+} server_t;
+
+static int releases;
+static void count_release(void *arg) {
+  releases++;
+  if (arg)
+    free(arg);
+}
+
+static void on_request(void *user, embps_net_call_t *call, const char *method, uint8_t *msg,
+                       size_t len) {
+  server_t *sv = user;
+  assert_true(sv->ncalls < MAX_CALLS);
+  int i = sv->ncalls++;
+  snprintf(sv->methods[i], sizeof(sv->methods[i]), "%s", method);
+  sv->lens[i] = len;
+  if (sv->answer_inline) {
+    sv->msgs[i] = NULL;
+    /* echo the request: the body is the message itself, released with embps_free */
+    embps_net_call_reply(call, msg, len, embps_free, msg);
+    sv->calls[i] = NULL;
+  } else {
+    sv->msgs[i] = msg;
+    sv->calls[i] = call;
+  }
+}
+
+static void on_output(void *user) { ((server_t *)user)->outputs_notified++; }
+
+static void server_init(server_t *sv, size_t max_message) {
+  memset(sv, 0, sizeof(*sv));
+  embps__h2conn_hooks_t hooks = {.on_request = on_request,
+                                 .request_user = sv,
+                                 .on_output = on_output,
+                                 .io_user = sv,
+                                 .stats = &sv->stats};
+  assert_int_equal(embps__h2conn_new(&sv->conn, max_message, &hooks), EMBPS_OK);
+}
+
+static void server_fini(server_t *sv) {
+  embps__h2conn_free(sv->conn);
+  for (int i = 0; i < sv->ncalls; i++)
+    embps_free(sv->msgs[i]);
+}
+
+/* Moves bytes both ways until neither side has anything to say (bounded). */
+static void pump(h2c_t *c, server_t *sv) {
+  for (int round = 0; round < 100000; round++) {
+    int progress = 0;
+    for (;;) {
+      const uint8_t *d;
+      ssize_t n = nghttp2_session_mem_send(c->session, &d);
+      assert_true(n >= 0);
+      if (n == 0)
+        break;
+      progress = 1;
+      sv->last_feed = embps__h2conn_feed(sv->conn, d, (size_t)n);
+      if (sv->last_feed != EMBPS_OK)
+        return;
+    }
+    embps__h2out_t *out;
+    while ((out = embps__h2conn_take_output(sv->conn)) != NULL) {
+      size_t nsegs;
+      const embps__h2seg_t *segs = embps__h2out_segs(out, &nsegs);
+      size_t total = 0;
+      for (size_t i = 0; i < nsegs; i++) {
+        if (sv->watch && segs[i].base >= sv->watch && segs[i].base < sv->watch + sv->watch_len)
+          sv->watch_hit = 1;
+        assert_int_equal(nghttp2_session_mem_recv(c->session, segs[i].base, segs[i].len),
+                         (ssize_t)segs[i].len);
+        total += segs[i].len;
+      }
+      assert_int_equal(total, embps__h2out_bytes(out));
+      embps__h2out_free(out);
+      progress = 1;
+    }
+    if (!progress)
+      return;
+  }
+  fail_msg("pump did not settle");
+}
+
+static void assert_ok_reply(const h2c_stream_t *st, const void *body, size_t len) {
+  size_t n;
+  assert_true(st->closed);
+  assert_int_equal(st->close_error, NGHTTP2_NO_ERROR);
+  assert_int_equal(st->http_status, 200);
+  assert_string_equal(st->content_type, "application/grpc");
+  assert_int_equal(st->grpc_status, 0);
+  assert_int_equal(st->header_blocks, 2); /* headers, then trailers */
+  const uint8_t *m = h2c_message(st, &n);
+  assert_non_null(m);
+  assert_int_equal(n, len);
+  assert_memory_equal(m, body, len);
+}
+
+static void assert_error(const h2c_stream_t *st, int http, int grpc, const char *message) {
+  assert_true(st->closed);
+  assert_int_equal(st->http_status, http);
+  assert_true(st->trailers_only);
+  assert_int_equal(st->data_len, 0);
+  assert_int_equal(st->grpc_status, grpc);
+  if (message)
+    assert_string_equal(st->grpc_message, message);
+}
+
+static void test_unary_round_trip(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  server_init(&sv, 1 << 20);
+  sv.answer_inline = 1;
+  h2c_init(&c, 1);
+  uint8_t *p = h2c_frame(0, "hello", 5, &plen);
+  h2c_stream_t *st = h2c_request(&c, PATH, "application/grpc+proto", p, plen, 0, plen);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 1);
+  assert_string_equal(sv.methods[0], PATH);
+  assert_int_equal(sv.lens[0], 5);
+  assert_ok_reply(st, "hello", 5);
+  assert_int_equal(sv.stats.requests, 1);
+  assert_int_equal(sv.stats.errors, 0);
+  assert_int_equal(sv.outputs_notified, 0); /* answered inside feed: no notification needed */
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_IDLE);
+  /* Large windows so clients never stall on our flow control. */
+  assert_int_equal(
+      nghttp2_session_get_remote_settings(c.session, NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE),
+      2147483647);
+  assert_int_equal(nghttp2_session_get_remote_settings(c.session, NGHTTP2_SETTINGS_MAX_FRAME_SIZE),
+                   16777215);
+  assert_true(nghttp2_session_get_remote_window_size(c.session) > (1 << 30));
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+static void test_large_request_and_reply(void **state) {
+  const size_t n = 5u << 20;
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  server_init(&sv, 8u << 20);
+  h2c_init(&c, 1);
+  uint8_t *msg = malloc(n);
+  for (size_t i = 0; i < n; i++)
+    msg[i] = (uint8_t)(i * 7 + (i >> 13));
+  uint8_t *p = h2c_frame(0, msg, n, &plen);
+  h2c_stream_t *st = h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 1);
+  assert_int_equal(sv.lens[0], n);
+  assert_memory_equal(sv.msgs[0], msg, n);
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_BUSY);
+
+  uint8_t *reply = malloc(n);
+  for (size_t i = 0; i < n; i++)
+    reply[i] = (uint8_t)(i * 13 + 1);
+  releases = 0;
+  sv.watch = reply;
+  sv.watch_len = n;
+  embps_net_call_reply(sv.calls[0], reply, n, count_release, NULL);
+  assert_int_equal(sv.outputs_notified, 1);
+  /* The body is referenced, not copied: nothing is released before the batch is written. */
+  embps__h2out_t *out = embps__h2conn_take_output(sv.conn);
+  assert_non_null(out);
+  assert_int_equal(releases, 0);
+  size_t nsegs;
+  const embps__h2seg_t *segs = embps__h2out_segs(out, &nsegs);
+  /* DATA frames as large as the client allows (1 MiB), not nghttp2's default 16 KiB. */
+  assert_true(nsegs < 32);
+  for (size_t i = 0; i < nsegs; i++) {
+    if (segs[i].base >= reply && segs[i].base < reply + n)
+      sv.watch_hit = 1;
+    assert_int_equal(nghttp2_session_mem_recv(c.session, segs[i].base, segs[i].len),
+                     (ssize_t)segs[i].len);
+  }
+  embps__h2out_free(out);
+  pump(&c, &sv);
+  assert_true(sv.watch_hit);
+  assert_int_equal(releases, 1);
+  assert_ok_reply(st, reply, n);
+  free(reply);
+  free(msg);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+/* Default client settings: 64 KiB windows and 16 KiB frames, so the reply needs many window
+ * updates and the core must resume after flow control blocks it. */
+static void test_reply_under_small_windows(void **state) {
+  const size_t n = 1u << 20;
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 0);
+  uint8_t *p = h2c_frame(0, "x", 1, &plen);
+  h2c_stream_t *st = h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 1);
+  uint8_t *reply = malloc(n);
+  for (size_t i = 0; i < n; i++)
+    reply[i] = (uint8_t)(i ^ (i >> 9));
+  releases = 0;
+  embps_net_call_reply(sv.calls[0], reply, n, count_release, reply);
+  pump(&c, &sv);
+  assert_int_equal(releases, 1);
+  size_t got;
+  const uint8_t *m = h2c_message(st, &got);
+  assert_non_null(m);
+  assert_int_equal(got, n);
+  for (size_t i = 0; i < n; i++)
+    if (m[i] != (uint8_t)(i ^ (i >> 9)))
+      fail_msg("byte %zu differs", i);
+  assert_int_equal(st->grpc_status, 0);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+static void test_split_frames(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen, plen2;
+  server_init(&sv, 1 << 20);
+  sv.answer_inline = 1;
+  h2c_init(&c, 1);
+  uint8_t msg[1000];
+  for (size_t i = 0; i < sizeof(msg); i++)
+    msg[i] = (uint8_t)(i * 31);
+  /* 3-byte DATA frames: the prefix is split over two frames, the message over hundreds. */
+  uint8_t *p = h2c_frame(0, msg, sizeof(msg), &plen);
+  h2c_stream_t *st = h2c_request(&c, PATH, CT, p, plen, 3, plen);
+  /* 1-byte frames, and an empty message. */
+  uint8_t *p2 = h2c_frame(0, NULL, 0, &plen2);
+  h2c_stream_t *st2 = h2c_request(&c, PATH, CT, p2, plen2, 1, plen2);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 2);
+  assert_ok_reply(st, msg, sizeof(msg));
+  assert_ok_reply(st2, "", 0);
+  free(p);
+  free(p2);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+static void test_concurrent_out_of_order(void **state) {
+  enum { N = 6 };
+  server_t sv;
+  h2c_t c;
+  uint8_t *p[N];
+  h2c_stream_t *st[N];
+  char body[N][32];
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 1);
+  for (int i = 0; i < N; i++) {
+    char m[16];
+    size_t plen;
+    snprintf(m, sizeof(m), "req%d", i);
+    p[i] = h2c_frame(0, m, strlen(m), &plen);
+    st[i] = h2c_request(&c, PATH, CT, p[i], plen, 0, plen);
+  }
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, N);
+  for (int i = 0; i < N; i++) {
+    char m[16];
+    snprintf(m, sizeof(m), "req%d", i);
+    assert_int_equal(sv.lens[i], strlen(m));
+    assert_memory_equal(sv.msgs[i], m, strlen(m)); /* delivered in stream order */
+  }
+  releases = 0;
+  for (int i = N - 1; i >= 0; i--) {
+    if (i == 2) {
+      embps_net_call_fail(sv.calls[i], EMBPS_NOT_FOUND, "table 't9' not found");
+    } else {
+      snprintf(body[i], sizeof(body[i]), "reply to %d", i);
+      embps_net_call_reply(sv.calls[i], (uint8_t *)body[i], strlen(body[i]), count_release, NULL);
+    }
+    if (i % 2 == 0)
+      pump(&c, &sv);
+  }
+  pump(&c, &sv);
+  assert_int_equal(releases, N - 1);
+  for (int i = 0; i < N; i++) {
+    if (i == 2)
+      assert_error(st[i], 200, EMBPS_NOT_FOUND, "table 't9' not found");
+    else
+      assert_ok_reply(st[i], body[i], strlen(body[i]));
+    free(p[i]);
+  }
+  assert_int_equal(sv.stats.requests, N);
+  assert_int_equal(sv.stats.errors, 1);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+static void test_oversized_message(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen, plen2;
+  server_init(&sv, 1 << 20);
+  sv.answer_inline = 1;
+  h2c_init(&c, 1);
+  /* Declares 2 MiB but only 64 KiB is available: the answer must not wait for the rest. */
+  const size_t big = 2u << 20;
+  uint8_t *msg = calloc(1, big);
+  uint8_t *p = h2c_frame(0, msg, big, &plen);
+  h2c_stream_t *st = h2c_request(&c, PATH, CT, p, plen, 0, 65536);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 0);
+  assert_error(st, 200, EMBPS_RESOURCE_EXHAUSTED,
+               "received message larger than max (2097152 vs. 1048576)");
+  assert_int_equal(st->close_error, NGHTTP2_NO_ERROR); /* RST_STREAM(NO_ERROR): stop sending */
+  assert_int_equal(sv.stats.errors, 1);
+  /* The connection still works. */
+  uint8_t *p2 = h2c_frame(0, "next", 4, &plen2);
+  h2c_stream_t *st2 = h2c_request(&c, PATH, CT, p2, plen2, 0, plen2);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 1);
+  assert_ok_reply(st2, "next", 4);
+  assert_false(c.goaway);
+  free(msg);
+  free(p);
+  free(p2);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+static void test_bad_messages(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t l1, l2, l3, l4;
+  server_init(&sv, 1 << 20);
+  sv.answer_inline = 1;
+  h2c_init(&c, 1);
+  uint8_t *compressed = h2c_frame(1, "zzzz", 4, &l1);
+  h2c_stream_t *s1 = h2c_request(&c, PATH, CT, compressed, l1, 0, l1);
+  uint8_t *wrong_ct = h2c_frame(0, "a", 1, &l2);
+  h2c_stream_t *s2 = h2c_request(&c, PATH, "application/json", wrong_ct, l2, 0, l2);
+  h2c_stream_t *s3 = h2c_request(&c, PATH, CT, NULL, 0, 0, 0); /* no message at all */
+  /* two messages in one DATA frame */
+  uint8_t *a = h2c_frame(0, "one", 3, &l3);
+  uint8_t two[16];
+  memcpy(two, a, l3);
+  memcpy(two + l3, a, l3);
+  h2c_stream_t *s4 = h2c_request(&c, PATH, CT, two, 2 * l3, 0, 2 * l3);
+  /* a message cut short by END_STREAM */
+  uint8_t *cut = h2c_frame(0, "truncated", 9, &l4);
+  h2c_stream_t *s5 = h2c_request(&c, PATH, CT, cut, l4 - 3, 0, l4 - 3);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 0);
+  assert_error(s1, 200, EMBPS_UNIMPLEMENTED, "compressed messages are not supported");
+  assert_error(s2, 415, EMBPS_INVALID_ARGUMENT,
+               "invalid gRPC request content-type 'application/json'");
+  assert_error(s3, 200, EMBPS_INVALID_ARGUMENT, NULL);
+  assert_error(s4, 200, EMBPS_UNIMPLEMENTED, NULL);
+  assert_error(s5, 200, EMBPS_INVALID_ARGUMENT, NULL);
+  assert_int_equal(sv.stats.errors, 5);
+  assert_false(c.goaway);
+  free(compressed);
+  free(wrong_ct);
+  free(a);
+  free(cut);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+static void test_garbage_preface(void **state) {
+  server_t sv;
+  server_init(&sv, 1 << 20);
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_RECEIVING);
+  const char *g = "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  assert_int_equal(embps__h2conn_feed(sv.conn, (const uint8_t *)g, strlen(g)), EMBPS_UNAVAILABLE);
+  assert_true(embps__h2conn_want_close(sv.conn));
+  /* What is left to write is our SETTINGS and a GOAWAY(PROTOCOL_ERROR). */
+  uint8_t bytes[4096];
+  size_t total = 0;
+  embps__h2out_t *out;
+  while ((out = embps__h2conn_take_output(sv.conn)) != NULL) {
+    size_t nsegs;
+    const embps__h2seg_t *segs = embps__h2out_segs(out, &nsegs);
+    for (size_t i = 0; i < nsegs; i++) {
+      assert_true(total + segs[i].len <= sizeof(bytes));
+      memcpy(bytes + total, segs[i].base, segs[i].len);
+      total += segs[i].len;
+    }
+    embps__h2out_free(out);
+  }
+  int goaway = 0;
+  for (size_t off = 0; off + 9 <= total;) {
+    size_t len = ((size_t)bytes[off] << 16) | ((size_t)bytes[off + 1] << 8) | bytes[off + 2];
+    if (bytes[off + 3] == NGHTTP2_GOAWAY) {
+      goaway = 1;
+      assert_int_equal(bytes[off + 9 + 7], NGHTTP2_PROTOCOL_ERROR); /* low byte of the code */
+    }
+    off += 9 + len;
+  }
+  assert_true(goaway);
+  assert_int_equal(embps__h2conn_feed(sv.conn, (const uint8_t *)"x", 1), EMBPS_UNAVAILABLE);
+  assert_int_equal(sv.ncalls, 0);
+  server_fini(&sv);
+}
+
+static void test_percent_encoding(void **state) {
+  char *e = embps__h2_percent_encode("caf\xc3\xa9 100%\ndone~");
+  assert_string_equal(e, "caf%C3%A9 100%25%0Adone~");
+  embps_free(e);
+
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 1);
+  uint8_t *p = h2c_frame(0, "q", 1, &plen);
+  h2c_stream_t *st = h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 1);
+  embps_net_call_fail(sv.calls[0], EMBPS_INVALID_ARGUMENT, "emb_width=\xe2\x82\xac 50% off");
+  pump(&c, &sv);
+  assert_error(st, 200, EMBPS_INVALID_ARGUMENT, "emb_width=%E2%82%AC 50%25 off");
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+static void test_answer_after_teardown(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 1);
+  uint8_t *p = h2c_frame(0, "abc", 3, &plen);
+  for (int i = 0; i < 3; i++)
+    h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 3);
+  /* The client resets stream 0: its call is cancelled but stays valid. */
+  assert_false(embps_net_call_cancelled(sv.calls[0]));
+  nghttp2_submit_rst_stream(c.session, NGHTTP2_FLAG_NONE, c.streams[0].id, NGHTTP2_CANCEL);
+  pump(&c, &sv);
+  assert_true(embps_net_call_cancelled(sv.calls[0]));
+  assert_false(embps_net_call_cancelled(sv.calls[1]));
+  releases = 0;
+  uint8_t *dropped = malloc(8);
+  embps_net_call_reply(sv.calls[0], dropped, 8, count_release, dropped);
+  assert_int_equal(releases, 1);
+  /* A reply queued but not yet written when the connection goes is released with it. */
+  uint8_t *queued = malloc(64);
+  embps_net_call_reply(sv.calls[1], queued, 64, count_release, queued);
+  assert_int_equal(releases, 1);
+  embps__h2conn_free(sv.conn);
+  sv.conn = NULL;
+  assert_int_equal(releases, 2);
+  /* The connection is gone: the last call is cancelled, its answer dropped and released. */
+  assert_true(embps_net_call_cancelled(sv.calls[2]));
+  uint8_t *late = malloc(32);
+  embps_net_call_reply(sv.calls[2], late, 32, count_release, late);
+  assert_int_equal(releases, 3);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+
+  /* Same for an error answer after teardown. */
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 1);
+  p = h2c_frame(0, "abc", 3, &plen);
+  h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 1);
+  embps__h2conn_free(sv.conn);
+  sv.conn = NULL;
+  embps_net_call_fail(sv.calls[0], EMBPS_INTERNAL, "late");
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+/* A batch written after its stream is gone still owns the body it points at. */
+static void test_batch_outlives_connection(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 1);
+  uint8_t *p = h2c_frame(0, "abc", 3, &plen);
+  h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  uint8_t *body = malloc(100000);
+  memset(body, 7, 100000);
+  releases = 0;
+  embps_net_call_reply(sv.calls[0], body, 100000, count_release, body);
+  embps__h2out_t *out = embps__h2conn_take_output(sv.conn);
+  assert_non_null(out);
+  embps__h2conn_free(sv.conn);
+  sv.conn = NULL;
+  assert_int_equal(releases, 0);
+  size_t nsegs, sum = 0;
+  const embps__h2seg_t *segs = embps__h2out_segs(out, &nsegs);
+  for (size_t i = 0; i < nsegs; i++)
+    for (size_t j = 0; j < segs[i].len; j++)
+      sum += segs[i].base[j]; /* readable under ASan */
+  assert_true(sum >= 7 * 100000);
+  embps__h2out_free(out);
+  assert_int_equal(releases, 1);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+static void test_phases(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 1);
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_RECEIVING); /* no preface yet */
+  pump(&c, &sv);
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_IDLE);
+  uint8_t *p = h2c_frame(0, "abcdef", 6, &plen);
+  h2c_stream_t *st = h2c_request(&c, PATH, CT, p, plen, 0, 7);
+  pump(&c, &sv);
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_RECEIVING); /* half a request */
+  h2c_release_more(&c, st, plen);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 1);
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_BUSY);
+  embps_net_call_reply(sv.calls[0], (const uint8_t *)"ok", 2, NULL, NULL);
+  pump(&c, &sv);
+  assert_ok_reply(st, "ok", 2);
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_IDLE);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+static void test_new_fails_cleanly(void **state) {
+  embps__h2conn_hooks_t hooks = {.on_request = on_request};
+  embps__h2conn_t *conn = (embps__h2conn_t *)&hooks; /* must stay untouched */
+  embps_alloc_fail_after(1);
+  assert_int_equal(embps__h2conn_new(&conn, 1024, &hooks), EMBPS_RESOURCE_EXHAUSTED);
+  embps_alloc_fail_after(0);
+  assert_ptr_equal(conn, (embps__h2conn_t *)&hooks);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_unary_round_trip),
+      cmocka_unit_test(test_large_request_and_reply),
+      cmocka_unit_test(test_reply_under_small_windows),
+      cmocka_unit_test(test_split_frames),
+      cmocka_unit_test(test_concurrent_out_of_order),
+      cmocka_unit_test(test_oversized_message),
+      cmocka_unit_test(test_bad_messages),
+      cmocka_unit_test(test_garbage_preface),
+      cmocka_unit_test(test_percent_encoding),
+      cmocka_unit_test(test_answer_after_teardown),
+      cmocka_unit_test(test_batch_outlives_connection),
+      cmocka_unit_test(test_phases),
+      cmocka_unit_test(test_new_fails_cleanly),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
