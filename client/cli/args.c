@@ -1,0 +1,203 @@
+/* Strict number parsing for the command line.
+ *
+ * strtoull and strtod are lenient: they skip leading spaces, accept a sign on unsigned
+ * values ("-1" becomes 2^64-1), stop at the first bad character and saturate on overflow.
+ * Each parser here checks the characters itself first and the whole-string consumption and
+ * range after, so "--rows 10x", "--rows -1" or "--lr nan" are refused with a message rather
+ * than turned into a surprising table. */
+#include "client/cli/args.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int embps_cli_parse_u64(const char *what, const char *s, uint64_t min, uint64_t max,
+                        uint64_t *out, char *err, size_t errlen) {
+  uint64_t v = 0;
+  if (!s || !*s) {
+    snprintf(err, errlen, "%s: expected a whole number, got an empty value", what);
+    return -1;
+  }
+  for (const char *p = s; *p; p++) {
+    if (*p < '0' || *p > '9') {
+      snprintf(err, errlen, "%s: '%s' is not a whole number", what, s);
+      return -1;
+    }
+    if (v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10) {
+      snprintf(err, errlen, "%s: '%s' is too large", what, s);
+      return -1;
+    }
+    v = v * 10 + (uint64_t)(*p - '0');
+  }
+  if (v < min || v > max) {
+    snprintf(err, errlen, "%s: %s is outside [%llu, %llu]", what, s, (unsigned long long)min,
+             (unsigned long long)max);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+/* A decimal floating literal: [+-]digits[.digits][e[+-]digits], at least one digit. */
+static int decimal_syntax(const char *s, size_t len) {
+  size_t i = 0, digits = 0;
+  if (i < len && (s[i] == '+' || s[i] == '-'))
+    i++;
+  while (i < len && s[i] >= '0' && s[i] <= '9')
+    i++, digits++;
+  if (i < len && s[i] == '.') {
+    i++;
+    while (i < len && s[i] >= '0' && s[i] <= '9')
+      i++, digits++;
+  }
+  if (digits == 0)
+    return 0;
+  if (i < len && (s[i] == 'e' || s[i] == 'E')) {
+    size_t exp_digits = 0;
+    i++;
+    if (i < len && (s[i] == '+' || s[i] == '-'))
+      i++;
+    while (i < len && s[i] >= '0' && s[i] <= '9')
+      i++, exp_digits++;
+    if (exp_digits == 0)
+      return 0;
+  }
+  return i == len;
+}
+
+/* Parses s[0..len) as a finite double; 0 or -1. */
+static int parse_double_n(const char *s, size_t len, double *out) {
+  char buf[128];
+  char *end;
+  double v;
+  if (len == 0 || len >= sizeof(buf) || !decimal_syntax(s, len))
+    return -1;
+  memcpy(buf, s, len);
+  buf[len] = '\0';
+  errno = 0;
+  v = strtod(buf, &end);
+  if (*end != '\0' || !isfinite(v) || (errno == ERANGE && fabs(v) > 1.0))
+    return -1;
+  *out = v;
+  return 0;
+}
+
+int embps_cli_parse_double(const char *what, const char *s, double min, double max, double *out,
+                           char *err, size_t errlen) {
+  double v;
+  if (!s || parse_double_n(s, strlen(s), &v) != 0) {
+    snprintf(err, errlen, "%s: '%s' is not a finite decimal number", what, s ? s : "");
+    return -1;
+  }
+  if (v < min || v > max) {
+    snprintf(err, errlen, "%s: %s is outside [%g, %g]", what, s, min, max);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int embps_cli_parse_i64_list(const char *what, const char *s, int64_t **out, size_t *n,
+                             char *err, size_t errlen) {
+  size_t count = 1, k = 0;
+  int64_t *v;
+  const char *p;
+  if (!s || !*s) {
+    snprintf(err, errlen, "%s: expected a comma-separated list of tokens, got an empty value",
+             what);
+    return -1;
+  }
+  for (p = s; *p; p++)
+    count += *p == ',';
+  v = malloc(count * sizeof(*v));
+  if (!v) {
+    snprintf(err, errlen, "%s: out of memory", what);
+    return -1;
+  }
+  p = s;
+  for (;;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    size_t i = 0;
+    int neg = 0;
+    uint64_t mag = 0;
+    if (len > 0 && p[0] == '-')
+      neg = 1, i = 1;
+    if (i == len)
+      goto bad;
+    for (; i < len; i++) {
+      if (p[i] < '0' || p[i] > '9')
+        goto bad;
+      if (mag > ((uint64_t)INT64_MAX + 1 - (uint64_t)(p[i] - '0')) / 10)
+        goto bad;
+      mag = mag * 10 + (uint64_t)(p[i] - '0');
+    }
+    if (!neg && mag > (uint64_t)INT64_MAX)
+      goto bad;
+    v[k++] = neg ? (int64_t)(0 - mag) : (int64_t)mag;
+    if (!e)
+      break;
+    p = e + 1;
+    continue;
+  bad:
+    snprintf(err, errlen, "%s: item %zu ('%.*s') is not an int64 token", what, k + 1,
+             (int)(len > 40 ? 40 : len), p);
+    free(v);
+    return -1;
+  }
+  *out = v;
+  *n = k;
+  return 0;
+}
+
+int embps_cli_parse_f32_rows(const char *what, const char *s, float **out, size_t *n,
+                             size_t *rows, char *err, size_t errlen) {
+  size_t count = 1, k = 0, nrows = 1, width = 0, in_row = 0;
+  float *v;
+  const char *p;
+  if (!s || !*s) {
+    snprintf(err, errlen, "%s: expected values like '0.1,0.2|0.3,0.4', got an empty value", what);
+    return -1;
+  }
+  for (p = s; *p; p++)
+    count += *p == ',' || *p == '|';
+  v = malloc(count * sizeof(*v));
+  if (!v) {
+    snprintf(err, errlen, "%s: out of memory", what);
+    return -1;
+  }
+  p = s;
+  for (;;) {
+    size_t len = strcspn(p, ",|");
+    double d;
+    if (parse_double_n(p, len, &d) != 0 || fabs(d) > 3.4028234663852886e38) {
+      snprintf(err, errlen, "%s: value %zu ('%.*s') is not a finite number", what, k + 1,
+               (int)(len > 40 ? 40 : len), p);
+      free(v);
+      return -1;
+    }
+    v[k++] = (float)d;
+    in_row++;
+    if (p[len] != ',') {
+      if (width == 0)
+        width = in_row;
+      else if (in_row != width) {
+        snprintf(err, errlen, "%s: row %zu has %zu values, row 1 has %zu", what, nrows, in_row,
+                 width);
+        free(v);
+        return -1;
+      }
+      in_row = 0;
+      if (p[len] == '\0')
+        break;
+      nrows++;
+    }
+    p += len + 1;
+  }
+  *out = v;
+  *n = k;
+  *rows = nrows;
+  return 0;
+}

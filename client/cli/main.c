@@ -1,0 +1,769 @@
+/* `embps`: the command-line tool of a shard group (admin, lookup/push, load test).
+ *
+ * It uses only the public libembps API. The global settings are declared once in a table
+ * (flag, environment variable, default, help) that both reads them and prints --help; each
+ * command declares its flags the same way, so `embps COMMAND --help` is generated from the
+ * code that parses it. Numbers are parsed strictly (args.c). Failures print
+ * "embps: COMMAND: STATUS: message" with the server's message on stderr and exit 1; usage
+ * errors exit 2. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/cli/args.h"
+#include "client/cli/bench.h"
+#include "client/embps.h"
+
+#define EXIT_USAGE 2
+
+/* ---- settings and flags ---- */
+
+typedef struct setting {
+  const char *flag;
+  const char *env;
+  const char *def;
+  const char *help;
+  const char *value;
+} setting_t;
+
+enum { S_SERVERS, S_DEADLINE, S_CONNECT_TIMEOUT, S_PAD, S_COUNT };
+
+static setting_t settings[S_COUNT] = {
+    [S_SERVERS] = {"--servers", "EMBPS_SERVERS", "127.0.0.1:7070",
+                   "HOST:PORT[,HOST:PORT...] of every rank, in rank order", NULL},
+    [S_DEADLINE] = {"--deadline-ms", "EMBPS_DEADLINE_MS", "0",
+                    "deadline of each call in milliseconds (0: none)", NULL},
+    [S_CONNECT_TIMEOUT] = {"--connect-timeout-ms", "EMBPS_CONNECT_TIMEOUT_MS", "10000",
+                           "deadline of connecting to each server, in milliseconds", NULL},
+    [S_PAD] = {"--pad", "EMBPS_PAD", "0",
+               "pad batches with token 0 up to a multiple of the group size (--pad=0|1)", NULL},
+};
+
+typedef struct flag {
+  const char *name;   /* "--rows" */
+  const char *arg;    /* "R" for a flag with a value, NULL for a switch */
+  const char *help;
+  const char *value;  /* set by parse_flags; "1" for a switch */
+} flag_t;
+
+typedef struct command {
+  const char *name;
+  const char *positional; /* "NAME" or NULL */
+  const char *summary;
+  int (*run)(const char *cmd, flag_t *flags, const char *pos);
+  flag_t *flags;
+} command_t;
+
+static char g_err[640];
+
+static void usage_global(FILE *f);
+
+static void usage_command(FILE *f, const command_t *c) {
+  fprintf(f, "usage: embps [GLOBAL OPTIONS] %s%s%s [OPTIONS]\n\n%s\n\noptions:\n", c->name,
+          c->positional ? " " : "", c->positional ? c->positional : "", c->summary);
+  for (flag_t *fl = c->flags; fl && fl->name; fl++) {
+    char left[64];
+    snprintf(left, sizeof(left), "%s%s%s", fl->name, fl->arg ? " " : "", fl->arg ? fl->arg : "");
+    fprintf(f, "  %-26s %s\n", left, fl->help);
+  }
+  fprintf(f, "  %-26s %s\n", "--help", "show this help");
+}
+
+static const char *flag(const flag_t *flags, const char *name) {
+  for (const flag_t *fl = flags; fl->name; fl++)
+    if (strcmp(fl->name, name) == 0)
+      return fl->value;
+  return NULL;
+}
+
+/* Parses argv into flags and at most one positional; prints and returns EXIT_USAGE on error,
+ * 0 on success, -1 when --help was printed. */
+static int parse_flags(const command_t *c, int argc, char **argv, const char **pos) {
+  *pos = NULL;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      usage_command(stdout, c);
+      return -1;
+    }
+    if (strncmp(a, "--", 2) == 0) {
+      const char *eq = strchr(a, '=');
+      size_t len = eq ? (size_t)(eq - a) : strlen(a);
+      flag_t *fl;
+      for (fl = c->flags; fl && fl->name; fl++)
+        if (strlen(fl->name) == len && strncmp(fl->name, a, len) == 0)
+          break;
+      if (!fl || !fl->name) {
+        fprintf(stderr, "embps: %s: unknown option '%.*s' (see embps %s --help)\n", c->name,
+                (int)len, a, c->name);
+        return EXIT_USAGE;
+      }
+      if (!fl->arg) {
+        if (eq) {
+          fprintf(stderr, "embps: %s: %s takes no value\n", c->name, fl->name);
+          return EXIT_USAGE;
+        }
+        fl->value = "1";
+      } else if (eq) {
+        fl->value = eq + 1;
+      } else if (i + 1 < argc) {
+        fl->value = argv[++i];
+      } else {
+        fprintf(stderr, "embps: %s: %s needs a value %s\n", c->name, fl->name, fl->arg);
+        return EXIT_USAGE;
+      }
+      continue;
+    }
+    if (c->positional && !*pos) {
+      *pos = a;
+      continue;
+    }
+    fprintf(stderr, "embps: %s: unexpected argument '%s' (see embps %s --help)\n", c->name, a,
+            c->name);
+    return EXIT_USAGE;
+  }
+  if (c->positional && !*pos) {
+    fprintf(stderr, "embps: %s: missing %s (see embps %s --help)\n", c->name, c->positional,
+            c->name);
+    return EXIT_USAGE;
+  }
+  return 0;
+}
+
+static int usage_error(const char *cmd, const char *msg) {
+  fprintf(stderr, "embps: %s: %s\n", cmd, msg);
+  return EXIT_USAGE;
+}
+
+/* Value helpers: each returns 0, or prints a usage error and returns EXIT_USAGE. */
+static int get_u64(const char *cmd, const flag_t *flags, const char *name, uint64_t min,
+                   uint64_t max, uint64_t def, uint64_t *out) {
+  const char *v = flag(flags, name);
+  if (!v) {
+    *out = def;
+    return 0;
+  }
+  if (embps_cli_parse_u64(name, v, min, max, out, g_err, sizeof(g_err)) != 0)
+    return usage_error(cmd, g_err);
+  return 0;
+}
+
+static int get_double(const char *cmd, const flag_t *flags, const char *name, double min,
+                      double max, double def, double *out) {
+  const char *v = flag(flags, name);
+  if (!v) {
+    *out = def;
+    return 0;
+  }
+  if (embps_cli_parse_double(name, v, min, max, out, g_err, sizeof(g_err)) != 0)
+    return usage_error(cmd, g_err);
+  return 0;
+}
+
+static int get_float(const char *cmd, const flag_t *flags, const char *name, float *out) {
+  double d;
+  int rc = get_double(cmd, flags, name, 0.0, 3.4e38, 0.0, &d);
+  *out = (float)d;
+  return rc;
+}
+
+/* ---- the client ---- */
+
+static embps_client_t *g_client;
+static embps_client_options_t g_opts;
+
+static size_t count_addresses(const char *s) {
+  size_t n = 1;
+  for (; *s; s++)
+    n += *s == ',';
+  return n;
+}
+
+/* Connects; prints the error and returns NULL on failure. */
+static embps_client_t *client(const char *cmd, int learn_group) {
+  embps_error_t err;
+  embps_client_options_t o = g_opts;
+  if (!learn_group)
+    o.group_size = (uint32_t)count_addresses(settings[S_SERVERS].value);
+  embps_error_clear(&err);
+  if (embps_client_connect(&g_client, settings[S_SERVERS].value, &o, &err) != EMBPS_OK) {
+    fprintf(stderr, "embps: %s: %s: %s\n", cmd, embps_status_string(err.status), err.message);
+    return NULL;
+  }
+  return g_client;
+}
+
+static int call_failed(const char *cmd, embps_client_t *c, embps_status_t st) {
+  fprintf(stderr, "embps: %s: %s: %s\n", cmd, embps_status_string(st), embps_client_last_error(c));
+  return 1;
+}
+
+static const char *optimizer_name(embps_optimizer_t o) {
+  switch (o) {
+  case EMBPS_OPTIMIZER_SGD:
+    return "sgd";
+  case EMBPS_OPTIMIZER_ADAGRAD:
+    return "adagrad";
+  case EMBPS_OPTIMIZER_DEFAULT:
+  case EMBPS_OPTIMIZER_ROWWISE_ADAGRAD:
+    return "rowwise_adagrad";
+  case EMBPS_OPTIMIZER_ADAM:
+    return "adam";
+  }
+  return "unknown";
+}
+
+static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      fprintf(f, "\\%c", ch);
+    else if (ch < 0x20)
+      fprintf(f, "\\u%04x", ch);
+    else
+      fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+/* Finds table name; NOT_FOUND is reported like a server error. */
+static int find_table(const char *cmd, embps_client_t *c, const char *name,
+                      embps_table_spec_t **tables, size_t *n, const embps_table_spec_t **out) {
+  embps_status_t st = embps_list_tables(c, tables, n);
+  if (st != EMBPS_OK)
+    return call_failed(cmd, c, st);
+  for (size_t i = 0; i < *n; i++)
+    if (strcmp((*tables)[i].name, name) == 0) {
+      *out = &(*tables)[i];
+      return 0;
+    }
+  fprintf(stderr, "embps: %s: NOT_FOUND: table '%s' does not exist (see embps tables)\n", cmd,
+          name);
+  return 1;
+}
+
+/* ---- commands ---- */
+
+static flag_t create_flags[] = {
+    {"--rows", "R", "number of rows (required)", NULL},
+    {"--emb-width", "D", "values per row (required)", NULL},
+    {"--dtype", "f32|bf16", "storage dtype (default f32)", NULL},
+    {"--optimizer", "NAME", "sgd, adagrad, rowwise_adagrad (default) or adam", NULL},
+    {"--lr", "X", "learning rate (0: the optimizer's default, 0.01)", NULL},
+    {"--eps", "X", "epsilon (0: 1e-8)", NULL},
+    {"--half-life", "STEPS", "accumulator half-life in steps (0: no decay)", NULL},
+    {"--weight-decay", "X", "L2 weight decay added to the gradient", NULL},
+    {"--initial-accumulator", "X", "initial accumulator (adagrad, rowwise_adagrad)", NULL},
+    {"--beta1", "X", "adam beta1 (0: 0.9)", NULL},
+    {"--beta2", "X", "adam beta2 (0: 0.999)", NULL},
+    {"--seed", "S", "seed of the initial rows", NULL},
+    {"--init-scale", "X", "rows start uniform in [-X, X) (0: 1/sqrt(emb_width))", NULL},
+    {NULL, NULL, NULL, NULL}};
+
+static int cmd_create(const char *cmd, flag_t *f, const char *name) {
+  embps_table_spec_t spec;
+  uint64_t rows, width, seed;
+  const char *dtype = flag(f, "--dtype"), *opt = flag(f, "--optimizer");
+  embps_client_t *c;
+  embps_status_t st;
+  int rc;
+
+  embps_table_spec_init(&spec);
+  spec.name = name;
+  if (!flag(f, "--rows") || !flag(f, "--emb-width"))
+    return usage_error(cmd, "--rows and --emb-width are required");
+  if ((rc = get_u64(cmd, f, "--rows", 1, UINT64_MAX, 0, &rows)) ||
+      (rc = get_u64(cmd, f, "--emb-width", 1, UINT32_MAX, 0, &width)) ||
+      (rc = get_u64(cmd, f, "--seed", 0, UINT64_MAX, 0, &seed)) ||
+      (rc = get_float(cmd, f, "--lr", &spec.lr)) || (rc = get_float(cmd, f, "--eps", &spec.eps)) ||
+      (rc = get_float(cmd, f, "--half-life", &spec.half_life)) ||
+      (rc = get_float(cmd, f, "--weight-decay", &spec.weight_decay)) ||
+      (rc = get_float(cmd, f, "--initial-accumulator", &spec.initial_accumulator)) ||
+      (rc = get_float(cmd, f, "--beta1", &spec.beta1)) ||
+      (rc = get_float(cmd, f, "--beta2", &spec.beta2)) ||
+      (rc = get_float(cmd, f, "--init-scale", &spec.init_scale)))
+    return rc;
+  if (spec.beta1 >= 1.0f || spec.beta2 >= 1.0f)
+    return usage_error(cmd, "--beta1 and --beta2 must be below 1");
+  spec.rows = rows;
+  spec.emb_width = (uint32_t)width;
+  spec.seed = seed;
+  if (!dtype || strcmp(dtype, "f32") == 0)
+    spec.dtype = EMBPS_DTYPE_F32;
+  else if (strcmp(dtype, "bf16") == 0)
+    spec.dtype = EMBPS_DTYPE_BF16;
+  else
+    return usage_error(cmd, "--dtype: expected f32 or bf16");
+  if (!opt)
+    spec.optimizer = EMBPS_OPTIMIZER_DEFAULT;
+  else if (strcmp(opt, "sgd") == 0)
+    spec.optimizer = EMBPS_OPTIMIZER_SGD;
+  else if (strcmp(opt, "adagrad") == 0)
+    spec.optimizer = EMBPS_OPTIMIZER_ADAGRAD;
+  else if (strcmp(opt, "rowwise_adagrad") == 0 || strcmp(opt, "rowwise-adagrad") == 0)
+    spec.optimizer = EMBPS_OPTIMIZER_ROWWISE_ADAGRAD;
+  else if (strcmp(opt, "adam") == 0)
+    spec.optimizer = EMBPS_OPTIMIZER_ADAM;
+  else
+    return usage_error(cmd, "--optimizer: expected sgd, adagrad, rowwise_adagrad or adam");
+  if (!(c = client(cmd, 1)))
+    return 1;
+  st = embps_create_table(c, &spec);
+  if (st != EMBPS_OK)
+    return call_failed(cmd, c, st);
+  printf("created table %s: rows %llu, emb_width %u, dtype %s, optimizer %s\n", name,
+         (unsigned long long)rows, spec.emb_width, embps_dtype_name(spec.dtype),
+         optimizer_name(spec.optimizer));
+  return 0;
+}
+
+static flag_t tables_flags[] = {{"--json", NULL, "print a JSON array", NULL},
+                                {NULL, NULL, NULL, NULL}};
+
+static int cmd_tables(const char *cmd, flag_t *f, const char *pos) {
+  embps_table_spec_t *t;
+  size_t n;
+  embps_client_t *c = client(cmd, 1);
+  embps_status_t st;
+  (void)pos;
+  if (!c)
+    return 1;
+  st = embps_list_tables(c, &t, &n);
+  if (st != EMBPS_OK)
+    return call_failed(cmd, c, st);
+  if (flag(f, "--json")) {
+    printf("[");
+    for (size_t i = 0; i < n; i++) {
+      printf("%s{\"name\":", i ? "," : "");
+      json_string(stdout, t[i].name);
+      printf(",\"rows\":%llu,\"emb_width\":%u,\"dtype\":\"%s\",\"optimizer\":\"%s\","
+             "\"lr\":%g,\"seed\":%llu}",
+             (unsigned long long)t[i].rows, t[i].emb_width, embps_dtype_name(t[i].dtype),
+             optimizer_name(t[i].optimizer), t[i].lr, (unsigned long long)t[i].seed);
+    }
+    printf("]\n");
+  } else {
+    printf("%-24s %14s %10s %6s %s\n", "name", "rows", "emb_width", "dtype", "optimizer");
+    for (size_t i = 0; i < n; i++)
+      printf("%-24s %14llu %10u %6s %s\n", t[i].name, (unsigned long long)t[i].rows,
+             t[i].emb_width, embps_dtype_name(t[i].dtype), optimizer_name(t[i].optimizer));
+  }
+  embps_tables_free(t, n);
+  return 0;
+}
+
+static flag_t lookup_flags[] = {{"--tokens", "1,2,3", "token ids (required)", NULL},
+                                {NULL, NULL, NULL, NULL}};
+
+static float value_at(const void *rows, int dtype, size_t i) {
+  if (dtype == EMBPS_DTYPE_BF16)
+    return embps_bf16_to_f32(((const uint16_t *)rows)[i]);
+  return ((const float *)rows)[i];
+}
+
+static int cmd_lookup(const char *cmd, flag_t *f, const char *name) {
+  int64_t *tokens = NULL;
+  size_t n, nt = 0;
+  embps_table_spec_t *tables = NULL;
+  const embps_table_spec_t *t;
+  embps_client_t *c;
+  void *out = NULL;
+  size_t row_bytes;
+  embps_status_t st;
+  int rc = 1;
+
+  if (!flag(f, "--tokens"))
+    return usage_error(cmd, "--tokens is required");
+  if (embps_cli_parse_i64_list("--tokens", flag(f, "--tokens"), &tokens, &n, g_err,
+                               sizeof(g_err)) != 0)
+    return usage_error(cmd, g_err);
+  if (!(c = client(cmd, 1)) || find_table(cmd, c, name, &tables, &nt, &t) != 0)
+    goto exit;
+  row_bytes = (size_t)t->emb_width * embps_dtype_size(t->dtype);
+  out = malloc(n * row_bytes + 1);
+  if (!out) {
+    fprintf(stderr, "embps: %s: out of memory\n", cmd);
+    goto exit;
+  }
+  st = embps_lookup(c, name, tokens, n, out, n * row_bytes);
+  if (st != EMBPS_OK) {
+    call_failed(cmd, c, st);
+    goto exit;
+  }
+  for (size_t i = 0; i < n; i++) {
+    printf("%lld", (long long)tokens[i]);
+    for (size_t j = 0; j < t->emb_width; j++)
+      printf(" %.9g", value_at(out, t->dtype, i * t->emb_width + j));
+    printf("\n");
+  }
+  rc = 0;
+exit:
+  free(out);
+  free(tokens);
+  embps_tables_free(tables, nt);
+  return rc;
+}
+
+static flag_t push_flags[] = {
+    {"--tokens", "1,2", "token ids (required)", NULL},
+    {"--grads", "\"g,g,...|g,g,...\"", "one full-width gradient row per token, rows split by |",
+     NULL},
+    {"--grad-value", "X", "fill every gradient element with X (instead of --grads)", NULL},
+    {"--async", NULL, "reply once the update is ordered, not applied", NULL},
+    {NULL, NULL, NULL, NULL}};
+
+static int cmd_push(const char *cmd, flag_t *f, const char *name) {
+  int64_t *tokens = NULL;
+  float *vals = NULL;
+  void *grads = NULL;
+  size_t n, nv = 0, nrows = 0, nt = 0, width;
+  embps_table_spec_t *tables = NULL;
+  const embps_table_spec_t *t;
+  embps_push_result_t res;
+  embps_client_t *c;
+  double gv = 0;
+  embps_status_t st;
+  int rc = 1;
+
+  if (!flag(f, "--tokens"))
+    return usage_error(cmd, "--tokens is required");
+  if (!!flag(f, "--grads") == !!flag(f, "--grad-value"))
+    return usage_error(cmd, "give exactly one of --grads and --grad-value");
+  if (embps_cli_parse_i64_list("--tokens", flag(f, "--tokens"), &tokens, &n, g_err,
+                               sizeof(g_err)) != 0)
+    return usage_error(cmd, g_err);
+  if (flag(f, "--grads") && embps_cli_parse_f32_rows("--grads", flag(f, "--grads"), &vals, &nv,
+                                                     &nrows, g_err, sizeof(g_err)) != 0) {
+    free(tokens);
+    return usage_error(cmd, g_err);
+  }
+  if (flag(f, "--grad-value") &&
+      embps_cli_parse_double("--grad-value", flag(f, "--grad-value"), -3.4e38, 3.4e38, &gv,
+                             g_err, sizeof(g_err)) != 0) {
+    free(tokens);
+    return usage_error(cmd, g_err);
+  }
+  if (!(c = client(cmd, 1)) || find_table(cmd, c, name, &tables, &nt, &t) != 0)
+    goto exit;
+  width = t->emb_width;
+  if (vals && (nrows != n || nv != n * width)) {
+    fprintf(stderr,
+            "embps: %s: --grads has %zu rows of %zu values; table %s needs %zu rows (one per "
+            "token) of %zu values (emb_width)\n",
+            cmd, nrows, nrows ? nv / nrows : 0, name, n, width);
+    rc = EXIT_USAGE;
+    goto exit;
+  }
+  grads = malloc(n * width * embps_dtype_size(t->dtype) + 1);
+  if (!grads) {
+    fprintf(stderr, "embps: %s: out of memory\n", cmd);
+    goto exit;
+  }
+  for (size_t i = 0; i < n * width; i++) {
+    float v = vals ? vals[i] : (float)gv;
+    if (t->dtype == EMBPS_DTYPE_BF16)
+      ((uint16_t *)grads)[i] = embps_f32_to_bf16(v);
+    else
+      ((float *)grads)[i] = v;
+  }
+  st = embps_push(c, name, tokens, n, grads, n * width * embps_dtype_size(t->dtype), t->dtype,
+                  flag(f, "--async") ? EMBPS_PUSH_ASYNC : EMBPS_PUSH_SYNC, &res);
+  if (st != EMBPS_OK) {
+    call_failed(cmd, c, st);
+    goto exit;
+  }
+  if (flag(f, "--async"))
+    printf("ordered=%d applied=%d skipped=%d\n", res.ordered, res.applied, res.skipped);
+  else
+    printf("applied=%d skipped=%d grad_norm=%.9g num_unique=%llu\n", res.applied, res.skipped,
+           res.grad_norm, (unsigned long long)res.num_unique);
+  rc = 0;
+exit:
+  free(grads);
+  free(vals);
+  free(tokens);
+  embps_tables_free(tables, nt);
+  return rc;
+}
+
+static flag_t stats_flags[] = {{"--json", NULL, "print a JSON array, one object per rank", NULL},
+                               {NULL, NULL, NULL, NULL}};
+
+static int cmd_stats(const char *cmd, flag_t *f, const char *pos) {
+  embps_rank_stats_t *s;
+  size_t n;
+  embps_client_t *c = client(cmd, 0);
+  embps_status_t st;
+  int json = flag(f, "--json") != NULL;
+  (void)pos;
+  if (!c)
+    return 1;
+  st = embps_stats(c, &s, &n);
+  if (st != EMBPS_OK)
+    return call_failed(cmd, c, st);
+  if (json)
+    printf("[");
+  for (size_t i = 0; i < n; i++) {
+    const embps_rank_stats_t *r = &s[i];
+    if (json) {
+      printf("%s{\"rank\":%u,\"group_size\":%u,\"address\":", i ? "," : "", r->rank,
+             r->group_size);
+      json_string(stdout, r->address);
+      printf(",\"backend\":");
+      json_string(stdout, r->backend);
+      printf(",\"version\":");
+      json_string(stdout, r->version);
+      printf(",\"uptime_s\":%.3f,\"requests\":%llu,\"errors\":%llu,\"bytes_in\":%llu,"
+             "\"bytes_out\":%llu,\"connections\":%u,\"tables\":[",
+             r->uptime_s, (unsigned long long)r->requests, (unsigned long long)r->errors,
+             (unsigned long long)r->bytes_in, (unsigned long long)r->bytes_out, r->connections);
+      for (size_t j = 0; j < r->num_tables; j++) {
+        const embps_table_stats_t *t = &r->tables[j];
+        printf("%s{\"name\":", j ? "," : "");
+        json_string(stdout, t->name);
+        printf(",\"rows\":%llu,\"emb_width\":%u,\"lookups\":%llu,\"pushes\":%llu,"
+               "\"rows_looked_up\":%llu,\"rows_pushed\":%llu,\"steps_applied\":%llu,"
+               "\"steps_skipped\":%llu,\"bytes\":%llu}",
+               (unsigned long long)t->rows, t->emb_width, (unsigned long long)t->lookups,
+               (unsigned long long)t->pushes, (unsigned long long)t->rows_looked_up,
+               (unsigned long long)t->rows_pushed, (unsigned long long)t->steps_applied,
+               (unsigned long long)t->steps_skipped, (unsigned long long)t->bytes);
+      }
+      printf("]}");
+    } else {
+      printf("rank %u/%u (%s): backend %s, version %s, uptime %.1f s, requests %llu, errors "
+             "%llu, bytes in %llu, bytes out %llu, connections %u\n",
+             r->rank, r->group_size, r->address, r->backend, r->version, r->uptime_s,
+             (unsigned long long)r->requests, (unsigned long long)r->errors,
+             (unsigned long long)r->bytes_in, (unsigned long long)r->bytes_out, r->connections);
+      for (size_t j = 0; j < r->num_tables; j++) {
+        const embps_table_stats_t *t = &r->tables[j];
+        printf("  table %s: rows %llu, emb_width %u, lookups %llu, pushes %llu, rows looked up "
+               "%llu, rows pushed %llu, steps applied %llu, steps skipped %llu, bytes %llu\n",
+               t->name, (unsigned long long)t->rows, t->emb_width, (unsigned long long)t->lookups,
+               (unsigned long long)t->pushes, (unsigned long long)t->rows_looked_up,
+               (unsigned long long)t->rows_pushed, (unsigned long long)t->steps_applied,
+               (unsigned long long)t->steps_skipped, (unsigned long long)t->bytes);
+      }
+    }
+  }
+  if (json)
+    printf("]\n");
+  embps_stats_free(s, n);
+  return 0;
+}
+
+static flag_t health_flags[] = {
+    {"--service", "NAME", "service to ask about (default \"\": the whole server)", NULL},
+    {NULL, NULL, NULL, NULL}};
+
+static int cmd_health(const char *cmd, flag_t *f, const char *pos) {
+  embps_client_t *c = client(cmd, 0);
+  int serving = 0;
+  embps_status_t st;
+  (void)pos;
+  if (!c)
+    return 1;
+  st = embps_health(c, flag(f, "--service") ? flag(f, "--service") : "", &serving);
+  if (st != EMBPS_OK)
+    return call_failed(cmd, c, st);
+  if (!serving) {
+    printf("NOT_SERVING\n");
+    fprintf(stderr, "embps: %s: %s\n", cmd, embps_client_last_error(c));
+    return 1;
+  }
+  printf("SERVING\n");
+  return 0;
+}
+
+static flag_t checkpoint_flags[] = {
+    {"--table", "NAME", "table to checkpoint (default: every table)", NULL},
+    {"--path", "PATH", "where the servers write it (required)", NULL},
+    {NULL, NULL, NULL, NULL}};
+
+static int cmd_checkpoint(const char *cmd, flag_t *f, const char *pos) {
+  embps_client_t *c;
+  uint64_t bytes = 0;
+  embps_status_t st;
+  (void)pos;
+  if (!flag(f, "--path"))
+    return usage_error(cmd, "--path is required");
+  if (!(c = client(cmd, 1)))
+    return 1;
+  st = embps_checkpoint(c, flag(f, "--table"), flag(f, "--path"), &bytes);
+  if (st != EMBPS_OK)
+    return call_failed(cmd, c, st);
+  printf("checkpoint written: %llu bytes\n", (unsigned long long)bytes);
+  return 0;
+}
+
+static flag_t bench_flags[] = {
+    {"--batch", "T", "tokens per op (required)", NULL},
+    {"--duration", "S", "measured seconds (default 10)", NULL},
+    {"--warmup", "S", "unmeasured seconds first (default 1)", NULL},
+    {"--concurrency", "C", "threads, each with its own connections (default 1)", NULL},
+    {"--pipeline", "K", "calls in flight per thread (default 1)", NULL},
+    {"--zipf", "A", "Zipf exponent of token ids over [1, rows); 0: uniform (default 0)", NULL},
+    {"--push-ratio", "P", "probability that an op is a push (default 0)", NULL},
+    {"--async", NULL, "pushes are async", NULL},
+    {"--seed", "S", "random seed (default 1)", NULL},
+    {"--json", NULL, "print one JSON object, no progress lines", NULL},
+    {NULL, NULL, NULL, NULL}};
+
+static int cmd_bench(const char *cmd, flag_t *f, const char *name) {
+  embps_bench_opts_t o;
+  uint64_t batch, conc, pipe;
+  embps_table_spec_t *tables = NULL;
+  const embps_table_spec_t *t;
+  size_t nt = 0;
+  embps_client_t *c;
+  int rc;
+
+  memset(&o, 0, sizeof(o));
+  if (!flag(f, "--batch"))
+    return usage_error(cmd, "--batch is required");
+  if ((rc = get_u64(cmd, f, "--batch", 1, 1u << 24, 0, &batch)) ||
+      (rc = get_double(cmd, f, "--duration", 0.001, 1e7, 10.0, &o.duration_s)) ||
+      (rc = get_double(cmd, f, "--warmup", 0.0, 1e7, 1.0, &o.warmup_s)) ||
+      (rc = get_u64(cmd, f, "--concurrency", 1, 4096, 1, &conc)) ||
+      (rc = get_u64(cmd, f, "--pipeline", 1, 4096, 1, &pipe)) ||
+      (rc = get_double(cmd, f, "--zipf", 0.0, 100.0, 0.0, &o.zipf)) ||
+      (rc = get_double(cmd, f, "--push-ratio", 0.0, 1.0, 0.0, &o.push_ratio)) ||
+      (rc = get_u64(cmd, f, "--seed", 0, UINT64_MAX, 1, &o.seed)))
+    return rc;
+  o.batch = batch;
+  o.concurrency = (uint32_t)conc;
+  o.pipeline = (uint32_t)pipe;
+  o.async_push = flag(f, "--async") != NULL;
+  o.json = flag(f, "--json") != NULL;
+  if (!(c = client(cmd, 1)))
+    return 1;
+  if (find_table(cmd, c, name, &tables, &nt, &t) != 0) {
+    embps_tables_free(tables, nt);
+    return 1;
+  }
+  if (t->rows < 2) {
+    fprintf(stderr, "embps: %s: table %s has %llu rows; bench draws tokens from [1, rows)\n", cmd,
+            name, (unsigned long long)t->rows);
+    embps_tables_free(tables, nt);
+    return 1;
+  }
+  embps_client_free(g_client);
+  g_client = NULL;
+  {
+    embps_client_options_t wo = g_opts;
+    wo.group_size = (uint32_t)count_addresses(settings[S_SERVERS].value);
+    rc = embps_cli_bench(settings[S_SERVERS].value, &wo, t, &o);
+  }
+  embps_tables_free(tables, nt);
+  return rc;
+}
+
+static command_t commands[] = {
+    {"create-table", "NAME", "Create a table on the group.", cmd_create, create_flags},
+    {"tables", NULL, "List the tables: name, rows, emb_width, dtype, optimizer.", cmd_tables,
+     tables_flags},
+    {"lookup", "NAME", "Look up rows; prints one line per token: the token, then its values.",
+     cmd_lookup, lookup_flags},
+    {"push", "NAME", "Push gradients; prints applied, skipped, grad_norm, num_unique.", cmd_push,
+     push_flags},
+    {"stats", NULL, "Print every rank's statistics and per-table counters.", cmd_stats,
+     stats_flags},
+    {"health", NULL, "Ask every rank's grpc.health.v1 service; prints SERVING and exits 0 when "
+                     "all serve.",
+     cmd_health, health_flags},
+    {"checkpoint", NULL, "Ask the group to write a checkpoint.", cmd_checkpoint,
+     checkpoint_flags},
+    {"bench", "NAME",
+     "Load test: C threads keep K lookups/pushes of T Zipf-distributed tokens in flight and "
+     "report batches/s, rows/s, GB/s and latency percentiles.",
+     cmd_bench, bench_flags},
+};
+
+static void usage_global(FILE *f) {
+  fprintf(f, "usage: embps [GLOBAL OPTIONS] COMMAND [OPTIONS]\n\nglobal options (flag, "
+             "environment variable, default):\n");
+  for (int i = 0; i < S_COUNT; i++) {
+    char left[64];
+    snprintf(left, sizeof(left), "%s%s", settings[i].flag, i == S_PAD ? "" : " VALUE");
+    fprintf(f, "  %-28s %s\n  %-28s   (env %s, default %s)\n", left, settings[i].help, "",
+            settings[i].env, settings[i].def);
+  }
+  fprintf(f, "  %-28s %s\n\ncommands:\n", "--help", "show this help");
+  for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+    fprintf(f, "  %-14s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f, "\n`embps COMMAND --help` shows a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+  int i = 1, rc;
+  const char *pos;
+  uint64_t v;
+
+  for (int s = 0; s < S_COUNT; s++) {
+    const char *e = getenv(settings[s].env);
+    settings[s].value = e && *e ? e : settings[s].def;
+  }
+  while (i < argc && strncmp(argv[i], "-", 1) == 0) {
+    const char *a = argv[i];
+    int matched = 0;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      usage_global(stdout);
+      return 0;
+    }
+    if (strcmp(a, "--version") == 0) {
+      printf("embps %s\n", EMBPS_VERSION);
+      return 0;
+    }
+    for (int s = 0; s < S_COUNT && !matched; s++) {
+      size_t len = strlen(settings[s].flag);
+      if (strncmp(a, settings[s].flag, len) != 0 || (a[len] != '\0' && a[len] != '='))
+        continue;
+      matched = 1;
+      if (s == S_PAD && a[len] == '\0') {
+        settings[s].value = "1";
+      } else if (a[len] == '=') {
+        settings[s].value = a + len + 1;
+      } else if (i + 1 < argc) {
+        settings[s].value = argv[++i];
+      } else {
+        fprintf(stderr, "embps: %s needs a value\n", a);
+        return EXIT_USAGE;
+      }
+    }
+    if (!matched) {
+      fprintf(stderr, "embps: unknown option '%s' (see embps --help)\n", a);
+      return EXIT_USAGE;
+    }
+    i++;
+  }
+  embps_client_options_init(&g_opts);
+  if (embps_cli_parse_u64("--deadline-ms", settings[S_DEADLINE].value, 0, INT64_MAX, &v, g_err,
+                          sizeof(g_err)) != 0)
+    return usage_error("options", g_err);
+  g_opts.deadline_ms = (int64_t)v;
+  if (embps_cli_parse_u64("--connect-timeout-ms", settings[S_CONNECT_TIMEOUT].value, 1,
+                          INT64_MAX, &v, g_err, sizeof(g_err)) != 0)
+    return usage_error("options", g_err);
+  g_opts.connect_timeout_ms = (int64_t)v;
+  if (embps_cli_parse_u64("--pad", settings[S_PAD].value, 0, 1, &v, g_err, sizeof(g_err)) != 0)
+    return usage_error("options", g_err);
+  g_opts.pad_batches = (int)v;
+  if (i >= argc) {
+    usage_global(stderr);
+    return EXIT_USAGE;
+  }
+  for (size_t k = 0; k < sizeof(commands) / sizeof(commands[0]); k++) {
+    if (strcmp(argv[i], commands[k].name) != 0)
+      continue;
+    rc = parse_flags(&commands[k], argc - i - 1, argv + i + 1, &pos);
+    if (rc != 0)
+      return rc < 0 ? 0 : rc;
+    rc = commands[k].run(commands[k].name, commands[k].flags, pos);
+    embps_client_free(g_client);
+    return rc;
+  }
+  fprintf(stderr, "embps: unknown command '%s' (see embps --help)\n", argv[i]);
+  return EXIT_USAGE;
+}

@@ -1,0 +1,405 @@
+/* gRPC and protobuf framing for the client, with no I/O in it.
+ *
+ * Requests for Lookup and PushGradients are encoded by hand around their bulk fields: the
+ * small fields (table, batch id, shard index...) go into a few bytes of head, mid and tail,
+ * and the transport sends head | tokens | mid | gradients | tail straight from the caller's
+ * arrays, so a batch is never serialized into a second buffer. Replies of every other RPC
+ * are small and go through protobuf-c; the LookupResponse is parsed here as its DATA frames
+ * arrive by a small protobuf state machine that copies the `rows` bytes field directly into
+ * the caller's output buffer (one memcpy from the socket buffer, none through protobuf-c:
+ * unpacking a 2 MiB reply with protobuf-c would cost a malloc and a second full copy). The
+ * parser keeps no reference to the input, so a field may be split across DATA frames at any
+ * byte, and protobuf's rules hold: fields in any order, unknown fields skipped, last one
+ * wins. */
+#include "client/wire.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/dtype.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "libembps sends int64 tokens and rows in host order and needs a little-endian host"
+#endif
+
+/* ---- protobuf encoding ---- */
+
+size_t embps__pb_put_varint(uint8_t *p, uint64_t v) {
+  size_t n = 0;
+  while (v >= 0x80) {
+    p[n++] = (uint8_t)(v | 0x80);
+    v >>= 7;
+  }
+  p[n++] = (uint8_t)v;
+  return n;
+}
+
+size_t embps__pb_varint_size(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    n++;
+  }
+  return n;
+}
+
+/* Field key: number << 3 | wire type (0 varint, 2 length-delimited). */
+static size_t put_key(uint8_t *p, unsigned field, unsigned wire_type) {
+  return embps__pb_put_varint(p, (uint64_t)field << 3 | wire_type);
+}
+
+static size_t put_varint_field(uint8_t *p, unsigned field, uint64_t v) {
+  size_t n;
+  if (v == 0)
+    return 0; /* proto3: a zero scalar is not encoded */
+  n = put_key(p, field, 0);
+  return n + embps__pb_put_varint(p + n, v);
+}
+
+void embps__grpc_prefix(uint8_t out[5], uint32_t len) {
+  out[0] = 0; /* not compressed */
+  out[1] = (uint8_t)(len >> 24);
+  out[2] = (uint8_t)(len >> 16);
+  out[3] = (uint8_t)(len >> 8);
+  out[4] = (uint8_t)len;
+}
+
+embps_status_t embps__batch_frame_build(embps__batch_frame_t *out, const embps__batch_fields_t *f,
+                                        embps_error_t *err) {
+  size_t name_len = f->table ? strlen(f->table) : 0;
+  uint8_t *h = out->head + 5;
+  uint64_t body;
+
+  if (name_len > 1000)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "table name is %zu bytes, over 1000",
+                           name_len);
+  if (name_len > 0) {
+    h += put_key(h, 1, 2);
+    h += embps__pb_put_varint(h, name_len);
+    memcpy(h, f->table, name_len);
+    h += name_len;
+  }
+  h += put_varint_field(h, 2, f->batch_id);
+  h += put_varint_field(h, 3, f->shard_index);
+  h += put_varint_field(h, 4, f->shard_count);
+  h += put_varint_field(h, 5, f->tokens_per_batch);
+  h += put_key(h, 6, 2);
+  h += embps__pb_put_varint(h, f->tokens_bytes);
+  out->head_len = (size_t)(h - out->head);
+
+  out->mid_len = put_varint_field(out->mid, 7, (uint64_t)f->dtype);
+  out->tail_len = 0;
+  if (f->is_push) {
+    out->mid_len += put_key(out->mid + out->mid_len, 8, 2);
+    out->mid_len += embps__pb_put_varint(out->mid + out->mid_len, f->grads_bytes);
+    out->tail_len = put_varint_field(out->tail, 9, (uint64_t)f->mode);
+  }
+  body = (out->head_len - 5) + f->tokens_bytes + out->mid_len + (f->is_push ? f->grads_bytes : 0) +
+         out->tail_len;
+  if (body > UINT32_MAX)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "request of %llu bytes is over gRPC's 4 GiB message limit: split the "
+                           "batch",
+                           (unsigned long long)body);
+  embps__grpc_prefix(out->head, (uint32_t)body);
+  out->total = body + 5;
+  return EMBPS_OK;
+}
+
+/* ---- gRPC metadata ---- */
+
+static int hex_value(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+size_t embps__percent_decode(char *dst, const char *src, size_t len) {
+  size_t i = 0, o = 0;
+  while (i < len) {
+    if (src[i] == '%' && i + 2 < len && hex_value(src[i + 1]) >= 0 &&
+        hex_value(src[i + 2]) >= 0) {
+      dst[o++] = (char)(hex_value(src[i + 1]) << 4 | hex_value(src[i + 2]));
+      i += 3;
+    } else {
+      dst[o++] = src[i++];
+    }
+  }
+  dst[o] = '\0';
+  return o;
+}
+
+size_t embps__grpc_timeout(char out[16], int64_t ms) {
+  static const struct {
+    char unit;
+    int64_t ms;
+  } units[] = {{'m', 1}, {'S', 1000}, {'M', 60000}, {'H', 3600000}};
+  int64_t v = 0;
+  char unit = 'H';
+  if (ms < 1)
+    ms = 1;
+  for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+    v = (ms + units[i].ms - 1) / units[i].ms; /* round up: never shorten a deadline */
+    unit = units[i].unit;
+    if (v <= 99999999)
+      break;
+  }
+  if (v > 99999999)
+    v = 99999999;
+  return (size_t)snprintf(out, 16, "%lld%c", (long long)v, unit);
+}
+
+embps_status_t embps__http_to_status(int http_status) {
+  switch (http_status) {
+  case 400:
+    return EMBPS_INTERNAL;
+  case 401:
+    return EMBPS_UNAUTHENTICATED;
+  case 403:
+    return EMBPS_PERMISSION_DENIED;
+  case 404:
+    return EMBPS_UNIMPLEMENTED;
+  case 429:
+  case 502:
+  case 503:
+  case 504:
+    return EMBPS_UNAVAILABLE;
+  default:
+    return EMBPS_UNKNOWN;
+  }
+}
+
+/* ---- gRPC deframing ---- */
+
+void embps__deframer_init(embps__deframer_t *d) { memset(d, 0, sizeof(*d)); }
+
+embps_status_t embps__deframer_feed(embps__deframer_t *d, const uint8_t *p, size_t n,
+                                    embps__body_sink sink, void *arg, embps_error_t *err) {
+  while (n > 0) {
+    if (d->prefix_have < 5) {
+      if (d->nmsgs > 0)
+        return embps_error_set(err, EMBPS_INTERNAL, "reply holds more than one message");
+      size_t k = 5 - d->prefix_have < n ? 5 - d->prefix_have : n;
+      memcpy(d->prefix + d->prefix_have, p, k);
+      d->prefix_have += (uint32_t)k;
+      p += k;
+      n -= k;
+      if (d->prefix_have < 5)
+        return EMBPS_OK;
+      if (d->prefix[0] != 0)
+        return embps_error_set(err, EMBPS_INTERNAL,
+                               "reply is compressed (flag %u), which this client never asks for",
+                               d->prefix[0]);
+      d->msg_len = (uint64_t)d->prefix[1] << 24 | (uint64_t)d->prefix[2] << 16 |
+                   (uint64_t)d->prefix[3] << 8 | d->prefix[4];
+      d->msg_have = 0;
+      if (d->msg_len == 0) {
+        d->nmsgs++;
+        d->prefix_have = 0;
+        continue;
+      }
+    }
+    size_t k = d->msg_len - d->msg_have < n ? (size_t)(d->msg_len - d->msg_have) : n;
+    if (k > 0) {
+      embps_status_t st = sink(arg, p, k, err);
+      if (st != EMBPS_OK)
+        return st;
+    }
+    d->msg_have += k;
+    p += k;
+    n -= k;
+    if (d->msg_have == d->msg_len) {
+      d->nmsgs++;
+      d->prefix_have = 0;
+    }
+  }
+  return EMBPS_OK;
+}
+
+embps_status_t embps__deframer_finish(const embps__deframer_t *d, embps_error_t *err) {
+  if (d->prefix_have != 0)
+    return embps_error_set(err, EMBPS_INTERNAL,
+                           "reply message cut short (%llu of %llu bytes arrived)",
+                           (unsigned long long)d->msg_have, (unsigned long long)d->msg_len);
+  if (d->nmsgs != 1)
+    return embps_error_set(err, EMBPS_INTERNAL, "reply holds no message");
+  return EMBPS_OK;
+}
+
+/* ---- LookupResponse streaming parser ---- */
+
+enum { P_KEY, P_VARINT, P_LEN, P_BYTES, P_SKIP };
+
+void embps__lookup_parser_init(embps__lookup_parser_t *p, void *dst, size_t dst_cap,
+                               uint64_t rows_bytes, uint64_t row_bytes) {
+  memset(p, 0, sizeof(*p));
+  p->dst = dst;
+  p->dst_cap = dst_cap;
+  p->rows_bytes = rows_bytes;
+  p->row_bytes = row_bytes;
+  p->state = P_KEY;
+}
+
+static embps_status_t malformed(embps_error_t *err, const char *what) {
+  return embps_error_set(err, EMBPS_INTERNAL, "malformed LookupResponse: %s", what);
+}
+
+/* A complete varint value arrived for field p->field. */
+static void set_varint_field(embps__lookup_parser_t *p, uint64_t v) {
+  switch (p->field) {
+  case 1:
+    p->batch_id = v;
+    break;
+  case 2:
+    p->shard_index = (uint32_t)v;
+    break;
+  case 3:
+    p->emb_width = (uint32_t)v;
+    break;
+  case 4:
+    p->dtype = (int)v;
+    break;
+  default:
+    break; /* unknown: skipped */
+  }
+}
+
+/* A key arrived: check the wire type of known fields and choose the next state. */
+static embps_status_t on_key(embps__lookup_parser_t *p, uint64_t key, embps_error_t *err) {
+  p->field = (int)(key >> 3);
+  p->wire_type = (int)(key & 7);
+  if (key >> 3 == 0 || key >> 3 > 536870911)
+    return malformed(err, "field number 0 or out of range");
+  if (p->field >= 1 && p->field <= 4 && p->wire_type != 0)
+    return malformed(err, "a scalar field has the wrong wire type");
+  if (p->field == 5 && p->wire_type != 2)
+    return malformed(err, "rows is not length-delimited");
+  switch (p->wire_type) {
+  case 0:
+    p->state = P_VARINT;
+    break;
+  case 1:
+    p->state = P_SKIP;
+    p->left = 8;
+    break;
+  case 2:
+    p->state = P_LEN;
+    break;
+  case 5:
+    p->state = P_SKIP;
+    p->left = 4;
+    break;
+  default:
+    return malformed(err, "group or invalid wire type");
+  }
+  p->varint = 0;
+  p->varint_shift = 0;
+  return EMBPS_OK;
+}
+
+/* A length arrived for a length-delimited field. */
+static void on_len(embps__lookup_parser_t *p, uint64_t len) {
+  p->left = len;
+  if (p->field != 5) {
+    p->state = P_SKIP;
+    return;
+  }
+  p->seen_rows = 1;
+  p->rows_have = 0;
+  p->size_error = len != p->rows_bytes;
+  p->bad_rows_len = len;
+  p->state = p->size_error ? P_SKIP : P_BYTES;
+}
+
+embps_status_t embps__lookup_parser_feed(embps__lookup_parser_t *p, const uint8_t *data,
+                                         size_t n, embps_error_t *err) {
+  size_t i = 0;
+  while (i < n) {
+    switch (p->state) {
+    case P_KEY:
+    case P_VARINT:
+    case P_LEN: {
+      uint8_t b = data[i++];
+      if (p->varint_shift >= 64 || (p->varint_shift == 63 && (b & 0x7e)))
+        return malformed(err, "varint longer than 64 bits");
+      p->varint |= (uint64_t)(b & 0x7f) << p->varint_shift;
+      p->varint_shift += 7;
+      if (b & 0x80)
+        break;
+      uint64_t v = p->varint;
+      p->varint = 0;
+      p->varint_shift = 0;
+      if (p->state == P_KEY) {
+        embps_status_t st = on_key(p, v, err);
+        if (st != EMBPS_OK)
+          return st;
+      } else if (p->state == P_VARINT) {
+        set_varint_field(p, v);
+        p->state = P_KEY;
+      } else {
+        on_len(p, v);
+        if (p->left == 0)
+          p->state = P_KEY;
+      }
+      break;
+    }
+    case P_BYTES: {
+      size_t k = (uint64_t)(n - i) < p->left ? n - i : (size_t)p->left;
+      if (p->rows_have < p->dst_cap) {
+        size_t room = p->dst_cap - (size_t)p->rows_have;
+        memcpy(p->dst + p->rows_have, data + i, k < room ? k : room);
+      }
+      p->rows_have += k;
+      p->left -= k;
+      i += k;
+      if (p->left == 0)
+        p->state = P_KEY;
+      break;
+    }
+    case P_SKIP: {
+      size_t k = (uint64_t)(n - i) < p->left ? n - i : (size_t)p->left;
+      p->left -= k;
+      i += k;
+      if (p->left == 0)
+        p->state = P_KEY;
+      break;
+    }
+    default:
+      return malformed(err, "parser state");
+    }
+  }
+  return EMBPS_OK;
+}
+
+embps_status_t embps__lookup_parser_sink(void *arg, const uint8_t *data, size_t n,
+                                         embps_error_t *err) {
+  return embps__lookup_parser_feed(arg, data, n, err);
+}
+
+embps_status_t embps__lookup_parser_finish(const embps__lookup_parser_t *p, embps_error_t *err) {
+  uint64_t tokens = p->row_bytes ? p->rows_bytes / p->row_bytes : 0;
+  size_t dsize = embps_dtype_size(p->dtype);
+  if (p->state != P_KEY || p->varint_shift != 0)
+    return malformed(err, "message ends inside a field");
+  if (p->emb_width != 0 && dsize != 0 && p->row_bytes != 0 &&
+      (uint64_t)p->emb_width * dsize != p->row_bytes)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "rows of the table are %llu bytes (emb_width=%u, %s) but the output "
+                           "buffer holds %llu bytes per token",
+                           (unsigned long long)p->emb_width * dsize, p->emb_width,
+                           embps_dtype_name(p->dtype), (unsigned long long)p->row_bytes);
+  if (p->size_error)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "reply has %llu bytes of rows for %llu tokens, expected %llu (%llu "
+                           "bytes per row, as the output buffer says)",
+                           (unsigned long long)p->bad_rows_len, (unsigned long long)tokens,
+                           (unsigned long long)p->rows_bytes, (unsigned long long)p->row_bytes);
+  if (!p->seen_rows && p->rows_bytes != 0)
+    return embps_error_set(err, EMBPS_INTERNAL, "reply has no rows for %llu tokens",
+                           (unsigned long long)tokens);
+  return EMBPS_OK;
+}

@@ -1,0 +1,106 @@
+/* client/cli/zipf.c: the token generator follows Zipf(a) (uniform at a = 0) and stays in
+ * range. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/cli/zipf.h"
+
+#define SAMPLES 2000000
+
+/* Draws SAMPLES ranks over 1..n and compares the first ranks' frequencies with k^-a / H. */
+static void check_distribution(uint64_t n, double a) {
+  embps_zipf_t z;
+  embps_rng_t r;
+  uint64_t *count = calloc(n + 1, sizeof(*count));
+  double hsum = 0;
+  assert_non_null(count);
+  assert_int_equal(embps_zipf_init(&z, n, a), 0);
+  embps_rng_seed(&r, 12345);
+  for (int i = 0; i < SAMPLES; i++) {
+    uint64_t k = embps_zipf_sample(&z, &r);
+    assert_true(k >= 1 && k <= n);
+    count[k]++;
+  }
+  for (uint64_t k = 1; k <= n; k++)
+    hsum += pow((double)k, -a);
+  for (uint64_t k = 1; k <= (n < 20 ? n : 20); k++) {
+    double expect = pow((double)k, -a) / hsum * SAMPLES;
+    double sd = sqrt(expect);
+    if (fabs((double)count[k] - expect) > 6 * sd + 0.01 * expect)
+      fail_msg("n=%llu a=%g: rank %llu drawn %llu times, expected %.0f", (unsigned long long)n, a,
+               (unsigned long long)k, (unsigned long long)count[k], expect);
+  }
+  /* and the tail as a whole */
+  {
+    uint64_t tail = 0;
+    double expect = 0;
+    for (uint64_t k = n / 2 + 1; k <= n; k++) {
+      tail += count[k];
+      expect += pow((double)k, -a) / hsum * SAMPLES;
+    }
+    if (fabs((double)tail - expect) > 6 * sqrt(expect) + 0.01 * expect)
+      fail_msg("n=%llu a=%g: tail drawn %llu times, expected %.0f", (unsigned long long)n, a,
+               (unsigned long long)tail, expect);
+  }
+  free(count);
+}
+
+static void test_zipf_follows_distribution(void **state) {
+  (void)state;
+  check_distribution(1000, 1.1);
+  check_distribution(1000, 1.0);
+  check_distribution(100, 0.5);
+  check_distribution(50, 2.0);
+  check_distribution(1000, 0.0); /* uniform */
+}
+
+static void test_range_and_edges(void **state) {
+  embps_zipf_t z;
+  embps_rng_t r;
+  (void)state;
+  embps_rng_seed(&r, 1);
+  assert_int_equal(embps_zipf_init(&z, 1, 1.2), 0);
+  for (int i = 0; i < 1000; i++)
+    assert_int_equal(embps_zipf_sample(&z, &r), 1);
+  assert_int_equal(embps_zipf_init(&z, 1000000000000ull, 1.05), 0);
+  for (int i = 0; i < 100000; i++) {
+    uint64_t k = embps_zipf_sample(&z, &r);
+    assert_true(k >= 1 && k <= 1000000000000ull);
+  }
+  assert_int_equal(embps_zipf_init(&z, 3, 0.0), 0);
+  for (int i = 0; i < 10000; i++) {
+    uint64_t k = embps_zipf_sample(&z, &r);
+    assert_true(k >= 1 && k <= 3);
+  }
+  assert_int_equal(embps_zipf_init(&z, 0, 1.0), -1);
+  assert_int_equal(embps_zipf_init(&z, 10, -1.0), -1);
+  assert_int_equal(embps_zipf_init(&z, 10, NAN), -1);
+}
+
+static void test_uniform_double(void **state) {
+  embps_rng_t r;
+  double sum = 0;
+  (void)state;
+  embps_rng_seed(&r, 7);
+  for (int i = 0; i < 100000; i++) {
+    double u = embps_rng_uniform(&r);
+    assert_true(u >= 0.0 && u < 1.0);
+    sum += u;
+  }
+  assert_true(fabs(sum / 100000 - 0.5) < 0.01);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_zipf_follows_distribution),
+      cmocka_unit_test(test_range_and_edges),
+      cmocka_unit_test(test_uniform_double),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
