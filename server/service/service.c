@@ -22,6 +22,7 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/shape.h"
+#include "server/service/bufpool.h"
 #include "embps/v1/embps.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -37,6 +38,7 @@ struct embps_service {
   embps_store_t *store;
   embps_net_t *net;
   embps_service_config_t cfg;
+  embps_bufpool_t *replies; /* lookup reply buffers, reused */
   uint64_t inflight;
   struct timespec started;
 };
@@ -53,7 +55,7 @@ typedef struct request {
   embps_op_t op;
   uint64_t batch_id;
   uint32_t shard_index;
-  uint8_t *reply;
+  uint8_t *reply; /* lookup: from svc->replies */
   size_t reply_len;
 } request_t;
 
@@ -184,7 +186,8 @@ static void spec_from_table(const embps_table_t *t, Embps__V1__TableSpec *spec,
 static void request_free(request_t *r) {
   if (r->msg)
     protobuf_c_message_free_unpacked(r->msg, NULL);
-  embps_free(r->reply);
+  if (r->reply)
+    embps__bufpool_put(r->reply);
   embps_free(r);
 }
 
@@ -224,7 +227,7 @@ static void on_op_done(embps_op_t *op) {
   case REQ_LOOKUP: {
     uint8_t *buf = r->reply;
     r->reply = NULL; /* the call owns it now */
-    embps_net_call_reply(r->call, buf, r->reply_len, release_buffer, buf);
+    embps_net_call_reply(r->call, buf, r->reply_len, embps__bufpool_put, buf);
     break;
   }
   case REQ_PUSH: {
@@ -408,7 +411,7 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
   head = put_lookup_header(header, req->batch_id, req->shard_index, t->config.emb_width,
                            t->config.dtype, rows_bytes);
   r = request_new(svc, call, REQ_LOOKUP, &req->base);
-  if (!r || !(r->reply = embps_aligned_alloc(head + rows_bytes))) {
+  if (!r || !(r->reply = embps__bufpool_get(svc->replies, head + rows_bytes))) {
     embps_error_set(&err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte reply",
                     head + rows_bytes);
     fail_call(call, &err);
@@ -624,6 +627,12 @@ embps_status_t embps_service_new(embps_service_t **out, embps_engine_t *engine,
   svc->engine = engine;
   svc->store = store;
   svc->cfg = *cfg;
+  /* Enough idle buffers for a deep pipeline of large replies, and no more than 1 GiB idle. */
+  svc->replies = embps__bufpool_new(32, (size_t)1 << 30);
+  if (!svc->replies) {
+    embps_free(svc);
+    return EMBPS_RESOURCE_EXHAUSTED;
+  }
   clock_gettime(CLOCK_MONOTONIC, &svc->started);
   *out = svc;
   return EMBPS_OK;
@@ -633,4 +642,9 @@ void embps_service_set_net(embps_service_t *svc, embps_net_t *net) { svc->net = 
 
 uint64_t embps_service_inflight(const embps_service_t *svc) { return svc->inflight; }
 
-void embps_service_free(embps_service_t *svc) { embps_free(svc); }
+void embps_service_free(embps_service_t *svc) {
+  if (!svc)
+    return;
+  embps__bufpool_free(svc->replies);
+  embps_free(svc);
+}
