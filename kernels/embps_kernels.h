@@ -19,6 +19,21 @@
 
 #include "common/dtype.h"
 
+/* ---- prefetch (for the kernels' own use) ----------------------------------------------------- */
+
+/* Updates touch rows at random; fetching the row a few iterations ahead hides the miss that
+ * otherwise stalls every read-modify-write. Measured on this project's 2-core VM, rowwise
+ * Adagrad over 4096 random rows of 128 f32 in a 100 MB table, best of 50: 0.56 ms without
+ * prefetch, 0.34-0.39 ms at 4, 8 or 16 rows ahead (within noise of each other). */
+#define EMBPS_PREFETCH_ROWS 8
+
+static inline void embps_prefetch_row(const void *row, size_t bytes, const void *state) {
+  for (size_t off = 0; off < bytes; off += 64)
+    __builtin_prefetch((const char *)row + off, 1, 0);
+  if (state)
+    __builtin_prefetch(state, 1, 0);
+}
+
 /* ---- dedup -------------------------------------------------------------------------------- */
 
 /** Bytes of scratch that embps_dedup_cpu needs for n tokens. */

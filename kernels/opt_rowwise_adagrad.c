@@ -27,8 +27,12 @@ void embps_update_rowwise_adagrad_cpu(void *table, embps_dtype_t dtype, size_t w
                                       const float *row_sumsq, size_t full_width, float *accum,
                                       const embps_opt_params_t *p) {
   const float inv_full_width = full_width ? 1.0f / (float)full_width : 0.0f;
+  const size_t row_bytes = width * embps_dtype_size(dtype);
   for (size_t i = 0; i < n; i++) {
     size_t r = (size_t)rows[i];
+    if (i + EMBPS_PREFETCH_ROWS < n)
+      embps_prefetch_row((char *)table + (size_t)rows[i + EMBPS_PREFETCH_ROWS] * row_bytes,
+                         row_bytes, &accum[rows[i + EMBPS_PREFETCH_ROWS]]);
     float acc = accum[r] * p->decay + row_sumsq[i] * inv_full_width;
     accum[r] = acc;
     float s = p->lr / (sqrtf(acc) + p->eps);
