@@ -633,6 +633,7 @@ void embps_stats_free(embps_rank_stats_t *stats, size_t n) {
     embps_free(stats[i].backend);
     embps_free(stats[i].version);
     embps_free(stats[i].address);
+    embps_free(stats[i].mesh);
     for (size_t j = 0; j < stats[i].num_tables && stats[i].tables; j++)
       embps_free(stats[i].tables[j].name);
     embps_free(stats[i].tables);
@@ -670,6 +671,11 @@ embps_status_t embps_stats(embps_client_t *client, embps_rank_stats_t **stats, s
     r->bytes_in = m->bytes_in;
     r->bytes_out = m->bytes_out;
     r->connections = m->connections;
+    r->ready = m->ready;
+    r->peer_bytes_sent = m->peer_bytes_sent;
+    r->peer_bytes_received = m->peer_bytes_received;
+    r->collective_calls = m->collective_calls;
+    r->mesh = dup_or_empty(m->mesh);
     r->backend = dup_or_empty(m->backend);
     r->version = dup_or_empty(m->version);
     r->address = dup_or_empty(client->addrs[i].authority);
@@ -691,7 +697,7 @@ embps_status_t embps_stats(embps_client_t *client, embps_rank_stats_t **stats, s
       o->bytes = t->bytes;
     }
     embps__v1__get_stats_response__free_unpacked(m, &pb_allocator);
-    if (!r->backend || !r->version || !r->address || !r->tables) {
+    if (!r->backend || !r->version || !r->address || !r->mesh || !r->tables) {
       st = fail(client, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
       goto fail;
     }

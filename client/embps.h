@@ -128,6 +128,11 @@ typedef struct embps_rank_stats {
   uint64_t bytes_in;
   uint64_t bytes_out;
   uint32_t connections;
+  int ready;                    /* the whole group is up */
+  char *mesh;                   /* e.g. "shard=4"; owned by the stats array */
+  uint64_t peer_bytes_sent;     /* collective payload sent to the other ranks */
+  uint64_t peer_bytes_received; /* and received from them */
+  uint64_t collective_calls;
   size_t num_tables;
   embps_table_stats_t *tables; /* num_tables entries, owned by the stats array */
 } embps_rank_stats_t;

@@ -6,6 +6,7 @@
  * code that parses it. Numbers are parsed strictly (args.c). Failures print
  * "embps: COMMAND: STATUS: message" with the server's message on stderr and exit 1; usage
  * errors exit 2. */
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -514,10 +515,17 @@ static int cmd_stats(const char *cmd, flag_t *f, const char *pos) {
       json_string(stdout, r->backend);
       printf(",\"version\":");
       json_string(stdout, r->version);
-      printf(",\"uptime_s\":%.3f,\"requests\":%llu,\"errors\":%llu,\"bytes_in\":%llu,"
-             "\"bytes_out\":%llu,\"connections\":%u,\"tables\":[",
-             r->uptime_s, (unsigned long long)r->requests, (unsigned long long)r->errors,
-             (unsigned long long)r->bytes_in, (unsigned long long)r->bytes_out, r->connections);
+      printf(",\"mesh\":");
+      json_string(stdout, r->mesh);
+      printf(",\"ready\":%s,\"uptime_s\":%.3f,\"requests\":%llu,\"errors\":%llu,"
+             "\"bytes_in\":%llu,\"bytes_out\":%llu,\"connections\":%u,"
+             "\"peer_bytes_sent\":%llu,\"peer_bytes_received\":%llu,"
+             "\"collective_calls\":%llu,\"tables\":[",
+             r->ready ? "true" : "false", r->uptime_s, (unsigned long long)r->requests,
+             (unsigned long long)r->errors, (unsigned long long)r->bytes_in,
+             (unsigned long long)r->bytes_out, r->connections,
+             (unsigned long long)r->peer_bytes_sent, (unsigned long long)r->peer_bytes_received,
+             (unsigned long long)r->collective_calls);
       for (size_t j = 0; j < r->num_tables; j++) {
         const embps_table_stats_t *t = &r->tables[j];
         printf("%s{\"name\":", j ? "," : "");
@@ -532,11 +540,14 @@ static int cmd_stats(const char *cmd, flag_t *f, const char *pos) {
       }
       printf("]}");
     } else {
-      printf("rank %u/%u (%s): backend %s, version %s, uptime %.1f s, requests %llu, errors "
-             "%llu, bytes in %llu, bytes out %llu, connections %u\n",
-             r->rank, r->group_size, r->address, r->backend, r->version, r->uptime_s,
-             (unsigned long long)r->requests, (unsigned long long)r->errors,
-             (unsigned long long)r->bytes_in, (unsigned long long)r->bytes_out, r->connections);
+      printf("rank %u/%u (%s): %s, mesh %s, backend %s, version %s, uptime %.1f s, requests "
+             "%llu, errors %llu, bytes in %llu, bytes out %llu, connections %u, peer bytes "
+             "sent %llu, received %llu\n",
+             r->rank, r->group_size, r->address, r->ready ? "ready" : "NOT READY", r->mesh,
+             r->backend, r->version, r->uptime_s, (unsigned long long)r->requests,
+             (unsigned long long)r->errors, (unsigned long long)r->bytes_in,
+             (unsigned long long)r->bytes_out, r->connections,
+             (unsigned long long)r->peer_bytes_sent, (unsigned long long)r->peer_bytes_received);
       for (size_t j = 0; j < r->num_tables; j++) {
         const embps_table_stats_t *t = &r->tables[j];
         printf("  table %s: rows %llu, emb_width %u, lookups %llu, pushes %llu, rows looked up "
@@ -700,6 +711,11 @@ int main(int argc, char **argv) {
   int i = 1, rc;
   const char *pos;
   uint64_t v;
+
+  /* As in the server (server/main.c): keep large blocks in the heap so that buffers of tens of
+   * MiB that bench allocates and frees step after step do not fault their pages in anew. */
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 
   for (int s = 0; s < S_COUNT; s++) {
     const char *e = getenv(settings[s].env);

@@ -1,157 +1,255 @@
-/* The engine thread and the operations it runs.
+/* Batch execution on one rank (see engine.h for the data flow).
  *
- * Threads meet only through two queues: `incoming` (loop -> engine, a mutex and a condition
- * variable) and `completed` (engine -> loop, a mutex and a uv_async_t). The engine drains the
- * whole incoming queue at once and posts each op back as soon as it is done, so a sync push's
- * reply does not wait for the ops queued behind it.
+ * Layout conventions: a batch of T tokens over N ranks has n = T/N tokens per shard and the
+ * table's W columns split into slices of w = W/N. After the tokens' all-gather, position p of
+ * the batch belongs to shard p / n. Every all-to-all block is n x w elements, so every rank
+ * pair exchanges the same number of bytes, and each rank moves exactly the bytes the column
+ * split requires: (N-1)/N of its shard's rows.
  *
- * A push follows DESIGN.md's route on one rank: dedup the tokens, sum the gradients of
- * duplicate tokens (in position order, so the result is bitwise reproducible), drop the padding
- * row, take the row figures (sum of squares, finite check), gate the whole step on finiteness,
- * add weight decay, and run the optimizer's fused update. A lookup of a single rank gathers
- * rows straight into the reply buffer: there is no exchange to shrink, so dedup would only add
- * a pass over the batch. */
+ * Determinism: duplicates are summed in position order whatever N is, and row figures are
+ * combined by all-reduces that reduce in rank order, so every rank applies bitwise the same
+ * decision and an N-rank table matches the 1-rank table to rounding of the row sums.
+ *
+ * A group of one takes a shorter route: a lookup gathers straight into the reply buffer
+ * (without dedup, which saves nothing without an exchange) and a push reads the request's
+ * gradients in place. */
 #include "engine.h"
 
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "common/log.h"
 
-struct embps_engine_scratch {
-  size_t cap_tokens; /* tokens the arrays below hold */
-  size_t cap_elems;  /* floats `summed` holds */
-  int64_t *unique;
+typedef struct scratch {
+  size_t cap_tokens, cap_elems, cap_bytes;
+  int64_t *all_tokens, *unique;
   uint32_t *segment_ids;
   void *dedup_ws;
-  float *row_sumsq;
-  float *summed;
-};
+  float *row_sumsq, *summed;
+  uint8_t *send, *recv, *rows;
+} scratch_t;
 
 struct embps_engine {
-  uv_loop_t *loop;
-  uv_async_t async;
-  pthread_t thread;
-  int thread_started;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  embps_op_t *in_head, *in_tail;     /* guarded by mu */
-  embps_op_t *done_head, *done_tail; /* guarded by mu */
-  int stopping;                      /* guarded by mu */
-  atomic_uint_fast64_t pending;
-  embps_engine_scratch_t *scratch; /* engine thread only */
+  embps_comm_t *comm;
+  embps_store_t *store;
+  scratch_t s;
 };
 
-/* ---- scratch ------------------------------------------------------------------------------ */
-
-embps_status_t embps_engine_scratch_new(embps_engine_scratch_t **out) {
-  embps_engine_scratch_t *s = embps_calloc(1, sizeof(*s));
-  if (!s)
+embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_store_t *store) {
+  embps_engine_t *e = embps_calloc(1, sizeof(*e));
+  if (!e)
     return EMBPS_RESOURCE_EXHAUSTED;
-  *out = s;
+  e->comm = comm;
+  e->store = store;
+  *out = e;
   return EMBPS_OK;
 }
 
-void embps_engine_scratch_free(embps_engine_scratch_t *s) {
-  if (!s)
+void embps_engine_free(embps_engine_t *e) {
+  if (!e)
     return;
-  embps_free(s->unique);
-  embps_free(s->segment_ids);
-  embps_free(s->dedup_ws);
-  embps_free(s->row_sumsq);
-  embps_free(s->summed);
-  embps_free(s);
+  embps_free(e->s.all_tokens);
+  embps_free(e->s.unique);
+  embps_free(e->s.segment_ids);
+  embps_free(e->s.dedup_ws);
+  embps_free(e->s.row_sumsq);
+  embps_free(e->s.summed);
+  embps_free(e->s.send);
+  embps_free(e->s.recv);
+  embps_free(e->s.rows);
+  embps_free(e);
 }
 
-/* Grows the scratch arrays to n tokens of width floats; they only grow, since batch sizes
- * repeat from step to step. */
-static embps_status_t scratch_reserve(embps_engine_scratch_t *s, size_t n, size_t width) {
-  size_t elems = n * width;
-  if (n > s->cap_tokens) {
-    int64_t *unique = embps_aligned_alloc(n * sizeof(*unique));
-    uint32_t *seg = embps_aligned_alloc(n * sizeof(*seg));
-    void *ws = embps_aligned_alloc(embps_dedup_workspace_bytes(n));
-    float *rs = embps_aligned_alloc(n * sizeof(*rs));
-    if (!unique || !seg || !ws || !rs) {
-      embps_free(unique);
-      embps_free(seg);
-      embps_free(ws);
-      embps_free(rs);
-      return EMBPS_RESOURCE_EXHAUSTED;
-    }
+const char *embps_engine_backend(const embps_engine_t *e) {
+  (void)e;
+  return "cpu";
+}
+
+/* Scratch for T tokens, T*width f32 sums and `bytes` of exchange buffers. Arrays only grow,
+ * since batch sizes repeat from step to step; after a failed growth every array of that group
+ * is released and its capacity is zero, so the next call tries again from scratch. */
+static embps_status_t reserve(scratch_t *s, size_t T, size_t width, size_t bytes) {
+  if (T > s->cap_tokens) {
+    embps_free(s->all_tokens);
     embps_free(s->unique);
     embps_free(s->segment_ids);
     embps_free(s->dedup_ws);
     embps_free(s->row_sumsq);
-    s->unique = unique;
-    s->segment_ids = seg;
-    s->dedup_ws = ws;
-    s->row_sumsq = rs;
-    s->cap_tokens = n;
-  }
-  if (elems > s->cap_elems) {
-    float *summed = embps_aligned_alloc(elems * sizeof(float));
-    if (!summed)
+    s->all_tokens = embps_aligned_alloc(T * sizeof(int64_t));
+    s->unique = embps_aligned_alloc(T * sizeof(int64_t));
+    s->segment_ids = embps_aligned_alloc(T * sizeof(uint32_t));
+    s->dedup_ws = embps_aligned_alloc(embps_dedup_workspace_bytes(T));
+    s->row_sumsq = embps_aligned_alloc(T * sizeof(float));
+    s->cap_tokens = T;
+    if (!s->all_tokens || !s->unique || !s->segment_ids || !s->dedup_ws || !s->row_sumsq) {
+      s->cap_tokens = 0;
       return EMBPS_RESOURCE_EXHAUSTED;
+    }
+  }
+  if (T * width > s->cap_elems) {
     embps_free(s->summed);
-    s->summed = summed;
-    s->cap_elems = elems;
+    s->summed = embps_aligned_alloc(T * width * sizeof(float));
+    s->cap_elems = s->summed ? T * width : 0;
+    if (!s->summed)
+      return EMBPS_RESOURCE_EXHAUSTED;
+  }
+  if (bytes > s->cap_bytes) {
+    embps_free(s->send);
+    embps_free(s->recv);
+    embps_free(s->rows);
+    s->send = embps_aligned_alloc(bytes);
+    s->recv = embps_aligned_alloc(bytes);
+    s->rows = embps_aligned_alloc(bytes);
+    s->cap_bytes = bytes;
+    if (!s->send || !s->recv || !s->rows) {
+      s->cap_bytes = 0;
+      return EMBPS_RESOURCE_EXHAUSTED;
+    }
   }
   return EMBPS_OK;
 }
 
-/* ---- operations --------------------------------------------------------------------------- */
-
-static void run_lookup(embps_op_t *op) {
-  embps_table_t *t = op->table;
-  embps_gather_cpu(t->data, t->config.dtype, t->shard_width, op->tokens, op->num_tokens,
-                   op->rows_out);
-  atomic_fetch_add_explicit(&t->counters.lookups, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&t->counters.rows_looked_up, op->num_tokens, memory_order_relaxed);
+/* Every rank learns whether every rank succeeded: the max of the ranks' statuses. A failure
+ * of the exchange itself is returned (the group is then broken). */
+static embps_status_t agree(embps_engine_t *e, embps_status_t *local, embps_error_t *err) {
+  uint64_t v = (uint64_t)*local;
+  embps_status_t ret = embps_comm_all_reduce(e->comm, &v, 1, EMBPS_COMM_U64, EMBPS_COMM_MAX, err);
+  if (ret == EMBPS_OK)
+    *local = (embps_status_t)v;
+  return ret;
 }
 
-static void run_push(embps_engine_scratch_t *s, embps_op_t *op) {
+static embps_status_t run_create(embps_engine_t *e, embps_op_t *op, embps_error_t *err) {
+  embps_table_t *t = NULL;
+  embps_status_t local, ret;
+
+  local = embps_table_new(&t, &op->create, e->comm->rank, e->comm->size);
+  if ((ret = agree(e, &local, err)) != EMBPS_OK) {
+    embps_table_free(t);
+    return ret;
+  }
+  if (local != EMBPS_OK) {
+    embps_table_free(t);
+    embps_error_set(&op->error, EMBPS_RESOURCE_EXHAUSTED,
+                    "out of memory allocating table '%s' (%llu bytes on each rank)",
+                    op->create.name,
+                    (unsigned long long)embps_table_config_bytes(&op->create, e->comm->size));
+    return EMBPS_OK;
+  }
+  if (embps_store_add(e->store, t, &op->error) != EMBPS_OK) {
+    embps_table_free(t);
+    return EMBPS_OK;
+  }
+  op->created = t;
+  return EMBPS_OK;
+}
+
+static embps_status_t run_lookup(embps_engine_t *e, embps_op_t *op, embps_error_t *err) {
+  embps_table_t *t = op->table;
+  const uint32_t N = e->comm->size;
+  const size_t n = op->num_tokens, T = n * N, w = t->shard_width, W = t->config.emb_width;
+  const size_t ds = embps_dtype_size(t->config.dtype), block = n * w * ds;
+  size_t U;
+  embps_status_t ret;
+
+  atomic_fetch_add_explicit(&t->counters.lookups, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&t->counters.rows_looked_up, n, memory_order_relaxed);
+  if (N == 1) {
+    embps_gather_cpu(t->data, t->config.dtype, w, op->tokens, n, op->rows_out);
+    return EMBPS_OK;
+  }
+  if (reserve(&e->s, T, 0, T * w * ds) != EMBPS_OK) {
+    /* Every rank needs the same memory; the first failure breaks the group rather than leave
+     * ranks out of step. Scratch only grows, so this happens once, at the largest batch. */
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "out of memory for the scratch of a %zu-token lookup", T);
+  }
+  if ((ret = embps_comm_all_gather(e->comm, op->tokens, n * sizeof(int64_t), e->s.all_tokens,
+                                   err)) != EMBPS_OK)
+    return ret;
+  U = embps_dedup_cpu(e->s.all_tokens, T, e->s.unique, e->s.segment_ids, e->s.dedup_ws);
+  embps_gather_cpu(t->data, t->config.dtype, w, e->s.unique, U, e->s.rows);
+  embps_expand_cpu(e->s.rows, t->config.dtype, w, e->s.segment_ids, T, e->s.send);
+  if ((ret = embps_comm_all_to_all(e->comm, e->s.send, block, e->s.recv, err)) != EMBPS_OK)
+    return ret;
+  /* recv block r holds columns [r*w, (r+1)*w) of this shard's n rows. */
+  for (uint32_t r = 0; r < N; r++)
+    for (size_t i = 0; i < n; i++)
+      memcpy((uint8_t *)op->rows_out + (i * W + r * w) * ds, e->s.recv + r * block + i * w * ds,
+             w * ds);
+  return EMBPS_OK;
+}
+
+static embps_status_t run_push(embps_engine_t *e, embps_op_t *op, embps_error_t *err) {
   embps_table_t *t = op->table;
   const embps_table_config_t *c = &t->config;
-  size_t width = t->shard_width, num_unique, first, m;
+  const uint32_t N = e->comm->size;
+  const size_t n = op->num_tokens, T = n * N, w = t->shard_width, W = c->emb_width;
+  const size_t ds = embps_dtype_size(c->dtype), block = n * w * ds;
+  const int64_t *tokens = op->tokens;
+  const void *grads = op->grads;
+  size_t U, first, m;
   const int64_t *rows;
   float *g;
-  double total = 0.0;
+  double figures[2] = {0.0, 0.0}; /* total sum of squares, non-finite count */
   embps_opt_params_t p;
+  embps_status_t ret;
 
-  if (scratch_reserve(s, op->num_tokens, width) != EMBPS_OK) {
-    embps_error_set(&op->error, EMBPS_RESOURCE_EXHAUSTED,
-                    "out of memory for a push of %zu tokens", op->num_tokens);
-    return;
+  if (reserve(&e->s, T, w, N > 1 ? T * w * ds : 0) != EMBPS_OK) {
+    if (N == 1) {
+      embps_error_set(&op->error, EMBPS_RESOURCE_EXHAUSTED,
+                      "out of memory for a push of %zu tokens", T);
+      return EMBPS_OK;
+    }
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "out of memory for the scratch of a %zu-token push", T);
   }
   atomic_fetch_add_explicit(&t->counters.pushes, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&t->counters.rows_pushed, op->num_tokens, memory_order_relaxed);
+  atomic_fetch_add_explicit(&t->counters.rows_pushed, n, memory_order_relaxed);
+  if (N > 1) {
+    if ((ret = embps_comm_all_gather(e->comm, op->tokens, n * sizeof(int64_t), e->s.all_tokens,
+                                     err)) != EMBPS_OK)
+      return ret;
+    /* Block s of the send buffer: columns [s*w, (s+1)*w) of this shard's n gradient rows. */
+    for (uint32_t s = 0; s < N; s++)
+      for (size_t i = 0; i < n; i++)
+        memcpy(e->s.send + s * block + i * w * ds, (const uint8_t *)op->grads + (i * W + s * w) * ds,
+               w * ds);
+    if ((ret = embps_comm_all_to_all(e->comm, e->s.send, block, e->s.recv, err)) != EMBPS_OK)
+      return ret;
+    tokens = e->s.all_tokens;
+    grads = e->s.recv; /* T x w: every position's gradient for this rank's columns */
+  }
 
-  num_unique = embps_dedup_cpu(op->tokens, op->num_tokens, s->unique, s->segment_ids,
-                               s->dedup_ws);
-  embps_segment_sum_cpu(op->grads, c->dtype, width, s->segment_ids, op->num_tokens, num_unique,
-                        s->summed);
+  U = embps_dedup_cpu(tokens, T, e->s.unique, e->s.segment_ids, e->s.dedup_ws);
+  embps_segment_sum_cpu(grads, c->dtype, w, e->s.segment_ids, T, U, e->s.summed);
   /* Unique tokens are ascending, so the padding row, when present, is the first. */
-  first = (num_unique > 0 && s->unique[0] == 0) ? 1 : 0;
-  rows = s->unique + first;
-  m = num_unique - first;
-  g = s->summed + first * width;
+  first = (U > 0 && e->s.unique[0] == 0) ? 1 : 0;
+  rows = e->s.unique + first;
+  m = U - first;
+  g = e->s.summed + first * w;
   op->num_unique = m;
 
-  if (embps_row_stats_cpu(g, m, width, s->row_sumsq, &total) != 0) {
+  figures[1] = (double)embps_row_stats_cpu(g, m, w, e->s.row_sumsq, &figures[0]);
+  if ((ret = embps_comm_all_reduce(e->comm, figures, 2, EMBPS_COMM_F64, EMBPS_COMM_SUM, err)) !=
+      EMBPS_OK)
+    return ret;
+  if (figures[1] != 0.0) { /* the gate: one non-finite gradient anywhere skips the step */
     op->skipped = 1;
     atomic_fetch_add_explicit(&t->counters.steps_skipped, 1, memory_order_relaxed);
-    return;
+    return EMBPS_OK;
   }
-  op->grad_norm = sqrt(total);
+  op->grad_norm = sqrt(figures[0]);
   if (c->weight_decay != 0.0f) {
-    embps_apply_weight_decay_cpu(t->data, c->dtype, width, rows, m, g, c->weight_decay);
+    embps_apply_weight_decay_cpu(t->data, c->dtype, w, rows, m, g, c->weight_decay);
     if (c->optimizer == EMBPS_OPT_ROWWISE_ADAGRAD)
-      embps_row_stats_cpu(g, m, width, s->row_sumsq, NULL);
+      embps_row_stats_cpu(g, m, w, e->s.row_sumsq, NULL);
   }
+  if (c->optimizer == EMBPS_OPT_ROWWISE_ADAGRAD && N > 1 &&
+      (ret = embps_comm_all_reduce(e->comm, e->s.row_sumsq, m, EMBPS_COMM_F32, EMBPS_COMM_SUM,
+                                   err)) != EMBPS_OK)
+    return ret;
 
   memset(&p, 0, sizeof(p));
   p.lr = c->lr;
@@ -162,174 +260,36 @@ static void run_push(embps_engine_scratch_t *s, embps_op_t *op) {
   p.step = ++t->step;
   switch (c->optimizer) {
   case EMBPS_OPT_SGD:
-    embps_update_sgd_cpu(t->data, c->dtype, width, rows, m, g, &p);
+    embps_update_sgd_cpu(t->data, c->dtype, w, rows, m, g, &p);
     break;
   case EMBPS_OPT_ADAGRAD:
-    embps_update_adagrad_cpu(t->data, c->dtype, width, rows, m, g, t->state0, &p);
+    embps_update_adagrad_cpu(t->data, c->dtype, w, rows, m, g, t->state0, &p);
     break;
   case EMBPS_OPT_ROWWISE_ADAGRAD:
-    embps_update_rowwise_adagrad_cpu(t->data, c->dtype, width, rows, m, g, s->row_sumsq,
-                                     c->emb_width, t->state0, &p);
+    embps_update_rowwise_adagrad_cpu(t->data, c->dtype, w, rows, m, g, e->s.row_sumsq, W,
+                                     t->state0, &p);
     break;
   case EMBPS_OPT_ADAM:
-    embps_update_adam_cpu(t->data, c->dtype, width, rows, m, g, t->state0, t->state1, &p);
+    embps_update_adam_cpu(t->data, c->dtype, w, rows, m, g, t->state0, t->state1, &p);
     break;
   }
   op->applied = 1;
   atomic_fetch_add_explicit(&t->counters.steps_applied, 1, memory_order_relaxed);
+  return EMBPS_OK;
 }
 
-void embps_engine_run_op(embps_engine_scratch_t *s, embps_op_t *op) {
+embps_status_t embps_engine_run(embps_engine_t *e, embps_op_t *op, embps_error_t *err) {
   embps_error_clear(&op->error);
   op->applied = op->skipped = 0;
   op->grad_norm = 0.0;
   op->num_unique = 0;
-
-  if (op->kind == EMBPS_OP_CREATE_TABLE) {
-    if (embps_table_allocate(op->table) != EMBPS_OK)
-      embps_error_set(&op->error, EMBPS_RESOURCE_EXHAUSTED,
-                      "out of memory allocating table '%s' (%llu bytes)",
-                      op->table->config.name, (unsigned long long)op->table->bytes);
-    return;
+  switch (op->kind) {
+  case EMBPS_OP_CREATE_TABLE:
+    return run_create(e, op, err);
+  case EMBPS_OP_LOOKUP:
+    return run_lookup(e, op, err);
+  case EMBPS_OP_PUSH:
+    return run_push(e, op, err);
   }
-  if (op->table->alloc_status != EMBPS_OK) {
-    embps_error_set(&op->error, EMBPS_UNAVAILABLE, "table '%s' could not be allocated",
-                    op->table->config.name);
-    return;
-  }
-  if (op->kind == EMBPS_OP_LOOKUP)
-    run_lookup(op);
-  else
-    run_push(s, op);
-}
-
-/* ---- the thread and the queues ------------------------------------------------------------ */
-
-static void *engine_main(void *arg) {
-  embps_engine_t *e = arg;
-  for (;;) {
-    embps_op_t *batch;
-    pthread_mutex_lock(&e->mu);
-    while (!e->in_head && !e->stopping)
-      pthread_cond_wait(&e->cv, &e->mu);
-    batch = e->in_head;
-    e->in_head = e->in_tail = NULL;
-    if (!batch && e->stopping) {
-      pthread_mutex_unlock(&e->mu);
-      return NULL;
-    }
-    pthread_mutex_unlock(&e->mu);
-
-    while (batch) {
-      embps_op_t *op = batch;
-      batch = op->next;
-      op->next = NULL;
-      embps_engine_run_op(e->scratch, op);
-      pthread_mutex_lock(&e->mu);
-      if (e->done_tail)
-        e->done_tail->next = op;
-      else
-        e->done_head = op;
-      e->done_tail = op;
-      pthread_mutex_unlock(&e->mu);
-      uv_async_send(&e->async);
-    }
-  }
-}
-
-static void on_completed(uv_async_t *handle) {
-  embps_engine_t *e = handle->data;
-  embps_op_t *op;
-  pthread_mutex_lock(&e->mu);
-  op = e->done_head;
-  e->done_head = e->done_tail = NULL;
-  pthread_mutex_unlock(&e->mu);
-  while (op) {
-    embps_op_t *next = op->next;
-    op->next = NULL;
-    atomic_fetch_sub_explicit(&e->pending, 1, memory_order_relaxed);
-    op->done(op);
-    op = next;
-  }
-}
-
-embps_status_t embps_engine_new(embps_engine_t **out, uv_loop_t *loop) {
-  embps_status_t ret = EMBPS_OK;
-  embps_engine_t *e = embps_calloc(1, sizeof(*e));
-
-  EMBPS_CHECK_GOTO(e != NULL, EMBPS_RESOURCE_EXHAUSTED, fail, "out of memory");
-  e->loop = loop;
-  EMBPS_CHECK_GOTO(embps_engine_scratch_new(&e->scratch) == EMBPS_OK, EMBPS_RESOURCE_EXHAUSTED,
-                   fail_scratch, "out of memory");
-  EMBPS_CHECK_GOTO(pthread_mutex_init(&e->mu, NULL) == 0, EMBPS_INTERNAL, fail_mutex,
-                   "pthread_mutex_init failed");
-  EMBPS_CHECK_GOTO(pthread_cond_init(&e->cv, NULL) == 0, EMBPS_INTERNAL, fail_cond,
-                   "pthread_cond_init failed");
-  EMBPS_UV_CHECK_GOTO(uv_async_init(loop, &e->async, on_completed), fail_async);
-  e->async.data = e;
-  EMBPS_CHECK_GOTO(pthread_create(&e->thread, NULL, engine_main, e) == 0, EMBPS_INTERNAL,
-                   fail_thread, "pthread_create failed");
-  e->thread_started = 1;
-  *out = e;
-  return EMBPS_OK;
-
-fail_thread:
-  /* The async handle is registered with the loop; closing it needs a loop turn, and this
-   * failure ends the process, so it is left to the process exit. */
-  ret = EMBPS_INTERNAL;
-  return ret;
-fail_async:
-  pthread_cond_destroy(&e->cv);
-fail_cond:
-  pthread_mutex_destroy(&e->mu);
-fail_mutex:
-  embps_engine_scratch_free(e->scratch);
-fail_scratch:
-  embps_free(e);
-fail:
-  return ret == EMBPS_OK ? EMBPS_INTERNAL : ret;
-}
-
-void embps_engine_submit(embps_engine_t *e, embps_op_t *op) {
-  op->next = NULL;
-  atomic_fetch_add_explicit(&e->pending, 1, memory_order_relaxed);
-  pthread_mutex_lock(&e->mu);
-  if (e->in_tail)
-    e->in_tail->next = op;
-  else
-    e->in_head = op;
-  e->in_tail = op;
-  pthread_cond_signal(&e->cv);
-  pthread_mutex_unlock(&e->mu);
-}
-
-uint64_t embps_engine_pending(const embps_engine_t *e) {
-  return atomic_load_explicit(&((embps_engine_t *)e)->pending, memory_order_relaxed);
-}
-
-const char *embps_engine_backend(const embps_engine_t *e) {
-  (void)e;
-  return "cpu";
-}
-
-void embps_engine_close(embps_engine_t *e) {
-  if (!e || !e->thread_started)
-    return;
-  pthread_mutex_lock(&e->mu);
-  e->stopping = 1;
-  pthread_cond_signal(&e->cv);
-  pthread_mutex_unlock(&e->mu);
-  pthread_join(e->thread, NULL);
-  e->thread_started = 0;
-  on_completed(&e->async); /* deliver what finished before the join */
-  uv_close((uv_handle_t *)&e->async, NULL);
-}
-
-void embps_engine_free(embps_engine_t *e) {
-  if (!e)
-    return;
-  pthread_cond_destroy(&e->cv);
-  pthread_mutex_destroy(&e->mu);
-  embps_engine_scratch_free(e->scratch);
-  embps_free(e);
+  return embps_error_set(err, EMBPS_INTERNAL, "unknown op kind %d", (int)op->kind);
 }

@@ -1,84 +1,79 @@
-/* The engine: one thread that owns the tables' arrays (and, with a GPU, the device, its
- * streams and the communicator) and runs every operation that touches them, in the order the
- * loop thread submitted them. The loop thread never runs kernels: it submits ops through a
- * queue and gets them back, completed, through a uv_async_t (h2o's multithread queue). */
+/* The engine: runs one batch of a round on this rank, DESIGN.md's data flow. A lookup
+ * all-gathers the batch's tokens, dedups them, gathers this rank's column slice of the unique
+ * rows and hands every rank its tokens' slices with one all-to-all; a push moves gradient
+ * column slices the other way, sums duplicates, combines the row figures (finite check, norm,
+ * rowwise mean square) with all-reduces so that every rank takes the same decision, and runs
+ * the optimizer's fused update on its slice. CreateTable allocates this rank's slices and
+ * agrees with the group that every rank could.
+ *
+ * The engine has no thread of its own: the group's thread (server/group) calls it, in round
+ * order, and owns the communicator and the scratch memory it passes in. */
 #ifndef EMBPS_ENGINE_H
 #define EMBPS_ENGINE_H
 
 #include <stdint.h>
-#include <uv.h>
 
 #include "common/status.h"
+#include "server/comm/comm.h"
 #include "server/store/store.h"
 
 typedef enum embps_op_kind {
-  EMBPS_OP_CREATE_TABLE, /* allocate and initialize op->table */
-  EMBPS_OP_LOOKUP,       /* gather op->tokens' rows into op->rows_out */
-  EMBPS_OP_PUSH,         /* apply op->grads for op->tokens with the table's optimizer */
+  EMBPS_OP_LOOKUP = 1, /* values equal embps_batch_kind_t's (server/group/sequencer.h) */
+  EMBPS_OP_PUSH = 2,
+  EMBPS_OP_CREATE_TABLE = 3,
 } embps_op_kind_t;
 
 typedef struct embps_op embps_op_t;
 
 /**
- * One unit of work. The submitter owns the op and everything it points to; the engine reads the
- * inputs and writes the results between embps_engine_submit and the done callback, and the
- * submitter must not touch the op in between.
+ * One unit of work: one rank's shard of a batch, or a table to create. The submitter owns the
+ * op and everything it points to; between submission and the done callback only the group and
+ * engine touch it.
  */
 struct embps_op {
   embps_op_kind_t kind;
-  embps_table_t *table;
-  const int64_t *tokens; /* validated: every token in [0, rows) */
-  size_t num_tokens;
-  const void *grads; /* push: num_tokens x emb_width of the table's dtype */
-  void *rows_out;    /* lookup: num_tokens x emb_width of the table's dtype */
+  uint64_t batch_id;         /* the client's batch id (shards of one batch share it) */
+  uint32_t tokens_per_batch; /* over the whole group */
+  embps_table_t *table;      /* lookup, push: validated, registered table */
+  embps_table_config_t create; /* create: the resolved config */
+  const int64_t *tokens;     /* this rank's shard, validated: every token in [0, rows) */
+  size_t num_tokens;         /* tokens_per_batch / group_size */
+  const void *grads;         /* push: num_tokens x emb_width of the table's dtype */
+  void *rows_out;            /* lookup: num_tokens x emb_width of the table's dtype */
 
-  /* Results, written by the engine. */
+  /* Results. */
   embps_error_t error; /* status EMBPS_OK on success */
   int applied;         /* push: the update was applied */
   int skipped;         /* push: a non-finite gradient gated the step */
   double grad_norm;    /* push: L2 norm of the summed gradients of non-padding rows */
-  uint64_t num_unique; /* push: distinct non-padding tokens */
+  uint64_t num_unique; /* push: distinct non-padding tokens in the batch */
+  embps_table_t *created; /* create: the registered table */
 
   /** Called on the loop thread once the op is complete. */
   void (*done)(embps_op_t *op);
   void *user;
-  uint64_t batch_tag; /* the submitter's own tag (logs and tests); the engine ignores it */
-  embps_op_t *next;   /* the engine's queue link */
+  embps_op_t *next; /* queue link, owned by whoever holds the op */
 };
 
 typedef struct embps_engine embps_engine_t;
 
 /**
- * Starts the engine thread; completions are delivered on loop. On failure *out is untouched.
- * Returns EMBPS_OK, EMBPS_RESOURCE_EXHAUSTED or EMBPS_INTERNAL (thread creation failed).
+ * An engine for this rank. comm is borrowed (its rank and size are the group's); store is
+ * borrowed and must outlive the engine. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
  */
-embps_status_t embps_engine_new(embps_engine_t **out, uv_loop_t *loop);
-
-/** Queues op (loop thread). Ops run one after another in submission order. */
-void embps_engine_submit(embps_engine_t *engine, embps_op_t *op);
-
-/** Ops submitted and not yet completed. */
-uint64_t embps_engine_pending(const embps_engine_t *engine);
-
-/** The backend's name ("cpu"). */
-const char *embps_engine_backend(const embps_engine_t *engine);
-
-/**
- * Finishes queued ops (their done callbacks still run on the loop), stops the thread and
- * closes the async handle; call embps_engine_free after the loop has run once more.
- */
-void embps_engine_close(embps_engine_t *engine);
-
-/** Frees the engine after embps_engine_close and a turn of the loop. NULL is a no-op. */
+embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_store_t *store);
 void embps_engine_free(embps_engine_t *engine);
 
 /**
- * Runs one op on the calling thread (the engine thread's body, exposed for unit tests).
- * scratch must come from embps_engine_scratch_new and be used by one thread at a time.
+ * Runs op (lookup, push or create) collectively: every rank must call this for the same
+ * batches in the same order. Results go into op; a failure of the op itself (e.g. out of
+ * memory on some rank, agreed on by every rank) is op->error. Returns EMBPS_OK, or
+ * EMBPS_UNAVAILABLE / EMBPS_INTERNAL when the communicator failed (err says why): the group
+ * is then broken.
  */
-typedef struct embps_engine_scratch embps_engine_scratch_t;
-embps_status_t embps_engine_scratch_new(embps_engine_scratch_t **out);
-void embps_engine_scratch_free(embps_engine_scratch_t *scratch);
-void embps_engine_run_op(embps_engine_scratch_t *scratch, embps_op_t *op);
+embps_status_t embps_engine_run(embps_engine_t *engine, embps_op_t *op, embps_error_t *err);
+
+/** The backend's name: "cpu". */
+const char *embps_engine_backend(const embps_engine_t *engine);
 
 #endif

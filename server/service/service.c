@@ -9,8 +9,9 @@
  * header at the front of one buffer and the engine gathers the rows straight behind them; the
  * network layer then writes that buffer to the socket without another copy.
  *
- * Order: the engine runs ops in submission order and the loop thread submits them in arrival
- * order, so a lookup that arrives after a push (async or sync) sees it. */
+ * Order: the loop thread submits ops in arrival order and the group runs the batches of one
+ * connection in that order on every rank, so a lookup that arrives after a push (async or
+ * sync) sees it. */
 #include "service.h"
 
 #include <math.h>
@@ -33,14 +34,19 @@
 #define SERVICE_PREFIX "/embps.v1.EmbeddingService/"
 #define HEALTH_CHECK "/grpc.health.v1.Health/Check"
 
+#define MAX_PENDING_CREATES 64
+
 struct embps_service {
-  embps_engine_t *engine;
+  embps_group_t *group;
   embps_store_t *store;
   embps_net_t *net;
   embps_service_config_t cfg;
   embps_bufpool_t *replies; /* lookup reply buffers, reused */
   uint64_t inflight;
   struct timespec started;
+  /* Names of tables being created (leader only), so a second create of a name fails at once. */
+  char pending_creates[MAX_PENDING_CREATES][EMBPS_TABLE_NAME_MAX];
+  size_t num_pending_creates;
 };
 
 typedef enum { REQ_CREATE, REQ_LOOKUP, REQ_PUSH } request_kind_t;
@@ -111,6 +117,14 @@ static size_t put_lookup_header(uint8_t *p, uint64_t batch_id, uint32_t shard_in
   return n;
 }
 
+/* UNAVAILABLE unless the group is ready (err says why). */
+static embps_status_t check_group(embps_service_t *svc, embps_error_t *err) {
+  char msg[400];
+  if (embps_group_state(svc->group, msg, sizeof(msg)) == EMBPS_GROUP_READY)
+    return EMBPS_OK;
+  return embps_error_set(err, EMBPS_UNAVAILABLE, "%s", msg);
+}
+
 static embps_table_t *find_ready_table(embps_service_t *svc, const char *name,
                                        embps_error_t *err) {
   embps_table_t *t = embps_store_find(svc->store, name ? name : "");
@@ -127,34 +141,38 @@ static embps_status_t validate_batch(embps_service_t *svc, const char *table_nam
                                      uint32_t shard_index, uint32_t shard_count,
                                      uint32_t tokens_per_batch, const ProtobufCBinaryData *tokens,
                                      int dtype, embps_table_t **table, embps_error_t *err) {
-  uint32_t group_size = embps_store_group_size(svc->store);
+  uint32_t group_size = embps_group_size(svc->group), rank = embps_group_rank(svc->group);
   embps_table_t *t;
   size_t n;
   const int64_t *tok;
   embps_status_t ret;
 
+  if ((ret = check_group(svc, err)) != EMBPS_OK)
+    return ret;
   if (!(t = find_ready_table(svc, table_name, err)))
     return err->status;
-  if (shard_count == 0)
-    shard_count = 1;
-  if (shard_count != group_size)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "shard_count=%u does not match the %u-rank group: split the batch "
-                           "into one token shard per rank",
-                           shard_count, group_size);
-  if (shard_index >= shard_count)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "shard_index=%u is not below shard_count=%u",
-                           shard_index, shard_count);
   if (tokens->len % sizeof(int64_t) != 0)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "tokens holds %zu bytes, not a whole number of int64 tokens (8 bytes "
                            "each, little-endian)",
                            tokens->len);
   n = tokens->len / sizeof(int64_t);
+  if (shard_count == 0)
+    shard_count = 1;
   if (tokens_per_batch == 0)
     tokens_per_batch = (uint32_t)(n * shard_count);
   if ((ret = embps_shape_check_tokens_per_batch(tokens_per_batch, group_size, err)) != EMBPS_OK)
     return ret;
+  if (shard_count != group_size)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "shard_count=%u does not match the %u-rank group: split the batch "
+                           "into one token shard per rank",
+                           shard_count, group_size);
+  if (shard_index != rank)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "shard_index=%u was sent to rank %u: send token shard r of a batch to "
+                           "rank r",
+                           shard_index, rank);
   if ((uint64_t)n * shard_count != tokens_per_batch)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "shard %u holds %zu tokens, but tokens_per_batch=%u over %u shards "
@@ -181,6 +199,22 @@ static embps_status_t validate_batch(embps_service_t *svc, const char *table_nam
 static void spec_from_table(const embps_table_t *t, Embps__V1__TableSpec *spec,
                             Embps__V1__OptimizerConfig *o);
 
+static int name_reserved(const embps_service_t *svc, const char *name) {
+  for (size_t i = 0; i < svc->num_pending_creates; i++)
+    if (strcmp(svc->pending_creates[i], name) == 0)
+      return 1;
+  return 0;
+}
+
+static void unreserve_name(embps_service_t *svc, const char *name) {
+  for (size_t i = 0; i < svc->num_pending_creates; i++)
+    if (strcmp(svc->pending_creates[i], name) == 0) {
+      memmove(svc->pending_creates[i], svc->pending_creates[--svc->num_pending_creates],
+              EMBPS_TABLE_NAME_MAX);
+      return;
+    }
+}
+
 /* ---- completion ---------------------------------------------------------------------------- */
 
 static void request_free(request_t *r) {
@@ -202,9 +236,9 @@ static void on_op_done(embps_op_t *op) {
     request_free(r);
     return;
   }
+  if (r->kind == REQ_CREATE)
+    unreserve_name(svc, op->create.name);
   if (op->error.status != EMBPS_OK) {
-    if (r->kind == REQ_CREATE)
-      embps_store_remove(svc->store, op->table);
     fail_call(r->call, &op->error);
     request_free(r);
     return;
@@ -214,13 +248,13 @@ static void on_op_done(embps_op_t *op) {
     Embps__V1__CreateTableResponse resp = EMBPS__V1__CREATE_TABLE_RESPONSE__INIT;
     Embps__V1__TableSpec spec = EMBPS__V1__TABLE_SPEC__INIT;
     Embps__V1__OptimizerConfig opt = EMBPS__V1__OPTIMIZER_CONFIG__INIT;
-    const embps_table_config_t *c = &op->table->config;
-    spec_from_table(op->table, &spec, &opt);
+    const embps_table_config_t *c = &op->created->config;
+    spec_from_table(op->created, &spec, &opt);
     resp.spec = &spec;
-    resp.group_size = embps_store_group_size(svc->store);
+    resp.group_size = embps_group_size(svc->group);
     EMBPS_INFO("created table '%s': rows=%llu emb_width=%u %s %s, %llu bytes on this rank",
                c->name, (unsigned long long)c->rows, c->emb_width, embps_dtype_name(c->dtype),
-               embps_optimizer_name(c->optimizer), (unsigned long long)op->table->bytes);
+               embps_optimizer_name(c->optimizer), (unsigned long long)op->created->bytes);
     reply_message(r->call, &resp.base);
     break;
   }
@@ -261,7 +295,7 @@ static request_t *request_new(embps_service_t *svc, embps_net_call_t *call, requ
 
 static void submit(request_t *r) {
   r->svc->inflight++;
-  embps_engine_submit(r->svc->engine, &r->op);
+  embps_group_submit(r->svc->group, &r->op);
 }
 
 /* ---- the calls ----------------------------------------------------------------------------- */
@@ -295,7 +329,6 @@ static void handle_create_table(embps_service_t *svc, embps_net_call_t *call, co
   Embps__V1__CreateTableRequest *req = embps__v1__create_table_request__unpack(NULL, len, msg);
   embps_table_config_t cfg;
   embps_error_t err;
-  embps_table_t *t = NULL;
   request_t *r;
 
   if (!req) {
@@ -307,20 +340,37 @@ static void handle_create_table(embps_service_t *svc, embps_net_call_t *call, co
     goto exit;
   }
   config_from_spec(req->spec, &cfg);
-  if (embps_table_config_resolve(&cfg, embps_store_group_size(svc->store),
-                                 svc->cfg.max_table_bytes, &err) != EMBPS_OK ||
-      embps_store_add(svc->store, &cfg, &t, &err) != EMBPS_OK) {
+  if (embps_group_rank(svc->group) != 0) {
+    embps_error_set(&err, EMBPS_FAILED_PRECONDITION,
+                    "CreateTable goes to the group's leader, rank 0; this is rank %u",
+                    embps_group_rank(svc->group));
     fail_call(call, &err);
+    goto exit;
+  }
+  if (check_group(svc, &err) != EMBPS_OK ||
+      embps_table_config_resolve(&cfg, embps_group_size(svc->group), svc->cfg.max_table_bytes,
+                                 &err) != EMBPS_OK) {
+    fail_call(call, &err);
+    goto exit;
+  }
+  if (embps_store_find(svc->store, cfg.name) || name_reserved(svc, cfg.name)) {
+    embps_error_set(&err, EMBPS_ALREADY_EXISTS, "table '%s' already exists", cfg.name);
+    fail_call(call, &err);
+    goto exit;
+  }
+  if (svc->num_pending_creates == MAX_PENDING_CREATES) {
+    embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED,
+                        "too many tables are being created at once; retry");
     goto exit;
   }
   r = request_new(svc, call, REQ_CREATE, &req->base);
   if (!r) {
-    embps_store_remove(svc->store, t);
     embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
     goto exit;
   }
+  strcpy(svc->pending_creates[svc->num_pending_creates++], cfg.name);
   r->op.kind = EMBPS_OP_CREATE_TABLE;
-  r->op.table = t;
+  r->op.create = cfg;
   submit(r);
   return;
 exit:
@@ -368,8 +418,8 @@ static void handle_list_tables(embps_service_t *svc, embps_net_call_t *call, con
   }
   for (size_t i = 0; i < n; i++) {
     const embps_table_t *t = embps_store_at(svc->store, i);
-    if (t->alloc_status != EMBPS_OK)
-      continue; /* still being created */
+    if (!t)
+      break;
     embps__v1__table_spec__init(&specs[k]);
     embps__v1__optimizer_config__init(&opts[k]);
     spec_from_table(t, &specs[k], &opts[k]);
@@ -378,7 +428,7 @@ static void handle_list_tables(embps_service_t *svc, embps_net_call_t *call, con
   }
   resp.n_tables = k;
   resp.tables = ptrs;
-  resp.group_size = embps_store_group_size(svc->store);
+  resp.group_size = embps_group_size(svc->group);
   reply_message(call, &resp.base);
 exit:
   embps_free(specs);
@@ -426,6 +476,8 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
   r->batch_id = req->batch_id;
   r->shard_index = req->shard_index;
   r->op.kind = EMBPS_OP_LOOKUP;
+  r->op.batch_id = req->batch_id;
+  r->op.tokens_per_batch = (uint32_t)(n * embps_group_size(svc->group));
   r->op.table = t;
   r->op.tokens = (const int64_t *)req->tokens.data;
   r->op.num_tokens = n;
@@ -459,7 +511,8 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
     goto fail;
   }
   async = req->mode == EMBPS__V1__UPDATE_MODE__UPDATE_MODE_ASYNC;
-  if (async && !embps_optimizer_info(t->config.optimizer)->fused_cpu) {
+  if (async && !embps_optimizer_has_fused_update(t->config.optimizer,
+                                                  embps_group_backend(svc->group))) {
     embps_shape_async_unsupported(embps_optimizer_name(t->config.optimizer), &err);
     goto fail;
   }
@@ -476,13 +529,16 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
   r->batch_id = req->batch_id;
   r->shard_index = req->shard_index;
   r->op.kind = EMBPS_OP_PUSH;
+  r->op.batch_id = req->batch_id;
+  r->op.tokens_per_batch = (uint32_t)(n * embps_group_size(svc->group));
   r->op.table = t;
   r->op.tokens = (const int64_t *)req->tokens.data;
   r->op.num_tokens = n;
   r->op.grads = req->gradients.data;
   submit(r);
   if (async) {
-    /* Ordered: the engine runs ops in submission order, so every later lookup sees it. */
+    /* Ordered: the group runs this connection's batches in arrival order on every rank, so
+     * every later lookup sees it. */
     Embps__V1__PushGradientsResponse resp = EMBPS__V1__PUSH_GRADIENTS_RESPONSE__INIT;
     resp.batch_id = r->batch_id;
     resp.shard_index = r->shard_index;
@@ -528,9 +584,17 @@ static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uin
   memset(&ns, 0, sizeof(ns));
   if (svc->net)
     embps_net_get_stats(svc->net, &ns);
-  resp.rank = embps_store_rank(svc->store);
-  resp.group_size = embps_store_group_size(svc->store);
-  resp.backend = (char *)embps_engine_backend(svc->engine);
+  resp.rank = embps_group_rank(svc->group);
+  resp.group_size = embps_group_size(svc->group);
+  resp.backend = (char *)embps_group_backend(svc->group);
+  {
+    embps_comm_stats_t cs;
+    embps_group_comm_stats(svc->group, &cs);
+    resp.peer_bytes_sent = cs.bytes_sent;
+    resp.peer_bytes_received = cs.bytes_received;
+    resp.collective_calls = cs.calls;
+    resp.ready = embps_group_state(svc->group, NULL, 0) == EMBPS_GROUP_READY;
+  }
   resp.uptime_s = uptime_s(svc);
   resp.requests = ns.requests;
   resp.errors = ns.errors;
@@ -538,8 +602,13 @@ static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uin
   resp.bytes_out = ns.bytes_out;
   resp.connections = ns.connections;
   resp.version = (char *)EMBPS_VERSION;
+  resp.mesh = svc->cfg.mesh;
   for (size_t i = 0; i < n; i++) {
     embps_table_t *t = embps_store_at(svc->store, i);
+    if (!t) {
+      n = i;
+      break;
+    }
     embps__v1__table_stats__init(&ts[i]);
     ts[i].name = t->config.name;
     ts[i].rows = t->config.rows;
@@ -567,8 +636,7 @@ static void handle_health(embps_service_t *svc, embps_net_call_t *call, const ui
   Grpc__Health__V1__HealthCheckRequest *req =
       grpc__health__v1__health_check_request__unpack(NULL, len, msg);
   Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-  (void)svc;
-
+  
   if (!req) {
     embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed HealthCheckRequest message");
     return;
@@ -576,7 +644,9 @@ static void handle_health(embps_service_t *svc, embps_net_call_t *call, const ui
   if (req->service && req->service[0] && strcmp(req->service, "embps.v1.EmbeddingService") != 0) {
     embps_net_call_fail(call, EMBPS_NOT_FOUND, "unknown service");
   } else {
-    resp.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    resp.status = embps_group_state(svc->group, NULL, 0) == EMBPS_GROUP_READY
+                      ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                      : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
     reply_message(call, &resp.base);
   }
   grpc__health__v1__health_check_request__free_unpacked(req, NULL);
@@ -619,12 +689,12 @@ void embps_service_on_request(void *user, embps_net_call_t *call, const char *me
   embps_free(msg);
 }
 
-embps_status_t embps_service_new(embps_service_t **out, embps_engine_t *engine,
+embps_status_t embps_service_new(embps_service_t **out, embps_group_t *group,
                                  embps_store_t *store, const embps_service_config_t *cfg) {
   embps_service_t *svc = embps_calloc(1, sizeof(*svc));
   if (!svc)
     return EMBPS_RESOURCE_EXHAUSTED;
-  svc->engine = engine;
+  svc->group = group;
   svc->store = store;
   svc->cfg = *cfg;
   /* Enough idle buffers for a deep pipeline of large replies, and no more than 1 GiB idle. */

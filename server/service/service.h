@@ -1,6 +1,7 @@
 /* The service: decodes each gRPC request, validates it in one place before anything changes,
- * and routes it: table administration and stats are answered on the loop thread, lookups and
- * pushes go to the engine. It implements embps.v1.EmbeddingService and grpc.health.v1.Health. */
+ * and routes it: listings, stats and health are answered on the loop thread; lookups, pushes
+ * and table creation go to the shard group, which orders them across ranks and runs them. It
+ * implements embps.v1.EmbeddingService and grpc.health.v1.Health. */
 #ifndef EMBPS_SERVICE_H
 #define EMBPS_SERVICE_H
 
@@ -8,7 +9,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "server/engine/engine.h"
+#include "server/group/group.h"
 #include "server/net/net.h"
 #include "server/store/store.h"
 
@@ -16,13 +17,14 @@ typedef struct embps_service embps_service_t;
 
 typedef struct embps_service_config {
   uint64_t max_table_bytes; /* CreateTable's limit per rank */
+  char mesh[256];           /* the group's mesh, as GetStats reports it */
 } embps_service_config_t;
 
 /**
- * Creates the service over an engine and a store (both borrowed: they must outlive it).
+ * Creates the service over a group and a store (both borrowed: they must outlive it).
  * On failure *out is untouched. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
  */
-embps_status_t embps_service_new(embps_service_t **out, embps_engine_t *engine,
+embps_status_t embps_service_new(embps_service_t **out, embps_group_t *group,
                                  embps_store_t *store, const embps_service_config_t *cfg);
 
 /** Gives the service the network layer whose counters GetStats reports (borrowed). */
@@ -32,10 +34,10 @@ void embps_service_set_net(embps_service_t *svc, embps_net_t *net);
 void embps_service_on_request(void *user, embps_net_call_t *call, const char *method,
                               uint8_t *msg, size_t len);
 
-/** Requests the service has handed to the engine and not yet answered. */
+/** Requests the service has handed to the group and not yet answered. */
 uint64_t embps_service_inflight(const embps_service_t *svc);
 
-/** Frees the service; every engine op must have completed. NULL is a no-op. */
+/** Frees the service; every op must have completed. NULL is a no-op. */
 void embps_service_free(embps_service_t *svc);
 
 #endif

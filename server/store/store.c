@@ -1,19 +1,21 @@
 /* The store holds tables by name. Tables are never moved once registered (the registry is an
- * array of pointers), so the engine can keep a table pointer across threads while the loop
- * thread looks names up. A table's arrays are allocated by the engine thread, in request order,
- * so a lookup queued after CreateTable always finds the table initialized.
+ * array of pointers), so a table pointer stays valid across threads while names are looked up
+ * under the lock. Tables are registered only once allocated and initialized on every rank, so
+ * a lookup that finds a table always finds it whole.
  *
  * Initialization writes every element from embps_init_value, a function of (seed, row, column)
  * alone, so a table's contents do not depend on how many ranks split it. */
 #include "store.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "common/shape.h"
 
 struct embps_store {
+  pthread_mutex_t mu; /* guards count and tables */
   uint32_t rank;
   uint32_t group_size;
   size_t max_tables;
@@ -33,6 +35,17 @@ const embps_optimizer_info_t *embps_optimizer_info(embps_optimizer_t opt) {
     if (optimizer_registry[i].kind == opt)
       return &optimizer_registry[i];
   return NULL;
+}
+
+int embps_optimizer_has_fused_update(embps_optimizer_t opt, const char *backend) {
+  const embps_optimizer_info_t *info = embps_optimizer_info(opt);
+  if (!info)
+    return 0;
+  if (strcmp(backend, "cpu") == 0)
+    return info->fused_cpu;
+  if (strcmp(backend, "cuda") == 0)
+    return info->fused_cuda;
+  return 0; /* a backend the registry does not know fuses nothing */
 }
 
 const char *embps_optimizer_name(embps_optimizer_t opt) {
@@ -134,6 +147,7 @@ embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t grou
     embps_free(s);
     return EMBPS_RESOURCE_EXHAUSTED;
   }
+  pthread_mutex_init(&s->mu, NULL);
   s->rank = rank;
   s->group_size = group_size;
   s->max_tables = max_tables;
@@ -141,7 +155,7 @@ embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t grou
   return EMBPS_OK;
 }
 
-static void table_free(embps_table_t *t) {
+void embps_table_free(embps_table_t *t) {
   if (!t)
     return;
   embps_free(t->data);
@@ -154,74 +168,84 @@ void embps_store_free(embps_store_t *store) {
   if (!store)
     return;
   for (size_t i = 0; i < store->count; i++)
-    table_free(store->tables[i]);
+    embps_table_free(store->tables[i]);
   embps_free(store->tables);
+  pthread_mutex_destroy(&store->mu);
   embps_free(store);
 }
 
-embps_status_t embps_store_add(embps_store_t *store, const embps_table_config_t *cfg,
-                               embps_table_t **out, embps_error_t *err) {
-  embps_table_t *t;
-
-  if (embps_store_find(store, cfg->name))
-    return embps_error_set(err, EMBPS_ALREADY_EXISTS, "table '%s' already exists", cfg->name);
-  if (store->count >= store->max_tables)
-    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
-                           "this server already holds %zu tables, its limit (--max-tables)",
-                           store->count);
-  t = embps_calloc(1, sizeof(*t));
-  if (!t)
-    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
-  t->config = *cfg;
-  t->shard_width = cfg->emb_width / store->group_size;
-  t->col_begin = store->rank * t->shard_width;
-  t->bytes = embps_table_config_bytes(cfg, store->group_size);
-  t->alloc_status = EMBPS_UNAVAILABLE; /* until the engine allocates it */
-  store->tables[store->count++] = t;
-  *out = t;
-  return EMBPS_OK;
-}
-
-void embps_store_remove(embps_store_t *store, embps_table_t *table) {
-  for (size_t i = 0; i < store->count; i++) {
-    if (store->tables[i] == table) {
-      memmove(&store->tables[i], &store->tables[i + 1],
-              (store->count - i - 1) * sizeof(*store->tables));
-      store->count--;
-      table_free(table);
-      return;
-    }
-  }
-}
-
-embps_table_t *embps_store_find(const embps_store_t *store, const char *name) {
+static embps_table_t *find_locked(const embps_store_t *store, const char *name) {
   for (size_t i = 0; i < store->count; i++)
     if (strcmp(store->tables[i]->config.name, name) == 0)
       return store->tables[i];
   return NULL;
 }
 
-size_t embps_store_count(const embps_store_t *store) { return store->count; }
-embps_table_t *embps_store_at(const embps_store_t *store, size_t i) { return store->tables[i]; }
+embps_status_t embps_store_add(embps_store_t *store, embps_table_t *t, embps_error_t *err) {
+  embps_status_t ret = EMBPS_OK;
+  pthread_mutex_lock(&store->mu);
+  if (find_locked(store, t->config.name))
+    ret = embps_error_set(err, EMBPS_ALREADY_EXISTS, "table '%s' already exists", t->config.name);
+  else if (store->count >= store->max_tables)
+    ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                          "this server already holds %zu tables, its limit (--max-tables)",
+                          store->count);
+  else
+    store->tables[store->count++] = t;
+  pthread_mutex_unlock(&store->mu);
+  return ret;
+}
+
+embps_table_t *embps_store_find(const embps_store_t *store, const char *name) {
+  embps_table_t *t;
+  pthread_mutex_lock((pthread_mutex_t *)&store->mu);
+  t = find_locked(store, name);
+  pthread_mutex_unlock((pthread_mutex_t *)&store->mu);
+  return t;
+}
+
+size_t embps_store_count(const embps_store_t *store) {
+  size_t n;
+  pthread_mutex_lock((pthread_mutex_t *)&store->mu);
+  n = store->count;
+  pthread_mutex_unlock((pthread_mutex_t *)&store->mu);
+  return n;
+}
+
+embps_table_t *embps_store_at(const embps_store_t *store, size_t i) {
+  embps_table_t *t;
+  pthread_mutex_lock((pthread_mutex_t *)&store->mu);
+  t = i < store->count ? store->tables[i] : NULL;
+  pthread_mutex_unlock((pthread_mutex_t *)&store->mu);
+  return t;
+}
+
 uint32_t embps_store_group_size(const embps_store_t *store) { return store->group_size; }
 uint32_t embps_store_rank(const embps_store_t *store) { return store->rank; }
 
-embps_status_t embps_table_allocate(embps_table_t *t) {
-  const embps_table_config_t *c = &t->config;
-  const embps_optimizer_info_t *info = embps_optimizer_info(c->optimizer);
-  size_t elems = (size_t)c->rows * t->shard_width;
-  embps_status_t ret = EMBPS_OK;
+embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *cfg,
+                               uint32_t rank, uint32_t group_size) {
+  const embps_optimizer_info_t *info = embps_optimizer_info(cfg->optimizer);
+  embps_table_t *t = embps_calloc(1, sizeof(*t));
+  size_t elems;
 
-  t->data = embps_aligned_alloc(elems * embps_dtype_size(c->dtype));
+  if (!t)
+    return EMBPS_RESOURCE_EXHAUSTED;
+  t->config = *cfg;
+  t->shard_width = cfg->emb_width / group_size;
+  t->col_begin = rank * t->shard_width;
+  t->bytes = embps_table_config_bytes(cfg, group_size);
+  elems = (size_t)cfg->rows * t->shard_width;
+  t->data = embps_aligned_alloc(elems * embps_dtype_size(cfg->dtype));
   if (!t->data)
     goto fail;
   if (info->state_per_element >= 1 || info->state_per_row) {
-    size_t n = info->state_per_row ? (size_t)c->rows : elems;
+    size_t n = info->state_per_row ? (size_t)cfg->rows : elems;
+    /* Adagrad accumulators start at initial_accumulator; adam moments at 0. */
+    float v0 = cfg->optimizer == EMBPS_OPT_ADAM ? 0.0f : cfg->initial_accumulator;
     t->state0 = embps_aligned_alloc(n * sizeof(float));
     if (!t->state0)
       goto fail;
-    /* Adagrad accumulators start at initial_accumulator; adam moments at 0. */
-    float v0 = c->optimizer == EMBPS_OPT_ADAM ? 0.0f : c->initial_accumulator;
     for (size_t i = 0; i < n; i++)
       t->state0[i] = v0;
   }
@@ -231,17 +255,11 @@ embps_status_t embps_table_allocate(embps_table_t *t) {
       goto fail;
     memset(t->state1, 0, elems * sizeof(float));
   }
-  embps_init_rows_cpu(t->data, c->dtype, t->shard_width, 0, c->rows, t->col_begin, c->seed,
-                      c->init_scale);
-exit:
-  t->alloc_status = ret;
-  return ret;
+  embps_init_rows_cpu(t->data, cfg->dtype, t->shard_width, 0, cfg->rows, t->col_begin, cfg->seed,
+                      cfg->init_scale);
+  *out = t;
+  return EMBPS_OK;
 fail:
-  ret = EMBPS_RESOURCE_EXHAUSTED;
-  embps_free(t->data);
-  embps_free(t->state0);
-  embps_free(t->state1);
-  t->data = NULL;
-  t->state0 = t->state1 = NULL;
-  goto exit;
+  embps_table_free(t);
+  return EMBPS_RESOURCE_EXHAUSTED;
 }

@@ -1,7 +1,8 @@
 /* The store: the tables a server holds, each a column slice of the group's table with its
- * optimizer state. The registry (names to tables) is read and changed on the loop thread only;
- * a table's arrays are read and written by the engine thread only, and its counters are
- * atomics that any thread may read. */
+ * optimizer state. The registry (names to tables) takes a lock, since the group's thread
+ * registers tables that the loop thread looks up; a registered table is never moved or freed
+ * before the store. A table's arrays are read and written by the group's thread only, and its
+ * counters are atomics that any thread may read. */
 #ifndef EMBPS_STORE_H
 #define EMBPS_STORE_H
 
@@ -38,12 +39,11 @@ typedef struct embps_table {
   embps_table_config_t config;
   uint32_t col_begin;   /* first column of this rank's slice */
   uint32_t shard_width; /* columns in this rank's slice */
-  void *data;           /* rows x shard_width of dtype; NULL until the engine allocates it */
+  void *data;           /* rows x shard_width of dtype */
   float *state0;        /* adagrad/adam m: rows x shard_width; rowwise_adagrad: rows */
   float *state1;        /* adam v: rows x shard_width */
   uint64_t step;        /* applied steps (adam's bias correction) */
   uint64_t bytes;       /* data and state bytes */
-  embps_status_t alloc_status; /* EMBPS_OK once allocated; the failure otherwise */
   embps_table_counters_t counters;
 } embps_table_t;
 
@@ -61,6 +61,10 @@ typedef struct embps_optimizer_info {
   int fused_cpu;         /* a fused table update exists on the CPU backend (async allowed) */
   int fused_cuda;        /* likewise on the CUDA backend */
 } embps_optimizer_info_t;
+
+/** Whether optimizer opt has a fused table update on the named backend ("cpu", "cuda"), which
+ * async pushes require. */
+int embps_optimizer_has_fused_update(embps_optimizer_t opt, const char *backend);
 
 /** The registry entry for an optimizer; NULL for an unknown one. */
 const embps_optimizer_info_t *embps_optimizer_info(embps_optimizer_t opt);
@@ -84,15 +88,21 @@ embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t grou
 void embps_store_free(embps_store_t *store);
 
 /**
- * Registers a table (cfg already resolved) without allocating its arrays (the engine does that
- * with embps_table_allocate). Returns EMBPS_ALREADY_EXISTS for a taken name,
- * EMBPS_RESOURCE_EXHAUSTED beyond max_tables. *out points into the store and lives as long as it.
+ * Allocates and initializes rank `rank`'s slice of a table of a group of group_size, with its
+ * optimizer state (cfg already resolved). On failure *out is untouched. Returns EMBPS_OK or
+ * EMBPS_RESOURCE_EXHAUSTED.
  */
-embps_status_t embps_store_add(embps_store_t *store, const embps_table_config_t *cfg,
-                               embps_table_t **out, embps_error_t *err);
+embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *cfg,
+                               uint32_t rank, uint32_t group_size);
 
-/** Removes a table whose allocation failed (it must have no pending work). */
-void embps_store_remove(embps_store_t *store, embps_table_t *table);
+/** Frees a table that was never registered. NULL is a no-op. */
+void embps_table_free(embps_table_t *table);
+
+/**
+ * Registers a table; the store takes ownership on success. Returns EMBPS_ALREADY_EXISTS for a
+ * taken name, EMBPS_RESOURCE_EXHAUSTED beyond max_tables (err says which).
+ */
+embps_status_t embps_store_add(embps_store_t *store, embps_table_t *table, embps_error_t *err);
 
 /** The table named name; NULL when there is none. */
 embps_table_t *embps_store_find(const embps_store_t *store, const char *name);
@@ -103,11 +113,5 @@ embps_table_t *embps_store_at(const embps_store_t *store, size_t i);
 
 uint32_t embps_store_group_size(const embps_store_t *store);
 uint32_t embps_store_rank(const embps_store_t *store);
-
-/**
- * Allocates and initializes a table's slice and optimizer state (engine thread). Sets
- * table->alloc_status and returns it: EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
- */
-embps_status_t embps_table_allocate(embps_table_t *table);
 
 #endif

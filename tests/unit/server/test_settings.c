@@ -18,7 +18,11 @@ static void test_defaults(void **state) {
   unsetenv("EMBPS_LISTEN");
   unsetenv("EMBPS_MAX_MESSAGE_BYTES");
   assert_int_equal(embps_settings_load(&s, 1, argv, &help, &err), EMBPS_OK);
-  assert_string_equal(s.listen, "127.0.0.1:7070");
+  assert_string_equal(s.listen, ""); /* main picks this rank's --peers entry or 127.0.0.1:7070 */
+  assert_string_equal(s.peers, "");
+  assert_int_equal(s.rank, 0);
+  assert_int_equal(s.peer_port_offset, 1000);
+  assert_string_equal(s.table_axis, "shard");
   assert_int_equal(s.max_message_bytes, 256u << 20);
   assert_int_equal(help, 0);
 }

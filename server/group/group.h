@@ -1,0 +1,76 @@
+/* The shard group as this rank sees it: the thread that owns everything shared between
+ * ranks. It bootstraps the group (server/group/bootstrap), parks the shards the loop thread
+ * submits, tells the leader which shards it holds, and runs the rounds the leader's sequencer
+ * orders, through the engine, in the same order on every rank. It answers each op on the loop
+ * thread through a uv_async_t. A group of one runs the same path with no peers. */
+#ifndef EMBPS_GROUP_H
+#define EMBPS_GROUP_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "common/status.h"
+#include "server/comm/comm.h"
+#include "server/engine/engine.h"
+#include "server/store/store.h"
+
+typedef struct embps_group embps_group_t;
+
+typedef struct embps_group_config {
+  uint32_t rank;
+  uint32_t size;
+  /** Each rank's peer listener ("host:port"), size entries; unused for a group of one. */
+  const char *const *peer_addrs;
+  int bind_any;                  /* listen for peers on every interface */
+  const char *identity;          /* "key=value\n" lines every rank must agree on */
+  uint64_t bootstrap_timeout_ms; /* how long to wait for every rank at startup */
+  uint64_t peer_timeout_ms;      /* bound on one collective */
+  uint64_t batch_deadline_ms;    /* a batch whose shards do not all arrive in time fails */
+  /** Called on the loop thread if the group cannot form (bootstrap failed). */
+  void (*on_fatal)(void *arg, embps_status_t status, const char *message);
+  void *on_fatal_arg;
+} embps_group_config_t;
+
+typedef enum embps_group_state {
+  EMBPS_GROUP_STARTING = 0, /* waiting for every rank */
+  EMBPS_GROUP_READY = 1,
+  EMBPS_GROUP_BROKEN = 2, /* a peer left or failed: every call fails with UNAVAILABLE */
+} embps_group_state_t;
+
+/**
+ * Starts the group's thread (which bootstraps); completions arrive on loop. cfg is copied
+ * (strings too). store is borrowed. On failure *out is untouched. Returns EMBPS_OK,
+ * EMBPS_RESOURCE_EXHAUSTED or EMBPS_INTERNAL.
+ */
+embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
+                               const embps_group_config_t *cfg, embps_store_t *store);
+
+/**
+ * Queues op (loop thread). Lookups and pushes wait for their batch's other shards; a create
+ * (leader only) is ordered like a batch. op->done runs on the loop thread when it is complete,
+ * with op->error set on failure (UNAVAILABLE when the group is not ready or broken).
+ */
+void embps_group_submit(embps_group_t *group, embps_op_t *op);
+
+/** The state; when message is not NULL, a sentence on why it is not READY. */
+embps_group_state_t embps_group_state(embps_group_t *group, char *message, size_t cap);
+
+uint32_t embps_group_rank(const embps_group_t *group);
+uint32_t embps_group_size(const embps_group_t *group);
+const char *embps_group_backend(const embps_group_t *group);
+
+/** Collective traffic so far (payload bytes), for stats and benchmarks. */
+void embps_group_comm_stats(embps_group_t *group, embps_comm_stats_t *out);
+
+/** Ops submitted and not yet completed. */
+uint64_t embps_group_pending(const embps_group_t *group);
+
+/**
+ * Fails what is still parked (UNAVAILABLE: shutting down), stops the thread and closes the
+ * async handle; the done callbacks still run on the loop. Call embps_group_free after the loop
+ * has run once more.
+ */
+void embps_group_close(embps_group_t *group);
+void embps_group_free(embps_group_t *group);
+
+#endif

@@ -1,0 +1,235 @@
+/* The sequencer (see sequencer.h).
+ *
+ * Pending batches live in an array kept in first-arrival order; each has a per-rank arrival
+ * flag and the descriptor of the first shard, against which later shards are compared. A batch
+ * that becomes complete moves to the ready queue, so rounds list batches in the order they
+ * became complete: since every rank reports its shards in the order they arrived, a batch that
+ * a client sent after another on the same connections completes after it, and rounds keep each
+ * connection's order. Failed batch ids are remembered in a ring (the most recent 4096) so that
+ * a shard arriving after its batch failed is failed at once instead of waiting out a deadline.
+ *
+ * Pending counts are small (the batches in flight), so linear scans are cheaper than a map. */
+#include "sequencer.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+
+#define FAILED_RING 4096
+
+typedef struct pending {
+  embps_batch_desc_t desc;
+  uint64_t first_ms;
+  uint32_t arrived;
+  uint8_t *ranks;       /* group_size flags */
+  int failed;           /* disagreement found: fail once complete or expired */
+  char why[400];
+} pending_t;
+
+typedef struct failed {
+  uint64_t batch_id;
+  uint32_t kind;
+  embps_status_t status;
+  char message[400];
+} failed_t;
+
+struct embps_sequencer {
+  uint32_t group_size;
+  uint64_t deadline_ms;
+  pending_t *pending;
+  size_t num_pending, cap_pending;
+  embps_round_entry_t *ready; /* queued entries not yet handed out */
+  size_t num_ready, cap_ready;
+  failed_t failed[FAILED_RING];
+  size_t failed_next, failed_count;
+};
+
+embps_status_t embps_sequencer_new(embps_sequencer_t **out, uint32_t group_size,
+                                   uint64_t deadline_ms) {
+  embps_sequencer_t *s = embps_calloc(1, sizeof(*s));
+  if (!s)
+    return EMBPS_RESOURCE_EXHAUSTED;
+  s->group_size = group_size;
+  s->deadline_ms = deadline_ms;
+  *out = s;
+  return EMBPS_OK;
+}
+
+void embps_sequencer_free(embps_sequencer_t *s) {
+  if (!s)
+    return;
+  for (size_t i = 0; i < s->num_pending; i++)
+    embps_free(s->pending[i].ranks);
+  embps_free(s->pending);
+  embps_free(s->ready);
+  embps_free(s);
+}
+
+static const char *kind_name(uint32_t kind) {
+  return kind == EMBPS_BATCH_LOOKUP ? "lookup" : kind == EMBPS_BATCH_PUSH ? "push" : "create";
+}
+
+/* Appends a round entry; on allocation failure the entry is dropped (the batch then expires). */
+static void queue_entry(embps_sequencer_t *s, uint64_t batch_id, uint32_t action, uint32_t kind,
+                        embps_status_t status, const char *message) {
+  embps_round_entry_t *e;
+  if (s->num_ready == s->cap_ready) {
+    size_t cap = s->cap_ready ? 2 * s->cap_ready : 64;
+    embps_round_entry_t *r = embps_realloc(s->ready, cap * sizeof(*r));
+    if (!r)
+      return;
+    s->ready = r;
+    s->cap_ready = cap;
+  }
+  e = &s->ready[s->num_ready++];
+  memset(e, 0, sizeof(*e));
+  e->batch_id = batch_id;
+  e->action = action;
+  e->kind = kind;
+  e->status = status;
+  if (message)
+    snprintf(e->message, sizeof(e->message), "%s", message);
+}
+
+static void remember_failed(embps_sequencer_t *s, uint64_t batch_id, uint32_t kind,
+                            embps_status_t status, const char *message) {
+  failed_t *f = &s->failed[s->failed_next];
+  f->batch_id = batch_id;
+  f->kind = kind;
+  f->status = status;
+  snprintf(f->message, sizeof(f->message), "%s", message);
+  s->failed_next = (s->failed_next + 1) % FAILED_RING;
+  if (s->failed_count < FAILED_RING)
+    s->failed_count++;
+}
+
+static const failed_t *find_failed(const embps_sequencer_t *s, uint64_t batch_id) {
+  for (size_t i = 0; i < s->failed_count; i++)
+    if (s->failed[i].batch_id == batch_id)
+      return &s->failed[i];
+  return NULL;
+}
+
+static void drop_pending(embps_sequencer_t *s, size_t i) {
+  embps_free(s->pending[i].ranks);
+  if (i + 1 < s->num_pending)
+    memmove(&s->pending[i], &s->pending[i + 1], (s->num_pending - i - 1) * sizeof(pending_t));
+  s->num_pending--;
+}
+
+static void fail_pending(embps_sequencer_t *s, size_t i, embps_status_t status, const char *msg) {
+  pending_t *p = &s->pending[i];
+  queue_entry(s, p->desc.batch_id, EMBPS_ROUND_FAIL, p->desc.kind, status, msg);
+  remember_failed(s, p->desc.batch_id, p->desc.kind, status, msg);
+  drop_pending(s, i);
+}
+
+void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_batch_desc_t *desc,
+                            uint64_t now_ms) {
+  const failed_t *f;
+  pending_t *p = NULL;
+  size_t i;
+  uint32_t needed = desc->kind == EMBPS_BATCH_CREATE_TABLE ? 1 : s->group_size;
+
+  if ((f = find_failed(s, desc->batch_id)) != NULL) {
+    queue_entry(s, desc->batch_id, EMBPS_ROUND_FAIL, desc->kind, f->status, f->message);
+    return;
+  }
+  for (i = 0; i < s->num_pending; i++)
+    if (s->pending[i].desc.batch_id == desc->batch_id) {
+      p = &s->pending[i];
+      break;
+    }
+  if (!p) {
+    if (s->num_pending == s->cap_pending) {
+      size_t cap = s->cap_pending ? 2 * s->cap_pending : 64;
+      pending_t *np = embps_realloc(s->pending, cap * sizeof(*np));
+      if (!np)
+        return; /* the shard's op stays parked until the group fails or the rank retries */
+      s->pending = np;
+      s->cap_pending = cap;
+    }
+    p = &s->pending[s->num_pending];
+    memset(p, 0, sizeof(*p));
+    p->ranks = embps_calloc(s->group_size, 1);
+    if (!p->ranks)
+      return;
+    s->num_pending++;
+    p->desc = *desc;
+    p->first_ms = now_ms;
+  } else if (!p->failed && (p->desc.kind != desc->kind ||
+                            p->desc.tokens_per_batch != desc->tokens_per_batch ||
+                            strcmp(p->desc.table, desc->table) != 0)) {
+    p->failed = 1;
+    snprintf(p->why, sizeof(p->why),
+             "shards of batch %llu disagree: one is a %s of table '%.40s' with "
+             "tokens_per_batch=%u, rank %u's is a %s of table '%.40s' with tokens_per_batch=%u",
+             (unsigned long long)desc->batch_id, kind_name(p->desc.kind), p->desc.table,
+             p->desc.tokens_per_batch, rank, kind_name(desc->kind), desc->table,
+             desc->tokens_per_batch);
+  }
+  if (rank >= s->group_size || p->ranks[rank])
+    return; /* a duplicate report: the rank already refuses duplicate batch ids locally */
+  p->ranks[rank] = 1;
+  p->arrived++;
+  if (p->arrived == needed) {
+    if (p->failed)
+      fail_pending(s, (size_t)(p - s->pending), EMBPS_INVALID_ARGUMENT, p->why);
+    else {
+      queue_entry(s, p->desc.batch_id, EMBPS_ROUND_RUN, p->desc.kind, EMBPS_OK, NULL);
+      drop_pending(s, (size_t)(p - s->pending));
+    }
+  }
+}
+
+size_t embps_sequencer_next_round(embps_sequencer_t *s, uint64_t now_ms, embps_round_entry_t *out,
+                                  size_t max) {
+  size_t n;
+
+  /* Expire first, so that their failures go out in this round. */
+  for (size_t i = 0; i < s->num_pending;) {
+    pending_t *p = &s->pending[i];
+    if (s->deadline_ms && now_ms >= p->first_ms + s->deadline_ms) {
+      char msg[400], missing[96];
+      size_t m = 0;
+      missing[0] = '\0';
+      for (uint32_t r = 0; r < s->group_size && m + 12 < sizeof(missing); r++)
+        if (!p->ranks[r])
+          m += (size_t)snprintf(missing + m, sizeof(missing) - m, "%s%u", m ? "," : "", r);
+      if (p->failed)
+        snprintf(msg, sizeof(msg), "%s", p->why);
+      else
+        snprintf(msg, sizeof(msg),
+                 "batch %llu: the shards for rank(s) %s did not arrive within %llu ms; send "
+                 "every shard of a batch, one to each rank",
+                 (unsigned long long)p->desc.batch_id, missing,
+                 (unsigned long long)s->deadline_ms);
+      fail_pending(s, i, p->failed ? EMBPS_INVALID_ARGUMENT : EMBPS_DEADLINE_EXCEEDED, msg);
+    } else {
+      i++;
+    }
+  }
+  n = s->num_ready < max ? s->num_ready : max;
+  if (n == 0)
+    return 0;
+  memcpy(out, s->ready, n * sizeof(*out));
+  memmove(s->ready, s->ready + n, (s->num_ready - n) * sizeof(*out));
+  s->num_ready -= n;
+  return n;
+}
+
+uint64_t embps_sequencer_next_deadline(const embps_sequencer_t *s, uint64_t now_ms) {
+  uint64_t best = UINT64_MAX;
+  if (!s->deadline_ms)
+    return best;
+  for (size_t i = 0; i < s->num_pending; i++) {
+    uint64_t due = s->pending[i].first_ms + s->deadline_ms;
+    uint64_t left = due > now_ms ? due - now_ms : 0;
+    if (left < best)
+      best = left;
+  }
+  return best;
+}
+
+size_t embps_sequencer_pending(const embps_sequencer_t *s) { return s->num_pending; }

@@ -1,0 +1,72 @@
+/* The sequencer: the leader's bookkeeping that turns shard arrivals into rounds.
+ *
+ * Every rank tells the leader (rank 0) which batch shards it has parked; the sequencer records
+ * them, and a batch becomes runnable once every rank holds its shard. The leader then emits
+ * rounds: an ordered list of entries (run batch X, fail batch Y with a status) that every rank
+ * applies in the same order, so all ranks make the same collective calls in the same order
+ * whatever order the shards reached them in. Batches whose shards disagree are failed with
+ * INVALID_ARGUMENT; batches not complete within the deadline are failed with
+ * DEADLINE_EXCEEDED; shards that arrive for a batch already failed are failed the same way.
+ *
+ * Pure logic: no I/O, no clock of its own (callers pass now_ms), so it is tested directly. */
+#ifndef EMBPS_SEQUENCER_H
+#define EMBPS_SEQUENCER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+/* What a batch is, as each rank's shard says; shards of one batch must agree on it. */
+typedef enum embps_batch_kind {
+  EMBPS_BATCH_LOOKUP = 1,
+  EMBPS_BATCH_PUSH = 2,
+  EMBPS_BATCH_CREATE_TABLE = 3, /* arrives at the leader only; runnable at once */
+} embps_batch_kind_t;
+
+typedef struct embps_batch_desc {
+  uint64_t batch_id;
+  uint32_t kind;
+  uint32_t tokens_per_batch;
+  char table[128];
+} embps_batch_desc_t;
+
+typedef enum embps_round_action {
+  EMBPS_ROUND_RUN = 1,
+  EMBPS_ROUND_FAIL = 2,
+} embps_round_action_t;
+
+typedef struct embps_round_entry {
+  uint64_t batch_id;
+  uint32_t action;
+  uint32_t kind;
+  embps_status_t status; /* FAIL only */
+  char message[400];     /* FAIL only */
+} embps_round_entry_t;
+
+typedef struct embps_sequencer embps_sequencer_t;
+
+/** A sequencer for group_size ranks failing batches incomplete after deadline_ms. */
+embps_status_t embps_sequencer_new(embps_sequencer_t **out, uint32_t group_size,
+                                   uint64_t deadline_ms);
+void embps_sequencer_free(embps_sequencer_t *s);
+
+/** Records that rank `rank` parked its shard of desc->batch_id at now_ms. */
+void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_batch_desc_t *desc,
+                            uint64_t now_ms);
+
+/**
+ * Takes up to max entries of the next round: batches that became complete (in the order they
+ * became complete), then failures (disagreeing shards, expired deadlines, late shards of failed
+ * batches). Returns the number written; 0 when nothing is ready.
+ */
+size_t embps_sequencer_next_round(embps_sequencer_t *s, uint64_t now_ms, embps_round_entry_t *out,
+                                  size_t max);
+
+/** Milliseconds from now_ms until the earliest pending deadline; UINT64_MAX if none. */
+uint64_t embps_sequencer_next_deadline(const embps_sequencer_t *s, uint64_t now_ms);
+
+/** Batches with at least one shard parked and not yet in a round. */
+size_t embps_sequencer_pending(const embps_sequencer_t *s);
+
+#endif

@@ -1,0 +1,132 @@
+/* The sequencer: rounds in completion order, disagreement, deadlines, late shards, creates. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <string.h>
+
+#include "server/group/sequencer.h"
+
+static embps_batch_desc_t desc(uint64_t id, uint32_t kind, uint32_t tpb, const char *table) {
+  embps_batch_desc_t d;
+  memset(&d, 0, sizeof(d));
+  d.batch_id = id;
+  d.kind = kind;
+  d.tokens_per_batch = tpb;
+  strcpy(d.table, table);
+  return d;
+}
+
+static void test_completion_order(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  embps_batch_desc_t a = desc(1, EMBPS_BATCH_LOOKUP, 8, "t"), b = desc(2, EMBPS_BATCH_PUSH, 8, "t");
+  (void)state;
+  assert_int_equal(embps_sequencer_new(&s, 3, 1000), EMBPS_OK);
+  /* Shards reach the ranks in different orders: batch 2 completes first. */
+  embps_sequencer_arrive(s, 0, &a, 0);
+  embps_sequencer_arrive(s, 1, &b, 1);
+  embps_sequencer_arrive(s, 0, &b, 2);
+  assert_int_equal(embps_sequencer_next_round(s, 3, e, 8), 0);
+  embps_sequencer_arrive(s, 2, &b, 4);
+  embps_sequencer_arrive(s, 2, &a, 5);
+  embps_sequencer_arrive(s, 1, &a, 6);
+  assert_int_equal(embps_sequencer_next_round(s, 7, e, 8), 2);
+  assert_int_equal(e[0].batch_id, 2);
+  assert_int_equal(e[0].action, EMBPS_ROUND_RUN);
+  assert_int_equal(e[0].kind, EMBPS_BATCH_PUSH);
+  assert_int_equal(e[1].batch_id, 1);
+  assert_int_equal(embps_sequencer_pending(s), 0);
+  assert_int_equal(embps_sequencer_next_round(s, 8, e, 8), 0);
+  embps_sequencer_free(s);
+}
+
+static void test_disagreement_and_late_shard(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  embps_batch_desc_t a = desc(7, EMBPS_BATCH_LOOKUP, 8, "t"), b = desc(7, EMBPS_BATCH_LOOKUP, 12, "t");
+  (void)state;
+  assert_int_equal(embps_sequencer_new(&s, 2, 1000), EMBPS_OK);
+  embps_sequencer_arrive(s, 0, &a, 0);
+  embps_sequencer_arrive(s, 1, &b, 1);
+  assert_int_equal(embps_sequencer_next_round(s, 2, e, 8), 1);
+  assert_int_equal(e[0].action, EMBPS_ROUND_FAIL);
+  assert_int_equal(e[0].status, EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(e[0].message, "shards of batch 7 disagree"));
+  assert_non_null(strstr(e[0].message, "tokens_per_batch=12"));
+  /* A third report of the failed batch (e.g. a retry) is failed at once. */
+  embps_sequencer_arrive(s, 1, &a, 3);
+  assert_int_equal(embps_sequencer_next_round(s, 4, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_INVALID_ARGUMENT);
+  embps_sequencer_free(s);
+}
+
+static void test_deadline(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  embps_batch_desc_t a = desc(9, EMBPS_BATCH_PUSH, 4, "t");
+  (void)state;
+  assert_int_equal(embps_sequencer_new(&s, 4, 100), EMBPS_OK);
+  embps_sequencer_arrive(s, 0, &a, 1000);
+  embps_sequencer_arrive(s, 2, &a, 1010);
+  assert_int_equal(embps_sequencer_next_deadline(s, 1050), 50);
+  assert_int_equal(embps_sequencer_next_round(s, 1099, e, 8), 0);
+  assert_int_equal(embps_sequencer_next_round(s, 1100, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  assert_non_null(strstr(e[0].message, "rank(s) 1,3 did not arrive within 100 ms"));
+  assert_int_equal(embps_sequencer_pending(s), 0);
+  assert_true(embps_sequencer_next_deadline(s, 1100) == UINT64_MAX);
+  /* The missing shard shows up later: it is failed the same way. */
+  embps_sequencer_arrive(s, 3, &a, 1200);
+  assert_int_equal(embps_sequencer_next_round(s, 1200, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  embps_sequencer_free(s);
+}
+
+static void test_create_needs_leader_only(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  embps_batch_desc_t c = desc(3, EMBPS_BATCH_CREATE_TABLE, 0, "new");
+  (void)state;
+  assert_int_equal(embps_sequencer_new(&s, 4, 100), EMBPS_OK);
+  embps_sequencer_arrive(s, 0, &c, 0);
+  assert_int_equal(embps_sequencer_next_round(s, 0, e, 8), 1);
+  assert_int_equal(e[0].action, EMBPS_ROUND_RUN);
+  assert_int_equal(e[0].kind, EMBPS_BATCH_CREATE_TABLE);
+  embps_sequencer_free(s);
+}
+
+static void test_many_batches_bounded_round(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[16];
+  size_t total = 0, n;
+  (void)state;
+  assert_int_equal(embps_sequencer_new(&s, 2, 0), EMBPS_OK);
+  for (uint64_t id = 1; id <= 100; id++) {
+    embps_batch_desc_t d = desc(id, EMBPS_BATCH_LOOKUP, 2, "t");
+    embps_sequencer_arrive(s, 1, &d, 0);
+  }
+  for (uint64_t id = 1; id <= 100; id++) {
+    embps_batch_desc_t d = desc(id, EMBPS_BATCH_LOOKUP, 2, "t");
+    embps_sequencer_arrive(s, 0, &d, 0);
+  }
+  while ((n = embps_sequencer_next_round(s, 1u << 30, e, 16)) > 0) {
+    for (size_t i = 0; i < n; i++)
+      assert_int_equal(e[i].batch_id, total + i + 1);
+    total += n;
+  }
+  assert_int_equal(total, 100); /* deadline 0: nothing expires */
+  embps_sequencer_free(s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_completion_order),
+      cmocka_unit_test(test_disagreement_and_late_shard),
+      cmocka_unit_test(test_deadline),
+      cmocka_unit_test(test_create_needs_leader_only),
+      cmocka_unit_test(test_many_batches_bounded_round),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
