@@ -206,7 +206,8 @@ static double *merge(worker_t *w, uint32_t nw, int push, size_t *n) {
     return NULL;
   for (uint32_t i = 0; i < nw; i++) {
     lat_vec_t *l = push ? &w[i].push_lat : &w[i].lookup_lat;
-    memcpy(v + k, l->v, l->n * sizeof(*v));
+    if (l->n) /* l->v is NULL when no call of this kind ran: memcpy(.., NULL, 0) is UB */
+      memcpy(v + k, l->v, l->n * sizeof(*v));
     k += l->n;
   }
   qsort(v, total, sizeof(*v), cmp_double);

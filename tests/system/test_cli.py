@@ -1,0 +1,562 @@
+"""System tests of the `embps` command-line tool and of embps-server's own command line.
+
+A real embps-server runs on a free loopback port for the whole module (its "listening on"
+line gives the port) and every CLI command runs as a user would run it, through subprocess:
+exit codes (0; 1 for server and runtime errors; 2 for usage errors, per client/cli/main.c),
+stdout parsed into rows, JSON or counters, and the server's message on stderr. Numbers are
+checked against values computed here: SGD with --grad-value gives exactly w - lr*g in f32
+(reproduced with struct round trips), and two tables with one seed print the same rows.
+The server's flags are tested by starting short-lived servers: --help names every flag with
+its EMBPS_ variable, an environment variable takes effect (and a flag beats it), and a bad
+value makes the server exit non-zero naming the flag. Every server is stopped with SIGTERM
+and must exit 0. Standard library only; every subprocess has a timeout.
+"""
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SERVER_BIN = os.environ.get("EMBPS_SERVER_BIN", os.path.join(ROOT, "build", "bin", "embps-server"))
+CLI_BIN = os.environ.get("EMBPS_CLI_BIN", os.path.join(ROOT, "build", "bin", "embps"))
+CMD_TIMEOUT = 60
+
+COMMANDS = {
+    "create-table": ["--rows", "--emb-width", "--dtype", "--optimizer", "--lr", "--eps",
+                     "--half-life", "--weight-decay", "--initial-accumulator", "--beta1",
+                     "--beta2", "--seed", "--init-scale"],
+    "tables": ["--json"],
+    "lookup": ["--tokens"],
+    "push": ["--tokens", "--grads", "--grad-value", "--async"],
+    "stats": ["--json"],
+    "health": ["--service"],
+    "checkpoint": ["--table", "--path"],
+    "bench": ["--batch", "--duration", "--warmup", "--concurrency", "--pipeline", "--zipf",
+              "--push-ratio", "--async", "--seed", "--json"],
+}
+
+SERVER_FLAGS = ["listen", "rank", "peers", "peer-port-offset", "mesh", "table-axis", "data-axis",
+                "bootstrap-timeout-ms", "peer-timeout-ms", "batch-deadline-ms",
+                "max-message-bytes", "max-table-bytes", "max-tables", "max-connections",
+                "stall-timeout-ms", "idle-timeout-ms", "backend", "log-level"]
+
+
+def f32(x):
+    """x rounded to the nearest f32."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+class Server:
+    """embps-server on a free loopback port; close() stops it and returns its exit status."""
+
+    def __init__(self, *flags, env=None):
+        self.log = tempfile.NamedTemporaryFile(prefix="embps-cli-server-", suffix=".log",
+                                               delete=False)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen([SERVER_BIN, "--listen", "127.0.0.1:0", *flags],
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
+        self.port = None
+        deadline = time.time() + 30
+        while time.time() < deadline and self.port is None:
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log_text())
+            if m:
+                self.port = int(m.group(1))
+            elif self.proc.poll() is not None:
+                break
+            else:
+                time.sleep(0.01)
+        if self.port is None:
+            text = self.log_text()
+            self.close()
+            raise RuntimeError("embps-server did not start:\n" + text)
+        self.address = "127.0.0.1:%d" % self.port
+
+    def log_text(self):
+        with open(self.log.name) as f:
+            return f.read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return -1
+        rc = self.proc.returncode
+        if rc != 0:
+            print("embps-server exited with %d; its log:\n%s" % (rc, self.log_text()))
+        os.unlink(self.log.name)
+        return rc
+
+
+def dead_address():
+    """An address nobody listens on: a server's port after it has stopped."""
+    s = Server()
+    addr = s.address
+    assert s.close() == 0
+    return addr
+
+
+SERVER = None
+
+
+def setUpModule():
+    global SERVER
+    SERVER = Server()
+
+
+def tearDownModule():
+    rc = SERVER.close()
+    if rc != 0:
+        raise AssertionError("embps-server exited with %d after SIGTERM" % rc)
+
+
+def embps(*args, servers=None, env=None, timeout=CMD_TIMEOUT):
+    """Runs the CLI against the module's server; returns the CompletedProcess."""
+    full_env = dict(os.environ)
+    full_env.pop("EMBPS_SERVERS", None)
+    full_env.update(env or {})
+    argv = [CLI_BIN]
+    if servers is not False:
+        argv += ["--servers", servers or SERVER.address]
+    return subprocess.run(argv + list(args), capture_output=True, text=True, env=full_env,
+                          timeout=timeout)
+
+
+class CliTestCase(unittest.TestCase):
+    def ok(self, *args, **kw):
+        r = embps(*args, **kw)
+        self.assertEqual(r.returncode, 0, "embps %s failed (%d):\n%s%s" %
+                         (" ".join(args), r.returncode, r.stdout, r.stderr))
+        return r
+
+    def fails(self, code, fragments, *args, **kw):
+        r = embps(*args, **kw)
+        self.assertEqual(r.returncode, code, "embps %s: exit %d, expected %d:\n%s%s" %
+                         (" ".join(args), r.returncode, code, r.stdout, r.stderr))
+        for frag in fragments:
+            self.assertIn(frag, r.stderr, "embps %s" % " ".join(args))
+        return r
+
+    def lookup(self, table, tokens):
+        """Parsed rows of `embps lookup`: a list of (token, [values]), the values as the exact
+        f32 numbers printed (%.9g round-trips an f32)."""
+        r = self.ok("lookup", table, "--tokens", ",".join(str(t) for t in tokens))
+        rows = []
+        for line in r.stdout.splitlines():
+            parts = line.split()
+            rows.append((int(parts[0]), [f32(float(v)) for v in parts[1:]]))
+        self.assertEqual([t for t, _ in rows], list(tokens))
+        return rows
+
+    def create(self, name, *flags):
+        r = self.ok("create-table", name, *flags)
+        self.assertIn("created table " + name, r.stdout)
+        return r
+
+    def table_json(self, name):
+        r = self.ok("tables", "--json")
+        for t in json.loads(r.stdout):
+            if t["name"] == name:
+                return t
+        self.fail("table %s not listed" % name)
+
+    def table_stats(self, name):
+        r = self.ok("stats", "--json")
+        ranks = json.loads(r.stdout)
+        self.assertEqual(len(ranks), 1)
+        for t in ranks[0]["tables"]:
+            if t["name"] == name:
+                return t
+        self.fail("table %s not in stats" % name)
+
+
+class TestHelp(CliTestCase):
+    def test_global_help(self):
+        r = embps("--help", servers=False)
+        self.assertEqual(r.returncode, 0)
+        for cmd in COMMANDS:
+            self.assertRegex(r.stdout, r"(?m)^  %s\s" % re.escape(cmd))
+        for flag, env in [("--servers", "EMBPS_SERVERS"), ("--deadline-ms", "EMBPS_DEADLINE_MS"),
+                          ("--connect-timeout-ms", "EMBPS_CONNECT_TIMEOUT_MS"),
+                          ("--pad", "EMBPS_PAD")]:
+            self.assertIn(flag, r.stdout)
+            self.assertIn(env, r.stdout)
+
+    def test_command_help(self):
+        for cmd, flags in COMMANDS.items():
+            r = embps(cmd, "--help", servers=False)
+            self.assertEqual(r.returncode, 0, cmd)
+            self.assertIn("usage: embps", r.stdout)
+            self.assertIn(cmd, r.stdout)
+            for flag in flags + ["--help"]:
+                self.assertRegex(r.stdout, r"(?m)^  %s\b" % re.escape(flag), cmd)
+            # -h too, and --help wins over a missing NAME.
+            self.assertEqual(embps(cmd, "-h", servers=False).returncode, 0, cmd)
+
+    def test_no_command(self):
+        r = embps(servers=False)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("usage: embps", r.stderr)
+
+
+class TestTables(CliTestCase):
+    def test_create_with_every_option(self):
+        self.create("cli_full", "--rows", "1000", "--emb-width", "16", "--dtype", "bf16",
+                    "--optimizer", "rowwise_adagrad", "--lr", "0.05", "--eps", "1e-7",
+                    "--half-life", "100", "--weight-decay", "0.001", "--seed", "9")
+        t = self.table_json("cli_full")
+        self.assertEqual(t["rows"], 1000)
+        self.assertEqual(t["emb_width"], 16)
+        self.assertEqual(t["dtype"], "bf16")
+        self.assertEqual(t["optimizer"], "rowwise_adagrad")
+        self.assertAlmostEqual(t["lr"], 0.05, places=6)
+        self.assertEqual(t["seed"], 9)
+        # The plain listing shows the same table.
+        r = self.ok("tables")
+        self.assertTrue(r.stdout.startswith("name"))
+        line = [l for l in r.stdout.splitlines() if l.split()[0] == "cli_full"]
+        self.assertEqual(len(line), 1)
+        self.assertEqual(line[0].split()[1:], ["1000", "16", "bf16", "rowwise_adagrad"])
+
+    def test_every_optimizer_and_dtype(self):
+        for opt in ["sgd", "adagrad", "rowwise_adagrad", "adam"]:
+            for dtype in ["f32", "bf16"]:
+                name = "cli_%s_%s" % (opt, dtype)
+                flags = ["--rows", "50", "--emb-width", "8", "--dtype", dtype, "--optimizer", opt,
+                         "--lr", "0.1", "--seed", "4"]
+                if opt == "adam":
+                    flags += ["--beta1", "0.8", "--beta2", "0.99"]
+                if opt == "adagrad":
+                    flags += ["--initial-accumulator", "0.1"]
+                self.create(name, *flags)
+                t = self.table_json(name)
+                self.assertEqual((t["optimizer"], t["dtype"]), (opt, dtype))
+                before = self.lookup(name, [7])[0][1]
+                r = self.ok("push", name, "--tokens", "7,7", "--grad-value", "0.5")
+                self.assertIn("applied=1 skipped=0", r.stdout)
+                self.assertIn("num_unique=1", r.stdout)
+                after = self.lookup(name, [7])[0][1]
+                # Every element moved against the (positive) gradient.
+                for b, a in zip(before, after):
+                    self.assertLess(a, b, name)
+
+    def test_duplicate_and_bad_tables(self):
+        self.create("cli_dup", "--rows", "10", "--emb-width", "4")
+        self.fails(1, ["ALREADY_EXISTS", "cli_dup"], "create-table", "cli_dup", "--rows", "20",
+                   "--emb-width", "4")
+        self.assertEqual(self.table_json("cli_dup")["rows"], 10)
+        # Usage errors (exit 2) name the flag and the bad text.
+        self.fails(2, ["--rows", "12x"], "create-table", "cli_bad", "--rows", "12x",
+                   "--emb-width", "4")
+        self.fails(2, ["--emb-width"], "create-table", "cli_bad", "--rows", "12",
+                   "--emb-width", "-4")
+        self.fails(2, ["--rows and --emb-width are required"], "create-table", "cli_bad",
+                   "--emb-width", "4")
+        self.fails(2, ["--dtype"], "create-table", "cli_bad", "--rows", "12", "--emb-width", "4",
+                   "--dtype", "f64")
+        self.fails(2, ["--optimizer"], "create-table", "cli_bad", "--rows", "12",
+                   "--emb-width", "4", "--optimizer", "lion")
+        self.fails(2, ["--lr"], "create-table", "cli_bad", "--rows", "12", "--emb-width", "4",
+                   "--lr", "fast")
+        self.fails(2, ["unknown option '--colour'"], "create-table", "cli_bad", "--rows", "12",
+                   "--emb-width", "4", "--colour", "red")
+        self.fails(2, ["missing NAME"], "create-table", "--rows", "12", "--emb-width", "4")
+        # Server errors (exit 1) carry the server's message.
+        self.fails(1, ["INVALID_ARGUMENT", "rows=1 is out of range"], "create-table", "cli_bad",
+                   "--rows", "1", "--emb-width", "4")
+        self.fails(1, ["INVALID_ARGUMENT", "emb_width=100000 is out of range"], "create-table",
+                   "cli_bad", "--rows", "10", "--emb-width", "100000")
+        self.fails(1, ["RESOURCE_EXHAUSTED", "--max-table-bytes"], "create-table", "cli_bad",
+                   "--rows", "1000000000000", "--emb-width", "65536")
+        self.fails(1, ["INVALID_ARGUMENT", "only letters"], "create-table", "bad/name",
+                   "--rows", "10", "--emb-width", "4")
+        names = [t["name"] for t in json.loads(self.ok("tables", "--json").stdout)]
+        self.assertNotIn("cli_bad", names)
+
+
+class TestLookupPush(CliTestCase):
+    def test_lookup_rows(self):
+        self.create("cli_la", "--rows", "100", "--emb-width", "8", "--seed", "42")
+        self.create("cli_lb", "--rows", "100", "--emb-width", "8", "--seed", "42",
+                    "--optimizer", "adam")
+        self.create("cli_lc", "--rows", "100", "--emb-width", "8", "--seed", "43")
+        tokens = [0, 1, 2, 1, 99, 0]
+        a = self.lookup("cli_la", tokens)
+        b = self.lookup("cli_lb", tokens)
+        c = self.lookup("cli_lc", tokens)
+        self.assertEqual(len(a), 6)
+        for _, row in a:
+            self.assertEqual(len(row), 8)
+        self.assertEqual(a[0][1], [0.0] * 8)
+        self.assertEqual(a[5][1], [0.0] * 8)
+        self.assertEqual(a[1][1], a[3][1])
+        self.assertNotEqual(a[1][1], a[2][1])
+        self.assertNotEqual(a[2][1], a[4][1])
+        bound = 1 / math.sqrt(8)
+        for v in a[1][1] + a[2][1] + a[4][1]:
+            self.assertTrue(-bound <= v < bound and v != 0.0)
+        self.assertEqual(a, b)  # same seed, same rows
+        self.assertNotEqual(a[1][1], c[1][1])
+        self.assertEqual(a, self.lookup("cli_la", tokens))
+
+    def test_sgd_push_exact(self):
+        self.create("cli_sgd", "--rows", "10", "--emb-width", "4", "--optimizer", "sgd",
+                    "--lr", "0.1", "--seed", "3")
+        w = self.lookup("cli_sgd", [5])[0][1]
+        lr, g = f32(0.1), f32(0.3)
+        r = self.ok("push", "cli_sgd", "--tokens", "5", "--grad-value", "0.3")
+        m = re.match(r"applied=1 skipped=0 grad_norm=(\S+) num_unique=1$", r.stdout.strip())
+        self.assertIsNotNone(m, r.stdout)
+        self.assertAlmostEqual(float(m.group(1)), 2 * g, places=6)  # sqrt(4 * g^2)
+        w1 = self.lookup("cli_sgd", [5])[0][1]
+        want = [f32(x - f32(lr * g)) for x in w]
+        self.assertEqual(w1, want)
+        # Async: ordered, and the next lookup sees it.
+        r = self.ok("push", "cli_sgd", "--tokens", "5", "--grad-value", "0.3", "--async")
+        self.assertEqual(r.stdout.strip(), "ordered=1 applied=0 skipped=0")
+        w2 = self.lookup("cli_sgd", [5])[0][1]
+        self.assertEqual(w2, [f32(x - f32(lr * g)) for x in want])
+        # Explicit rows, a duplicate token summed, the padding row ignored.
+        w3 = self.lookup("cli_sgd", [2])[0][1]
+        r = self.ok("push", "cli_sgd", "--tokens", "2,0,2",
+                    "--grads", "0.5,0.25,0,1|9,9,9,9|0.5,0.25,2,-1")
+        self.assertIn("applied=1 skipped=0", r.stdout)
+        self.assertIn("num_unique=1", r.stdout)
+        sums = [1.0, 0.5, 2.0, 0.0]
+        w4 = self.lookup("cli_sgd", [2, 0])
+        self.assertEqual(w4[0][1],
+                         [f32(x - f32(lr * s)) for x, s in zip(w3, sums)])
+        self.assertEqual(w4[1][1], [0.0] * 4)
+        # The CLI refuses non-finite numbers; two finite gradients whose f32 sum overflows
+        # are gated like a non-finite one: nothing changes.
+        self.fails(2, ["--grad-value"], "push", "cli_sgd", "--tokens", "5", "--grad-value", "inf")
+        r = self.ok("push", "cli_sgd", "--tokens", "5,5", "--grad-value", "3e38")
+        self.assertIn("applied=0 skipped=1", r.stdout)
+        self.assertEqual(self.lookup("cli_sgd", [5])[0][1], w2)
+
+    def test_push_bf16(self):
+        self.create("cli_bf", "--rows", "10", "--emb-width", "4", "--dtype", "bf16",
+                    "--optimizer", "sgd", "--lr", "0.5", "--seed", "3")
+        w = self.lookup("cli_bf", [4])[0][1]
+        self.ok("push", "cli_bf", "--tokens", "4", "--grad-value", "0.25")
+        w1 = self.lookup("cli_bf", [4])[0][1]
+        for a, b in zip(w, w1):
+            self.assertAlmostEqual(b, a - 0.125, delta=abs(a - 0.125) / 128 + 1e-6)
+
+    def test_errors(self):
+        self.create("cli_err", "--rows", "10", "--emb-width", "4")
+        self.fails(1, ["NOT_FOUND", "no_such_table"], "lookup", "no_such_table", "--tokens", "1")
+        self.fails(1, ["NOT_FOUND", "no_such_table"], "push", "no_such_table", "--tokens", "1",
+                   "--grad-value", "1")
+        self.fails(1, ["INVALID_ARGUMENT", "token 99", "outside [0, 10)"], "lookup", "cli_err",
+                   "--tokens", "1,99")
+        self.fails(1, ["INVALID_ARGUMENT", "token 10 at position 0"], "lookup", "cli_err",
+                   "--tokens", "10")
+        self.fails(1, ["INVALID_ARGUMENT", "token -1"], "lookup", "cli_err", "--tokens", "-1")
+        self.fails(1, ["INVALID_ARGUMENT", "token 10"], "push", "cli_err", "--tokens", "10",
+                   "--grad-value", "1")
+        self.fails(1, ["INVALID_ARGUMENT", "token -3"], "push", "cli_err", "--tokens", "-3",
+                   "--grad-value", "1")
+        self.fails(1, ["UNIMPLEMENTED", "not implemented"], "checkpoint", "--path", "/tmp/x")
+        self.fails(2, ["--tokens"], "lookup", "cli_err", "--tokens", "1,x")
+        self.fails(2, ["--tokens is required"], "lookup", "cli_err")
+        self.fails(2, ["exactly one of --grads and --grad-value"], "push", "cli_err",
+                   "--tokens", "1")
+        self.fails(2, ["--grads has 1 rows of 3 values"], "push", "cli_err", "--tokens", "1",
+                   "--grads", "1,2,3")
+        self.fails(2, ["--batch is required"], "bench", "cli_err")
+        self.fails(2, ["--push-ratio"], "bench", "cli_err", "--batch", "8", "--push-ratio", "2")
+        self.fails(2, ["unknown command 'frobnicate'"], "frobnicate")
+        self.fails(2, ["unknown option '--colour'"], "--colour", "tables", servers=False)
+        self.fails(2, ["--deadline-ms"], "--deadline-ms", "soon", "tables")
+        dead = dead_address()
+        for args in (["lookup", "cli_err", "--tokens", "1"], ["tables"], ["stats"],
+                     ["health"], ["push", "cli_err", "--tokens", "1", "--grad-value", "1"],
+                     ["create-table", "x", "--rows", "4", "--emb-width", "4"],
+                     ["bench", "cli_err", "--batch", "4", "--duration", "0.1"]):
+            self.fails(1, ["UNAVAILABLE", dead], *args, servers=dead)
+        # The table is as it was.
+        self.assertEqual(self.table_stats("cli_err")["pushes"], 0)
+
+
+class TestAdmin(CliTestCase):
+    def test_health(self):
+        r = self.ok("health")
+        self.assertEqual(r.stdout.strip(), "SERVING")
+        r = self.ok("health", "--service", "embps.v1.EmbeddingService")
+        self.assertEqual(r.stdout.strip(), "SERVING")
+        self.fails(1, ["NOT_FOUND", "unknown service"], "health", "--service", "nope.Service")
+        # EMBPS_SERVERS supplies the address; --servers wins over it.
+        r = embps("health", servers=False, env={"EMBPS_SERVERS": SERVER.address})
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "SERVING"))
+        dead = dead_address()
+        r = embps("health", servers=False, env={"EMBPS_SERVERS": dead})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("UNAVAILABLE", r.stderr)
+        r = embps("health", env={"EMBPS_SERVERS": dead})
+        self.assertEqual(r.returncode, 0)
+
+    def test_stats(self):
+        self.create("cli_st", "--rows", "20", "--emb-width", "4", "--optimizer", "sgd")
+        self.lookup("cli_st", [1, 2, 3])
+        self.lookup("cli_st", [4])
+        self.ok("push", "cli_st", "--tokens", "1,1,2", "--grad-value", "1")
+        self.ok("push", "cli_st", "--tokens", "1,1", "--grad-value", "3e38")  # sum overflows
+        r = self.ok("stats")
+        self.assertRegex(r.stdout, r"(?m)^rank 0/1 \(%s\):.* backend cpu, version \S+" %
+                         re.escape(SERVER.address))
+        self.assertIn("table cli_st: rows 20, emb_width 4, lookups 2, pushes 2, rows looked up "
+                      "4, rows pushed 5, steps applied 1, steps skipped 1, bytes 320", r.stdout)
+        ranks = json.loads(self.ok("stats", "--json").stdout)
+        self.assertEqual(len(ranks), 1)
+        rank = ranks[0]
+        self.assertEqual((rank["rank"], rank["group_size"], rank["backend"]), (0, 1, "cpu"))
+        self.assertEqual(rank["address"], SERVER.address)
+        self.assertGreater(rank["requests"], 5)
+        self.assertGreaterEqual(rank["connections"], 1)
+        t = [t for t in rank["tables"] if t["name"] == "cli_st"][0]
+        want = {"name": "cli_st", "rows": 20, "emb_width": 4, "lookups": 2, "pushes": 2,
+                "rows_looked_up": 4, "rows_pushed": 5, "steps_applied": 1, "steps_skipped": 1,
+                "bytes": 320}
+        self.assertEqual({k: t.get(k) for k in want}, want)
+
+
+class TestBench(CliTestCase):
+    @classmethod
+    def setUpClass(cls):
+        r = embps("create-table", "cli_bench", "--rows", "10000", "--emb-width", "32",
+                  "--optimizer", "sgd", "--lr", "0.001")
+        assert r.returncode == 0, r.stderr
+
+    KEYS = ["lookup_rows_per_s", "push_rows_per_s", "p50_ms", "p99_ms", "p999_ms",
+            "lookup_gbytes_per_s"]
+
+    def test_bench_json(self):
+        r = self.ok("bench", "cli_bench", "--batch", "256", "--duration", "1", "--json")
+        self.assertEqual(r.stderr, "")  # no progress lines
+        j = json.loads(r.stdout)
+        for k in self.KEYS:
+            self.assertIn(k, j)
+        self.assertGreater(j["lookup_rows_per_s"], 0)
+        self.assertGreater(j["lookups"], 0)
+        self.assertEqual(j["pushes"], 0)
+        self.assertEqual(j["push_rows_per_s"], 0)
+        self.assertEqual(j["batch"], 256)
+        self.assertGreater(j["lookup_gbytes_per_s"], 0)
+        self.assertTrue(0 < j["p50_ms"] <= j["p99_ms"] <= j["p999_ms"])
+        # rows/s is batches/s x batch, and GB/s is rows/s x row bytes.
+        self.assertAlmostEqual(j["lookup_rows_per_s"], j["lookup_batches_per_s"] * 256,
+                               delta=1.0)
+        self.assertAlmostEqual(j["lookup_gbytes_per_s"], j["lookup_rows_per_s"] * 128 / 1e9,
+                               delta=1e-5)
+
+    def test_bench_push_ratio(self):
+        before = self.table_stats("cli_bench")
+        r = self.ok("bench", "cli_bench", "--batch", "256", "--duration", "1", "--warmup", "0",
+                    "--push-ratio", "0.5", "--concurrency", "2", "--pipeline", "2",
+                    "--zipf", "1.05", "--json")
+        j = json.loads(r.stdout)
+        self.assertGreater(j["lookups"], 0)
+        self.assertGreater(j["pushes"], 0)
+        self.assertGreater(j["push_rows_per_s"], 0)
+        self.assertGreater(j["lookup_rows_per_s"], 0)
+        share = j["pushes"] / float(j["lookups"] + j["pushes"])
+        self.assertTrue(0.3 < share < 0.7, share)
+        after = self.table_stats("cli_bench")
+        self.assertGreaterEqual(after["pushes"] - before["pushes"], j["pushes"])
+        self.assertGreater(after["steps_applied"], before["steps_applied"])
+
+    def test_bench_report(self):
+        r = self.ok("bench", "cli_bench", "--batch", "64", "--duration", "1.5", "--warmup", "0",
+                    "--push-ratio", "0.25", "--async")
+        self.assertRegex(r.stderr, r"bench\s+\d+\.\ds\s+lookups \d+\s+pushes \d+")
+        lines = r.stdout.splitlines()
+        self.assertIn("table cli_bench: batch 64", lines[0])
+        self.assertEqual(lines[1].split()[:4], ["op", "count", "batches/s", "rows/s"])
+        ops = {l.split()[0]: l.split()[1:] for l in lines[2:]}
+        self.assertEqual(set(ops), {"lookup", "push", "all"})
+        self.assertGreater(int(ops["lookup"][0]), 0)
+        self.assertGreater(int(ops["push"][0]), 0)
+        self.assertEqual(int(ops["all"][0]), int(ops["lookup"][0]) + int(ops["push"][0]))
+
+    def test_bench_bad_table(self):
+        self.fails(1, ["NOT_FOUND", "nope"], "bench", "nope", "--batch", "8", "--duration", "0.1")
+
+
+class TestServerCommandLine(unittest.TestCase):
+    def run_server(self, *flags, env=None, timeout=15):
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        return subprocess.run([SERVER_BIN, "--listen", "127.0.0.1:0", *flags],
+                              capture_output=True, text=True, env=full_env, timeout=timeout)
+
+    def test_help_lists_every_flag_with_its_variable(self):
+        r = subprocess.run([SERVER_BIN, "--help"], capture_output=True, text=True, timeout=15)
+        self.assertEqual(r.returncode, 0)
+        out = r.stdout + r.stderr
+        listed = set(re.findall(r"(?m)^  --([a-z0-9-]+)\s", out)) - {"help"}
+        # These flags at least; flags added later must follow the same pattern.
+        self.assertLessEqual(set(SERVER_FLAGS), listed)
+        for flag in sorted(listed):
+            env = "EMBPS_" + flag.upper().replace("-", "_")
+            self.assertRegex(out, r"(?s)--%s\s[^\n]*\(default [^\n]*\)\n\s+env %s\n" %
+                             (re.escape(flag), env))
+
+    def test_bad_values_exit_nonzero_naming_the_flag(self):
+        cases = [(["--max-message-bytes", "12x"], {}, "--max-message-bytes"),
+                 (["--max-tables", "-1"], {}, "--max-tables"),
+                 (["--stall-timeout-ms", ""], {}, "--stall-timeout-ms"),
+                 (["--log-level", "loud"], {}, "--log-level"),
+                 (["--backend", "abacus"], {}, "--backend"),
+                 (["--frobnicate"], {}, "--frobnicate"),
+                 (["--max-connections"], {}, "--max-connections"),
+                 ([], {"EMBPS_MAX_TABLES": "abc"}, "EMBPS_MAX_TABLES"),
+                 ([], {"EMBPS_MAX_MESSAGE_BYTES": "lots"}, "EMBPS_MAX_MESSAGE_BYTES")]
+        for flags, env, name in cases:
+            r = self.run_server(*flags, env=env)
+            self.assertNotEqual(r.returncode, 0, (flags, env))
+            self.assertIn(name, r.stderr, (flags, env))
+        r = self.run_server("--listen", "not-an-address")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("not-an-address", r.stderr)
+
+    def test_environment_sets_max_message_bytes(self):
+        small = Server(env={"EMBPS_MAX_MESSAGE_BYTES": "4K"})
+        try:
+            addr = small.address
+            r = embps("create-table", "envt", "--rows", "1000", "--emb-width", "4", servers=addr)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            r = embps("lookup", "envt", "--tokens", ",".join(["7"] * 600), servers=addr)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("RESOURCE_EXHAUSTED", r.stderr)
+            self.assertIn("larger than max", r.stderr)
+            self.assertIn("4096", r.stderr)
+            r = embps("lookup", "envt", "--tokens", ",".join(["7"] * 100), servers=addr)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(len(r.stdout.splitlines()), 100)
+        finally:
+            self.assertEqual(small.close(), 0)
+        # The flag wins over the variable.
+        big = Server("--max-message-bytes", "1M", env={"EMBPS_MAX_MESSAGE_BYTES": "4K"})
+        try:
+            addr = big.address
+            self.assertEqual(embps("create-table", "envt", "--rows", "1000", "--emb-width", "4",
+                                   servers=addr).returncode, 0)
+            r = embps("lookup", "envt", "--tokens", ",".join(["7"] * 600), servers=addr)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        finally:
+            self.assertEqual(big.close(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
