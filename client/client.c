@@ -193,8 +193,7 @@ static embps_status_t shard_submit(embps_call_t *call, shard_t *sh, const char *
   if (st != EMBPS_OK) {
     embps__stream_release(s);
     if (c->group_size > 1)
-      return fail(c, st, "rank %u (%s): %s", sh->rank, c->addrs[sh->rank].authority,
-                  err.message);
+      return fail(c, st, "rank %u (%s): %s", sh->rank, c->addrs[sh->rank].authority, err.message);
     return fail_err(c, &err);
   }
   sh->stream = s;
@@ -365,8 +364,8 @@ static embps_status_t batch_start(embps_client_t *c, enum call_kind kind, const 
                                 (size_t)(real * row_bytes), plan.shard_tokens * row_bytes,
                                 row_bytes);
     }
-    st = shard_submit(call, sh, kind == CALL_LOOKUP ? PATH_PREFIX "Lookup"
-                                                    : PATH_PREFIX "PushGradients",
+    st = shard_submit(call, sh,
+                      kind == CALL_LOOKUP ? PATH_PREFIX "Lookup" : PATH_PREFIX "PushGradients",
                       segs, ns);
     if (st != EMBPS_OK)
       goto fail;
@@ -384,17 +383,15 @@ fail:
   return st;
 }
 
-embps_status_t embps_lookup_start(embps_client_t *client, const char *table,
-                                  const int64_t *tokens, size_t n, void *out, size_t out_bytes,
-                                  embps_call_t **call) {
-  return batch_start(client, CALL_LOOKUP, table, tokens, n, out, NULL, out_bytes, 0, 0, NULL,
-                     call);
+embps_status_t embps_lookup_start(embps_client_t *client, const char *table, const int64_t *tokens,
+                                  size_t n, void *out, size_t out_bytes, embps_call_t **call) {
+  return batch_start(client, CALL_LOOKUP, table, tokens, n, out, NULL, out_bytes, 0, 0, NULL, call);
 }
 
 embps_status_t embps_push_start(embps_client_t *client, const char *table, const int64_t *tokens,
-                                size_t n, const void *grads, size_t grad_bytes,
-                                embps_dtype_t dtype, embps_push_mode_t mode,
-                                embps_push_result_t *result, embps_call_t **call) {
+                                size_t n, const void *grads, size_t grad_bytes, embps_dtype_t dtype,
+                                embps_push_mode_t mode, embps_push_result_t *result,
+                                embps_call_t **call) {
   if (mode != EMBPS_PUSH_SYNC && mode != EMBPS_PUSH_ASYNC)
     return fail(client, EMBPS_INVALID_ARGUMENT, "push: mode %d is neither sync nor async",
                 (int)mode);
@@ -468,8 +465,8 @@ embps_status_t embps_push(embps_client_t *client, const char *table, const int64
                           size_t n, const void *grads, size_t grad_bytes, embps_dtype_t dtype,
                           embps_push_mode_t mode, embps_push_result_t *result) {
   embps_call_t *call;
-  embps_status_t st = embps_push_start(client, table, tokens, n, grads, grad_bytes, dtype, mode,
-                                       result, &call);
+  embps_status_t st =
+      embps_push_start(client, table, tokens, n, grads, grad_bytes, dtype, mode, result, &call);
   return st != EMBPS_OK ? st : embps_call_wait(call);
 }
 
@@ -612,8 +609,7 @@ oom:
   return fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
 }
 
-embps_status_t embps_list_tables(embps_client_t *client, embps_table_spec_t **tables,
-                                 size_t *n) {
+embps_status_t embps_list_tables(embps_client_t *client, embps_table_spec_t **tables, size_t *n) {
   Embps__V1__ListTablesRequest req = EMBPS__V1__LIST_TABLES_REQUEST__INIT;
   embps_call_t *call;
   embps_status_t st = unary(client, PATH_PREFIX "ListTables", &req.base, 0, 1, &call);
@@ -645,8 +641,8 @@ embps_status_t embps_stats(embps_client_t *client, embps_rank_stats_t **stats, s
   Embps__V1__GetStatsRequest req = EMBPS__V1__GET_STATS_REQUEST__INIT;
   embps_rank_stats_t *out;
   embps_call_t *call;
-  embps_status_t st = unary(client, PATH_PREFIX "GetStats", &req.base, 0, client->group_size,
-                            &call);
+  embps_status_t st =
+      unary(client, PATH_PREFIX "GetStats", &req.base, 0, client->group_size, &call);
   if (st != EMBPS_OK)
     return st;
   out = embps_calloc(call->nshards, sizeof(*out));

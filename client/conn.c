@@ -61,10 +61,10 @@ struct embps__conn {
   uint8_t *rbuf;
   uint8_t *wbuf;
   size_t wlen, woff, wcap;
-  embps__stream_t *streams;    /* attached streams */
-  embps__stream_t *send_head;  /* bodies not yet fully sent, in submission order */
+  embps__stream_t *streams;   /* attached streams */
+  embps__stream_t *send_head; /* bodies not yet fully sent, in submission order */
   embps__stream_t *send_tail;
-  int resume_head;             /* the new send_head was deferred: resume it */
+  int resume_head; /* the new send_head was deferred: resume it */
 };
 
 static int64_t now_ms(void) {
@@ -552,8 +552,7 @@ static embps_status_t tcp_connect(embps__conn_t *c, int64_t timeout_ms, embps_er
     return embps_error_set(err, EMBPS_UNAVAILABLE, "cannot resolve %s: %s", c->addr.authority,
                            gai_strerror(rc));
   for (ai = res; ai; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                    ai->ai_protocol);
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
     int one = 1;
     if (fd < 0) {
       last_errno = errno;
@@ -655,8 +654,8 @@ static embps_status_t conn_connect(embps__conn_t *c, int64_t timeout_ms, embps_e
   return ret;
 }
 
-embps_status_t embps__conn_open(embps__conn_t **out, const embps__addr_t *addr,
-                                int64_t timeout_ms, embps_error_t *err) {
+embps_status_t embps__conn_open(embps__conn_t **out, const embps__addr_t *addr, int64_t timeout_ms,
+                                embps_error_t *err) {
   embps_status_t ret;
   embps__conn_t *c = embps_calloc(1, sizeof(*c));
   if (!c)
@@ -692,8 +691,8 @@ embps_status_t embps__conn_submit(embps__conn_t *c, embps__stream_t *s, int64_t 
   nghttp2_data_provider prd;
   int32_t id;
   size_t nnv = 6;
-#define NV(n, v, vl)                                                                          \
-  { (uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NO_COPY_NAME }
+#define NV(n, v, vl)                                                                               \
+  {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NO_COPY_NAME}
   nghttp2_nv nva[8] = {
       NV(":method", "POST", 4),
       NV(":scheme", "http", 4),
@@ -731,10 +730,9 @@ embps_status_t embps__conn_submit(embps__conn_t *c, embps__stream_t *s, int64_t 
   prd.read_callback = read_body;
   id = nghttp2_submit_request(c->session, NULL, nva, nnv, &prd, s);
   if (id < 0)
-    return embps_error_set(err, id == NGHTTP2_ERR_NOMEM ? EMBPS_RESOURCE_EXHAUSTED
-                                                        : EMBPS_UNAVAILABLE,
-                           "cannot start a call on %s: %s", c->addr.authority,
-                           nghttp2_strerror(id));
+    return embps_error_set(
+        err, id == NGHTTP2_ERR_NOMEM ? EMBPS_RESOURCE_EXHAUSTED : EMBPS_UNAVAILABLE,
+        "cannot start a call on %s: %s", c->addr.authority, nghttp2_strerror(id));
   s->id = id;
   s->attached = 1;
   s->prev = NULL;

@@ -30,8 +30,8 @@ typedef embps_status_t (*embps__sink_finish)(void *arg, embps_error_t *err);
  * resets the stream and lets the connection free it when it closes. */
 struct embps__stream {
   /* request, set before submit */
-  const char *path;         /* "/embps.v1.EmbeddingService/Lookup"; static string */
-  int64_t timeout_ms;       /* grpc-timeout header; 0: none */
+  const char *path;   /* "/embps.v1.EmbeddingService/Lookup"; static string */
+  int64_t timeout_ms; /* grpc-timeout header; 0: none */
   embps__seg_t segs[EMBPS__MAX_SEGS];
   int nsegs;
   /* reply: body bytes go to sink (e.g. the LookupResponse parser) or, with sink NULL, are
@@ -44,31 +44,31 @@ struct embps__stream {
   /* completion */
   void (*on_done)(embps__stream_t *s);
   void *user;
-  int done;           /* the result below is final */
+  int done; /* the result below is final */
   embps_error_t result;
   /* transport state, owned by conn.c */
   embps__conn_t *conn;
   int32_t id;
-  int attached;       /* the HTTP/2 stream still refers to this object */
-  int released;       /* the owner gave it up: free when detached */
-  int deferred;       /* the body waits for earlier requests' bodies */
+  int attached; /* the HTTP/2 stream still refers to this object */
+  int released; /* the owner gave it up: free when detached */
+  int deferred; /* the body waits for earlier requests' bodies */
   int body_sent;
   int seg_i;
   uint64_t seg_off;
   int http_status;
-  int grpc_status;    /* -1: not received */
+  int grpc_status; /* -1: not received */
   char grpc_message[512];
   embps__deframer_t deframer;
-  embps__stream_t *next, *prev;    /* the connection's attached streams */
-  embps__stream_t *send_next;      /* the connection's queue of bodies to send, in order */
+  embps__stream_t *next, *prev; /* the connection's attached streams */
+  embps__stream_t *send_next;   /* the connection's queue of bodies to send, in order */
 };
 
 /** Connects to addr within timeout_ms (TCP_NODELAY, HTTP/2 preface and SETTINGS with large
  * windows and frames). On success *out is a connection freed with embps__conn_free().
  * UNAVAILABLE with "cannot connect to host:port: reason"; DEADLINE_EXCEEDED;
  * RESOURCE_EXHAUSTED. */
-embps_status_t embps__conn_open(embps__conn_t **out, const embps__addr_t *addr,
-                                int64_t timeout_ms, embps_error_t *err);
+embps_status_t embps__conn_open(embps__conn_t **out, const embps__addr_t *addr, int64_t timeout_ms,
+                                embps_error_t *err);
 
 /** Closes the connection; open streams finish with CANCELLED and released ones are freed. */
 void embps__conn_free(embps__conn_t *c);

@@ -195,8 +195,8 @@ EMBPS_EXPORT embps_status_t embps_create_table(embps_client_t *client,
  * owned by the caller, freed with embps_tables_free(); on failure they are untouched.
  * Returns EMBPS_OK; EMBPS_UNAVAILABLE; EMBPS_DEADLINE_EXCEEDED; EMBPS_RESOURCE_EXHAUSTED;
  * EMBPS_INTERNAL (malformed reply). */
-EMBPS_EXPORT embps_status_t embps_list_tables(embps_client_t *client,
-                                              embps_table_spec_t **tables, size_t *n);
+EMBPS_EXPORT embps_status_t embps_list_tables(embps_client_t *client, embps_table_spec_t **tables,
+                                              size_t *n);
 
 /** Frees an array from embps_list_tables(), names included. NULL is a no-op. */
 EMBPS_EXPORT void embps_tables_free(embps_table_spec_t *tables, size_t n);
@@ -270,8 +270,7 @@ EMBPS_EXPORT void embps_stats_free(embps_rank_stats_t *stats, size_t n);
  * *serving is 1 when every rank answers SERVING, else 0, and the last error then names the
  * first rank that is not. Returns EMBPS_OK when every rank answered; EMBPS_UNAVAILABLE;
  * EMBPS_DEADLINE_EXCEEDED; EMBPS_NOT_FOUND (unknown service); EMBPS_INTERNAL. */
-EMBPS_EXPORT embps_status_t embps_health(embps_client_t *client, const char *service,
-                                         int *serving);
+EMBPS_EXPORT embps_status_t embps_health(embps_client_t *client, const char *service, int *serving);
 
 /** Asks rank 0 to checkpoint table (NULL or "": every table) to path on the servers.
  * *bytes, if not NULL, receives the bytes written. Returns EMBPS_OK or the server's status. */

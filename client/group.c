@@ -39,14 +39,12 @@ static embps_status_t parse_one(const char *s, size_t len, embps__addr_t *a, emb
         colon = s + i;
     if (!colon)
       return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                             "server address '%.*s' has no port (expected host:port)", (int)len,
-                             s);
+                             "server address '%.*s' has no port (expected host:port)", (int)len, s);
     host = s;
     host_len = (size_t)(colon - s);
     if (memchr(host, ':', host_len))
       return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                             "server address '%.*s': write IPv6 hosts as [addr]:port", (int)len,
-                             s);
+                             "server address '%.*s': write IPv6 hosts as [addr]:port", (int)len, s);
   }
   port = colon + 1;
   port_len = (size_t)(s + len - port);
@@ -56,23 +54,20 @@ static embps_status_t parse_one(const char *s, size_t len, embps__addr_t *a, emb
   for (size_t i = 0; i < host_len; i++)
     if (isspace((unsigned char)host[i]) || host[i] == '/' || host[i] == '[' || host[i] == ']')
       return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                             "server address '%.*s' has a bad character in its host", (int)len,
-                             s);
+                             "server address '%.*s' has a bad character in its host", (int)len, s);
   if (port_len == 0 || port_len > 5)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "server address '%.*s' has a bad port (expected 1..65535)", (int)len,
-                           s);
+                           "server address '%.*s' has a bad port (expected 1..65535)", (int)len, s);
   for (size_t i = 0; i < port_len; i++) {
     if (port[i] < '0' || port[i] > '9')
       return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                             "server address '%.*s' has a bad port (expected 1..65535)",
-                             (int)len, s);
+                             "server address '%.*s' has a bad port (expected 1..65535)", (int)len,
+                             s);
     p = p * 10 + (unsigned long)(port[i] - '0');
   }
   if (p == 0 || p > 65535)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "server address '%.*s' has a bad port (expected 1..65535)", (int)len,
-                           s);
+                           "server address '%.*s' has a bad port (expected 1..65535)", (int)len, s);
   memcpy(a->host, host, host_len);
   a->host[host_len] = '\0';
   memcpy(a->port, port, port_len);
@@ -94,8 +89,8 @@ embps_status_t embps__parse_servers(const char *list, embps__addr_t **out, size_
   for (s = list; *s; s++)
     count += *s == ',';
   if (count > EMBPS__MAX_GROUP)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "%zu server addresses, at most %d",
-                           count, EMBPS__MAX_GROUP);
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "%zu server addresses, at most %d", count,
+                           EMBPS__MAX_GROUP);
   addrs = embps_calloc(count, sizeof(*addrs));
   if (!addrs)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
@@ -108,8 +103,8 @@ embps_status_t embps__parse_servers(const char *list, embps__addr_t **out, size_
     while (e > s && isspace((unsigned char)e[-1]))
       e--;
     if ((size_t)(e - s) >= sizeof(addrs[k].authority)) {
-      ret = embps_error_set(err, EMBPS_INVALID_ARGUMENT, "server address '%.40s...' is too long",
-                            s);
+      ret =
+          embps_error_set(err, EMBPS_INVALID_ARGUMENT, "server address '%.40s...' is too long", s);
       goto fail;
     }
     ret = parse_one(s, (size_t)(e - s), &addrs[k], err);

@@ -121,8 +121,7 @@ static int hex_value(char c) {
 size_t embps__percent_decode(char *dst, const char *src, size_t len) {
   size_t i = 0, o = 0;
   while (i < len) {
-    if (src[i] == '%' && i + 2 < len && hex_value(src[i + 1]) >= 0 &&
-        hex_value(src[i + 2]) >= 0) {
+    if (src[i] == '%' && i + 2 < len && hex_value(src[i + 1]) >= 0 && hex_value(src[i + 2]) >= 0) {
       dst[o++] = (char)(hex_value(src[i + 1]) << 4 | hex_value(src[i + 2]));
       i += 3;
     } else {
@@ -315,8 +314,8 @@ static void on_len(embps__lookup_parser_t *p, uint64_t len) {
   p->state = p->size_error ? P_SKIP : P_BYTES;
 }
 
-embps_status_t embps__lookup_parser_feed(embps__lookup_parser_t *p, const uint8_t *data,
-                                         size_t n, embps_error_t *err) {
+embps_status_t embps__lookup_parser_feed(embps__lookup_parser_t *p, const uint8_t *data, size_t n,
+                                         embps_error_t *err) {
   size_t i = 0;
   while (i < n) {
     switch (p->state) {

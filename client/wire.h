@@ -124,8 +124,8 @@ void embps__lookup_parser_init(embps__lookup_parser_t *p, void *dst, size_t dst_
                                uint64_t rows_bytes, uint64_t row_bytes);
 /** Feeds body bytes. INTERNAL on malformed protobuf. A rows field of the wrong length is
  * skipped (nothing copied) and reported by embps__lookup_parser_finish(). */
-embps_status_t embps__lookup_parser_feed(embps__lookup_parser_t *p, const uint8_t *data,
-                                         size_t n, embps_error_t *err);
+embps_status_t embps__lookup_parser_feed(embps__lookup_parser_t *p, const uint8_t *data, size_t n,
+                                         embps_error_t *err);
 /** A body sink (embps__body_sink) feeding the parser given as arg. */
 embps_status_t embps__lookup_parser_sink(void *arg, const uint8_t *data, size_t n,
                                          embps_error_t *err);

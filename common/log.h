@@ -25,24 +25,24 @@ void embps_log_write(embps_log_level_t level, const char *file, int line, const 
 
 /* Check macros for calls into the OS and libraries (NCCL's CHECKGOTO): log file:line and jump
  * to the label. `ret` must be an embps_status_t in scope. */
-#define EMBPS_CHECK_GOTO(cond, status, label, ...)                                            \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
-      EMBPS_ERROR(__VA_ARGS__);                                                               \
-      ret = (status);                                                                         \
-      goto label;                                                                             \
-    }                                                                                         \
+#define EMBPS_CHECK_GOTO(cond, status, label, ...)                                                 \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      EMBPS_ERROR(__VA_ARGS__);                                                                    \
+      ret = (status);                                                                              \
+      goto label;                                                                                  \
+    }                                                                                              \
   } while (0)
 
 /* For libuv calls returning a negative errno. */
-#define EMBPS_UV_CHECK_GOTO(call, label)                                                      \
-  do {                                                                                        \
-    int uv_rc_ = (call);                                                                      \
-    if (uv_rc_ < 0) {                                                                         \
-      EMBPS_ERROR("%s: %s", #call, uv_strerror(uv_rc_));                                      \
-      ret = EMBPS_UNAVAILABLE;                                                                \
-      goto label;                                                                             \
-    }                                                                                         \
+#define EMBPS_UV_CHECK_GOTO(call, label)                                                           \
+  do {                                                                                             \
+    int uv_rc_ = (call);                                                                           \
+    if (uv_rc_ < 0) {                                                                              \
+      EMBPS_ERROR("%s: %s", #call, uv_strerror(uv_rc_));                                           \
+      ret = EMBPS_UNAVAILABLE;                                                                     \
+      goto label;                                                                                  \
+    }                                                                                              \
   } while (0)
 
 #endif

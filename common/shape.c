@@ -6,13 +6,13 @@ embps_status_t embps_shape_check_tokens_per_batch(uint64_t tokens_per_batch, uin
                                                   embps_error_t *err) {
   if (group_size == 0 || tokens_per_batch % group_size == 0)
     return EMBPS_OK;
-  return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                         "tokens_per_batch=%llu does not shard evenly over the %u-rank "
-                         "communicator: pad the batch to %llu tokens (a multiple of %u) with "
-                         "padding token 0",
-                         (unsigned long long)tokens_per_batch, group_size,
-                         (unsigned long long)embps_shape_padded_tokens(tokens_per_batch, group_size),
-                         group_size);
+  return embps_error_set(
+      err, EMBPS_INVALID_ARGUMENT,
+      "tokens_per_batch=%llu does not shard evenly over the %u-rank "
+      "communicator: pad the batch to %llu tokens (a multiple of %u) with "
+      "padding token 0",
+      (unsigned long long)tokens_per_batch, group_size,
+      (unsigned long long)embps_shape_padded_tokens(tokens_per_batch, group_size), group_size);
 }
 
 embps_status_t embps_shape_check_emb_width(uint64_t emb_width, uint32_t group_size,

@@ -9,8 +9,8 @@
 
 const char *embps_status_str(embps_status_t status) {
   switch (status) {
-#define EMBPS_STATUS_TEXT(name, code, text)                                                   \
-  case EMBPS_##name:                                                                          \
+#define EMBPS_STATUS_TEXT(name, code, text)                                                        \
+  case EMBPS_##name:                                                                               \
     return text;
     EMBPS_STATUS_MAP(EMBPS_STATUS_TEXT)
 #undef EMBPS_STATUS_TEXT
@@ -20,8 +20,8 @@ const char *embps_status_str(embps_status_t status) {
 
 const char *embps_status_name(embps_status_t status) {
   switch (status) {
-#define EMBPS_STATUS_NAME(name, code, text)                                                   \
-  case EMBPS_##name:                                                                          \
+#define EMBPS_STATUS_NAME(name, code, text)                                                        \
+  case EMBPS_##name:                                                                               \
     return #name;
     EMBPS_STATUS_MAP(EMBPS_STATUS_NAME)
 #undef EMBPS_STATUS_NAME

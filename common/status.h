@@ -8,23 +8,23 @@
 /* X(name, grpc_code, text): the single declaration of every status. The numeric value of each
  * status is its gRPC code, so the edge mapping is the identity but still goes through
  * embps_status_grpc_code() to keep the two vocabularies distinct in the code. */
-#define EMBPS_STATUS_MAP(X)                                                                   \
-  X(OK, 0, "ok")                                                                              \
-  X(CANCELLED, 1, "cancelled")                                                                \
-  X(UNKNOWN, 2, "unknown error")                                                              \
-  X(INVALID_ARGUMENT, 3, "invalid argument")                                                  \
-  X(DEADLINE_EXCEEDED, 4, "deadline exceeded")                                                \
-  X(NOT_FOUND, 5, "not found")                                                                \
-  X(ALREADY_EXISTS, 6, "already exists")                                                      \
-  X(PERMISSION_DENIED, 7, "permission denied")                                                \
-  X(RESOURCE_EXHAUSTED, 8, "resource exhausted")                                              \
-  X(FAILED_PRECONDITION, 9, "failed precondition")                                            \
-  X(ABORTED, 10, "aborted")                                                                   \
-  X(OUT_OF_RANGE, 11, "out of range")                                                         \
-  X(UNIMPLEMENTED, 12, "unimplemented")                                                       \
-  X(INTERNAL, 13, "internal error")                                                           \
-  X(UNAVAILABLE, 14, "unavailable")                                                           \
-  X(DATA_LOSS, 15, "data loss")                                                               \
+#define EMBPS_STATUS_MAP(X)                                                                        \
+  X(OK, 0, "ok")                                                                                   \
+  X(CANCELLED, 1, "cancelled")                                                                     \
+  X(UNKNOWN, 2, "unknown error")                                                                   \
+  X(INVALID_ARGUMENT, 3, "invalid argument")                                                       \
+  X(DEADLINE_EXCEEDED, 4, "deadline exceeded")                                                     \
+  X(NOT_FOUND, 5, "not found")                                                                     \
+  X(ALREADY_EXISTS, 6, "already exists")                                                           \
+  X(PERMISSION_DENIED, 7, "permission denied")                                                     \
+  X(RESOURCE_EXHAUSTED, 8, "resource exhausted")                                                   \
+  X(FAILED_PRECONDITION, 9, "failed precondition")                                                 \
+  X(ABORTED, 10, "aborted")                                                                        \
+  X(OUT_OF_RANGE, 11, "out of range")                                                              \
+  X(UNIMPLEMENTED, 12, "unimplemented")                                                            \
+  X(INTERNAL, 13, "internal error")                                                                \
+  X(UNAVAILABLE, 14, "unavailable")                                                                \
+  X(DATA_LOSS, 15, "data loss")                                                                    \
   X(UNAUTHENTICATED, 16, "unauthenticated")
 
 typedef enum embps_status {

@@ -36,13 +36,9 @@ static unsigned bit_width(uint64_t x) {
 
 /* Signed tokens map to order-preserving unsigned values by flipping the sign bit; ids are
  * validated non-negative upstream, but the kernel should not silently misorder if not. */
-static inline uint64_t key_of(int64_t t) {
-  return (uint64_t)t ^ (UINT64_C(1) << 63);
-}
+static inline uint64_t key_of(int64_t t) { return (uint64_t)t ^ (UINT64_C(1) << 63); }
 
-static inline int64_t token_of(uint64_t k) {
-  return (int64_t)(k ^ (UINT64_C(1) << 63));
-}
+static inline int64_t token_of(uint64_t k) { return (int64_t)(k ^ (UINT64_C(1) << 63)); }
 
 /* Histograms of every digit that can vary, in one read pass over the keys. A digit d is
  * (v >> (shift + d*8)) & 0xff. */

@@ -100,10 +100,10 @@ typedef enum embps_optimizer {
 typedef struct embps_opt_params {
   float lr;
   float eps;
-  float decay;        /* accumulator decay per step: exp(-ln2 / half_life), 1 without half-life */
-  float beta1;        /* adam */
-  float beta2;        /* adam */
-  uint64_t step;      /* adam: 1-based count of applied steps, this one included (0 acts as 1) */
+  float decay;   /* accumulator decay per step: exp(-ln2 / half_life), 1 without half-life */
+  float beta1;   /* adam */
+  float beta2;   /* adam */
+  uint64_t step; /* adam: 1-based count of applied steps, this one included (0 acts as 1) */
 } embps_opt_params_t;
 
 /** decay for a half-life in steps; 1 when half_life <= 0. */

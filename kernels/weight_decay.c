@@ -11,8 +11,7 @@ static void decay_row_f32(float *restrict g, const float *restrict w, size_t wid
     g[j] += wd * w[j];
 }
 
-static void decay_row_bf16(float *restrict g, const uint16_t *restrict w, size_t width,
-                           float wd) {
+static void decay_row_bf16(float *restrict g, const uint16_t *restrict w, size_t width, float wd) {
   for (size_t j = 0; j < width; j++)
     g[j] += wd * embps_bf16_to_f32(w[j]);
 }

@@ -157,13 +157,15 @@ int main(int argc, char **argv) {
     peer_addrs[r] = peer_addrs_buf[r];
   }
   snprintf(listen_addr, sizeof(listen_addr), "%s",
-           set.listen[0] ? set.listen : num_peers ? peers[rank] : "127.0.0.1:7070");
+           set.listen[0] ? set.listen
+           : num_peers   ? peers[rank]
+                         : "127.0.0.1:7070");
   embps_mesh_format(&mesh, mesh_text, sizeof(mesh_text));
   embps_mesh_format_axes(&mesh, 0, ta, sizeof(ta));
   embps_mesh_format_axes(&mesh, 1, da, sizeof(da));
   snprintf(identity, sizeof(identity),
-           "version=%s\nmesh=%s\ntable_axis=%s\ndata_axis=%s\npeers=%s\n", EMBPS_VERSION,
-           mesh_text, ta, da, set.peers);
+           "version=%s\nmesh=%s\ntable_axis=%s\ndata_axis=%s\npeers=%s\n", EMBPS_VERSION, mesh_text,
+           ta, da, set.peers);
 
   memset(&scfg, 0, sizeof(scfg));
   scfg.max_table_bytes = set.max_table_bytes ? set.max_table_bytes : default_max_table_bytes();

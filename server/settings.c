@@ -19,7 +19,7 @@ typedef struct setting_desc {
 } setting_desc_t;
 
 static const setting_desc_t settings_table[] = {
-#define EMBPS_SETTING_DESC(name, type, flag, def, help)                                       \
+#define EMBPS_SETTING_DESC(name, type, flag, def, help)                                            \
   {flag, TYPE_##type, def, help, offsetof(embps_settings_t, name)},
     EMBPS_SERVER_SETTINGS(EMBPS_SETTING_DESC)
 #undef EMBPS_SETTING_DESC
@@ -47,10 +47,26 @@ embps_status_t embps_settings_parse_size(const char *text, uint64_t *out) {
   switch (*end) {
   case '\0':
     break;
-  case 'K': case 'k': shift = 10; end++; break;
-  case 'M': case 'm': shift = 20; end++; break;
-  case 'G': case 'g': shift = 30; end++; break;
-  case 'T': case 't': shift = 40; end++; break;
+  case 'K':
+  case 'k':
+    shift = 10;
+    end++;
+    break;
+  case 'M':
+  case 'm':
+    shift = 20;
+    end++;
+    break;
+  case 'G':
+  case 'g':
+    shift = 30;
+    end++;
+    break;
+  case 'T':
+  case 't':
+    shift = 40;
+    end++;
+    break;
   default:
     return EMBPS_INVALID_ARGUMENT;
   }

@@ -13,37 +13,37 @@
  * upper-cased with '-' turned into '_' (--max-message-bytes: EMBPS_MAX_MESSAGE_BYTES).
  * Types: STR (a string), SIZE (an unsigned count that takes K/M/G/T suffixes, powers of 1024),
  * U64 (a plain unsigned count). */
-#define EMBPS_SERVER_SETTINGS(X)                                                              \
-  X(listen, STR, "listen", "",                                                               \
-    "address to serve gRPC clients on (HOST:PORT); default: this rank's entry of --peers, "    \
-    "else 127.0.0.1:7070")                                                                    \
-  X(rank, U64, "rank", "0", "this server's rank in the shard group (0 is the leader)")        \
-  X(peers, STR, "peers", "",                                                                  \
-    "every rank's client address in rank order (HOST:PORT,HOST:PORT,...); empty: a group of "  \
-    "one")                                                                                    \
-  X(peer_port_offset, U64, "peer-port-offset", "1000",                                        \
-    "server-to-server traffic uses each rank's client port plus this offset")                 \
-  X(mesh, STR, "mesh", "", "named mesh axes with sizes (e.g. shard=4); default shard=N")      \
-  X(table_axis, STR, "table-axis", "shard",                                                   \
-    "mesh axes whose ranks split table columns (the communicator)")                           \
-  X(data_axis, STR, "data-axis", "shard", "mesh axes that clients split tokens over")         \
-  X(bootstrap_timeout_ms, U64, "bootstrap-timeout-ms", "120000",                              \
-    "how long a rank waits at startup for the whole group")                                   \
-  X(peer_timeout_ms, U64, "peer-timeout-ms", "30000",                                         \
-    "bound on one collective; a peer silent this long breaks the group")                      \
-  X(batch_deadline_ms, U64, "batch-deadline-ms", "10000",                                     \
-    "a batch whose shards do not all reach their ranks within this fails (DEADLINE_EXCEEDED)") \
-  X(max_message_bytes, SIZE, "max-message-bytes", "256M",                                     \
-    "largest gRPC request message accepted; larger ones get RESOURCE_EXHAUSTED")              \
-  X(max_table_bytes, SIZE, "max-table-bytes", "0",                                            \
-    "largest table (rows, optimizer state) CreateTable accepts; 0 = 3/4 of physical memory")   \
-  X(max_tables, U64, "max-tables", "1024", "most tables a server holds")                      \
-  X(max_connections, U64, "max-connections", "4096", "most client connections at once")       \
-  X(stall_timeout_ms, U64, "stall-timeout-ms", "10000",                                       \
-    "close a connection that stops sending in the middle of a request for this long")         \
-  X(idle_timeout_ms, U64, "idle-timeout-ms", "0",                                             \
-    "close a connection with no calls that stays silent this long; 0 = never")                \
-  X(backend, STR, "backend", "auto", "compute backend: auto or cpu")                          \
+#define EMBPS_SERVER_SETTINGS(X)                                                                   \
+  X(listen, STR, "listen", "",                                                                     \
+    "address to serve gRPC clients on (HOST:PORT); default: this rank's entry of --peers, "        \
+    "else 127.0.0.1:7070")                                                                         \
+  X(rank, U64, "rank", "0", "this server's rank in the shard group (0 is the leader)")             \
+  X(peers, STR, "peers", "",                                                                       \
+    "every rank's client address in rank order (HOST:PORT,HOST:PORT,...); empty: a group of "      \
+    "one")                                                                                         \
+  X(peer_port_offset, U64, "peer-port-offset", "1000",                                             \
+    "server-to-server traffic uses each rank's client port plus this offset")                      \
+  X(mesh, STR, "mesh", "", "named mesh axes with sizes (e.g. shard=4); default shard=N")           \
+  X(table_axis, STR, "table-axis", "shard",                                                        \
+    "mesh axes whose ranks split table columns (the communicator)")                                \
+  X(data_axis, STR, "data-axis", "shard", "mesh axes that clients split tokens over")              \
+  X(bootstrap_timeout_ms, U64, "bootstrap-timeout-ms", "120000",                                   \
+    "how long a rank waits at startup for the whole group")                                        \
+  X(peer_timeout_ms, U64, "peer-timeout-ms", "30000",                                              \
+    "bound on one collective; a peer silent this long breaks the group")                           \
+  X(batch_deadline_ms, U64, "batch-deadline-ms", "10000",                                          \
+    "a batch whose shards do not all reach their ranks within this fails (DEADLINE_EXCEEDED)")     \
+  X(max_message_bytes, SIZE, "max-message-bytes", "256M",                                          \
+    "largest gRPC request message accepted; larger ones get RESOURCE_EXHAUSTED")                   \
+  X(max_table_bytes, SIZE, "max-table-bytes", "0",                                                 \
+    "largest table (rows, optimizer state) CreateTable accepts; 0 = 3/4 of physical memory")       \
+  X(max_tables, U64, "max-tables", "1024", "most tables a server holds")                           \
+  X(max_connections, U64, "max-connections", "4096", "most client connections at once")            \
+  X(stall_timeout_ms, U64, "stall-timeout-ms", "10000",                                            \
+    "close a connection that stops sending in the middle of a request for this long")              \
+  X(idle_timeout_ms, U64, "idle-timeout-ms", "0",                                                  \
+    "close a connection with no calls that stays silent this long; 0 = never")                     \
+  X(backend, STR, "backend", "auto", "compute backend: auto or cpu")                               \
   X(log_level, STR, "log-level", "info", "debug, info, warn or error")
 
 typedef struct embps_settings {

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int embps_cli_parse_u64(const char *what, const char *s, uint64_t min, uint64_t max,
-                        uint64_t *out, char *err, size_t errlen) {
+int embps_cli_parse_u64(const char *what, const char *s, uint64_t min, uint64_t max, uint64_t *out,
+                        char *err, size_t errlen) {
   uint64_t v = 0;
   if (!s || !*s) {
     snprintf(err, errlen, "%s: expected a whole number, got an empty value", what);
@@ -99,8 +99,8 @@ int embps_cli_parse_double(const char *what, const char *s, double min, double m
   return 0;
 }
 
-int embps_cli_parse_i64_list(const char *what, const char *s, int64_t **out, size_t *n,
-                             char *err, size_t errlen) {
+int embps_cli_parse_i64_list(const char *what, const char *s, int64_t **out, size_t *n, char *err,
+                             size_t errlen) {
   size_t count = 1, k = 0;
   int64_t *v;
   const char *p;
@@ -152,8 +152,8 @@ int embps_cli_parse_i64_list(const char *what, const char *s, int64_t **out, siz
   return 0;
 }
 
-int embps_cli_parse_f32_rows(const char *what, const char *s, float **out, size_t *n,
-                             size_t *rows, char *err, size_t errlen) {
+int embps_cli_parse_f32_rows(const char *what, const char *s, float **out, size_t *n, size_t *rows,
+                             char *err, size_t errlen) {
   size_t count = 1, k = 0, nrows = 1, width = 0, in_row = 0;
   float *v;
   const char *p;

@@ -315,8 +315,8 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
              table->name, (unsigned long long)o->batch, o->concurrency, o->pipeline, o->zipf,
              o->push_ratio, elapsed, nl, np, lps, pps, lrows, prows, lrows * row_bytes / 1e9,
              prows * row_bytes / 1e9, pct(al, na, 50), pct(al, na, 99), pct(al, na, 99.9),
-             pct(ll, nl, 50), pct(ll, nl, 99), pct(ll, nl, 99.9), pct(pl, np, 50),
-             pct(pl, np, 99), pct(pl, np, 99.9));
+             pct(ll, nl, 50), pct(ll, nl, 99), pct(ll, nl, 99.9), pct(pl, np, 50), pct(pl, np, 99),
+             pct(pl, np, 99.9));
     } else {
       printf("table %s: batch %llu, %u threads x %u in flight, zipf %g, push ratio %g, %.2f s\n",
              table->name, (unsigned long long)o->batch, o->concurrency, o->pipeline, o->zipf,

@@ -41,10 +41,10 @@ static setting_t settings[S_COUNT] = {
 };
 
 typedef struct flag {
-  const char *name;   /* "--rows" */
-  const char *arg;    /* "R" for a flag with a value, NULL for a switch */
+  const char *name; /* "--rows" */
+  const char *arg;  /* "R" for a flag with a value, NULL for a switch */
   const char *help;
-  const char *value;  /* set by parse_flags; "1" for a switch */
+  const char *value; /* set by parse_flags; "1" for a switch */
 } flag_t;
 
 typedef struct command {
@@ -347,8 +347,8 @@ static int cmd_tables(const char *cmd, flag_t *f, const char *pos) {
   } else {
     printf("%-24s %14s %10s %6s %s\n", "name", "rows", "emb_width", "dtype", "optimizer");
     for (size_t i = 0; i < n; i++)
-      printf("%-24s %14llu %10u %6s %s\n", t[i].name, (unsigned long long)t[i].rows,
-             t[i].emb_width, embps_dtype_name(t[i].dtype), optimizer_name(t[i].optimizer));
+      printf("%-24s %14llu %10u %6s %s\n", t[i].name, (unsigned long long)t[i].rows, t[i].emb_width,
+             embps_dtype_name(t[i].dtype), optimizer_name(t[i].optimizer));
   }
   embps_tables_free(t, n);
   return 0;
@@ -440,8 +440,8 @@ static int cmd_push(const char *cmd, flag_t *f, const char *name) {
     return usage_error(cmd, g_err);
   }
   if (flag(f, "--grad-value") &&
-      embps_cli_parse_double("--grad-value", flag(f, "--grad-value"), -3.4e38, 3.4e38, &gv,
-                             g_err, sizeof(g_err)) != 0) {
+      embps_cli_parse_double("--grad-value", flag(f, "--grad-value"), -3.4e38, 3.4e38, &gv, g_err,
+                             sizeof(g_err)) != 0) {
     free(tokens);
     return usage_error(cmd, g_err);
   }
@@ -508,8 +508,7 @@ static int cmd_stats(const char *cmd, flag_t *f, const char *pos) {
   for (size_t i = 0; i < n; i++) {
     const embps_rank_stats_t *r = &s[i];
     if (json) {
-      printf("%s{\"rank\":%u,\"group_size\":%u,\"address\":", i ? "," : "", r->rank,
-             r->group_size);
+      printf("%s{\"rank\":%u,\"group_size\":%u,\"address\":", i ? "," : "", r->rank, r->group_size);
       json_string(stdout, r->address);
       printf(",\"backend\":");
       json_string(stdout, r->backend);
@@ -681,11 +680,11 @@ static command_t commands[] = {
      push_flags},
     {"stats", NULL, "Print every rank's statistics and per-table counters.", cmd_stats,
      stats_flags},
-    {"health", NULL, "Ask every rank's grpc.health.v1 service; prints SERVING and exits 0 when "
-                     "all serve.",
+    {"health", NULL,
+     "Ask every rank's grpc.health.v1 service; prints SERVING and exits 0 when "
+     "all serve.",
      cmd_health, health_flags},
-    {"checkpoint", NULL, "Ask the group to write a checkpoint.", cmd_checkpoint,
-     checkpoint_flags},
+    {"checkpoint", NULL, "Ask the group to write a checkpoint.", cmd_checkpoint, checkpoint_flags},
     {"bench", "NAME",
      "Load test: C threads keep K lookups/pushes of T Zipf-distributed tokens in flight and "
      "report batches/s, rows/s, GB/s and latency percentiles.",
@@ -759,8 +758,8 @@ int main(int argc, char **argv) {
                           sizeof(g_err)) != 0)
     return usage_error("options", g_err);
   g_opts.deadline_ms = (int64_t)v;
-  if (embps_cli_parse_u64("--connect-timeout-ms", settings[S_CONNECT_TIMEOUT].value, 1,
-                          INT64_MAX, &v, g_err, sizeof(g_err)) != 0)
+  if (embps_cli_parse_u64("--connect-timeout-ms", settings[S_CONNECT_TIMEOUT].value, 1, INT64_MAX,
+                          &v, g_err, sizeof(g_err)) != 0)
     return usage_error("options", g_err);
   g_opts.connect_timeout_ms = (int64_t)v;
   if (embps_cli_parse_u64("--pad", settings[S_PAD].value, 0, 1, &v, g_err, sizeof(g_err)) != 0)

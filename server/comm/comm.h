@@ -64,8 +64,8 @@ struct embps_comm {
  * On failure *out is untouched and the sockets are closed. Returns EMBPS_OK,
  * EMBPS_INVALID_ARGUMENT or EMBPS_RESOURCE_EXHAUSTED.
  */
-embps_status_t embps_comm_tcp_new(embps_comm_t **out, uint32_t rank, uint32_t size,
-                                  const int *fds, uint64_t timeout_ms);
+embps_status_t embps_comm_tcp_new(embps_comm_t **out, uint32_t rank, uint32_t size, const int *fds,
+                                  uint64_t timeout_ms);
 
 /* Dispatch helpers: the engine calls these, never a backend directly. */
 static inline embps_status_t embps_comm_all_gather(embps_comm_t *c, const void *send, size_t bytes,

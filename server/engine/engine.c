@@ -214,8 +214,8 @@ static embps_status_t run_push(embps_engine_t *e, embps_op_t *op, embps_error_t 
     /* Block s of the send buffer: columns [s*w, (s+1)*w) of this shard's n gradient rows. */
     for (uint32_t s = 0; s < N; s++)
       for (size_t i = 0; i < n; i++)
-        memcpy(e->s.send + s * block + i * w * ds, (const uint8_t *)op->grads + (i * W + s * w) * ds,
-               w * ds);
+        memcpy(e->s.send + s * block + i * w * ds,
+               (const uint8_t *)op->grads + (i * W + s * w) * ds, w * ds);
     if ((ret = embps_comm_all_to_all(e->comm, e->s.send, block, e->s.recv, err)) != EMBPS_OK)
       return ret;
     tokens = e->s.all_tokens;
@@ -266,8 +266,8 @@ static embps_status_t run_push(embps_engine_t *e, embps_op_t *op, embps_error_t 
     embps_update_adagrad_cpu(t->data, c->dtype, w, rows, m, g, t->state0, &p);
     break;
   case EMBPS_OPT_ROWWISE_ADAGRAD:
-    embps_update_rowwise_adagrad_cpu(t->data, c->dtype, w, rows, m, g, e->s.row_sumsq, W,
-                                     t->state0, &p);
+    embps_update_rowwise_adagrad_cpu(t->data, c->dtype, w, rows, m, g, e->s.row_sumsq, W, t->state0,
+                                     &p);
     break;
   case EMBPS_OPT_ADAM:
     embps_update_adam_cpu(t->data, c->dtype, w, rows, m, g, t->state0, t->state1, &p);

@@ -32,21 +32,21 @@ typedef struct embps_op embps_op_t;
  */
 struct embps_op {
   embps_op_kind_t kind;
-  uint64_t batch_id;         /* the client's batch id (shards of one batch share it) */
-  uint32_t tokens_per_batch; /* over the whole group */
-  embps_table_t *table;      /* lookup, push: validated, registered table */
+  uint64_t batch_id;           /* the client's batch id (shards of one batch share it) */
+  uint32_t tokens_per_batch;   /* over the whole group */
+  embps_table_t *table;        /* lookup, push: validated, registered table */
   embps_table_config_t create; /* create: the resolved config */
-  const int64_t *tokens;     /* this rank's shard, validated: every token in [0, rows) */
-  size_t num_tokens;         /* tokens_per_batch / group_size */
-  const void *grads;         /* push: num_tokens x emb_width of the table's dtype */
-  void *rows_out;            /* lookup: num_tokens x emb_width of the table's dtype */
+  const int64_t *tokens;       /* this rank's shard, validated: every token in [0, rows) */
+  size_t num_tokens;           /* tokens_per_batch / group_size */
+  const void *grads;           /* push: num_tokens x emb_width of the table's dtype */
+  void *rows_out;              /* lookup: num_tokens x emb_width of the table's dtype */
 
   /* Results. */
-  embps_error_t error; /* status EMBPS_OK on success */
-  int applied;         /* push: the update was applied */
-  int skipped;         /* push: a non-finite gradient gated the step */
-  double grad_norm;    /* push: L2 norm of the summed gradients of non-padding rows */
-  uint64_t num_unique; /* push: distinct non-padding tokens in the batch */
+  embps_error_t error;    /* status EMBPS_OK on success */
+  int applied;            /* push: the update was applied */
+  int skipped;            /* push: a non-finite gradient gated the step */
+  double grad_norm;       /* push: L2 norm of the summed gradients of non-padding rows */
+  uint64_t num_unique;    /* push: distinct non-padding tokens in the batch */
   embps_table_t *created; /* create: the registered table */
 
   /** Called on the loop thread once the op is complete. */

@@ -477,9 +477,9 @@ static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
   if (N > 1) {
     EMBPS_INFO("rank %u of %u: waiting for the group (peer address %s)", g->cfg.rank, N,
                g->peer_addrs[g->cfg.rank]);
-    ret = embps_group_bootstrap(g->cfg.rank, N, (const char *const *)g->peer_addrs,
-                                g->cfg.bind_any, g->identity, g->cfg.bootstrap_timeout_ms,
-                                g->control_fds, data_fds, err);
+    ret = embps_group_bootstrap(g->cfg.rank, N, (const char *const *)g->peer_addrs, g->cfg.bind_any,
+                                g->identity, g->cfg.bootstrap_timeout_ms, g->control_fds, data_fds,
+                                err);
     if (ret != EMBPS_OK)
       goto exit;
     /* Only the leader's control connections carry traffic. */

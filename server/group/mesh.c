@@ -102,8 +102,7 @@ embps_status_t embps_mesh_parse(embps_mesh_t *m, const char *mesh_text, const ch
     size_t len = end ? (size_t)(end - p) : strlen(p);
     char *num_end;
     unsigned long size;
-    if (!eq || eq > p + len || !valid_name(p, (size_t)(eq - p)) ||
-        !isdigit((unsigned char)eq[1]))
+    if (!eq || eq > p + len || !valid_name(p, (size_t)(eq - p)) || !isdigit((unsigned char)eq[1]))
       return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                              "--mesh '%s' is not a list of axis=size (e.g. shard=4 or "
                              "batch=2,shard=4)",

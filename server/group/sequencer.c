@@ -22,8 +22,8 @@ typedef struct pending {
   embps_batch_desc_t desc;
   uint64_t first_ms;
   uint32_t arrived;
-  uint8_t *ranks;       /* group_size flags */
-  int failed;           /* disagreement found: fail once complete or expired */
+  uint8_t *ranks; /* group_size flags */
+  int failed;     /* disagreement found: fail once complete or expired */
   char why[400];
 } pending_t;
 
@@ -158,9 +158,9 @@ void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_bat
     s->num_pending++;
     p->desc = *desc;
     p->first_ms = now_ms;
-  } else if (!p->failed && (p->desc.kind != desc->kind ||
-                            p->desc.tokens_per_batch != desc->tokens_per_batch ||
-                            strcmp(p->desc.table, desc->table) != 0)) {
+  } else if (!p->failed &&
+             (p->desc.kind != desc->kind || p->desc.tokens_per_batch != desc->tokens_per_batch ||
+              strcmp(p->desc.table, desc->table) != 0)) {
     p->failed = 1;
     snprintf(p->why, sizeof(p->why),
              "shards of batch %llu disagree: one is a %s of table '%.40s' with "
@@ -203,8 +203,7 @@ size_t embps_sequencer_next_round(embps_sequencer_t *s, uint64_t now_ms, embps_r
         snprintf(msg, sizeof(msg),
                  "batch %llu: the shards for rank(s) %s did not arrive within %llu ms; send "
                  "every shard of a batch, one to each rank",
-                 (unsigned long long)p->desc.batch_id, missing,
-                 (unsigned long long)s->deadline_ms);
+                 (unsigned long long)p->desc.batch_id, missing, (unsigned long long)s->deadline_ms);
       fail_pending(s, i, p->failed ? EMBPS_INVALID_ARGUMENT : EMBPS_DEADLINE_EXCEEDED, msg);
     } else {
       i++;

@@ -27,11 +27,11 @@ typedef struct embps_net_config {
 } embps_net_config_t;
 
 typedef struct embps_net_stats {
-  uint64_t requests;     /* complete requests delivered to the handler */
-  uint64_t errors;       /* calls answered with a status other than OK (by net or handler) */
-  uint64_t bytes_in;     /* bytes read from sockets */
-  uint64_t bytes_out;    /* bytes written to sockets */
-  uint32_t connections;  /* open now */
+  uint64_t requests;    /* complete requests delivered to the handler */
+  uint64_t errors;      /* calls answered with a status other than OK (by net or handler) */
+  uint64_t bytes_in;    /* bytes read from sockets */
+  uint64_t bytes_out;   /* bytes written to sockets */
+  uint32_t connections; /* open now */
 } embps_net_stats_t;
 
 /**

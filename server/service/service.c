@@ -125,8 +125,7 @@ static embps_status_t check_group(embps_service_t *svc, embps_error_t *err) {
   return embps_error_set(err, EMBPS_UNAVAILABLE, "%s", msg);
 }
 
-static embps_table_t *find_ready_table(embps_service_t *svc, const char *name,
-                                       embps_error_t *err) {
+static embps_table_t *find_ready_table(embps_service_t *svc, const char *name, embps_error_t *err) {
   embps_table_t *t = embps_store_find(svc->store, name ? name : "");
   if (!t)
     embps_error_set(err, EMBPS_NOT_FOUND, "table '%s' not found", name ? name : "");
@@ -180,10 +179,9 @@ static embps_status_t validate_batch(embps_service_t *svc, const char *table_nam
                            shard_index, n, tokens_per_batch, shard_count,
                            tokens_per_batch / shard_count);
   if (dtype != 0 && dtype != (int)t->config.dtype)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "dtype mismatch: table '%s' stores %s, the request carries %s",
-                           t->config.name, embps_dtype_name(t->config.dtype),
-                           embps_dtype_name(dtype));
+    return embps_error_set(
+        err, EMBPS_INVALID_ARGUMENT, "dtype mismatch: table '%s' stores %s, the request carries %s",
+        t->config.name, embps_dtype_name(t->config.dtype), embps_dtype_name(dtype));
   tok = (const int64_t *)tokens->data;
   for (size_t i = 0; i < n; i++) {
     if (tok[i] < 0 || (uint64_t)tok[i] >= t->config.rows)
@@ -252,8 +250,8 @@ static void on_op_done(embps_op_t *op) {
     spec_from_table(op->created, &spec, &opt);
     resp.spec = &spec;
     resp.group_size = embps_group_size(svc->group);
-    EMBPS_INFO("created table '%s': rows=%llu emb_width=%u %s %s, %llu bytes on this rank",
-               c->name, (unsigned long long)c->rows, c->emb_width, embps_dtype_name(c->dtype),
+    EMBPS_INFO("created table '%s': rows=%llu emb_width=%u %s %s, %llu bytes on this rank", c->name,
+               (unsigned long long)c->rows, c->emb_width, embps_dtype_name(c->dtype),
                embps_optimizer_name(c->optimizer), (unsigned long long)op->created->bytes);
     reply_message(r->call, &resp.base);
     break;
@@ -511,8 +509,8 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
     goto fail;
   }
   async = req->mode == EMBPS__V1__UPDATE_MODE__UPDATE_MODE_ASYNC;
-  if (async && !embps_optimizer_has_fused_update(t->config.optimizer,
-                                                  embps_group_backend(svc->group))) {
+  if (async &&
+      !embps_optimizer_has_fused_update(t->config.optimizer, embps_group_backend(svc->group))) {
     embps_shape_async_unsupported(embps_optimizer_name(t->config.optimizer), &err);
     goto fail;
   }
@@ -636,7 +634,7 @@ static void handle_health(embps_service_t *svc, embps_net_call_t *call, const ui
   Grpc__Health__V1__HealthCheckRequest *req =
       grpc__health__v1__health_check_request__unpack(NULL, len, msg);
   Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-  
+
   if (!req) {
     embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed HealthCheckRequest message");
     return;
@@ -658,8 +656,8 @@ static void unknown_method(embps_net_call_t *call, const char *method) {
   embps_net_call_fail(call, EMBPS_UNIMPLEMENTED, text);
 }
 
-void embps_service_on_request(void *user, embps_net_call_t *call, const char *method,
-                              uint8_t *msg, size_t len) {
+void embps_service_on_request(void *user, embps_net_call_t *call, const char *method, uint8_t *msg,
+                              size_t len) {
   embps_service_t *svc = user;
   static const uint8_t empty[1];
   const uint8_t *m = msg ? msg : empty;
@@ -689,8 +687,8 @@ void embps_service_on_request(void *user, embps_net_call_t *call, const char *me
   embps_free(msg);
 }
 
-embps_status_t embps_service_new(embps_service_t **out, embps_group_t *group,
-                                 embps_store_t *store, const embps_service_config_t *cfg) {
+embps_status_t embps_service_new(embps_service_t **out, embps_group_t *group, embps_store_t *store,
+                                 const embps_service_config_t *cfg) {
   embps_service_t *svc = embps_calloc(1, sizeof(*svc));
   if (!svc)
     return EMBPS_RESOURCE_EXHAUSTED;

@@ -24,15 +24,15 @@ typedef struct embps_service_config {
  * Creates the service over a group and a store (both borrowed: they must outlive it).
  * On failure *out is untouched. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
  */
-embps_status_t embps_service_new(embps_service_t **out, embps_group_t *group,
-                                 embps_store_t *store, const embps_service_config_t *cfg);
+embps_status_t embps_service_new(embps_service_t **out, embps_group_t *group, embps_store_t *store,
+                                 const embps_service_config_t *cfg);
 
 /** Gives the service the network layer whose counters GetStats reports (borrowed). */
 void embps_service_set_net(embps_service_t *svc, embps_net_t *net);
 
 /** The embps_net_request_cb: pass the service as `user`. Runs on the loop thread. */
-void embps_service_on_request(void *user, embps_net_call_t *call, const char *method,
-                              uint8_t *msg, size_t len);
+void embps_service_on_request(void *user, embps_net_call_t *call, const char *method, uint8_t *msg,
+                              size_t len);
 
 /** Requests the service has handed to the group and not yet answered. */
 uint64_t embps_service_inflight(const embps_service_t *svc);

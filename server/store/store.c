@@ -71,12 +71,12 @@ embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t gr
   uint64_t bytes;
 
   if (name_len == 0 || name_len >= sizeof(cfg->name))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "table name must be 1 to %d bytes long", EMBPS_TABLE_NAME_MAX - 1);
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "table name must be 1 to %d bytes long",
+                           EMBPS_TABLE_NAME_MAX - 1);
   for (size_t i = 0; i < name_len; i++) {
     char c = cfg->name[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-          c == '_' || c == '-' || c == '.'))
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+          c == '-' || c == '.'))
       return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                              "table name '%s' may hold only letters, digits, '_', '-' and '.'",
                              cfg->name);
@@ -87,9 +87,8 @@ embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t gr
                            "the padding row)",
                            (unsigned long long)cfg->rows, (unsigned long long)EMBPS_MAX_ROWS);
   if (cfg->emb_width == 0 || cfg->emb_width > EMBPS_MAX_EMB_WIDTH)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "emb_width=%u is out of range: 1 to %u", cfg->emb_width,
-                           EMBPS_MAX_EMB_WIDTH);
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "emb_width=%u is out of range: 1 to %u",
+                           cfg->emb_width, EMBPS_MAX_EMB_WIDTH);
   if ((ret = embps_shape_check_emb_width(cfg->emb_width, group_size, err)) != EMBPS_OK)
     return ret;
   if ((int)cfg->dtype == 0)
@@ -223,8 +222,8 @@ embps_table_t *embps_store_at(const embps_store_t *store, size_t i) {
 uint32_t embps_store_group_size(const embps_store_t *store) { return store->group_size; }
 uint32_t embps_store_rank(const embps_store_t *store) { return store->rank; }
 
-embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *cfg,
-                               uint32_t rank, uint32_t group_size) {
+embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *cfg, uint32_t rank,
+                               uint32_t group_size) {
   const embps_optimizer_info_t *info = embps_optimizer_info(cfg->optimizer);
   embps_table_t *t = embps_calloc(1, sizeof(*t));
   size_t elems;

@@ -92,8 +92,8 @@ void embps_store_free(embps_store_t *store);
  * optimizer state (cfg already resolved). On failure *out is untouched. Returns EMBPS_OK or
  * EMBPS_RESOURCE_EXHAUSTED.
  */
-embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *cfg,
-                               uint32_t rank, uint32_t group_size);
+embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *cfg, uint32_t rank,
+                               uint32_t group_size);
 
 /** Frees a table that was never registered. NULL is a no-op. */
 void embps_table_free(embps_table_t *table);

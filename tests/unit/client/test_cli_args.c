@@ -13,14 +13,23 @@ static char err[256];
 
 static void test_u64(void **state) {
   uint64_t v = 7;
-  static const char *bad[] = {"",   "-1",  " 1", "1 ", "1x", "0x10", "+5", "1.0", "1e3",
-                              "18446744073709551616", "99999999999999999999999"};
+  static const char *bad[] = {"",
+                              "-1",
+                              " 1",
+                              "1 ",
+                              "1x",
+                              "0x10",
+                              "+5",
+                              "1.0",
+                              "1e3",
+                              "18446744073709551616",
+                              "99999999999999999999999"};
   (void)state;
   assert_int_equal(embps_cli_parse_u64("--rows", "0", 0, 10, &v, err, sizeof(err)), 0);
   assert_int_equal(v, 0);
-  assert_int_equal(embps_cli_parse_u64("--rows", "18446744073709551615", 0, UINT64_MAX, &v, err,
-                                       sizeof(err)),
-                   0);
+  assert_int_equal(
+      embps_cli_parse_u64("--rows", "18446744073709551615", 0, UINT64_MAX, &v, err, sizeof(err)),
+      0);
   assert_true(v == UINT64_MAX);
   assert_int_equal(embps_cli_parse_u64("--rows", "4096", 1, 1 << 20, &v, err, sizeof(err)), 0);
   assert_int_equal(v, 4096);
@@ -38,8 +47,8 @@ static void test_u64(void **state) {
 
 static void test_double(void **state) {
   double v = 3;
-  static const char *bad[] = {"", "nan", "inf", "-inf", "1.0x", " 1", "1 ", "0x1p3", "1e",
-                              ".", "e5", "1e999", "--1", "1,5"};
+  static const char *bad[] = {"",      "nan", "inf", "-inf", "1.0x",  " 1",  "1 ",
+                              "0x1p3", "1e",  ".",   "e5",   "1e999", "--1", "1,5"};
   (void)state;
   assert_int_equal(embps_cli_parse_double("--lr", "0.5", 0, 1, &v, err, sizeof(err)), 0);
   assert_true(v == 0.5);
@@ -62,12 +71,22 @@ static void test_double(void **state) {
 static void test_i64_list(void **state) {
   int64_t *v = NULL;
   size_t n = 0;
-  static const char *bad[] = {"", ",", "1,", ",1", "1,,2", "a", "1,b", "1.5", "1 ,2", "-",
-                              "9223372036854775808", "-9223372036854775809"};
+  static const char *bad[] = {"",
+                              ",",
+                              "1,",
+                              ",1",
+                              "1,,2",
+                              "a",
+                              "1,b",
+                              "1.5",
+                              "1 ,2",
+                              "-",
+                              "9223372036854775808",
+                              "-9223372036854775809"};
   (void)state;
-  assert_int_equal(embps_cli_parse_i64_list("--tokens", "1,2,-3,9223372036854775807", &v, &n, err,
-                                            sizeof(err)),
-                   0);
+  assert_int_equal(
+      embps_cli_parse_i64_list("--tokens", "1,2,-3,9223372036854775807", &v, &n, err, sizeof(err)),
+      0);
   assert_int_equal(n, 4);
   assert_int_equal(v[0], 1);
   assert_int_equal(v[2], -3);

@@ -61,7 +61,7 @@ static void test_parse_servers_bad(void **state) {
     embps_error_t err;
     embps_error_clear(&err);
     assert_int_equal(embps__parse_servers(bad[i].in, &a, &n, &err), EMBPS_INVALID_ARGUMENT);
-    assert_null(a);   /* untouched */
+    assert_null(a); /* untouched */
     assert_int_equal(n, 99);
     if (!strstr(err.message, bad[i].msg))
       fail_msg("'%s': message '%s' lacks '%s'", bad[i].in, err.message, bad[i].msg);
@@ -74,8 +74,8 @@ static void test_plan_requires_multiple(void **state) {
   (void)state;
   embps_error_clear(&err);
   assert_int_equal(embps__batch_plan(&p, 10, 4, 0, &err), EMBPS_INVALID_ARGUMENT);
-  assert_non_null(
-      strstr(err.message, "tokens_per_batch=10 does not shard evenly over the 4-rank communicator"));
+  assert_non_null(strstr(err.message,
+                         "tokens_per_batch=10 does not shard evenly over the 4-rank communicator"));
   assert_int_equal(embps__batch_plan(&p, 12, 4, 0, &err), EMBPS_OK);
   assert_int_equal(p.tokens_per_batch, 12);
   assert_int_equal(p.shard_tokens, 3);

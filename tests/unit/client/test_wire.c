@@ -109,11 +109,11 @@ static void test_any_order_unknown_and_repeated(void **state) {
   /* rows first (then again: last one wins), scalars after, unknown fields of every wire type
    * in between, and a scalar repeated (last one wins). */
   put_bytes(&m, 5, junk, sizeof(junk));
-  put_vfield(&m, 99, 123456789);           /* unknown varint */
-  put_key(&m, 17, 1);                      /* unknown fixed64 */
+  put_vfield(&m, 99, 123456789); /* unknown varint */
+  put_key(&m, 17, 1);            /* unknown fixed64 */
   memset(m.b + m.n, 0xff, 8);
   m.n += 8;
-  put_key(&m, 18, 5);                      /* unknown fixed32 */
+  put_key(&m, 18, 5); /* unknown fixed32 */
   memset(m.b + m.n, 0xee, 4);
   m.n += 4;
   put_bytes(&m, 1000, unknown, sizeof(unknown)); /* unknown bytes */
@@ -330,10 +330,10 @@ static void test_request_encoding(void **state) {
   f.grads_bytes = sizeof(grads);
   f.mode = 1;
   assert_int_equal(embps__batch_frame_build(&fr, &f, &err), EMBPS_OK);
-#define APPEND(p, len)                                                                        \
-  do {                                                                                        \
-    memcpy(buf + n, p, len);                                                                  \
-    n += len;                                                                                 \
+#define APPEND(p, len)                                                                             \
+  do {                                                                                             \
+    memcpy(buf + n, p, len);                                                                       \
+    n += len;                                                                                      \
   } while (0)
   APPEND(fr.head, fr.head_len);
   APPEND(tokens, sizeof(tokens));

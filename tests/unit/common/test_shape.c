@@ -36,8 +36,9 @@ static void test_async_message(void **state) {
   embps_error_t err;
   (void)state;
   assert_int_equal(embps_shape_async_unsupported("adam", &err), EMBPS_FAILED_PRECONDITION);
-  assert_non_null(strstr(
-      err.message, "async updates require an optimizer with a fused table update, and adam has none"));
+  assert_non_null(
+      strstr(err.message,
+             "async updates require an optimizer with a fused table update, and adam has none"));
 }
 
 int main(void) {

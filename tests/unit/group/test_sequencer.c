@@ -45,7 +45,8 @@ static void test_completion_order(void **state) {
 static void test_disagreement_and_late_shard(void **state) {
   embps_sequencer_t *s;
   embps_round_entry_t e[8];
-  embps_batch_desc_t a = desc(7, EMBPS_BATCH_LOOKUP, 8, "t"), b = desc(7, EMBPS_BATCH_LOOKUP, 12, "t");
+  embps_batch_desc_t a = desc(7, EMBPS_BATCH_LOOKUP, 8, "t"),
+                     b = desc(7, EMBPS_BATCH_LOOKUP, 12, "t");
   (void)state;
   assert_int_equal(embps_sequencer_new(&s, 2, 1000), EMBPS_OK);
   embps_sequencer_arrive(s, 0, &a, 0);

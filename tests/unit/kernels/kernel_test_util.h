@@ -25,9 +25,7 @@ static inline uint64_t kt_next(kt_rng_t *r) {
 }
 
 /* Uniform in [0, 1). */
-static inline double kt_unit(kt_rng_t *r) {
-  return (double)(kt_next(r) >> 11) * 0x1p-53;
-}
+static inline double kt_unit(kt_rng_t *r) { return (double)(kt_next(r) >> 11) * 0x1p-53; }
 
 /* Uniform in [lo, hi). */
 static inline float kt_uniform(kt_rng_t *r, float lo, float hi) {
@@ -35,9 +33,7 @@ static inline float kt_uniform(kt_rng_t *r, float lo, float hi) {
 }
 
 /* Uniform integer in [0, n). */
-static inline uint64_t kt_below(kt_rng_t *r, uint64_t n) {
-  return kt_next(r) % n;
-}
+static inline uint64_t kt_below(kt_rng_t *r, uint64_t n) { return kt_next(r) % n; }
 
 static inline void *kt_alloc(size_t bytes) {
   void *p = malloc(bytes ? bytes : 1);
@@ -46,8 +42,6 @@ static inline void *kt_alloc(size_t bytes) {
 }
 
 /* A float rounded to bf16 and back: the value a bf16 store holds. */
-static inline float kt_bf16_round(float f) {
-  return embps_bf16_to_f32(embps_f32_to_bf16(f));
-}
+static inline float kt_bf16_round(float f) { return embps_bf16_to_f32(embps_f32_to_bf16(f)); }
 
 #endif

@@ -173,7 +173,7 @@ static void test_heavy_duplication(void **state) {
   int64_t vocab[50];
   for (size_t k = 0; k < distinct; k++)
     vocab[k] = (int64_t)(kt_next(&rng) >> 24); /* 40-bit ids */
-  vocab[7] = 0;                                 /* padding among them */
+  vocab[7] = 0;                                /* padding among them */
   int64_t *t = kt_alloc(n * sizeof(int64_t));
   for (size_t i = 0; i < n; i++)
     t[i] = vocab[kt_below(&rng, distinct)];
@@ -260,11 +260,11 @@ static void test_zipf_1m(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_empty_and_single), cmocka_unit_test(test_small_examples),
-      cmocka_unit_test(test_all_same),         cmocka_unit_test(test_all_distinct),
+      cmocka_unit_test(test_empty_and_single),  cmocka_unit_test(test_small_examples),
+      cmocka_unit_test(test_all_same),          cmocka_unit_test(test_all_distinct),
       cmocka_unit_test(test_heavy_duplication), cmocka_unit_test(test_padding_present),
-      cmocka_unit_test(test_large_tokens),     cmocka_unit_test(test_negative_and_extremes),
-      cmocka_unit_test(test_random_small),     cmocka_unit_test(test_zipf_1m),
+      cmocka_unit_test(test_large_tokens),      cmocka_unit_test(test_negative_and_extremes),
+      cmocka_unit_test(test_random_small),      cmocka_unit_test(test_zipf_1m),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

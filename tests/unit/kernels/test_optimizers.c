@@ -49,9 +49,9 @@ typedef struct cfg {
 
 /* Kernel-side state of one rank. */
 typedef struct rank_state {
-  void *table;   /* ROWS x sw of dtype */
-  float *accum;  /* ROWS x sw (adagrad) or ROWS (rowwise) */
-  float *m, *v;  /* ROWS x sw (adam) */
+  void *table;  /* ROWS x sw of dtype */
+  float *accum; /* ROWS x sw (adagrad) or ROWS (rowwise) */
+  float *m, *v; /* ROWS x sw (adam) */
 } rank_state_t;
 
 /* Reference state, full width, double. */
@@ -72,9 +72,7 @@ static float kernel_w(const rank_state_t *rs, embps_dtype_t dtype, size_t sw, si
                                    : ((const float *)rs->table)[k];
 }
 
-static uint16_t bf16_of_double(double x) {
-  return embps_f32_to_bf16((float)x);
-}
+static uint16_t bf16_of_double(double x) { return embps_f32_to_bf16((float)x); }
 
 /* Checks one state element and resynchronizes the reference to the kernel's value. */
 static void check_state(float got, double *want, double scale, const char *what, size_t step) {
@@ -94,7 +92,9 @@ static void run(cfg_t c) {
   const uint64_t seed = 77;
 
   embps_opt_params_t p = {
-      .lr = c.opt == EMBPS_OPT_SGD ? 0.01f : c.opt == EMBPS_OPT_ADAM ? 0.005f : 0.02f,
+      .lr = c.opt == EMBPS_OPT_SGD    ? 0.01f
+            : c.opt == EMBPS_OPT_ADAM ? 0.005f
+                                      : 0.02f,
       .eps = 0.05f, /* large enough that where eps enters the formula shows */
       .decay = embps_opt_decay_from_half_life(c.half_life),
       .beta1 = 0.9f,
@@ -172,8 +172,8 @@ static void run(cfg_t c) {
         embps_update_adagrad_cpu(rs[r].table, c.dtype, sw, rows, n, gr[r], rs[r].accum, &p);
         break;
       case EMBPS_OPT_ROWWISE_ADAGRAD:
-        embps_update_rowwise_adagrad_cpu(rs[r].table, c.dtype, sw, rows, n, gr[r], row_sumsq,
-                                         FULL, rs[r].accum, &p);
+        embps_update_rowwise_adagrad_cpu(rs[r].table, c.dtype, sw, rows, n, gr[r], row_sumsq, FULL,
+                                         rs[r].accum, &p);
         break;
       case EMBPS_OPT_ADAM:
         embps_update_adam_cpu(rs[r].table, c.dtype, sw, rows, n, gr[r], rs[r].m, rs[r].v, &p);
@@ -370,8 +370,8 @@ static void test_decay_from_half_life(void **state) {
 /* Small hand-computed cases, independent of the long runs. */
 static void test_single_steps(void **state) {
   (void)state;
-  embps_opt_params_t p = {.lr = 0.5f, .eps = 0.0f, .decay = 1.0f, .beta1 = 0.5f,
-                          .beta2 = 0.75f, .step = 1};
+  embps_opt_params_t p = {
+      .lr = 0.5f, .eps = 0.0f, .decay = 1.0f, .beta1 = 0.5f, .beta2 = 0.75f, .step = 1};
   float table[3 * 2] = {0, 0, 1, 2, 3, 4};
   int64_t rows[1] = {2};
   float g[2] = {2.0f, -4.0f};
@@ -412,9 +412,12 @@ static void test_single_steps(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_decay_from_half_life), cmocka_unit_test(test_single_steps),
-      cmocka_unit_test(test_sgd),                  cmocka_unit_test(test_adagrad),
-      cmocka_unit_test(test_rowwise_adagrad),      cmocka_unit_test(test_adam),
+      cmocka_unit_test(test_decay_from_half_life),
+      cmocka_unit_test(test_single_steps),
+      cmocka_unit_test(test_sgd),
+      cmocka_unit_test(test_adagrad),
+      cmocka_unit_test(test_rowwise_adagrad),
+      cmocka_unit_test(test_adam),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -95,9 +95,8 @@ static void test_bf16(void **state) {
 static void test_explicit(void **state) {
   (void)state;
   /* Three positions, segments {0: pos 0, 2}, {1: pos 1}; bf16 values exactly representable. */
-  uint16_t g[6] = {embps_f32_to_bf16(1.5f),  embps_f32_to_bf16(-2.0f),
-                   embps_f32_to_bf16(0.25f), embps_f32_to_bf16(8.0f),
-                   embps_f32_to_bf16(0.5f),  embps_f32_to_bf16(-0.125f)};
+  uint16_t g[6] = {embps_f32_to_bf16(1.5f), embps_f32_to_bf16(-2.0f), embps_f32_to_bf16(0.25f),
+                   embps_f32_to_bf16(8.0f), embps_f32_to_bf16(0.5f),  embps_f32_to_bf16(-0.125f)};
   uint32_t seg[3] = {0, 1, 0};
   float out[4] = {9, 9, 9, 9};
   embps_segment_sum_cpu(g, EMBPS_DTYPE_BF16, 2, seg, 3, 2, out);

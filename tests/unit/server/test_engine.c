@@ -65,8 +65,8 @@ static void create(rank_ctx_t *r, const embps_table_config_t *c) {
   assert_non_null(op.created);
 }
 
-static embps_op_t batch_op(embps_op_kind_t kind, embps_table_t *t, const int64_t *tokens,
-                           size_t n, uint32_t size) {
+static embps_op_t batch_op(embps_op_kind_t kind, embps_table_t *t, const int64_t *tokens, size_t n,
+                           uint32_t size) {
   embps_op_t op;
   memset(&op, 0, sizeof(op));
   op.kind = kind;
@@ -145,7 +145,7 @@ typedef struct run_args {
   uint32_t rank, size;
   int fds[4];
   embps_optimizer_t opt;
-  float *final;  /* ROWS x WIDTH, filled by every rank's lookup of all rows */
+  float *final; /* ROWS x WIDTH, filled by every rank's lookup of all rows */
   double norms[STEPS];
   int status;
 } run_args_t;

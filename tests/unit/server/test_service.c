@@ -100,8 +100,8 @@ static void run_engine(void) {
       else
         op->created = t;
     } else if (op->kind == EMBPS_OP_LOOKUP) {
-      embps_gather_cpu(op->table->data, op->table->config.dtype, op->table->shard_width,
-                       op->tokens, op->num_tokens, op->rows_out);
+      embps_gather_cpu(op->table->data, op->table->config.dtype, op->table->shard_width, op->tokens,
+                       op->num_tokens, op->rows_out);
     } else {
       op->applied = 1;
       op->num_unique = op->num_tokens;

@@ -36,7 +36,7 @@ static void test_env_then_flags(void **state) {
   setenv("EMBPS_LISTEN", "127.0.0.2:1", 1);
   setenv("EMBPS_MAX_MESSAGE_BYTES", "1G", 1);
   assert_int_equal(embps_settings_load(&s, 4, argv, &help, &err), EMBPS_OK);
-  assert_string_equal(s.listen, "0.0.0.0:9000"); /* the flag wins */
+  assert_string_equal(s.listen, "0.0.0.0:9000");     /* the flag wins */
   assert_int_equal(s.max_message_bytes, 1ull << 30); /* from the environment */
   assert_int_equal(s.stall_timeout_ms, 250);
   unsetenv("EMBPS_LISTEN");
