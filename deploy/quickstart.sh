@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quick start on a fresh Debian machine: installs the packages embps needs, builds it, starts
-# a server on loopback, creates a table and load-tests it with the CLI (throughput, latency).
+# a 2-rank shard group on loopback, creates a table and load-tests it with the CLI (throughput,
+# latency). Ports are picked free by the script; both servers stop when it exits.
 #
 #   deploy/quickstart.sh [--duration SECONDS] [--batch TOKENS]
 set -euo pipefail
@@ -12,7 +13,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --duration) duration=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -21,23 +22,63 @@ deploy/packages.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc)" --target embps-server embps >/dev/null
 
-log=$(mktemp /tmp/embps-quickstart.XXXXXX.log)
-build/bin/embps-server --listen 127.0.0.1:0 >"$log" 2>&1 &
-pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$log"' EXIT
-for _ in $(seq 100); do
-  addr=$(grep -o 'listening on [0-9.]*:[0-9]*' "$log" | awk '{print $3}') && [ -n "$addr" ] && break
-  sleep 0.1
-done
-[ -n "${addr:-}" ] || { cat "$log"; echo "server did not start" >&2; exit 1; }
-echo "server listening on $addr"
+# Two client ports P0, P1 and a peer-port offset O such that P0+O and P1+O are free as well.
+read -r p0 p1 offset < <(/usr/bin/python3 - <<'PY'
+import random, socket
+def free(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port)); return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+for _ in range(1000):
+    offset = random.randrange(1000, 10000)
+    p0 = random.randrange(20000, 65535 - offset - 1)
+    ports = [p0, p0 + 1, p0 + offset, p0 + 1 + offset]
+    if all(free(p) for p in ports):
+        print(p0, p0 + 1, offset); break
+else:
+    raise SystemExit("no free ports found")
+PY
+)
+peers=127.0.0.1:$p0,127.0.0.1:$p1
 
-embps=build/bin/embps
-$embps --servers "$addr" health
-$embps --servers "$addr" create-table quickstart --rows 1000000 --emb-width 128 \
+work=$(mktemp -d /tmp/embps-quickstart.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+for r in 0 1; do
+  build/bin/embps-server --rank "$r" --peers "$peers" --peer-port-offset "$offset" \
+    >"$work/rank$r.log" 2>&1 &
+  pids+=($!)
+done
+echo "shard group: rank 0 at 127.0.0.1:$p0 (pid ${pids[0]}), rank 1 at 127.0.0.1:$p1 (pid ${pids[1]}), peer ports +$offset"
+
+embps="build/bin/embps --servers $peers"
+up=0
+for _ in $(seq 100); do   # up to ~30 s
+  if $embps --connect-timeout-ms 1000 --deadline-ms 2000 health >/dev/null 2>&1; then up=1; break; fi
+  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || break 2; done
+  sleep 0.3
+done
+if [ $up != 1 ]; then
+  for r in 0 1; do echo "---- rank $r log"; cat "$work/rank$r.log"; done
+  echo "the shard group did not become healthy" >&2
+  exit 1
+fi
+$embps health
+$embps create-table quickstart --rows 1000000 --emb-width 128 \
   --optimizer rowwise_adagrad --lr 0.01
-$embps --servers "$addr" tables
-$embps --servers "$addr" lookup quickstart --tokens 1,2,3 | cut -c1-100
-$embps --servers "$addr" bench quickstart --batch "$batch" --duration "$duration" \
+$embps tables
+$embps lookup quickstart --tokens 1,2,3,4 | cut -c1-100
+$embps push quickstart --tokens 1,2,3,4 --grad-value 0.1
+$embps lookup quickstart --tokens 1,2,3,4 | cut -c1-100
+$embps bench quickstart --batch "$batch" --duration "$duration" \
   --concurrency 2 --zipf 1.05 --push-ratio 0.5
-$embps --servers "$addr" stats
+$embps stats

@@ -3,7 +3,10 @@
 #   1. single-stream loopback TCP bandwidth with iperf3 (the ceiling),
 #   2. embps lookup and push throughput at batch 4096 x 128 f32 and 65536 x 128 f32
 #      (rowwise Adagrad), one client stream,
-#   3. Redis (Debian's redis-server) serving the same 512-byte rows with MGET of 4096 keys.
+#   3. the same on a 2-rank shard group on loopback (columns split over the ranks), plus the
+#      bytes each rank sends to its peer per lookup / push batch (from `embps stats --json`
+#      around each run) against the minimum the column split needs,
+#   4. Redis (Debian's redis-server) serving the same 512-byte rows with MGET of 4096 keys.
 # Prints one table at the end. Repeats each measurement REPEAT times and quotes medians.
 #
 #   tests/bench/run.sh [--duration S] [--repeat N] [--rows R] [--perf]
@@ -65,23 +68,64 @@ E="build/bin/embps --servers $addr"
 $E create-table bench --rows "$rows" --emb-width 128 --dtype f32 --optimizer rowwise_adagrad >/dev/null
 
 declare -A result
-run_embps() { # KEY BATCH PUSH_RATIO FIELD
-  local vals=()
+# run_embps KEY BATCH PUSH_RATIO: REPEAT runs of one client stream; stores the medians of
+# result[KEY_rows], result[KEY_gbs], result[KEY_p50] and, on a group (NRANKS > 1), of
+# result[KEY_peer] (the most peer bytes any rank sent per batch) and result[KEY_peer_recv].
+run_embps() {
+  local key=$1 batch=$2 ratio=$3 op=lookup counter=lookups
+  [ "$ratio" = 1 ] && { op=push; counter=pushes; }
+  local rates=() gbs=() p50=() peer=() peer_recv=() out before after per
   for _ in $(seq "$repeat"); do
-    vals+=("$($E bench bench --batch "$2" --duration "$duration" --concurrency 1 --zipf 1.05 \
-               --push-ratio "$3" --warmup 1 --json | jget "$4")")
+    [ "${NRANKS:-1}" -gt 1 ] && before=$($E stats --json)
+    out=$($E bench bench --batch "$batch" --duration "$duration" --concurrency 1 --zipf 1.05 \
+               --push-ratio "$ratio" --warmup 1 --json)
+    rates+=("$(jget "${op}_rows_per_s" <<<"$out")")
+    gbs+=("$(jget "${op}_gbytes_per_s" <<<"$out")")
+    p50+=("$(jget p50_ms <<<"$out")")
+    if [ "${NRANKS:-1}" -gt 1 ]; then
+      after=$($E stats --json)
+      per=$(peer_per_batch "$counter" "$before" "$after")
+      peer+=("${per% *}"); peer_recv+=("${per#* }")
+    fi
   done
-  result[$1]=$(printf '%s\n' "${vals[@]}" | median)
-  echo "embps $1: ${vals[*]} (median ${result[$1]})"
+  result[${key}_rows]=$(printf '%s\n' "${rates[@]}" | median)
+  result[${key}_gbs]=$(printf '%s\n' "${gbs[@]}" | median)
+  result[${key}_p50]=$(printf '%s\n' "${p50[@]}" | median)
+  echo "embps $key: rows/s ${rates[*]} (median ${result[${key}_rows]}), GB/s ${gbs[*]}, p50 ms ${p50[*]}"
+  if [ "${NRANKS:-1}" -gt 1 ]; then
+    result[${key}_peer]=$(printf '%s\n' "${peer[@]}" | median)
+    result[${key}_peer_recv]=$(printf '%s\n' "${peer_recv[@]}" | median)
+    echo "embps $key: peer bytes sent per batch (max over ranks) ${peer[*]} (median ${result[${key}_peer]})"
+  fi
 }
-run_embps lookup4096_rows 4096 0 lookup_rows_per_s
-run_embps lookup4096_gbs 4096 0 lookup_gbytes_per_s
-run_embps lookup4096_p50 4096 0 p50_ms
-run_embps push4096_rows 4096 1 push_rows_per_s
-run_embps push4096_p50 4096 1 p50_ms
-run_embps lookup65536_rows 65536 0 lookup_rows_per_s
-run_embps lookup65536_gbs 65536 0 lookup_gbytes_per_s
-run_embps push65536_rows 65536 1 push_rows_per_s
+# peer_per_batch COUNTER STATS_BEFORE STATS_AFTER: prints the largest per-rank
+# (peer_bytes_sent delta / batches) and the same for peer_bytes_received, where batches is the
+# rank's delta of the table's COUNTER (lookups or pushes: every rank counts every batch once,
+# warm-up included, as are its bytes). Logs each rank's figures on stderr.
+peer_per_batch() {
+  /usr/bin/python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+counter, before, after = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+def tab(r):
+    return next(t for t in r["tables"] if t["name"] == "bench")
+sent, recv = [], []
+for b, a in zip(before, after):
+    n = tab(a)[counter] - tab(b)[counter]
+    s = (a["peer_bytes_sent"] - b["peer_bytes_sent"]) / max(n, 1)
+    r = (a["peer_bytes_received"] - b["peer_bytes_received"]) / max(n, 1)
+    print("  rank %d: %d %s batches, %.0f peer bytes sent / batch, %.0f received / batch"
+          % (a["rank"], n, counter, s, r), file=sys.stderr)
+    sent.append(s); recv.append(r)
+print("%.0f %.0f" % (max(sent), max(recv)))
+PY
+}
+run_all() { # PREFIX
+  run_embps "$1lookup4096" 4096 0
+  run_embps "$1push4096" 4096 1
+  run_embps "$1lookup65536" 65536 0
+  run_embps "$1push65536" 65536 1
+}
+run_all ""
 
 if [ "$perf" = 1 ] && command -v perf >/dev/null; then
   ( $E bench bench --batch 4096 --duration "$duration" --concurrency 1 --push-ratio 0.5 --json >/dev/null ) &
@@ -92,7 +136,53 @@ if [ "$perf" = 1 ] && command -v perf >/dev/null; then
   perf report -i "$work/perf.data" --no-children --percent-limit 2 --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -15 || true
 fi
 
-# ---- 3. Redis MGET ----------------------------------------------------------------------------
+# ---- 3. embps, 2-rank shard group -------------------------------------------------------------
+# The single server goes first so the group has the machine to itself.
+kill "$spid" 2>/dev/null || true; wait "$spid" 2>/dev/null || true
+# Two client ports and a peer-port offset that leaves both peer ports free too.
+read -r gp0 gp1 goff < <(/usr/bin/python3 - <<'PY'
+import random, socket
+def free(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port)); return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+for _ in range(1000):
+    off = random.randrange(1000, 10000)
+    p = random.randrange(20000, 65535 - off - 1)
+    if all(free(q) for q in (p, p + 1, p + off, p + 1 + off)):
+        print(p, p + 1, off); break
+else:
+    raise SystemExit("no free ports")
+PY
+)
+gpeers=127.0.0.1:$gp0,127.0.0.1:$gp1
+for r in 0 1; do
+  build/bin/embps-server --rank "$r" --peers "$gpeers" --peer-port-offset "$goff" \
+    >"$work/group$r.log" 2>&1 &
+  pids+=($!)
+done
+E="build/bin/embps --servers $gpeers"
+up=0
+for _ in $(seq 100); do
+  $E --connect-timeout-ms 1000 --deadline-ms 2000 health >/dev/null 2>&1 && { up=1; break; }
+  sleep 0.3
+done
+[ $up = 1 ] || { cat "$work"/group*.log; echo "the 2-rank group did not become healthy" >&2; exit 1; }
+$E create-table bench --rows "$rows" --emb-width 128 --dtype f32 --optimizer rowwise_adagrad >/dev/null
+NRANKS=2
+run_all g2_
+NRANKS=1
+
+# The least a rank can send per batch: the other ranks' token shards (T/N tokens each) need
+# its D/N columns, i.e. (T/N) x D x 4 bytes x (N-1)/N; a push moves the same gradient slices.
+minb() { awk -v t="$1" -v n=2 -v d=128 'BEGIN{printf "%.0f", t/n*d*4*(n-1)/n}'; }
+min4096=$(minb 4096); min65536=$(minb 65536)
+
+# ---- 4. Redis MGET ----------------------------------------------------------------------------
 rport=$(free_port)
 redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
   --io-threads 1 >"$work/redis.log" 2>&1 &
@@ -137,3 +227,28 @@ awk -v ip="$iperf" -v lg="$lg" -v lk="$lk" -v rd="$redis" -v pr="${result[push40
   printf "%-44s %13.1fx  (target >= 8x)\n", "lookup rows/s / redis rows/s", lk/rd
   printf "%-44s %13.2fx  (target <= 1.5x)\n", "push time / lookup time (4096)", lk/pr
 }'
+row2() { # LABEL KEY FORMAT
+  awk -v l="$1" -v a="${result[$2]}" -v b="${result[g2_$2]}" -v f="$3" 'BEGIN {
+    printf "%-44s " f " " f " %9.2fx\n", l, a, b, (a > 0 ? b / a : 0) }'
+}
+printf "\n%-44s %14s %14s %10s\n" "1 rank vs 2-rank group (median)" "1 rank" "2 ranks" "2 / 1"
+row2 "embps lookup 4096x128 f32 rows/s" lookup4096_rows "%14.0f"
+row2 "embps lookup 4096x128 f32 GB/s" lookup4096_gbs "%14.3f"
+row2 "embps lookup 4096x128 p50 ms" lookup4096_p50 "%14.3f"
+row2 "embps push 4096x128 rowwise_adagrad rows/s" push4096_rows "%14.0f"
+row2 "embps push 4096x128 p50 ms" push4096_p50 "%14.3f"
+row2 "embps lookup 65536x128 f32 rows/s" lookup65536_rows "%14.0f"
+row2 "embps lookup 65536x128 f32 GB/s" lookup65536_gbs "%14.3f"
+row2 "embps lookup 65536x128 p50 ms" lookup65536_p50 "%14.3f"
+row2 "embps push 65536x128 rows/s" push65536_rows "%14.0f"
+row2 "embps push 65536x128 p50 ms" push65536_p50 "%14.3f"
+
+printf "\n%-44s %14s %14s %10s\n" "2-rank peer bytes sent per batch (max rank)" "measured" "minimum" "ratio"
+peer_row() { # LABEL KEY MIN
+  awk -v l="$1" -v m="${result[g2_${2}_peer]}" -v n="$3" 'BEGIN {
+    printf "%-44s %14.0f %14.0f %9.3fx  (target <= 1.25x)\n", l, m, n, m / n }'
+}
+peer_row "lookup 4096x128 f32" lookup4096 "$min4096"
+peer_row "push 4096x128 rowwise_adagrad" push4096 "$min4096"
+peer_row "lookup 65536x128 f32" lookup65536 "$min65536"
+peer_row "push 65536x128 rowwise_adagrad" push65536 "$min65536"
