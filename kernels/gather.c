@@ -14,8 +14,11 @@ void embps_gather_cpu(const void *table, embps_dtype_t dtype, size_t width, cons
   size_t row_bytes = width * embps_dtype_size(dtype);
   const unsigned char *src = table;
   unsigned char *dst = out;
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++) {
+    if (i + EMBPS_PREFETCH_ROWS < n)
+      embps_prefetch_row(src + (size_t)rows[i + EMBPS_PREFETCH_ROWS] * row_bytes, row_bytes, NULL);
     memcpy(dst + i * row_bytes, src + (size_t)rows[i] * row_bytes, row_bytes);
+  }
 }
 
 void embps_expand_cpu(const void *src, embps_dtype_t dtype, size_t width,
