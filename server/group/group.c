@@ -40,7 +40,7 @@ _Static_assert((int)EMBPS_OP_LOOKUP == (int)EMBPS_BATCH_LOOKUP &&
                    (int)EMBPS_OP_CREATE_TABLE == (int)EMBPS_BATCH_CREATE_TABLE,
                "op kinds travel as batch kinds");
 
-enum { FRAME_NOTICE = 1, FRAME_ROUND = 2 };
+enum { FRAME_NOTICE = 1, FRAME_ROUND = 2, FRAME_BROKEN = 3 };
 #define ROUND_MAX 256
 #define CREATE_ID_BIT (UINT64_C(1) << 63) /* the leader's own ids for creates */
 
@@ -148,6 +148,22 @@ static void fail_all(embps_group_t *g, const char *msg) {
   }
 }
 
+/* Tells the other side of a control connection that the group broke, and why; best effort
+ * (one non-blocking send: the peer may be the one that died). */
+static void send_broken(embps_group_t *g, uint32_t peer, const char *why) {
+  uint8_t frame[5 + 300];
+  uint32_t len = (uint32_t)strnlen(why, 300);
+  uint32_t flen = len + 1;
+  memcpy(frame, &flen, 4);
+  frame[4] = FRAME_BROKEN;
+  memcpy(frame + 5, why, len);
+  if (send(g->control_fds[peer], frame, 5 + len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+    EMBPS_DEBUG("could not tell rank %u that the group broke: %s", peer, strerror(errno));
+}
+
+/* Breaks the group on this rank and makes sure every other rank hears of it: a non-leader
+ * tells the leader, and the leader tells every rank and closes its control connections, so a
+ * rank that is idle (in no collective) when another dies still fails its calls at once. */
 static void break_group(embps_group_t *g, const char *why) {
   char msg[400];
   if (atomic_load(&g->state) == EMBPS_GROUP_BROKEN)
@@ -155,6 +171,15 @@ static void break_group(embps_group_t *g, const char *why) {
   snprintf(msg, sizeof(msg), "the shard group is broken: %.300s; restart its ranks", why);
   EMBPS_ERROR("rank %u: %s", g->cfg.rank, msg);
   fail_all(g, msg);
+  if (!g->control_fds)
+    return;
+  for (uint32_t r = 0; r < g->cfg.size; r++) {
+    if (g->control_fds[r] < 0 || (!is_leader(g) && r != 0))
+      continue;
+    send_broken(g, r, why);
+    if (is_leader(g))
+      shutdown(g->control_fds[r], SHUT_RDWR);
+  }
 }
 
 embps_group_state_t embps_group_state(embps_group_t *g, char *message, size_t cap) {
@@ -369,6 +394,13 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
 }
 
 static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
+  if (type == FRAME_BROKEN) {
+    char why[400];
+    snprintf(why, sizeof(why), "rank %u reported: %.*s", peer, (int)(len < 300 ? len : 300),
+             (const char *)p);
+    break_group(g, why);
+    return;
+  }
   if (type == FRAME_NOTICE && is_leader(g) && len >= 17) {
     embps_batch_desc_t d;
     uint8_t tl = p[16];

@@ -1,0 +1,429 @@
+"""Helpers for the shard-group tests: start N embps-server ranks on free loopback ports, wait
+until every rank serves, talk to them with raw grpcio (splitting batches into shards by hand),
+and stop them, checking that each exits 0 on SIGTERM.
+
+Stubs come from tests/interop/embps_testlib.py (generated from proto/ at import time)."""
+import itertools
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "interop"))
+
+import embps_testlib as lib  # noqa: E402
+from embps_testlib import embps_pb2 as pb, embps_pb2_grpc as pbg  # noqa: E402,F401
+from embps_testlib import health_pb2, health_pb2_grpc  # noqa: E402,F401
+
+grpc = lib.grpc
+SC = grpc.StatusCode
+OPT = {"sgd": pb.OPTIMIZER_SGD, "adagrad": pb.OPTIMIZER_ADAGRAD,
+       "rowwise_adagrad": pb.OPTIMIZER_ROWWISE_ADAGRAD, "adam": pb.OPTIMIZER_ADAM}
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+CALL_TIMEOUT = 60.0  # no single call of these tests may take longer (bounds every wait)
+
+_rng = random.Random(int.from_bytes(os.urandom(8), "little"))
+
+
+def server_binary():
+    return lib.server_binary()
+
+
+def cli_binary():
+    return os.environ.get("EMBPS_CLI_BIN", os.path.join(lib.ROOT, "build", "bin", "embps"))
+
+
+# ---- ports ---------------------------------------------------------------------------------------
+
+def port_free(port):
+    """True when 127.0.0.1:port can be bound right now (no SO_REUSEADDR, so TIME_WAIT counts)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def port_open(port):
+    """True when something accepts connections on 127.0.0.1:port."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def free_ephemeral_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def pick_ports(n):
+    """n client ports and a peer-port offset such that every client port and every client port
+    plus the offset are free. Client ports come from below the kernel's ephemeral range
+    (32768-60999) and the offset is 20000 + random, so peer ports stay under 65536; both are
+    checked by binding (and a start that still loses a race is retried by Group)."""
+    for _ in range(500):
+        offset = 20000 + _rng.randrange(12000)
+        ports = _rng.sample(range(10000, 30000), n)
+        if all(port_free(p) and port_free(p + offset) for p in ports):
+            return ports, offset
+    raise RuntimeError("no free loopback ports found")
+
+
+# ---- processes ------------------------------------------------------------------------------------
+
+class Proc:
+    """One embps-server process with its output in a log file."""
+
+    def __init__(self, args, env=None):
+        self.args = args
+        self.log = tempfile.NamedTemporaryFile(prefix="embps-group-", suffix=".log", delete=False)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen([server_binary(), *args], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=full_env)
+        self.pid = self.proc.pid
+
+    def text(self):
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, timeout=20.0):
+        """SIGTERM, bounded wait, SIGKILL if it did not exit. Returns the exit code (negative:
+        killed by that signal; None never happens)."""
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGTERM)
+            if self.wait(timeout) is None:
+                os.kill(self.pid, signal.SIGKILL)
+                self.proc.wait()
+                return "hung on SIGTERM (killed)"
+        return self.proc.returncode
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def cleanup(self):
+        self.kill()
+        try:
+            os.unlink(self.log.name)
+        except OSError:
+            pass
+
+
+def wait_for(pred, timeout, interval=0.02):
+    deadline = time.time() + timeout
+    while True:
+        v = pred()
+        if v or time.time() >= deadline:
+            return v
+        time.sleep(interval)
+
+
+def health(address, timeout=2.0):
+    """The rank's health status, or None when it cannot be asked."""
+    ch = lib.channel(address)
+    try:
+        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""),
+                                                 timeout=timeout)
+        return r.status
+    except grpc.RpcError:
+        return None
+    finally:
+        ch.close()
+
+
+class GroupStartError(RuntimeError):
+    pass
+
+
+class Group:
+    """N ranks on loopback. flags go to every rank; rank_flags[r] (optional) to rank r only.
+    Retries with new ports when a start fails (a port lost to another process)."""
+
+    def __init__(self, n, *flags, rank_flags=None, attempts=3, ready_timeout=60.0):
+        self.n = n
+        self.procs = []
+        last = ""
+        for attempt in range(attempts):
+            try:
+                self._start(flags, rank_flags or {}, ready_timeout)
+                return
+            except GroupStartError as e:
+                last = str(e)
+                self._kill_all()
+        raise RuntimeError("a %d-rank group did not start in %d attempts; last:\n%s" %
+                           (n, attempts, last))
+
+    def _start(self, flags, rank_flags, ready_timeout):
+        self.ports, self.offset = pick_ports(self.n)
+        self.addresses = ["127.0.0.1:%d" % p for p in self.ports]
+        self.peers = ",".join(self.addresses)
+        self.procs = []
+        for r in range(self.n):
+            args = ["--rank", str(r), "--peers", self.peers, "--peer-port-offset",
+                    str(self.offset), *flags, *rank_flags.get(r, [])]
+            self.procs.append(Proc(args))
+        deadline = time.time() + ready_timeout
+        for r, p in enumerate(self.procs):
+            pat = "listening on 127.0.0.1:%d" % self.ports[r]
+            ok = wait_for(lambda: pat in p.text() or not p.alive(), deadline - time.time())
+            if not ok or not p.alive() or pat not in p.text():
+                raise GroupStartError("rank %d did not listen:\n%s" % (r, self.logs()))
+        for r, a in enumerate(self.addresses):
+            ok = wait_for(lambda: health(a) == SERVING or not self.procs[r].alive(),
+                          deadline - time.time(), interval=0.05)
+            if not ok or not self.procs[r].alive():
+                raise GroupStartError("rank %d never served:\n%s" % (r, self.logs()))
+
+    def logs(self):
+        return "\n".join("---- rank %d (pid %d) ----\n%s" % (r, p.pid, p.text()[-4000:])
+                         for r, p in enumerate(self.procs))
+
+    @property
+    def servers(self):
+        return self.peers
+
+    def kill(self, rank):
+        self.procs[rank].kill()
+
+    def _kill_all(self):
+        for p in self.procs:
+            p.cleanup()
+        self.procs = []
+
+    def close(self):
+        """Stops every rank still running with SIGTERM (in parallel); returns {rank: code} for
+        them. Removes the logs."""
+        codes = {}
+        alive = [r for r, p in enumerate(self.procs) if p.alive()]
+        for r in alive:
+            os.kill(self.procs[r].pid, signal.SIGTERM)
+        for r in alive:
+            p = self.procs[r]
+            if p.wait(20.0) is None:
+                p.kill()
+                codes[r] = "hung on SIGTERM (killed)"
+            else:
+                codes[r] = p.proc.returncode
+        self.last_logs = self.logs()
+        self._kill_all()
+        return codes
+
+    def close_checked(self, testcase):
+        codes = self.close()
+        for r, c in codes.items():
+            testcase.assertEqual(c, 0, "rank %d exited with %s on SIGTERM:\n%s" %
+                                 (r, c, self.last_logs))
+
+
+# ---- raw gRPC clients -----------------------------------------------------------------------------
+
+_batch_ids = itertools.count(1000)
+_batch_lock = threading.Lock()
+
+
+def next_batch_id():
+    with _batch_lock:
+        return next(_batch_ids)
+
+
+def table_spec(name, rows, width, opt="rowwise_adagrad", seed=7, **kw):
+    o = pb.OptimizerConfig(kind=OPT[opt], lr=kw.get("lr", 0.05), eps=kw.get("eps", 1e-6),
+                           half_life=kw.get("half_life", 0.0),
+                           initial_accumulator=kw.get("init_acc", 0.0),
+                           weight_decay=kw.get("wd", 0.0), beta1=kw.get("b1", 0.0),
+                           beta2=kw.get("b2", 0.0))
+    return pb.TableSpec(name=name, rows=rows, emb_width=width, dtype=pb.DTYPE_F32, seed=seed,
+                        optimizer=o)
+
+
+class RawClient:
+    """Its own channel to every rank; splits batches into N contiguous shards and sends shard r
+    to rank r, concurrently (futures), in the rank order asked for."""
+
+    def __init__(self, addresses):
+        self.n = len(addresses)
+        self.chans = [lib.channel(a) for a in addresses]
+        self.stubs = [pbg.EmbeddingServiceStub(c) for c in self.chans]
+
+    def close(self):
+        for c in self.chans:
+            c.close()
+
+    def create(self, name, rows, width, opt="rowwise_adagrad", **kw):
+        return self.stubs[0].CreateTable(
+            pb.CreateTableRequest(spec=table_spec(name, rows, width, opt, **kw)),
+            timeout=CALL_TIMEOUT)
+
+    def _order(self, order):
+        return list(order) if order is not None else list(range(self.n))
+
+    def lookup_async(self, table, tokens, batch_id=None, order=None, timeout=CALL_TIMEOUT):
+        """Sends every shard; returns (batch_id, [future per rank])."""
+        tok = np.asarray(tokens, dtype="<i8")
+        T = len(tok)
+        assert T % self.n == 0
+        s = T // self.n
+        bid = next_batch_id() if batch_id is None else batch_id
+        futs = [None] * self.n
+        for r in self._order(order):
+            futs[r] = self.stubs[r].Lookup.future(pb.LookupRequest(
+                table=table, batch_id=bid, shard_index=r, shard_count=self.n,
+                tokens_per_batch=T, tokens=tok[r * s:(r + 1) * s].tobytes()), timeout=timeout)
+        return bid, futs
+
+    @staticmethod
+    def rows_of(futs, width):
+        out = []
+        for f in futs:
+            resp = f.result()
+            out.append(np.frombuffer(resp.rows, dtype="<f4").reshape(-1, width))
+        return np.concatenate(out)
+
+    def lookup(self, table, tokens, width, order=None):
+        _, futs = self.lookup_async(table, tokens, order=order)
+        return self.rows_of(futs, width)
+
+    def push_async(self, table, tokens, grads, mode=pb.UPDATE_MODE_SYNC, batch_id=None,
+                   order=None, timeout=CALL_TIMEOUT):
+        tok = np.asarray(tokens, dtype="<i8")
+        g = np.asarray(grads, dtype="<f4")
+        T = len(tok)
+        assert T % self.n == 0 and g.shape[0] == T
+        s = T // self.n
+        bid = next_batch_id() if batch_id is None else batch_id
+        futs = [None] * self.n
+        for r in self._order(order):
+            futs[r] = self.stubs[r].PushGradients.future(pb.PushGradientsRequest(
+                table=table, batch_id=bid, shard_index=r, shard_count=self.n,
+                tokens_per_batch=T, tokens=tok[r * s:(r + 1) * s].tobytes(), dtype=pb.DTYPE_F32,
+                gradients=g[r * s:(r + 1) * s].tobytes(), mode=mode), timeout=timeout)
+        return bid, futs
+
+    def push(self, table, tokens, grads, mode=pb.UPDATE_MODE_SYNC, order=None):
+        _, futs = self.push_async(table, tokens, grads, mode, order=order)
+        return [f.result() for f in futs]
+
+
+def rpc_error(fn):
+    """Runs fn; returns the grpc.RpcError it raised (None when it succeeded)."""
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e
+    return None
+
+
+# ---- the optimizers in numpy ------------------------------------------------------------------------
+
+class Reference:
+    """The optimizers of kernels/embps_kernels.h in numpy (f32 math), as in
+    tests/interop/test_grpc_interop.py, for f32 tables."""
+
+    def __init__(self, initial, kind, lr, eps, half_life=0.0, init_acc=0.0, wd=0.0, b1=0.9,
+                 b2=0.999):
+        self.w = {}
+        self.initial = initial  # 2-D array: row t is token t's initial row
+        self.kind, self.lr, self.eps, self.wd = kind, np.float32(lr), np.float32(eps), np.float32(wd)
+        self.decay = np.float32(np.exp(-np.log(2.0) / half_life)) if half_life > 0 else np.float32(1)
+        self.init_acc, self.b1, self.b2 = np.float32(init_acc), np.float32(b1), np.float32(b2)
+        self.state = {}
+        self.step = 0
+
+    def row(self, t):
+        t = int(t)
+        if t == 0:
+            return np.zeros(self.initial.shape[1], np.float32)
+        return self.w.get(t, self.initial[t]).astype(np.float32)
+
+    def rows(self, tokens):
+        return np.stack([self.row(t) for t in tokens])
+
+    def push(self, tokens, grads):
+        """Applies one step; returns (grad_norm, num_unique)."""
+        sums = {}
+        for t, g in zip([int(t) for t in tokens], grads):
+            if t == 0:
+                continue
+            sums[t] = sums.get(t, np.zeros_like(g, dtype=np.float32)) + g.astype(np.float32)
+        norm = float(np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in sums.values())))
+        self.step += 1
+        for t in sorted(sums):
+            w = self.row(t)
+            g = sums[t] + self.wd * w
+            if self.kind == "sgd":
+                w = w - self.lr * g
+            elif self.kind == "adagrad":
+                a = self.state.get(t, np.full_like(w, self.init_acc)) * self.decay + g * g
+                self.state[t] = a
+                w = w - self.lr * g / (np.sqrt(a) + self.eps)
+            elif self.kind == "rowwise_adagrad":
+                a = self.state.get(t, self.init_acc) * self.decay + np.float32(np.mean(g * g))
+                self.state[t] = np.float32(a)
+                w = w - self.lr * g / (np.sqrt(np.float32(a)) + self.eps)
+            else:
+                m, v = self.state.get(t, (np.zeros_like(w), np.zeros_like(w)))
+                m = self.b1 * m + (1 - self.b1) * g
+                v = self.b2 * v + (1 - self.b2) * g * g
+                self.state[t] = (m, v)
+                mh = m / (1 - self.b1 ** self.step)
+                vh = v / (1 - self.b2 ** self.step)
+                w = w - self.lr * mh / (np.sqrt(vh) + self.eps)
+            self.w[t] = w.astype(np.float32)
+        return norm, len(sums)
+
+
+def run_cli(group_or_servers, *args, timeout=60):
+    servers = group_or_servers if isinstance(group_or_servers, str) else group_or_servers.servers
+    return subprocess.run([cli_binary(), "--servers", servers, *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def design_row(condition_prefix):
+    """The message column of DESIGN.md's error table for the row whose condition starts with
+    condition_prefix, as a regex template: placeholders in braces become named groups."""
+    path = os.environ.get("EMBPS_DESIGN_MD", os.path.join(os.path.dirname(lib.ROOT), "shared",
+                                                           "DESIGN.md"))
+    with open(path) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 3 and cells[0].startswith(condition_prefix):
+                return cells[2].strip("`")
+    raise LookupError("DESIGN.md has no error-table row starting with %r" % condition_prefix)
+
+
+def design_message(condition_prefix, **values):
+    """DESIGN.md's message for that row with its placeholders filled in."""
+    text = design_row(condition_prefix)
+    missing = set(re.findall(r"\{(\w+)\}", text)) - set(values)
+    if missing:
+        raise KeyError("placeholders %s not given" % sorted(missing))
+    return re.sub(r"\{(\w+)\}", lambda m: str(values[m.group(1)]), text)
