@@ -1,0 +1,176 @@
+/* embps CUDA kernels: the GPU twins of kernels/embps_kernels.h, callable from C.
+ *
+ * Conventions (in addition to those of embps_kernels.h, which hold here unchanged):
+ * - Every array pointer is a device pointer owned by the caller; parameter structs
+ *   (embps_opt_params_t) are read on the host during the call. Nothing is allocated, nothing
+ *   is freed, nothing is kept after a call returns.
+ * - Every launcher enqueues its work on the caller's `stream` and returns without
+ *   synchronizing; outputs are ready when the stream reaches that point. Results that the CPU
+ *   functions return (dedup's count, row stats' non-finite count) are written to device memory
+ *   instead. A launcher that enqueues nothing (n == 0 or width == 0) returns EMBPS_OK.
+ * - Return values: EMBPS_OK; EMBPS_INVALID_ARGUMENT for a bad dtype, a NULL array that the
+ *   call needs, a too small workspace or a size beyond what the kernel indexes (checked before
+ *   anything is enqueued); EMBPS_INTERNAL when a CUDA call or a launch fails (logged with
+ *   file:line; work enqueued before the failure may have run).
+ * - Results equal the CPU references bit for bit: gather, expand, dedup, init and the bf16
+ *   conversions trivially; segment sum, weight decay, the updates and each row's sum of
+ *   squares because every output is computed with the same f32/f64 operations in the same
+ *   order as on the CPU (no FMA contraction on either side, IEEE division and sqrt). The one
+ *   exception is row stats' total, summed by a deterministic tree instead of in row order:
+ *   identical run after run on any GPU, within rounding of the CPU's total. A NaN produced by
+ *   arithmetic may carry a different payload than on the CPU (it is NaN on both).
+ * - The stream is a cudaStream_t from <cuda_runtime_api.h> (plain C); 0 is the legacy default
+ *   stream. */
+#ifndef EMBPS_KERNELS_CUDA_H
+#define EMBPS_KERNELS_CUDA_H
+
+#include <cuda_runtime_api.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The project's C headers have no C++ guards of their own; seen from the .cu files (C++)
+ * their functions must keep C linkage. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "common/status.h"
+#include "kernels/embps_kernels.h"
+
+/* ---- dedup -------------------------------------------------------------------------------- */
+
+/**
+ * Bytes of workspace that embps_dedup_cuda needs for n tokens on the current device (the CUB
+ * sort's scratch depends on the device). Returns 0 for n == 0, and 0 when the query fails
+ * (logged), which no n > 0 ever needs, so 0 for n > 0 means "no workspace size known".
+ */
+size_t embps_dedup_cuda_workspace_bytes(size_t n);
+
+/**
+ * Deduplicates a batch of tokens, like embps_dedup_cpu, and also returns the batch grouped by
+ * segment for embps_segment_sum_cuda.
+ * - unique (n entries): the distinct tokens ascending in [0, num_unique); the rest untouched.
+ * - segment_ids (n): the index of tokens[i] in unique, for every position i.
+ * - sorted_positions (n): the positions 0..n-1 ordered by (token, position): segment s's
+ *   positions, ascending, are sorted_positions[segment_offsets[s] .. segment_offsets[s+1]).
+ * - segment_offsets (n + 1 entries): [0, num_unique] written, segment_offsets[num_unique] = n.
+ * - num_unique (1 entry, device): the number of distinct tokens.
+ * workspace: at least workspace_bytes >= embps_dedup_cuda_workspace_bytes(n) bytes, 256-byte
+ * aligned (cudaMalloc's alignment). n must be below 2^32. Signed tokens sort as signed.
+ * Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (n too large, workspace too small, NULL arrays),
+ * EMBPS_INTERNAL.
+ */
+embps_status_t embps_dedup_cuda(const int64_t *tokens, size_t n, int64_t *unique,
+                                uint32_t *segment_ids, uint32_t *sorted_positions,
+                                uint32_t *segment_offsets, uint32_t *num_unique, void *workspace,
+                                size_t workspace_bytes, cudaStream_t stream);
+
+/* ---- gather ------------------------------------------------------------------------------- */
+
+/** embps_gather_cpu on the device: out[i] = table[rows[i]] (n rows of width dtype elements).
+ * Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype), EMBPS_INTERNAL. */
+embps_status_t embps_gather_cuda(const void *table, embps_dtype_t dtype, size_t width,
+                                 const int64_t *rows, size_t n, void *out, cudaStream_t stream);
+
+/** embps_expand_cpu on the device: out[i] = src[segment_ids[i]].
+ * Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype), EMBPS_INTERNAL. */
+embps_status_t embps_expand_cuda(const void *src, embps_dtype_t dtype, size_t width,
+                                 const uint32_t *segment_ids, size_t n, void *out,
+                                 cudaStream_t stream);
+
+/* ---- segment sum ---------------------------------------------------------------------------- */
+
+/**
+ * embps_segment_sum_cpu on the device, taking the grouping from embps_dedup_cuda instead of
+ * segment_ids: out[s] = sum of grads[sorted_positions[k]] for k in [segment_offsets[s],
+ * segment_offsets[s+1]), in that (ascending position) order, accumulated in f32 from 0. Equal
+ * bit for bit to the CPU's sum with the matching segment_ids. grads: batch x width of dtype;
+ * out: num_unique x width f32, overwritten. Each segment must hold at least one position
+ * (dedup's do). num_unique is a host value (the caller reads dedup's count to size the
+ * exchange anyway).
+ * Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype), EMBPS_INTERNAL.
+ */
+embps_status_t embps_segment_sum_cuda(const void *grads, embps_dtype_t dtype, size_t width,
+                                      const uint32_t *sorted_positions,
+                                      const uint32_t *segment_offsets, size_t num_unique,
+                                      float *out, cudaStream_t stream);
+
+/* ---- finite check and norm ------------------------------------------------------------------ */
+
+/** Bytes of workspace that embps_row_stats_cuda needs for n rows (device independent). */
+size_t embps_row_stats_cuda_workspace_bytes(size_t n);
+
+/**
+ * embps_row_stats_cpu on the device, for an n x width f32 array g:
+ * - row_sumsq (n entries, may be NULL): each row's sum of squares, bit for bit the CPU's.
+ * - total_sumsq (1 double, may be NULL): the total sum of squares is ADDED to it, like the CPU.
+ * - num_nonfinite (1 uint64, may be NULL): OVERWRITTEN with the number of NaN/inf elements
+ *   (the CPU's return value).
+ * workspace: embps_row_stats_cuda_workspace_bytes(n) bytes, 8-byte aligned; only used when
+ * total_sumsq or num_nonfinite is requested (may be NULL otherwise).
+ * Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (NULL workspace when needed), EMBPS_INTERNAL.
+ */
+embps_status_t embps_row_stats_cuda(const float *g, size_t n, size_t width, float *row_sumsq,
+                                    double *total_sumsq, uint64_t *num_nonfinite, void *workspace,
+                                    cudaStream_t stream);
+
+/* ---- fused optimizer updates ---------------------------------------------------------------- */
+/* Same contracts as the _cpu updates: rows distinct, grad n x width f32, state indexed by the
+ * table row. p is a host pointer, read before returning. Each returns EMBPS_OK,
+ * EMBPS_INVALID_ARGUMENT (dtype, NULL p), EMBPS_INTERNAL. */
+
+/** embps_update_sgd_cpu on the device. */
+embps_status_t embps_update_sgd_cuda(void *table, embps_dtype_t dtype, size_t width,
+                                     const int64_t *rows, size_t n, const float *grad,
+                                     const embps_opt_params_t *p, cudaStream_t stream);
+
+/** embps_update_adagrad_cpu on the device. */
+embps_status_t embps_update_adagrad_cuda(void *table, embps_dtype_t dtype, size_t width,
+                                         const int64_t *rows, size_t n, const float *grad,
+                                         float *accum, const embps_opt_params_t *p,
+                                         cudaStream_t stream);
+
+/** embps_update_rowwise_adagrad_cpu on the device (row_sumsq: n entries, device). */
+embps_status_t embps_update_rowwise_adagrad_cuda(void *table, embps_dtype_t dtype, size_t width,
+                                                 const int64_t *rows, size_t n, const float *grad,
+                                                 const float *row_sumsq, size_t full_width,
+                                                 float *accum, const embps_opt_params_t *p,
+                                                 cudaStream_t stream);
+
+/** embps_update_adam_cpu on the device (bias corrections computed on the host, as the CPU). */
+embps_status_t embps_update_adam_cuda(void *table, embps_dtype_t dtype, size_t width,
+                                      const int64_t *rows, size_t n, const float *grad, float *m,
+                                      float *v, const embps_opt_params_t *p, cudaStream_t stream);
+
+/** embps_apply_weight_decay_cpu on the device (enqueues nothing when weight_decay == 0).
+ * Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype), EMBPS_INTERNAL. */
+embps_status_t embps_apply_weight_decay_cuda(const void *table, embps_dtype_t dtype, size_t width,
+                                             const int64_t *rows, size_t n, float *grad,
+                                             float weight_decay, cudaStream_t stream);
+
+/* ---- initializer -------------------------------------------------------------------------- */
+
+/** embps_init_rows_cpu on the device: the same values bit for bit (same hash, same f32 math).
+ * Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype), EMBPS_INTERNAL. */
+embps_status_t embps_init_rows_cuda(void *table, embps_dtype_t dtype, size_t width,
+                                    uint64_t row_begin, uint64_t row_end, uint64_t col_begin,
+                                    uint64_t seed, float scale, cudaStream_t stream);
+
+/* ---- dtype conversion ------------------------------------------------------------------------ */
+
+/** n f32 values to bf16 bits, exactly embps_f32_to_bf16 (nearest even, NaN stays quiet NaN).
+ * Returns EMBPS_OK, EMBPS_INTERNAL. */
+embps_status_t embps_f32_to_bf16_cuda(const float *in, size_t n, uint16_t *out,
+                                      cudaStream_t stream);
+
+/** n bf16 bit patterns to f32, exactly embps_bf16_to_f32. Returns EMBPS_OK, EMBPS_INTERNAL. */
+embps_status_t embps_bf16_to_f32_cuda(const uint16_t *in, size_t n, float *out,
+                                      cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,648 @@
+/* GPU kernels against their CPU references (kernels/cuda/<op>.cu against kernels/<op>.c).
+ *
+ * Every launcher runs on random inputs drawn from a fresh seed (printed; EMBPS_TEST_SEED=<n>
+ * replays a run) for f32 and bf16 storage, widths 1, 7, 128 and 1024 and batches of 0, 1
+ * and 4096 tokens with Zipf-like duplication and padding tokens, and its output must equal
+ * the CPU's bit for bit (row stats' total, summed in a different order, within 1e-12
+ * relative, and bit for bit between two GPU runs). Every device output is filled with 0xFF
+ * before the kernel runs and every host output likewise, so an element the kernel forgot to
+ * write, or wrote where it must not, shows up as a mismatch.
+ *
+ * Without a visible CUDA device the program prints one "SKIP: ..." line and exits with 77,
+ * which ctest reports as skipped (SKIP_RETURN_CODE). */
+#include <cuda_runtime_api.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/cuda/embps_kernels_cuda.h"
+#include "kernels/embps_kernels.h"
+
+#define NUM_ROWS 8192 /* table rows: tokens are drawn from [0, NUM_ROWS) */
+
+static int failures;
+static cudaStream_t stream;
+
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                         \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fputc('\n', stderr);                                                                         \
+      failures++;                                                                                  \
+    }                                                                                              \
+  } while (0)
+
+/* CUDA or launcher failures are not comparisons: stop at once. */
+#define CUDA_OK(call)                                                                              \
+  do {                                                                                             \
+    cudaError_t e_ = (call);                                                                       \
+    if (e_ != cudaSuccess) {                                                                       \
+      fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+#define STATUS_OK(call)                                                                            \
+  do {                                                                                             \
+    embps_status_t s_ = (call);                                                                    \
+    if (s_ != EMBPS_OK) {                                                                          \
+      fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, embps_status_str(s_));   \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+/* ---- random inputs -------------------------------------------------------------------------- */
+
+typedef struct rng {
+  uint64_t s;
+} rng_t;
+
+static uint64_t next_u64(rng_t *r) {
+  uint64_t z = (r->s += UINT64_C(0x9e3779b97f4a7c15));
+  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return z ^ (z >> 31);
+}
+
+/* Uniform in [0, 1). */
+static double next_unit(rng_t *r) { return (double)(next_u64(r) >> 11) * 0x1p-53; }
+
+static float next_float(rng_t *r, float lo, float hi) {
+  return lo + (hi - lo) * (float)next_unit(r);
+}
+
+/* Zipf(1.1) over NUM_ROWS ranks, ranks mapped to token ids by a random permutation so that the
+ * hot tokens are spread over the id range; 5% of the tokens are padding (0). */
+typedef struct zipf {
+  double cdf[NUM_ROWS];
+  int64_t token_of_rank[NUM_ROWS];
+} zipf_t;
+
+static void zipf_init(zipf_t *z, rng_t *r) {
+  double sum = 0.0;
+  for (int k = 0; k < NUM_ROWS; k++) {
+    sum += 1.0 / pow((double)(k + 1), 1.1);
+    z->cdf[k] = sum;
+    z->token_of_rank[k] = k;
+  }
+  for (int k = 0; k < NUM_ROWS; k++)
+    z->cdf[k] /= sum;
+  for (int k = NUM_ROWS - 1; k > 0; k--) {
+    int j = (int)(next_u64(r) % (uint64_t)(k + 1));
+    int64_t t = z->token_of_rank[k];
+    z->token_of_rank[k] = z->token_of_rank[j];
+    z->token_of_rank[j] = t;
+  }
+}
+
+static int64_t zipf_token(const zipf_t *z, rng_t *r) {
+  if (next_unit(r) < 0.05)
+    return 0;
+  double u = next_unit(r);
+  int lo = 0, hi = NUM_ROWS - 1;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (z->cdf[mid] < u)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return z->token_of_rank[lo];
+}
+
+/* n elements of dtype with values in [lo, hi) (bf16: the f32 value rounded). */
+static void fill_values(void *p, embps_dtype_t dtype, size_t n, rng_t *r, float lo, float hi) {
+  for (size_t i = 0; i < n; i++) {
+    float x = next_float(r, lo, hi);
+    if (dtype == EMBPS_DTYPE_BF16)
+      ((uint16_t *)p)[i] = embps_f32_to_bf16(x);
+    else
+      ((float *)p)[i] = x;
+  }
+}
+
+/* ---- host and device buffers -------------------------------------------------------------- */
+
+static void *xmalloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (!p) {
+    fprintf(stderr, "FATAL: out of memory (%zu bytes)\n", bytes);
+    exit(1);
+  }
+  return p;
+}
+
+static void *host_poisoned(size_t bytes) {
+  void *p = xmalloc(bytes);
+  memset(p, 0xff, bytes);
+  return p;
+}
+
+static void *host_copy(const void *src, size_t bytes) {
+  void *p = xmalloc(bytes);
+  if (bytes)
+    memcpy(p, src, bytes);
+  return p;
+}
+
+static void *dev_alloc(size_t bytes) {
+  void *p = NULL;
+  CUDA_OK(cudaMalloc(&p, bytes ? bytes : 1));
+  return p;
+}
+
+static void dev_poison(void *d, size_t bytes) {
+  if (bytes)
+    CUDA_OK(cudaMemsetAsync(d, 0xff, bytes, stream));
+}
+
+static void *dev_poisoned(size_t bytes) {
+  void *d = dev_alloc(bytes);
+  dev_poison(d, bytes);
+  return d;
+}
+
+static void *dev_upload(const void *h, size_t bytes) {
+  void *d = dev_alloc(bytes);
+  if (bytes)
+    CUDA_OK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream));
+  return d;
+}
+
+/* Waits for the stream, then copies back into a new host buffer. */
+static void *dev_download(const void *d, size_t bytes) {
+  void *h = host_poisoned(bytes);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  if (bytes)
+    CUDA_OK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+static void dev_free(void *d) { CUDA_OK(cudaFree(d)); }
+
+/* Compares two buffers bit for bit as elements of `es` bytes; reports the first difference. */
+static int same_bits(const char *what, const char *cfg, const void *want, const void *got,
+                     size_t bytes, size_t es) {
+  if (bytes == 0 || memcmp(want, got, bytes) == 0)
+    return 1;
+  size_t n = bytes / es, bad = 0, first = n;
+  for (size_t i = 0; i < n; i++)
+    if (memcmp((const char *)want + i * es, (const char *)got + i * es, es) != 0) {
+      bad++;
+      if (first == n)
+        first = i;
+    }
+  uint64_t w = 0, g = 0;
+  memcpy(&w, (const char *)want + first * es, es < 8 ? es : 8);
+  memcpy(&g, (const char *)got + first * es, es < 8 ? es : 8);
+  CHECK(0, "%s [%s]: %zu of %zu elements differ, first at %zu: cpu 0x%" PRIx64 " gpu 0x%" PRIx64,
+        what, cfg, bad, n, first, w, g);
+  return 0;
+}
+
+/* ---- one configuration: dtype x width x batch --------------------------------------------- */
+
+typedef struct config {
+  embps_dtype_t dtype;
+  size_t width, n;
+  char name[64];
+} config_t;
+
+/* Runs one optimizer on CPU and GPU from the same table and state, compares everything. */
+typedef enum { RUN_SGD, RUN_ADAGRAD, RUN_ROWWISE, RUN_ADAM } opt_run_t;
+
+static void check_update(const config_t *c, opt_run_t which, const void *table0,
+                         const int64_t *rows, size_t u, const float *grad, const float *row_sumsq,
+                         rng_t *r) {
+  static const char *names[] = {"sgd", "adagrad", "rowwise adagrad", "adam"};
+  const size_t es = embps_dtype_size(c->dtype), w = c->width;
+  const size_t table_bytes = (size_t)NUM_ROWS * w * es;
+  const size_t state_elems = which == RUN_ROWWISE ? NUM_ROWS : (size_t)NUM_ROWS * w;
+  const size_t state_bytes = state_elems * sizeof(float);
+  float *s1 = xmalloc(state_bytes), *s2 = xmalloc(state_bytes);
+  for (size_t i = 0; i < state_elems; i++) {
+    s1[i] = which == RUN_ADAM ? next_float(r, -0.1f, 0.1f) : next_float(r, 0.0f, 1.0f);
+    s2[i] = next_float(r, 0.0f, 0.01f);
+  }
+  embps_opt_params_t p = {.lr = 0.05f,
+                          .eps = 1e-6f,
+                          .decay = (next_u64(r) & 1) ? 1.0f : embps_opt_decay_from_half_life(100),
+                          .beta1 = 0.9f,
+                          .beta2 = 0.999f,
+                          .step = 0};
+  void *h_table = host_copy(table0, table_bytes);
+  float *h_s1 = host_copy(s1, state_bytes), *h_s2 = host_copy(s2, state_bytes);
+  void *d_table = dev_upload(table0, table_bytes);
+  float *d_s1 = dev_upload(s1, state_bytes), *d_s2 = dev_upload(s2, state_bytes);
+  int64_t *d_rows = dev_upload(rows, u * sizeof(int64_t));
+  float *d_grad = dev_upload(grad, u * w * sizeof(float));
+  float *d_rs = dev_upload(row_sumsq, u * sizeof(float));
+  size_t full_width = w * 3;
+
+  /* Two steps, so that the second starts from state the first wrote (adam: steps 0 and 5). */
+  for (int step = 0; step < 2; step++) {
+    p.step = step == 0 ? 0 : 5;
+    switch (which) {
+    case RUN_SGD:
+      embps_update_sgd_cpu(h_table, c->dtype, w, rows, u, grad, &p);
+      STATUS_OK(embps_update_sgd_cuda(d_table, c->dtype, w, d_rows, u, d_grad, &p, stream));
+      break;
+    case RUN_ADAGRAD:
+      embps_update_adagrad_cpu(h_table, c->dtype, w, rows, u, grad, h_s1, &p);
+      STATUS_OK(
+          embps_update_adagrad_cuda(d_table, c->dtype, w, d_rows, u, d_grad, d_s1, &p, stream));
+      break;
+    case RUN_ROWWISE:
+      embps_update_rowwise_adagrad_cpu(h_table, c->dtype, w, rows, u, grad, row_sumsq, full_width,
+                                       h_s1, &p);
+      STATUS_OK(embps_update_rowwise_adagrad_cuda(d_table, c->dtype, w, d_rows, u, d_grad, d_rs,
+                                                  full_width, d_s1, &p, stream));
+      break;
+    case RUN_ADAM:
+      embps_update_adam_cpu(h_table, c->dtype, w, rows, u, grad, h_s1, h_s2, &p);
+      STATUS_OK(
+          embps_update_adam_cuda(d_table, c->dtype, w, d_rows, u, d_grad, d_s1, d_s2, &p, stream));
+      break;
+    }
+  }
+  void *g_table = dev_download(d_table, table_bytes);
+  void *g_s1 = dev_download(d_s1, state_bytes), *g_s2 = dev_download(d_s2, state_bytes);
+  char what[64];
+  snprintf(what, sizeof(what), "%s weights", names[which]);
+  same_bits(what, c->name, h_table, g_table, table_bytes, es);
+  if (which != RUN_SGD) {
+    snprintf(what, sizeof(what), "%s state", names[which]);
+    same_bits(what, c->name, h_s1, g_s1, state_bytes, sizeof(float));
+  }
+  if (which == RUN_ADAM)
+    same_bits("adam v", c->name, h_s2, g_s2, state_bytes, sizeof(float));
+  /* Untouched rows must be untouched (compared above too, since both started equal). */
+  free(g_table), free(g_s1), free(g_s2);
+  free(h_table), free(h_s1), free(h_s2), free(s1), free(s2);
+  dev_free(d_table), dev_free(d_s1), dev_free(d_s2), dev_free(d_rows), dev_free(d_grad);
+  dev_free(d_rs);
+}
+
+/* Row stats of g (u x w) on both sides: per-row sums bit for bit, count exact, total close
+ * and identical over two GPU runs. Returns the CPU's row sums (caller frees). */
+static float *check_row_stats(const config_t *c, const char *what, const float *g, size_t u) {
+  const size_t w = c->width;
+  float *h_rs = host_poisoned(u * sizeof(float));
+  double h_total = 1.5; /* added to, not overwritten */
+  size_t h_bad = embps_row_stats_cpu(g, u, w, h_rs, &h_total);
+
+  float *d_g = dev_upload(g, u * w * sizeof(float));
+  float *d_rs = dev_poisoned(u * sizeof(float));
+  double *d_total = dev_alloc(2 * sizeof(double));
+  uint64_t *d_bad = dev_poisoned(sizeof(uint64_t));
+  size_t ws_bytes = embps_row_stats_cuda_workspace_bytes(u);
+  void *d_ws = dev_poisoned(ws_bytes);
+  double start[2] = {1.5, 1.5};
+  CUDA_OK(cudaMemcpyAsync(d_total, start, sizeof(start), cudaMemcpyHostToDevice, stream));
+  STATUS_OK(embps_row_stats_cuda(d_g, u, w, d_rs, &d_total[0], d_bad, d_ws, stream));
+  dev_poison(d_ws, ws_bytes);
+  STATUS_OK(embps_row_stats_cuda(d_g, u, w, NULL, &d_total[1], NULL, d_ws, stream));
+  float *g_rs = dev_download(d_rs, u * sizeof(float));
+  double *g_total = dev_download(d_total, 2 * sizeof(double));
+  uint64_t *g_bad = dev_download(d_bad, sizeof(uint64_t));
+
+  char name[80];
+  snprintf(name, sizeof(name), "%s row_sumsq", what);
+  if (h_bad == 0) {
+    same_bits(name, c->name, h_rs, g_rs, u * sizeof(float), sizeof(float));
+  } else {
+    /* Rows with a NaN or inf are "not meaningful": both must be non-finite of the same kind
+     * (NaN payloads differ between x86 and the GPU), the other rows bit for bit. */
+    for (size_t i = 0; i < u; i++) {
+      int ok = isnan(h_rs[i]) ? isnan(g_rs[i]) : memcmp(&h_rs[i], &g_rs[i], sizeof(float)) == 0;
+      CHECK(ok, "%s [%s] row %zu: cpu %g gpu %g", name, c->name, i, h_rs[i], g_rs[i]);
+    }
+  }
+  CHECK(*g_bad == h_bad, "%s non-finite count [%s]: cpu %zu gpu %" PRIu64, what, c->name, h_bad,
+        *g_bad);
+  if (isfinite(h_total)) {
+    double tol = 1e-12 * fabs(h_total);
+    CHECK(fabs(g_total[0] - h_total) <= tol, "%s total [%s]: cpu %.17g gpu %.17g", what, c->name,
+          h_total, g_total[0]);
+  } else {
+    CHECK(!!isnan(h_total) == !!isnan(g_total[0]) && !isfinite(g_total[0]),
+          "%s total [%s]: cpu %g gpu %g", what, c->name, h_total, g_total[0]);
+  }
+  CHECK(memcmp(&g_total[0], &g_total[1], sizeof(double)) == 0,
+        "%s total not deterministic [%s]: %.17g then %.17g", what, c->name, g_total[0], g_total[1]);
+  free(g_rs), free(g_total), free(g_bad);
+  dev_free(d_g), dev_free(d_rs), dev_free(d_total), dev_free(d_bad), dev_free(d_ws);
+  return h_rs;
+}
+
+static void check_init(const config_t *c, rng_t *r) {
+  const size_t es = embps_dtype_size(c->dtype), w = c->width;
+  /* Covers row 0 (padding) when the batch has a single row. */
+  uint64_t row_begin = c->n == 1 ? 0 : next_u64(r) % 100;
+  uint64_t row_end = row_begin + c->n, col_begin = next_u64(r) % 1000, seed = next_u64(r);
+  size_t bytes = (size_t)(row_end + 2) * w * es; /* two rows past the end must stay poisoned */
+  void *h = host_poisoned(bytes);
+  void *d = dev_poisoned(bytes);
+  embps_init_rows_cpu(h, c->dtype, w, row_begin, row_end, col_begin, seed, 0.05f);
+  STATUS_OK(
+      embps_init_rows_cuda(d, c->dtype, w, row_begin, row_end, col_begin, seed, 0.05f, stream));
+  void *g = dev_download(d, bytes);
+  same_bits("init", c->name, h, g, bytes, es);
+  free(h), free(g);
+  dev_free(d);
+}
+
+static void run_config(const config_t *c, const zipf_t *z, rng_t *r) {
+  const embps_dtype_t dt = c->dtype;
+  const size_t es = embps_dtype_size(dt), w = c->width, n = c->n;
+  const size_t row_bytes = w * es;
+
+  /* ---- dedup ---- */
+  int64_t *tokens = xmalloc(n * sizeof(int64_t));
+  for (size_t i = 0; i < n; i++)
+    tokens[i] = zipf_token(z, r);
+  int64_t *h_unique = host_poisoned(n * sizeof(int64_t));
+  uint32_t *h_seg = host_poisoned(n * sizeof(uint32_t));
+  void *h_ws = xmalloc(embps_dedup_workspace_bytes(n));
+  size_t u = embps_dedup_cpu(tokens, n, h_unique, h_seg, h_ws);
+  free(h_ws);
+
+  int64_t *d_tokens = dev_upload(tokens, n * sizeof(int64_t));
+  int64_t *d_unique = dev_poisoned(n * sizeof(int64_t));
+  uint32_t *d_seg = dev_poisoned(n * sizeof(uint32_t));
+  uint32_t *d_sorted = dev_poisoned(n * sizeof(uint32_t));
+  uint32_t *d_offsets = dev_poisoned((n + 1) * sizeof(uint32_t));
+  uint32_t *d_num_unique = dev_poisoned(sizeof(uint32_t));
+  size_t ws_bytes = embps_dedup_cuda_workspace_bytes(n);
+  CHECK(n == 0 || ws_bytes > 0, "dedup workspace query failed [%s]", c->name);
+  void *d_ws = dev_poisoned(ws_bytes);
+  STATUS_OK(embps_dedup_cuda(d_tokens, n, d_unique, d_seg, d_sorted, d_offsets, d_num_unique, d_ws,
+                             ws_bytes, stream));
+  uint32_t *g_num_unique = dev_download(d_num_unique, sizeof(uint32_t));
+  int64_t *g_unique = dev_download(d_unique, n * sizeof(int64_t));
+  uint32_t *g_seg = dev_download(d_seg, n * sizeof(uint32_t));
+  uint32_t *g_sorted = dev_download(d_sorted, n * sizeof(uint32_t));
+  uint32_t *g_offsets = dev_download(d_offsets, (n + 1) * sizeof(uint32_t));
+  CHECK(*g_num_unique == u, "dedup num_unique [%s]: cpu %zu gpu %u", c->name, u, *g_num_unique);
+  same_bits("dedup unique", c->name, h_unique, g_unique, n * sizeof(int64_t), sizeof(int64_t));
+  same_bits("dedup segment_ids", c->name, h_seg, g_seg, n * sizeof(uint32_t), sizeof(uint32_t));
+  /* The grouping the CPU implies: offsets from the segment sizes, positions ascending. */
+  uint32_t *want_offsets = host_poisoned((n + 1) * sizeof(uint32_t));
+  uint32_t *want_sorted = host_poisoned(n * sizeof(uint32_t));
+  uint32_t *fill = calloc(u + 1, sizeof(uint32_t));
+  for (size_t i = 0; i < n; i++)
+    fill[h_seg[i] + 1]++;
+  for (size_t s = 0; s < u; s++)
+    fill[s + 1] += fill[s];
+  memcpy(want_offsets, fill, (u + 1) * sizeof(uint32_t));
+  for (size_t i = 0; i < n; i++)
+    want_sorted[fill[h_seg[i]]++] = (uint32_t)i;
+  free(fill);
+  same_bits("dedup segment_offsets", c->name, want_offsets, g_offsets, (u + 1) * sizeof(uint32_t),
+            sizeof(uint32_t));
+  same_bits("dedup sorted_positions", c->name, want_sorted, g_sorted, n * sizeof(uint32_t),
+            sizeof(uint32_t));
+  free(want_offsets), free(want_sorted);
+  free(g_num_unique), free(g_unique), free(g_seg), free(g_sorted), free(g_offsets);
+
+  /* ---- gather the batch from a random table, then expand the unique rows ---- */
+  void *table = xmalloc((size_t)NUM_ROWS * row_bytes);
+  fill_values(table, dt, (size_t)NUM_ROWS * w, r, -1.0f, 1.0f);
+  void *d_table = dev_upload(table, (size_t)NUM_ROWS * row_bytes);
+  void *h_out = host_poisoned(n * row_bytes + 16);
+  void *d_out = dev_poisoned(n * row_bytes + 16);
+  embps_gather_cpu(table, dt, w, tokens, n, h_out);
+  STATUS_OK(embps_gather_cuda(d_table, dt, w, d_tokens, n, d_out, stream));
+  void *g_out = dev_download(d_out, n * row_bytes + 16);
+  same_bits("gather", c->name, h_out, g_out, n * row_bytes + 16, es);
+  free(g_out);
+  /* Output 8 bytes off 16-byte alignment: a narrower copy unit. */
+  dev_poison(d_out, n * row_bytes + 16);
+  STATUS_OK(embps_gather_cuda(d_table, dt, w, d_tokens, n, (char *)d_out + 8, stream));
+  g_out = dev_download(d_out, n * row_bytes + 16);
+  same_bits("gather (offset output)", c->name, h_out, (char *)g_out + 8, n * row_bytes, es);
+  free(g_out);
+
+  int64_t *d_rows_unique = d_unique; /* the CPU's unique rows, verified equal above */
+  void *h_src = host_poisoned(u * row_bytes);
+  embps_gather_cpu(table, dt, w, h_unique, u, h_src);
+  void *d_src = dev_upload(h_src, u * row_bytes);
+  memset(h_out, 0xff, n * row_bytes);
+  dev_poison(d_out, n * row_bytes);
+  embps_expand_cpu(h_src, dt, w, h_seg, n, h_out);
+  STATUS_OK(embps_expand_cuda(d_src, dt, w, d_seg, n, d_out, stream));
+  g_out = dev_download(d_out, n * row_bytes);
+  same_bits("expand", c->name, h_out, g_out, n * row_bytes, es);
+  free(g_out), free(h_src), free(h_out);
+  dev_free(d_src), dev_free(d_out);
+
+  /* ---- segment sum of random batch gradients ---- */
+  void *grads = xmalloc(n * row_bytes);
+  fill_values(grads, dt, n * w, r, -1.0f, 1.0f);
+  void *d_grads = dev_upload(grads, n * row_bytes);
+  float *h_sum = host_poisoned(u * w * sizeof(float));
+  float *d_sum = dev_poisoned(u * w * sizeof(float));
+  embps_segment_sum_cpu(grads, dt, w, h_seg, n, u, h_sum);
+  STATUS_OK(embps_segment_sum_cuda(d_grads, dt, w, d_sorted, d_offsets, u, d_sum, stream));
+  float *g_sum = dev_download(d_sum, u * w * sizeof(float));
+  same_bits("segment sum", c->name, h_sum, g_sum, u * w * sizeof(float), sizeof(float));
+  free(g_sum), free(grads);
+  dev_free(d_grads), dev_free(d_sum);
+
+  /* ---- weight decay on the summed gradient (rows = unique tokens) ---- */
+  float *h_grad = host_copy(h_sum, u * w * sizeof(float));
+  float *d_grad = dev_upload(h_sum, u * w * sizeof(float));
+  free(h_sum);
+  STATUS_OK(embps_apply_weight_decay_cuda(d_table, dt, w, d_rows_unique, u, d_grad, 0.0f, stream));
+  float *g_grad = dev_download(d_grad, u * w * sizeof(float));
+  same_bits("weight decay 0 (no-op)", c->name, h_grad, g_grad, u * w * sizeof(float),
+            sizeof(float));
+  free(g_grad);
+  embps_apply_weight_decay_cpu(table, dt, w, h_unique, u, h_grad, 0.01f);
+  STATUS_OK(embps_apply_weight_decay_cuda(d_table, dt, w, d_rows_unique, u, d_grad, 0.01f, stream));
+  g_grad = dev_download(d_grad, u * w * sizeof(float));
+  same_bits("weight decay", c->name, h_grad, g_grad, u * w * sizeof(float), sizeof(float));
+  free(g_grad);
+  dev_free(d_grad);
+
+  /* ---- row stats: the decayed gradient, then a copy with NaN and inf planted ---- */
+  float *row_sumsq = check_row_stats(c, "row stats", h_grad, u);
+  if (u * w > 0) {
+    float *bad = host_copy(h_grad, u * w * sizeof(float));
+    size_t k = 1 + next_u64(r) % 5;
+    for (size_t i = 0; i < k; i++) {
+      size_t at = next_u64(r) % (u * w);
+      bad[at] = (i % 3 == 0) ? NAN : (i % 3 == 1) ? INFINITY : -INFINITY;
+    }
+    free(check_row_stats(c, "row stats (non-finite)", bad, u));
+    free(bad);
+  }
+
+  /* ---- the updates ---- */
+  check_update(c, RUN_SGD, table, h_unique, u, h_grad, row_sumsq, r);
+  check_update(c, RUN_ADAGRAD, table, h_unique, u, h_grad, row_sumsq, r);
+  check_update(c, RUN_ROWWISE, table, h_unique, u, h_grad, row_sumsq, r);
+  check_update(c, RUN_ADAM, table, h_unique, u, h_grad, row_sumsq, r);
+  free(row_sumsq), free(h_grad);
+
+  check_init(c, r);
+
+  free(tokens), free(h_unique), free(h_seg), free(table);
+  dev_free(d_tokens), dev_free(d_unique), dev_free(d_seg), dev_free(d_sorted);
+  dev_free(d_offsets), dev_free(d_num_unique), dev_free(d_ws), dev_free(d_table);
+}
+
+/* ---- checks outside the grid of configurations --------------------------------------------- */
+
+/* Dedup of wide-range, signed tokens at 1M: the CPU's unpacked radix path against CUB. */
+static void check_dedup_wide(rng_t *r) {
+  const size_t n = (size_t)1 << 20;
+  int64_t *tokens = xmalloc(n * sizeof(int64_t));
+  for (size_t i = 0; i < n; i++)
+    tokens[i] = (i % 3 == 0 && i) ? tokens[next_u64(r) % i] : (int64_t)next_u64(r);
+  int64_t *h_unique = host_poisoned(n * sizeof(int64_t));
+  uint32_t *h_seg = host_poisoned(n * sizeof(uint32_t));
+  void *h_ws = xmalloc(embps_dedup_workspace_bytes(n));
+  size_t u = embps_dedup_cpu(tokens, n, h_unique, h_seg, h_ws);
+  free(h_ws);
+  int64_t *d_tokens = dev_upload(tokens, n * sizeof(int64_t));
+  int64_t *d_unique = dev_poisoned(n * sizeof(int64_t));
+  uint32_t *d_seg = dev_poisoned(n * sizeof(uint32_t));
+  uint32_t *d_sorted = dev_poisoned(n * sizeof(uint32_t));
+  uint32_t *d_offsets = dev_poisoned((n + 1) * sizeof(uint32_t));
+  uint32_t *d_nu = dev_poisoned(sizeof(uint32_t));
+  size_t ws_bytes = embps_dedup_cuda_workspace_bytes(n);
+  void *d_ws = dev_alloc(ws_bytes);
+  CHECK(embps_dedup_cuda(d_tokens, n, d_unique, d_seg, d_sorted, d_offsets, d_nu, d_ws,
+                         ws_bytes - 1, stream) == EMBPS_INVALID_ARGUMENT,
+        "dedup accepted a workspace one byte short");
+  STATUS_OK(embps_dedup_cuda(d_tokens, n, d_unique, d_seg, d_sorted, d_offsets, d_nu, d_ws,
+                             ws_bytes, stream));
+  uint32_t *g_nu = dev_download(d_nu, sizeof(uint32_t));
+  int64_t *g_unique = dev_download(d_unique, n * sizeof(int64_t));
+  uint32_t *g_seg = dev_download(d_seg, n * sizeof(uint32_t));
+  CHECK(*g_nu == u, "wide dedup num_unique: cpu %zu gpu %u", u, *g_nu);
+  same_bits("wide dedup unique", "1M signed", h_unique, g_unique, n * sizeof(int64_t), 8);
+  same_bits("wide dedup segment_ids", "1M signed", h_seg, g_seg, n * sizeof(uint32_t), 4);
+  free(g_nu), free(g_unique), free(g_seg), free(tokens), free(h_unique), free(h_seg);
+  dev_free(d_tokens), dev_free(d_unique), dev_free(d_seg), dev_free(d_sorted);
+  dev_free(d_offsets), dev_free(d_nu), dev_free(d_ws);
+}
+
+/* The device bf16 conversion against common/dtype.h: every high half with a set of low halves
+ * around the rounding points (ties, NaN payloads, infinities, denormals), plus random bits;
+ * and every bf16 pattern back to f32. */
+static void check_convert(rng_t *r) {
+  static const uint16_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000, 0xc000};
+  const size_t per = 16, n = (size_t)65536 * per;
+  uint32_t *bits = xmalloc(n * sizeof(uint32_t));
+  for (size_t h = 0; h < 65536; h++)
+    for (size_t k = 0; k < per; k++)
+      bits[h * per + k] = (uint32_t)(h << 16) |
+                          (k < sizeof(lows) / sizeof(lows[0]) ? lows[k] : (uint16_t)next_u64(r));
+  uint16_t *want = xmalloc(n * sizeof(uint16_t));
+  for (size_t i = 0; i < n; i++) {
+    float f;
+    memcpy(&f, &bits[i], sizeof(f));
+    want[i] = embps_f32_to_bf16(f);
+  }
+  float *d_in = dev_upload(bits, n * sizeof(float));
+  uint16_t *d_out = dev_poisoned(n * sizeof(uint16_t));
+  STATUS_OK(embps_f32_to_bf16_cuda(d_in, n, d_out, stream));
+  uint16_t *got = dev_download(d_out, n * sizeof(uint16_t));
+  same_bits("f32 -> bf16", "all high halves", want, got, n * sizeof(uint16_t), 2);
+  free(got);
+
+  uint16_t *all = xmalloc(65536 * sizeof(uint16_t));
+  float *back = xmalloc(65536 * sizeof(float));
+  for (size_t h = 0; h < 65536; h++) {
+    all[h] = (uint16_t)h;
+    back[h] = embps_bf16_to_f32((uint16_t)h);
+  }
+  uint16_t *d_all = dev_upload(all, 65536 * sizeof(uint16_t));
+  float *d_back = dev_poisoned(65536 * sizeof(float));
+  STATUS_OK(embps_bf16_to_f32_cuda(d_all, 65536, d_back, stream));
+  float *g_back = dev_download(d_back, 65536 * sizeof(float));
+  same_bits("bf16 -> f32", "all patterns", back, g_back, 65536 * sizeof(float), 4);
+  free(g_back), free(all), free(back), free(bits), free(want);
+  dev_free(d_in), dev_free(d_out), dev_free(d_all), dev_free(d_back);
+}
+
+/* Arguments rejected before anything is enqueued. */
+static void check_invalid(void) {
+  embps_opt_params_t p = {.lr = 1.0f};
+  CHECK(embps_gather_cuda(NULL, (embps_dtype_t)7, 4, NULL, 1, NULL, stream) ==
+            EMBPS_INVALID_ARGUMENT,
+        "gather accepted dtype 7");
+  CHECK(embps_update_sgd_cuda(NULL, (embps_dtype_t)0, 4, NULL, 1, NULL, &p, stream) ==
+            EMBPS_INVALID_ARGUMENT,
+        "sgd accepted dtype 0");
+  CHECK(embps_update_adam_cuda(NULL, EMBPS_DTYPE_F32, 4, NULL, 1, NULL, NULL, NULL, NULL, stream) ==
+            EMBPS_INVALID_ARGUMENT,
+        "adam accepted NULL params");
+  CHECK(embps_row_stats_cuda(NULL, 4, 4, NULL, NULL, NULL, NULL, stream) == EMBPS_OK,
+        "row stats with nothing requested should enqueue nothing");
+}
+
+int main(void) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    if (e != cudaSuccess)
+      printf("SKIP: no CUDA device visible (cudaGetDeviceCount: %s: %s)\n", cudaGetErrorName(e),
+             cudaGetErrorString(e));
+    else
+      printf("SKIP: no CUDA device visible (cudaGetDeviceCount: 0 devices)\n");
+    return 77;
+  }
+  uint64_t seed;
+  const char *env = getenv("EMBPS_TEST_SEED");
+  if (env && *env)
+    seed = strtoull(env, NULL, 0);
+  else
+    seed = (uint64_t)time(NULL) * UINT64_C(0x9e3779b97f4a7c15) ^ (uint64_t)getpid() ^
+           (uint64_t)clock();
+  struct cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  printf("device 0: %s (sm_%d%d); seed %" PRIu64 " (EMBPS_TEST_SEED=%" PRIu64 " replays)\n",
+         prop.name, prop.major, prop.minor, seed, seed);
+  fflush(stdout);
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  rng_t r = {seed};
+  zipf_t *z = xmalloc(sizeof(*z));
+  zipf_init(z, &r);
+  static const embps_dtype_t dtypes[] = {EMBPS_DTYPE_F32, EMBPS_DTYPE_BF16};
+  static const size_t widths[] = {1, 7, 128, 1024};
+  static const size_t batches[] = {0, 1, 4096};
+  int configs = 0;
+  for (size_t d = 0; d < 2; d++)
+    for (size_t wi = 0; wi < 4; wi++)
+      for (size_t bi = 0; bi < 3; bi++) {
+        config_t c = {.dtype = dtypes[d], .width = widths[wi], .n = batches[bi]};
+        snprintf(c.name, sizeof(c.name), "%s width %zu batch %zu", embps_dtype_name(c.dtype),
+                 c.width, c.n);
+        int before = failures;
+        run_config(&c, z, &r);
+        printf("%-4s %s\n", failures == before ? "ok" : "FAIL", c.name);
+        configs++;
+      }
+  int before = failures;
+  check_dedup_wide(&r);
+  printf("%-4s dedup of 1M wide-range signed tokens\n", failures == before ? "ok" : "FAIL");
+  before = failures;
+  check_convert(&r);
+  printf("%-4s bf16 conversions\n", failures == before ? "ok" : "FAIL");
+  check_invalid();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaStreamDestroy(stream));
+  free(z);
+  printf("%s: %d configurations, %d failures (seed %" PRIu64 ")\n", failures ? "FAILED" : "PASSED",
+         configs, failures, seed);
+  return failures ? 1 : 0;
+}
