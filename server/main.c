@@ -13,6 +13,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "server/engine/engine.h"
 #include "server/group/bootstrap.h"
 #include "server/group/group.h"
 #include "server/group/mesh.h"
@@ -22,6 +23,12 @@
 #include "server/store/store.h"
 
 #define MAX_RANKS 1024
+
+#ifdef EMBPS_HAVE_CUDA
+#define EMBPS_HAVE_CUDA_BUILD 1
+#else
+#define EMBPS_HAVE_CUDA_BUILD 0
+#endif
 
 typedef struct server {
   uv_loop_t loop;
@@ -94,7 +101,8 @@ int main(int argc, char **argv) {
   embps_mesh_t mesh;
   embps_error_t err;
   server_t s;
-  int want_help, level, num_peers = 0;
+  int want_help, level, num_peers = 0, num_devices, device;
+  embps_backend_t backend;
   uint32_t group_size = 1, rank;
 
   signal(SIGPIPE, SIG_IGN);
@@ -121,10 +129,30 @@ int main(int argc, char **argv) {
     return 2;
   }
   embps_log_set_level((embps_log_level_t)level);
-  if (strcmp(set.backend, "auto") != 0 && strcmp(set.backend, "cpu") != 0) {
-    fprintf(stderr, "embps-server: --backend: '%s' is not auto or cpu (this build has no CUDA)\n",
-            set.backend);
+  num_devices = embps_cuda_device_count();
+  if (strcmp(set.backend, "cpu") == 0 || (strcmp(set.backend, "auto") == 0 && num_devices == 0)) {
+    backend = EMBPS_BACKEND_CPU;
+  } else if (strcmp(set.backend, "cuda") == 0 || strcmp(set.backend, "auto") == 0) {
+    backend = EMBPS_BACKEND_CUDA;
+    if (num_devices == 0) {
+      fprintf(stderr, "embps-server: --backend cuda: no CUDA device is visible to this process%s\n",
+              EMBPS_HAVE_CUDA_BUILD ? "" : " (this build has no CUDA backend)");
+      return 2;
+    }
+  } else {
+    fprintf(stderr, "embps-server: --backend: '%s' is not auto, cpu or cuda\n", set.backend);
     return 2;
+  }
+  if (strcmp(set.device, "auto") == 0) {
+    device = num_devices > 0 ? (int)(set.rank % (uint64_t)num_devices) : 0;
+  } else {
+    char *end;
+    long d = strtol(set.device, &end, 10);
+    if (*set.device == '\0' || *end != '\0' || d < 0 || d > 4096) {
+      fprintf(stderr, "embps-server: --device: '%s' is not a device number or auto\n", set.device);
+      return 2;
+    }
+    device = (int)d;
   }
 
   /* The group's shape, checked before anything listens. */
@@ -184,6 +212,8 @@ int main(int argc, char **argv) {
   gcfg.bootstrap_timeout_ms = set.bootstrap_timeout_ms;
   gcfg.peer_timeout_ms = set.peer_timeout_ms;
   gcfg.batch_deadline_ms = set.batch_deadline_ms;
+  gcfg.backend = backend;
+  gcfg.device = device;
   gcfg.on_fatal = on_group_fatal;
   gcfg.on_fatal_arg = &s;
 

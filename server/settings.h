@@ -43,7 +43,11 @@
     "close a connection that stops sending in the middle of a request for this long")              \
   X(idle_timeout_ms, U64, "idle-timeout-ms", "0",                                                  \
     "close a connection with no calls that stays silent this long; 0 = never")                     \
-  X(backend, STR, "backend", "auto", "compute backend: auto or cpu")                               \
+  X(backend, STR, "backend", "auto",                                                               \
+    "compute backend: cuda (tables in GPU memory, NCCL between ranks), cpu, or auto (cuda "        \
+    "when a GPU is visible)")                                                                      \
+  X(device, STR, "device", "auto",                                                                 \
+    "cuda: the CUDA device this rank uses; auto = rank modulo the devices visible")                \
   X(log_level, STR, "log-level", "info", "debug, info, warn or error")
 
 typedef struct embps_settings {

@@ -20,6 +20,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "server/engine/engine_cuda.h"
 
 typedef struct scratch {
   size_t cap_tokens, cap_elems, cap_bytes;
@@ -33,15 +34,29 @@ typedef struct scratch {
 struct embps_engine {
   embps_comm_t *comm;
   embps_store_t *store;
+  embps_backend_t backend;
+  embps__engine_cuda_t *cuda; /* the CUDA backend's state */
   scratch_t s;
 };
 
-embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_store_t *store) {
+const char *embps_backend_name(embps_backend_t backend) {
+  return backend == EMBPS_BACKEND_CUDA ? "cuda" : "cpu";
+}
+
+embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_store_t *store,
+                                embps_backend_t backend, void *stream) {
   embps_engine_t *e = embps_calloc(1, sizeof(*e));
+  embps_status_t ret;
   if (!e)
     return EMBPS_RESOURCE_EXHAUSTED;
   e->comm = comm;
   e->store = store;
+  e->backend = backend;
+  if (backend == EMBPS_BACKEND_CUDA &&
+      (ret = embps__engine_cuda_new(&e->cuda, comm, store, stream)) != EMBPS_OK) {
+    embps_free(e);
+    return ret;
+  }
   *out = e;
   return EMBPS_OK;
 }
@@ -49,6 +64,7 @@ embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_
 void embps_engine_free(embps_engine_t *e) {
   if (!e)
     return;
+  embps__engine_cuda_free(e->cuda);
   embps_free(e->s.all_tokens);
   embps_free(e->s.unique);
   embps_free(e->s.segment_ids);
@@ -61,10 +77,7 @@ void embps_engine_free(embps_engine_t *e) {
   embps_free(e);
 }
 
-const char *embps_engine_backend(const embps_engine_t *e) {
-  (void)e;
-  return "cpu";
-}
+embps_backend_t embps_engine_backend(const embps_engine_t *e) { return e->backend; }
 
 /* Scratch for T tokens, T*width f32 sums and `bytes` of exchange buffers. Arrays only grow,
  * since batch sizes repeat from step to step; after a failed growth every array of that group
@@ -283,6 +296,8 @@ embps_status_t embps_engine_run(embps_engine_t *e, embps_op_t *op, embps_error_t
   op->applied = op->skipped = 0;
   op->grad_norm = 0.0;
   op->num_unique = 0;
+  if (e->backend == EMBPS_BACKEND_CUDA)
+    return embps__engine_cuda_run(e->cuda, op, err);
   switch (op->kind) {
   case EMBPS_OP_CREATE_TABLE:
     return run_create(e, op, err);

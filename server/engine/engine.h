@@ -57,11 +57,23 @@ struct embps_op {
 
 typedef struct embps_engine embps_engine_t;
 
+typedef enum embps_backend {
+  EMBPS_BACKEND_CPU = 0,
+  EMBPS_BACKEND_CUDA = 1, /* tables in GPU memory, kernels on `stream`, an NCCL communicator */
+} embps_backend_t;
+
+/** "cpu" or "cuda". */
+const char *embps_backend_name(embps_backend_t backend);
+
 /**
- * An engine for this rank. comm is borrowed (its rank and size are the group's); store is
- * borrowed and must outlive the engine. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
+ * An engine for this rank. comm is borrowed (its rank and size are the group's; for the CUDA
+ * backend it must take device buffers); store is borrowed and must outlive the engine. For
+ * EMBPS_BACKEND_CUDA, `stream` is the cudaStream_t every kernel and copy is issued on, and the
+ * calling thread's current device is the engine's. Returns EMBPS_OK, EMBPS_RESOURCE_EXHAUSTED,
+ * or EMBPS_UNIMPLEMENTED for CUDA in a build without it.
  */
-embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_store_t *store);
+embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_store_t *store,
+                                embps_backend_t backend, void *stream);
 void embps_engine_free(embps_engine_t *engine);
 
 /**
@@ -73,7 +85,23 @@ void embps_engine_free(embps_engine_t *engine);
  */
 embps_status_t embps_engine_run(embps_engine_t *engine, embps_op_t *op, embps_error_t *err);
 
-/** The backend's name: "cpu". */
-const char *embps_engine_backend(const embps_engine_t *engine);
+/** The engine's backend. */
+embps_backend_t embps_engine_backend(const embps_engine_t *engine);
+
+/* ---- devices (the CUDA backend's, answered without CUDA too) --------------------------------- */
+
+/** CUDA devices this process sees; 0 in a build without CUDA or without a usable driver. */
+int embps_cuda_device_count(void);
+
+/**
+ * Makes `device` the calling thread's current device, creates the engine's stream and writes
+ * the device's PCI bus id (unique per host) to bus_id. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT
+ * for a device that does not exist, EMBPS_UNIMPLEMENTED without CUDA, EMBPS_INTERNAL.
+ */
+embps_status_t embps_cuda_open(int device, void **stream, char *bus_id, size_t cap,
+                               embps_error_t *err);
+
+/** Destroys a stream from embps_cuda_open. NULL is a no-op. */
+void embps_cuda_close(void *stream);
 
 #endif

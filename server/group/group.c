@@ -40,8 +40,9 @@ _Static_assert((int)EMBPS_OP_LOOKUP == (int)EMBPS_BATCH_LOOKUP &&
                    (int)EMBPS_OP_CREATE_TABLE == (int)EMBPS_BATCH_CREATE_TABLE,
                "op kinds travel as batch kinds");
 
-enum { FRAME_NOTICE = 1, FRAME_ROUND = 2, FRAME_BROKEN = 3 };
+enum { FRAME_NOTICE = 1, FRAME_ROUND = 2, FRAME_BROKEN = 3, FRAME_DEVICE = 4, FRAME_NCCL_ID = 5 };
 #define ROUND_MAX 256
+#define MAX_CLAIMS 64                     /* ranks whose device claims the leader compares */
 #define CREATE_ID_BIT (UINT64_C(1) << 63) /* the leader's own ids for creates */
 
 typedef struct rbuf {
@@ -71,6 +72,7 @@ struct embps_group {
   atomic_uint_fast64_t pending;
 
   /* Group thread only. */
+  void *stream; /* cuda: the engine's stream */
   embps_comm_t *comm;
   embps_engine_t *engine;
   embps_sequencer_t *seq;
@@ -492,6 +494,153 @@ static void admit(embps_group_t *g, embps_op_t *op) {
 
 /* ---- the thread ------------------------------------------------------------------------------ */
 
+/* Reads one control frame from peer within timeout_ms (startup only, before the main loop
+ * owns the connections). Returns its type, or -1 on timeout or a closed connection. */
+static int read_frame_blocking(embps_group_t *g, uint32_t peer, uint8_t *buf, size_t cap,
+                               size_t *len, uint64_t timeout_ms) {
+  uint8_t head[5];
+  uint32_t flen;
+  size_t got = 0, want = 5;
+  uint64_t deadline = now_ms() + timeout_ms;
+  uint8_t *dst = head;
+  for (int stage = 0; stage < 2; stage++) {
+    while (got < want) {
+      struct pollfd pfd = {.fd = g->control_fds[peer], .events = POLLIN};
+      uint64_t now = now_ms();
+      ssize_t k;
+      if (now >= deadline || poll(&pfd, 1, (int)(deadline - now)) <= 0)
+        return -1;
+      k = recv(g->control_fds[peer], dst + got, want - got, 0);
+      if (k <= 0)
+        return -1;
+      got += (size_t)k;
+    }
+    if (stage == 0) {
+      memcpy(&flen, head, 4);
+      if (flen < 1 || flen - 1 > cap)
+        return -1;
+      dst = buf;
+      got = 0;
+      want = flen - 1;
+    }
+  }
+  *len = want;
+  return head[4];
+}
+
+static embps_status_t send_frame(embps_group_t *g, uint32_t peer, uint8_t type, const void *p,
+                                 size_t len) {
+  wbuf_t w = {0};
+  embps_status_t ret;
+  begin_frame(&w, type);
+  put(&w, p, len);
+  end_frame(&w);
+  ret = w.failed ? EMBPS_RESOURCE_EXHAUSTED : send_all(g->control_fds[peer], w.data, w.len);
+  embps_free(w.data);
+  return ret;
+}
+
+/* The CUDA backend's part of forming the group: this rank opens its device; the leader checks
+ * that no two ranks on one host claim the same device (they would share its memory and NCCL
+ * refuses such a communicator), creates NCCL's unique id and hands it to every rank over the
+ * control connections; then every rank joins the NCCL communicator. */
+static embps_status_t form_cuda(embps_group_t *g, int *data_fds, embps_error_t *err) {
+  const uint32_t N = g->cfg.size;
+  char me[400], bus[64], host[256];
+  uint8_t buf[400];
+  size_t len = 0;
+  embps_status_t ret;
+
+  (void)data_fds; /* NCCL makes its own connections; the TCP data sockets are closed */
+  if ((ret = embps_cuda_open(g->cfg.device, &g->stream, bus, sizeof(bus), err)) != EMBPS_OK)
+    return ret;
+  if (gethostname(host, sizeof(host)) != 0)
+    snprintf(host, sizeof(host), "unknown");
+  host[sizeof(host) - 1] = '\0';
+  snprintf(me, sizeof(me), "%.255s %.63s %d", host, bus, g->cfg.device);
+  EMBPS_INFO("rank %u uses CUDA device %d (PCI %s) on %s", g->cfg.rank, g->cfg.device, bus, host);
+
+  if (is_leader(g)) {
+    static char claims[MAX_CLAIMS][400];
+    uint32_t n = N < MAX_CLAIMS ? N : MAX_CLAIMS;
+    char why[400];
+    snprintf(claims[0], sizeof(claims[0]), "%s", me);
+    for (uint32_t r = 1; r < N; r++) {
+      int type = read_frame_blocking(g, r, buf, sizeof(buf) - 1, &len, g->cfg.bootstrap_timeout_ms);
+      if (type != FRAME_DEVICE)
+        return embps_error_set(err, EMBPS_UNAVAILABLE,
+                               "rank %u did not say which CUDA device it uses", r);
+      buf[len] = '\0';
+      if (r < n) /* beyond MAX_CLAIMS ranks the check is skipped (NCCL refuses duplicates) */
+        memcpy(claims[r], buf, len + 1);
+    }
+    why[0] = '\0';
+    for (uint32_t a = 0; a < n && !why[0]; a++)
+      for (uint32_t b = a + 1; b < n && !why[0]; b++) {
+        char ha[256], ba[64], hb[256], bb[64];
+        int da = -1, db = -1;
+        if (sscanf(claims[a], "%255s %63s %d", ha, ba, &da) == 3 &&
+            sscanf(claims[b], "%255s %63s %d", hb, bb, &db) == 3 && strcmp(ha, hb) == 0 &&
+            strcmp(ba, bb) == 0)
+          snprintf(why, sizeof(why),
+                   "ranks %u and %u both claim CUDA device %d (PCI %.32s) on host %.64s: give "
+                   "each rank its own device with --device or EMBPS_DEVICE",
+                   a, b, da, ba, ha);
+      }
+#ifndef EMBPS_HAVE_NCCL
+    if (!why[0])
+      snprintf(why, sizeof(why),
+               "this build of embps has CUDA kernels but no NCCL, which the "
+               "cuda backend needs between ranks");
+#endif
+    if (why[0]) {
+      for (uint32_t r = 1; r < N; r++)
+        send_broken(g, r, why);
+      return embps_error_set(err, EMBPS_FAILED_PRECONDITION, "%s", why);
+    }
+  } else if (send_frame(g, 0, FRAME_DEVICE, me, strlen(me)) != EMBPS_OK) {
+    return embps_error_set(err, EMBPS_UNAVAILABLE, "cannot reach the leader (rank 0)");
+  }
+
+#ifdef EMBPS_HAVE_NCCL
+  {
+    uint8_t uid[EMBPS_NCCL_UNIQUE_ID_BYTES];
+    if (is_leader(g)) {
+      if ((ret = embps_comm_nccl_unique_id(uid, err)) != EMBPS_OK)
+        return ret;
+      for (uint32_t r = 1; r < N; r++)
+        if (send_frame(g, r, FRAME_NCCL_ID, uid, sizeof(uid)) != EMBPS_OK)
+          return embps_error_set(err, EMBPS_UNAVAILABLE, "cannot send NCCL's id to rank %u", r);
+    } else {
+      int type = read_frame_blocking(g, 0, buf, sizeof(buf) - 1, &len, g->cfg.bootstrap_timeout_ms);
+      if (type == FRAME_BROKEN) {
+        buf[len] = '\0';
+        return embps_error_set(err, EMBPS_FAILED_PRECONDITION, "%s", (const char *)buf);
+      }
+      if (type != FRAME_NCCL_ID || len != sizeof(uid))
+        return embps_error_set(err, EMBPS_UNAVAILABLE,
+                               "the leader (rank 0) did not send NCCL's id");
+      memcpy(uid, buf, sizeof(uid));
+    }
+    return embps_comm_nccl_new(&g->comm, g->cfg.rank, N, uid, g->stream, g->cfg.peer_timeout_ms,
+                               err);
+  }
+#else
+  if (!is_leader(g)) {
+    int type = read_frame_blocking(g, 0, buf, sizeof(buf) - 1, &len, g->cfg.bootstrap_timeout_ms);
+    buf[type == FRAME_BROKEN ? len : 0] = '\0';
+    return embps_error_set(err, EMBPS_FAILED_PRECONDITION, "%s",
+                           type == FRAME_BROKEN ? (const char *)buf
+                                                : "the leader refused the cuda backend");
+  }
+  if (N == 1)
+    return embps_error_set(err, EMBPS_FAILED_PRECONDITION,
+                           "this build of embps has CUDA kernels but no NCCL, which the cuda "
+                           "backend needs");
+  return ret;
+#endif
+}
+
 static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
   const uint32_t N = g->cfg.size;
   int *data_fds = NULL;
@@ -521,15 +670,29 @@ static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
         g->control_fds[r] = -1;
       }
   }
-  ret = embps_comm_tcp_new(&g->comm, g->cfg.rank, N, data_fds, g->cfg.peer_timeout_ms);
-  if (ret != EMBPS_OK) {
-    embps_error_set(err, ret, "cannot create the communicator");
-    goto exit;
+  if (g->cfg.backend == EMBPS_BACKEND_CUDA) {
+    ret = form_cuda(g, data_fds, err);
+    if (ret != EMBPS_OK)
+      goto exit;
+  } else {
+    ret = embps_comm_tcp_new(&g->comm, g->cfg.rank, N, data_fds, g->cfg.peer_timeout_ms);
+    for (uint32_t r = 0; r < N; r++)
+      data_fds[r] = -1; /* the communicator owns them now, or closed them */
+    if (ret != EMBPS_OK) {
+      embps_error_set(err, ret, "cannot create the communicator");
+      goto exit;
+    }
   }
-  if ((ret = embps_engine_new(&g->engine, g->comm, g->store)) != EMBPS_OK ||
+  if ((ret = embps_engine_new(&g->engine, g->comm, g->store, g->cfg.backend, g->stream)) !=
+          EMBPS_OK ||
       (ret = embps_sequencer_new(&g->seq, N, g->cfg.batch_deadline_ms)) != EMBPS_OK)
-    embps_error_set(err, ret, "out of memory forming the group");
+    embps_error_set(err, ret, "cannot start the engine (%s backend)",
+                    embps_backend_name(g->cfg.backend));
 exit:
+  if (data_fds)
+    for (uint32_t r = 0; r < N; r++)
+      if (data_fds[r] >= 0)
+        close(data_fds[r]);
   embps_free(data_fds);
   return ret;
 }
@@ -687,8 +850,7 @@ void embps_group_submit(embps_group_t *g, embps_op_t *op) {
 uint32_t embps_group_rank(const embps_group_t *g) { return g->cfg.rank; }
 uint32_t embps_group_size(const embps_group_t *g) { return g->cfg.size; }
 const char *embps_group_backend(const embps_group_t *g) {
-  (void)g;
-  return "cpu";
+  return embps_backend_name(g->cfg.backend);
 }
 
 void embps_group_comm_stats(embps_group_t *g, embps_comm_stats_t *out) {
@@ -726,6 +888,7 @@ void embps_group_free(embps_group_t *g) {
   embps_engine_free(g->engine);
   embps_sequencer_free(g->seq);
   embps_comm_free(g->comm);
+  embps_cuda_close(g->stream);
   if (g->control_fds)
     for (uint32_t r = 0; r < g->cfg.size; r++)
       if (g->control_fds[r] >= 0)

@@ -26,6 +26,8 @@ typedef struct embps_group_config {
   uint64_t bootstrap_timeout_ms; /* how long to wait for every rank at startup */
   uint64_t peer_timeout_ms;      /* bound on one collective */
   uint64_t batch_deadline_ms;    /* a batch whose shards do not all arrive in time fails */
+  embps_backend_t backend;       /* cpu, or cuda (tables on `device`, NCCL between ranks) */
+  int device;                    /* cuda: the CUDA device this rank uses */
   /** Called on the loop thread if the group cannot form (bootstrap failed). */
   void (*on_fatal)(void *arg, embps_status_t status, const char *message);
   void *on_fatal_arg;

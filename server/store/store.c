@@ -157,10 +157,27 @@ embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t grou
 void embps_table_free(embps_table_t *t) {
   if (!t)
     return;
-  embps_free(t->data);
-  embps_free(t->state0);
-  embps_free(t->state1);
+  if (t->release_arrays) {
+    t->release_arrays(t);
+  } else {
+    embps_free(t->data);
+    embps_free(t->state0);
+    embps_free(t->state1);
+  }
   embps_free(t);
+}
+
+embps_status_t embps_table_new_shell(embps_table_t **out, const embps_table_config_t *cfg,
+                                     uint32_t rank, uint32_t group_size) {
+  embps_table_t *t = embps_calloc(1, sizeof(*t));
+  if (!t)
+    return EMBPS_RESOURCE_EXHAUSTED;
+  t->config = *cfg;
+  t->shard_width = cfg->emb_width / group_size;
+  t->col_begin = rank * t->shard_width;
+  t->bytes = embps_table_config_bytes(cfg, group_size);
+  *out = t;
+  return EMBPS_OK;
 }
 
 void embps_store_free(embps_store_t *store) {
@@ -225,15 +242,11 @@ uint32_t embps_store_rank(const embps_store_t *store) { return store->rank; }
 embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *cfg, uint32_t rank,
                                uint32_t group_size) {
   const embps_optimizer_info_t *info = embps_optimizer_info(cfg->optimizer);
-  embps_table_t *t = embps_calloc(1, sizeof(*t));
+  embps_table_t *t;
   size_t elems;
 
-  if (!t)
+  if (embps_table_new_shell(&t, cfg, rank, group_size) != EMBPS_OK)
     return EMBPS_RESOURCE_EXHAUSTED;
-  t->config = *cfg;
-  t->shard_width = cfg->emb_width / group_size;
-  t->col_begin = rank * t->shard_width;
-  t->bytes = embps_table_config_bytes(cfg, group_size);
   elems = (size_t)cfg->rows * t->shard_width;
   t->data = embps_aligned_alloc(elems * embps_dtype_size(cfg->dtype));
   if (!t->data)

@@ -44,6 +44,10 @@ typedef struct embps_table {
   float *state1;        /* adam v: rows x shard_width */
   uint64_t step;        /* applied steps (adam's bias correction) */
   uint64_t bytes;       /* data and state bytes */
+  int on_device;        /* data and state live in GPU memory (the CUDA engine's tables) */
+  /** Frees data and state when they are not host memory from embps_malloc (set by the engine
+   * that allocated them); NULL for host tables. */
+  void (*release_arrays)(struct embps_table *table);
   embps_table_counters_t counters;
 } embps_table_t;
 
@@ -94,6 +98,14 @@ void embps_store_free(embps_store_t *store);
  */
 embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *cfg, uint32_t rank,
                                uint32_t group_size);
+
+/**
+ * A table's descriptor for rank `rank` of a group of group_size without its arrays, for an
+ * engine that allocates them itself (GPU memory) and sets release_arrays. On failure *out is
+ * untouched. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
+ */
+embps_status_t embps_table_new_shell(embps_table_t **out, const embps_table_config_t *cfg,
+                                     uint32_t rank, uint32_t group_size);
 
 /** Frees a table that was never registered. NULL is a no-op. */
 void embps_table_free(embps_table_t *table);

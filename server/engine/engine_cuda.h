@@ -1,0 +1,20 @@
+/* The CUDA backend of the engine (internal to server/engine): the same batch flow as the CPU
+ * engine, with tables in GPU memory, the kernels of kernels/cuda on the engine's stream and a
+ * communicator over device buffers (NCCL). Built only with the CUDA backend; without it,
+ * engine_nocuda.c answers UNIMPLEMENTED. No CUDA types cross this header. */
+#ifndef EMBPS_ENGINE_CUDA_H
+#define EMBPS_ENGINE_CUDA_H
+
+#include "server/engine/engine.h"
+
+typedef struct embps__engine_cuda embps__engine_cuda_t;
+
+/** State for the CUDA engine on the calling thread's current device. */
+embps_status_t embps__engine_cuda_new(embps__engine_cuda_t **out, embps_comm_t *comm,
+                                      embps_store_t *store, void *stream);
+/** NULL is a no-op. */
+void embps__engine_cuda_free(embps__engine_cuda_t *c);
+/** embps_engine_run for the CUDA backend. */
+embps_status_t embps__engine_cuda_run(embps__engine_cuda_t *c, embps_op_t *op, embps_error_t *err);
+
+#endif
