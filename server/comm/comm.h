@@ -67,6 +67,49 @@ struct embps_comm {
 embps_status_t embps_comm_tcp_new(embps_comm_t **out, uint32_t rank, uint32_t size, const int *fds,
                                   uint64_t timeout_ms);
 
+#ifdef EMBPS_HAVE_NCCL
+/* The NCCL backend (server/comm/comm_nccl.c), built only with CUDA and NCCL (target
+ * embps_comm_nccl, which defines EMBPS_HAVE_NCCL for its users). Its buffers are device memory. */
+
+/** Bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES), as the group's control plane carries it. */
+#define EMBPS_NCCL_UNIQUE_ID_BYTES 128
+
+/**
+ * Creates the id that names one NCCL communicator. The leader calls this once and hands the
+ * bytes to every rank (over the group's control plane); the leader's process must live until
+ * every rank has created its communicator. Returns EMBPS_OK, or EMBPS_UNAVAILABLE when NCCL
+ * cannot set up its bootstrap socket (err says why).
+ */
+embps_status_t embps_comm_nccl_unique_id(uint8_t out[EMBPS_NCCL_UNIQUE_ID_BYTES],
+                                         embps_error_t *err);
+
+/**
+ * The NCCL backend: this process's rank of `size` ranks, on the calling thread's current CUDA
+ * device, every rank passing the same unique_id. Every collective is enqueued on `stream` (a
+ * cudaStream_t passed as void *, so this header stays free of CUDA headers; borrowed, it must
+ * outlive the communicator), and the call then waits until the stream is idle, so buffers passed
+ * to the ops are DEVICE pointers, free to reuse when the call returns. The communicator's device
+ * is made current on the calling thread at each call.
+ *
+ * timeout_ms bounds the creation (every rank must join within it) and each call (0: no bound).
+ * While waiting, the call polls the stream and NCCL's asynchronous error state; an NCCL error,
+ * or the timeout passing, aborts the NCCL communicator (ncclCommAbort) and fails the call with
+ * EMBPS_UNAVAILABLE, and every later call fails at once with the same status: a dead peer
+ * cannot hang the engine thread forever. NCCL does not say which peer failed; messages name
+ * the peer when there is only one.
+ *
+ * all_reduce is an all-gather followed by a reduction in rank order 0..size-1 on the device,
+ * so every rank gets bitwise the same result, equal to the TCP backend's.
+ *
+ * On failure *out is untouched. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (bad rank/size/id),
+ * EMBPS_RESOURCE_EXHAUSTED (device or host memory), EMBPS_UNAVAILABLE (NCCL initialization
+ * failed or timed out: a rank did not join) or EMBPS_INTERNAL (a CUDA error).
+ */
+embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t size,
+                                   const uint8_t unique_id[EMBPS_NCCL_UNIQUE_ID_BYTES],
+                                   void *stream, uint64_t timeout_ms, embps_error_t *err);
+#endif
+
 /* Dispatch helpers: the engine calls these, never a backend directly. */
 static inline embps_status_t embps_comm_all_gather(embps_comm_t *c, const void *send, size_t bytes,
                                                    void *recv, embps_error_t *err) {

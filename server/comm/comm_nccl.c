@@ -1,0 +1,570 @@
+/* The NCCL backend of the collectives: device buffers, one NCCL communicator per rank.
+ *
+ * Every call enqueues its NCCL operations (and for all_to_all a device copy, for all_reduce a
+ * reduction kernel) on the caller's stream and then waits for that stream, so a call returns
+ * with its results in place, as the TCP backend's do. The wait is not cudaStreamSynchronize,
+ * which would block forever behind a collective whose peer died: it polls cudaStreamQuery and
+ * ncclCommGetAsyncError, backing off from yields to short sleeps, until the stream is idle, NCCL
+ * reports an error, or the call's timeout passes. On an error or a timeout the NCCL communicator
+ * is aborted (ncclCommAbort makes the device kernels give up, so the stream drains), the
+ * communicator is marked broken, and every later call fails at once with the same status and
+ * message, like the TCP backend.
+ *
+ * The communicator is non-blocking (ncclConfig_t.blocking = 0): initialization and every NCCL
+ * call may return ncclInProgress, after which nothing else may be enqueued on the stream until
+ * ncclCommGetAsyncError leaves ncclInProgress. Initialization is bounded by the same timeout, so
+ * a rank that never joins fails the others instead of hanging them.
+ *
+ * all_gather is ncclAllGather of bytes; all_to_all copies the rank's own block on the device and
+ * exchanges the others with one ncclSend and one ncclRecv per peer in a group; barrier is a
+ * one-byte ncclAllReduce. all_reduce is not ncclAllReduce, whose summation order depends on the
+ * algorithm NCCL picks, so ranks could differ in the last bit: it is an ncclAllGather of the
+ * buffers into a device scratch buffer (kept and grown, as the TCP backend's) followed by a
+ * reduction in rank order 0..size-1 on the device (comm_nccl_reduce.cu), the TCP backend's
+ * order: every rank gets bitwise the same result, and the same as over TCP. It moves
+ * (size-1)·bytes each way instead of a ring's 2·(size-1)/size·bytes; shard groups are small and
+ * determinism is the point.
+ *
+ * Stats count payload bytes as the TCP backend does: (size-1)·bytes each way for all_gather,
+ * all_to_all and all_reduce (what crosses to peers, not the own block), none for barrier;
+ * counted when the call succeeds. */
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "server/comm/comm.h"
+#include "server/comm/comm_nccl_reduce.h"
+
+_Static_assert(sizeof(ncclUniqueId) == EMBPS_NCCL_UNIQUE_ID_BYTES,
+               "EMBPS_NCCL_UNIQUE_ID_BYTES must match NCCL's ncclUniqueId");
+
+/* Waiting: this many polls with sched_yield between them (a small collective finishes within
+ * them, tens of microseconds), then sleeps doubling from MIN to MAX, which bounds how late a
+ * long collective is noticed. Not measured yet; chosen to keep a waiting engine thread off a
+ * core without adding more than a fraction of a millisecond to a long call. */
+#define SPIN_POLLS 256
+#define SLEEP_MIN_NS 2000L
+#define SLEEP_MAX_NS 200000L
+
+typedef struct nccl_comm {
+  embps_comm_t base;
+  ncclComm_t comm;     /* NULL once aborted or when creation failed before NCCL made one */
+  cudaStream_t stream; /* the caller's; borrowed */
+  int device;          /* the CUDA device current at creation */
+  uint64_t timeout_ms; /* per call and for creation; 0: no bound */
+  uint8_t *scratch;    /* device: all_reduce gather buffer, grown to the largest call */
+  size_t scratch_cap;
+  uint8_t *token;        /* device: the barrier's one byte (always 0) */
+  embps_status_t broken; /* EMBPS_OK while usable */
+  char broken_msg[400];
+} nccl_comm_t;
+
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static uint64_t deadline_of(const nccl_comm_t *t) {
+  return t->timeout_ms ? now_ms() + t->timeout_ms : 0;
+}
+
+/* One step of the wait's back-off; *polls counts the polls made so far. */
+static void back_off(unsigned *polls) {
+  if (*polls < SPIN_POLLS) {
+    (*polls)++;
+    sched_yield();
+    return;
+  }
+  long ns = SLEEP_MIN_NS << (*polls - SPIN_POLLS < 7 ? *polls - SPIN_POLLS : 7);
+  if (ns > SLEEP_MAX_NS)
+    ns = SLEEP_MAX_NS;
+  (*polls)++;
+  struct timespec ts = {0, ns};
+  nanosleep(&ts, NULL);
+}
+
+/* Who the wait is for: NCCL reports that something failed, not which peer. */
+static void describe_peers(const nccl_comm_t *t, char *buf, size_t cap) {
+  uint32_t me = t->base.rank, size = t->base.size;
+  if (size == 1)
+    snprintf(buf, cap, "this rank's own device (a 1-rank group has no peer)");
+  else if (size == 2)
+    snprintf(buf, cap, "rank %u", 1u - me);
+  else
+    snprintf(buf, cap, "one of ranks 0..%u other than %u (NCCL does not say which)", size - 1, me);
+}
+
+/* Aborts the NCCL communicator (no-op when there is none). ncclCommAbort frees it whatever it
+ * returns, so the handle is dropped either way. */
+static void abort_nccl(nccl_comm_t *t) {
+  if (!t->comm)
+    return;
+  ncclResult_t rc = ncclCommAbort(t->comm);
+  if (rc != ncclSuccess && rc != ncclInProgress)
+    EMBPS_WARN("comm nccl rank %u/%u: ncclCommAbort: %s", t->base.rank, t->base.size,
+               ncclGetErrorString(rc));
+  t->comm = NULL;
+}
+
+/* Aborts NCCL, marks the communicator broken with status and message, logs it at file:line,
+ * and reports it. */
+static embps_status_t break_at(nccl_comm_t *t, embps_error_t *err, embps_status_t status,
+                               const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+static embps_status_t break_at(nccl_comm_t *t, embps_error_t *err, embps_status_t status,
+                               const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t->broken_msg, sizeof t->broken_msg, fmt, ap);
+  va_end(ap);
+  t->broken = status;
+  embps_log_write(EMBPS_LOG_ERROR, file, line, "comm nccl rank %u/%u: %s", t->base.rank,
+                  t->base.size, t->broken_msg);
+  abort_nccl(t);
+  return embps_error_set(err, status, "%s", t->broken_msg);
+}
+#define BREAK(t, err, status, ...) break_at(t, err, status, __FILE__, __LINE__, __VA_ARGS__)
+
+/* NCCL's result as a status: errors that come from peers, the network or the system mean the
+ * group is unavailable; the rest (invalid usage, CUDA errors, NCCL bugs) are internal, since
+ * every argument was checked before it reached NCCL. */
+static embps_status_t status_of_nccl(ncclResult_t rc) {
+  switch (rc) {
+  case ncclSystemError:
+  case ncclRemoteError:
+    return EMBPS_UNAVAILABLE;
+  default:
+    return EMBPS_INTERNAL;
+  }
+}
+
+/* The check macros of this file (NCCL's NCCLCHECKGOTO/CUDACHECKGOTO): a failed call logs
+ * file:line with the call and the error, breaks the communicator, reports through `err`, sets
+ * `ret` and jumps to `label`. ncclInProgress is not a failure: the call was taken and finishes
+ * in the background (see wait_for). */
+#define NCCL_CHECK_GOTO(t, call, label)                                                            \
+  do {                                                                                             \
+    ncclResult_t nccl_rc_ = (call);                                                                \
+    if (nccl_rc_ != ncclSuccess && nccl_rc_ != ncclInProgress) {                                   \
+      ret = BREAK(t, err, status_of_nccl(nccl_rc_), "%s: %s (%s)", #call,                          \
+                  ncclGetErrorString(nccl_rc_), ncclGetLastError((t)->comm));                      \
+      goto label;                                                                                  \
+    }                                                                                              \
+  } while (0)
+
+#define CUDA_CHECK_GOTO(t, call, label)                                                            \
+  do {                                                                                             \
+    cudaError_t cuda_rc_ = (call);                                                                 \
+    if (cuda_rc_ != cudaSuccess) {                                                                 \
+      ret = BREAK(t, err, EMBPS_INTERNAL, "%s: %s (%s)", #call, cudaGetErrorName(cuda_rc_),        \
+                  cudaGetErrorString(cuda_rc_));                                                   \
+      goto label;                                                                                  \
+    }                                                                                              \
+  } while (0)
+
+/* Waits until NCCL has taken every operation enqueued so far (its state leaves ncclInProgress)
+ * and, when `drain`, until the stream is idle; breaks the communicator on an NCCL error, a CUDA
+ * error or the deadline (0: none) passing. `what` names the call in messages. */
+static embps_status_t wait_for(nccl_comm_t *t, const char *what, uint64_t deadline, bool drain,
+                               embps_error_t *err) {
+  embps_status_t ret = EMBPS_OK;
+  unsigned polls = 0;
+  char peers[128];
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    NCCL_CHECK_GOTO(t, ncclCommGetAsyncError(t->comm, &state), fail);
+    if (state != ncclSuccess && state != ncclInProgress) {
+      describe_peers(t, peers, sizeof peers);
+      ret = BREAK(t, err, EMBPS_UNAVAILABLE, "%s failed: NCCL reports %s (%s); suspect %s", what,
+                  ncclGetErrorString(state), ncclGetLastError(t->comm), peers);
+      goto fail;
+    }
+    if (state == ncclSuccess) {
+      if (!drain)
+        goto exit;
+      cudaError_t q = cudaStreamQuery(t->stream);
+      if (q == cudaSuccess)
+        goto exit;
+      if (q != cudaErrorNotReady) {
+        ret = BREAK(t, err, EMBPS_INTERNAL, "%s: cudaStreamQuery: %s (%s)", what,
+                    cudaGetErrorName(q), cudaGetErrorString(q));
+        goto fail;
+      }
+    }
+    if (deadline && now_ms() >= deadline) {
+      describe_peers(t, peers, sizeof peers);
+      ret = BREAK(t, err, EMBPS_UNAVAILABLE, "%s timed out after %llu ms waiting for %s", what,
+                  (unsigned long long)t->timeout_ms, peers);
+      goto fail;
+    }
+    back_off(&polls);
+  }
+exit:
+  return ret;
+fail:
+  goto exit;
+}
+
+static embps_status_t check_usable(nccl_comm_t *t, embps_error_t *err) {
+  if (t->broken == EMBPS_OK)
+    return EMBPS_OK;
+  return embps_error_set(err, t->broken, "communicator unusable after an earlier failure: %s",
+                         t->broken_msg);
+}
+
+/* Makes the communicator's device current on the calling thread (a no-op when it is). */
+static embps_status_t enter(nccl_comm_t *t, embps_error_t *err) {
+  embps_status_t ret = EMBPS_OK;
+  int current = -1;
+  CUDA_CHECK_GOTO(t, cudaGetDevice(&current), fail);
+  if (current != t->device)
+    CUDA_CHECK_GOTO(t, cudaSetDevice(t->device), fail);
+exit:
+  return ret;
+fail:
+  goto exit;
+}
+
+static bool overlaps(const void *a, size_t alen, const void *b, size_t blen) {
+  uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+  return alen && blen && pa < pb + blen && pb < pa + alen;
+}
+
+static void count_payload(nccl_comm_t *t, size_t bytes) {
+  uint64_t moved = (uint64_t)(t->base.size - 1) * bytes;
+  t->base.stats.bytes_sent += moved;
+  t->base.stats.bytes_received += moved;
+}
+
+static embps_status_t nccl_all_gather(embps_comm_t *c, const void *send, size_t bytes, void *recv,
+                                      embps_error_t *err) {
+  nccl_comm_t *t = (nccl_comm_t *)c;
+  embps_status_t ret = check_usable(t, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  if (bytes > SIZE_MAX / c->size)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_gather of %zu bytes per rank overflows the receive size", bytes);
+  if (bytes > 0 && (!send || !recv))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_gather of %zu bytes needs send and recv buffers", bytes);
+  uint8_t *own = bytes ? (uint8_t *)recv + (size_t)c->rank * bytes : NULL;
+  if (send != own && overlaps(send, bytes, recv, bytes * c->size))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_gather send buffer overlaps recv other than in place at "
+                           "recv + rank*bytes");
+  c->stats.calls++;
+  if (bytes == 0)
+    return EMBPS_OK; /* NCCL moves nothing for a count of 0 either */
+  uint64_t deadline = deadline_of(t);
+  ret = enter(t, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  /* In place (send == own) is NCCL's in-place all-gather. */
+  NCCL_CHECK_GOTO(t, ncclAllGather(send, recv, bytes, ncclUint8, t->comm, t->stream), fail);
+  ret = wait_for(t, "all_gather", deadline, true, err);
+  if (ret == EMBPS_OK)
+    count_payload(t, bytes);
+exit:
+  return ret;
+fail:
+  goto exit;
+}
+
+static embps_status_t nccl_all_to_all(embps_comm_t *c, const void *send, size_t bytes, void *recv,
+                                      embps_error_t *err) {
+  nccl_comm_t *t = (nccl_comm_t *)c;
+  uint32_t me = c->rank, size = c->size;
+  bool group_open = false;
+  embps_status_t ret = check_usable(t, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  if (bytes > SIZE_MAX / size)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_to_all of %zu bytes per rank pair overflows the buffer size",
+                           bytes);
+  if (bytes > 0 && (!send || !recv))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_to_all of %zu bytes needs send and recv buffers", bytes);
+  if (overlaps(send, bytes * size, recv, bytes * size))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_to_all send and recv buffers overlap (in place is not supported)");
+  c->stats.calls++;
+  if (bytes == 0)
+    return EMBPS_OK;
+  uint64_t deadline = deadline_of(t);
+  ret = enter(t, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  const uint8_t *s = send;
+  uint8_t *r = recv;
+  CUDA_CHECK_GOTO(t,
+                  cudaMemcpyAsync(r + (size_t)me * bytes, s + (size_t)me * bytes, bytes,
+                                  cudaMemcpyDeviceToDevice, t->stream),
+                  fail);
+  /* One group, so every pair's send and receive progress together: no rank waits on a peer
+   * that is itself waiting to send elsewhere. With one rank the group is empty. */
+  NCCL_CHECK_GOTO(t, ncclGroupStart(), fail);
+  group_open = true;
+  for (uint32_t p = 0; p < size; p++) {
+    if (p == me)
+      continue;
+    NCCL_CHECK_GOTO(
+        t, ncclSend(s + (size_t)p * bytes, bytes, ncclUint8, (int)p, t->comm, t->stream), fail);
+    NCCL_CHECK_GOTO(
+        t, ncclRecv(r + (size_t)p * bytes, bytes, ncclUint8, (int)p, t->comm, t->stream), fail);
+  }
+  group_open = false;
+  NCCL_CHECK_GOTO(t, ncclGroupEnd(), fail);
+  ret = wait_for(t, "all_to_all", deadline, true, err);
+  if (ret == EMBPS_OK)
+    count_payload(t, bytes);
+exit:
+  return ret;
+fail:
+  /* A group left open would swallow this thread's every later NCCL call; closing it after an
+   * error makes NCCL drop what it holds (the communicator is already aborted). */
+  if (group_open)
+    (void)ncclGroupEnd();
+  goto exit;
+}
+
+static embps_status_t nccl_all_reduce(embps_comm_t *c, void *buf, size_t count,
+                                      embps_comm_type_t type, embps_comm_op_t op,
+                                      embps_error_t *err) {
+  nccl_comm_t *t = (nccl_comm_t *)c;
+  uint32_t size = c->size;
+  embps_status_t ret = check_usable(t, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  size_t elem;
+  switch (type) {
+  case EMBPS_COMM_F32:
+    elem = sizeof(float);
+    break;
+  case EMBPS_COMM_F64:
+  case EMBPS_COMM_U64:
+    elem = 8;
+    break;
+  default:
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce: unknown element type %d",
+                           (int)type);
+  }
+  if (op != EMBPS_COMM_SUM && op != EMBPS_COMM_MAX)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce: unknown reduction %d",
+                           (int)op);
+  if (count > SIZE_MAX / elem / size)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_reduce of %zu elements overflows the buffer size", count);
+  if (count > 0 && !buf)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce of %zu elements needs a buffer",
+                           count);
+  /* The reduction kernel loads whole elements from the device. */
+  if ((uintptr_t)buf % elem != 0)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_reduce buffer %p is not aligned to its %zu-byte elements", buf,
+                           elem);
+  size_t bytes = count * elem;
+  if (bytes == 0) {
+    c->stats.calls++;
+    return EMBPS_OK;
+  }
+  uint64_t deadline = deadline_of(t);
+  ret = enter(t, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  if (bytes * size > t->scratch_cap) {
+    /* Grown, never shrunk: the engine's all-reduces are the same few sizes every round. The
+     * previous call waited for its stream, so the old buffer is idle. Running out of device
+     * memory fails this call only (as the TCP backend's scratch allocation does); peers then
+     * time out waiting for this rank. */
+    CUDA_CHECK_GOTO(t, cudaFree(t->scratch), fail);
+    t->scratch = NULL;
+    t->scratch_cap = 0;
+    void *grown = NULL;
+    cudaError_t rc = cudaMalloc(&grown, bytes * size);
+    if (rc == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError(); /* not sticky: clear it so later calls do not see it */
+      return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                             "all_reduce: cannot allocate %zu bytes of device scratch",
+                             bytes * size);
+    }
+    CUDA_CHECK_GOTO(t, rc, fail);
+    t->scratch = grown;
+    t->scratch_cap = bytes * size;
+  }
+  c->stats.calls++;
+  NCCL_CHECK_GOTO(t, ncclAllGather(buf, t->scratch, bytes, ncclUint8, t->comm, t->stream), fail);
+  /* Nothing else may go on the stream while NCCL still holds the call (ncclInProgress). */
+  ret = wait_for(t, "all_reduce", deadline, false, err);
+  if (ret != EMBPS_OK)
+    goto fail;
+  CUDA_CHECK_GOTO(t, embps__comm_nccl_reduce(buf, t->scratch, count, size, type, op, t->stream),
+                  fail);
+  ret = wait_for(t, "all_reduce", deadline, true, err);
+  if (ret == EMBPS_OK)
+    count_payload(t, bytes);
+exit:
+  return ret;
+fail:
+  goto exit;
+}
+
+static embps_status_t nccl_barrier(embps_comm_t *c, embps_error_t *err) {
+  nccl_comm_t *t = (nccl_comm_t *)c;
+  embps_status_t ret = check_usable(t, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  c->stats.calls++;
+  uint64_t deadline = deadline_of(t);
+  ret = enter(t, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  /* A one-byte all-reduce: no rank's stream passes it before every rank has enqueued it. The
+   * byte is 0 and stays 0. Not counted as payload, like the TCP backend's header-only barrier. */
+  NCCL_CHECK_GOTO(t, ncclAllReduce(t->token, t->token, 1, ncclUint8, ncclSum, t->comm, t->stream),
+                  fail);
+  ret = wait_for(t, "barrier", deadline, true, err);
+exit:
+  return ret;
+fail:
+  goto exit;
+}
+
+/* Frees everything; the NCCL communicator is finalized (flushing, bounded by the timeout) and
+ * destroyed, or aborted when that fails or the communicator is broken. */
+static void release(nccl_comm_t *t) {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current != t->device)
+    (void)cudaSetDevice(t->device);
+  if (t->comm && t->broken == EMBPS_OK) {
+    ncclResult_t rc = ncclCommFinalize(t->comm);
+    uint64_t deadline = deadline_of(t);
+    unsigned polls = 0;
+    ncclResult_t state = rc;
+    while (state == ncclInProgress) {
+      if (ncclCommGetAsyncError(t->comm, &state) != ncclSuccess)
+        break;
+      if (state != ncclInProgress)
+        break;
+      if (deadline && now_ms() >= deadline)
+        break;
+      back_off(&polls);
+    }
+    if (state == ncclSuccess) {
+      rc = ncclCommDestroy(t->comm); /* frees in the background: ncclInProgress is fine */
+      if (rc != ncclSuccess && rc != ncclInProgress)
+        EMBPS_WARN("comm nccl rank %u/%u: ncclCommDestroy: %s", t->base.rank, t->base.size,
+                   ncclGetErrorString(rc));
+      t->comm = NULL;
+    } else {
+      EMBPS_WARN("comm nccl rank %u/%u: finalize did not complete (%s); aborting", t->base.rank,
+                 t->base.size, ncclGetErrorString(state));
+    }
+  }
+  abort_nccl(t); /* no-op once destroyed */
+  cudaError_t rc = t->scratch ? cudaFree(t->scratch) : cudaSuccess;
+  if (rc == cudaSuccess && t->token)
+    rc = cudaFree(t->token);
+  if (rc != cudaSuccess)
+    EMBPS_WARN("comm nccl rank %u/%u: cudaFree: %s", t->base.rank, t->base.size,
+               cudaGetErrorString(rc));
+  if (current >= 0 && current != t->device)
+    (void)cudaSetDevice(current);
+  embps_free(t);
+}
+
+static void nccl_destroy(embps_comm_t *c) { release((nccl_comm_t *)c); }
+
+static const embps_comm_ops_t nccl_ops = {
+    .name = "nccl",
+    .all_gather = nccl_all_gather,
+    .all_to_all = nccl_all_to_all,
+    .all_reduce = nccl_all_reduce,
+    .barrier = nccl_barrier,
+    .destroy = nccl_destroy,
+};
+
+embps_status_t embps_comm_nccl_unique_id(uint8_t out[EMBPS_NCCL_UNIQUE_ID_BYTES],
+                                         embps_error_t *err) {
+  if (!out)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "embps_comm_nccl_unique_id: no output");
+  ncclUniqueId id;
+  ncclResult_t rc = ncclGetUniqueId(&id);
+  if (rc != ncclSuccess) {
+    EMBPS_ERROR("ncclGetUniqueId: %s (%s)", ncclGetErrorString(rc), ncclGetLastError(NULL));
+    return embps_error_set(err, EMBPS_UNAVAILABLE, "ncclGetUniqueId: %s (%s)",
+                           ncclGetErrorString(rc), ncclGetLastError(NULL));
+  }
+  memcpy(out, id.internal, EMBPS_NCCL_UNIQUE_ID_BYTES);
+  return EMBPS_OK;
+}
+
+embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t size,
+                                   const uint8_t unique_id[EMBPS_NCCL_UNIQUE_ID_BYTES],
+                                   void *stream, uint64_t timeout_ms, embps_error_t *err) {
+  embps_status_t ret = EMBPS_OK;
+  nccl_comm_t *t = NULL;
+  if (!out || !unique_id || size == 0 || rank >= size || size > (uint32_t)INT32_MAX) {
+    EMBPS_ERROR("embps_comm_nccl_new: bad arguments (rank %u, size %u)", rank, size);
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "embps_comm_nccl_new: bad arguments (rank %u, size %u%s%s)", rank, size,
+                           out ? "" : ", no output", unique_id ? "" : ", no unique id");
+  }
+  t = embps_calloc(1, sizeof *t);
+  if (!t) {
+    EMBPS_ERROR("embps_comm_nccl_new: out of memory");
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "embps_comm_nccl_new: out of memory");
+  }
+  t->base.ops = &nccl_ops;
+  t->base.rank = rank;
+  t->base.size = size;
+  t->stream = (cudaStream_t)stream;
+  t->timeout_ms = timeout_ms;
+  t->broken = EMBPS_OK;
+  uint64_t deadline = deadline_of(t);
+  CUDA_CHECK_GOTO(t, cudaGetDevice(&t->device), fail);
+  void *token = NULL;
+  cudaError_t crc = cudaMalloc(&token, 1);
+  if (crc == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    ret = BREAK(t, err, EMBPS_RESOURCE_EXHAUSTED,
+                "embps_comm_nccl_new: cannot allocate device memory");
+    goto fail;
+  }
+  CUDA_CHECK_GOTO(t, crc, fail);
+  t->token = token;
+  CUDA_CHECK_GOTO(t, cudaMemsetAsync(t->token, 0, 1, t->stream), fail);
+  CUDA_CHECK_GOTO(t, cudaStreamSynchronize(t->stream), fail);
+
+  ncclUniqueId id;
+  memcpy(id.internal, unique_id, EMBPS_NCCL_UNIQUE_ID_BYTES);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  /* Non-blocking: returns at once (ncclInProgress) and joins the other ranks in the
+   * background; wait_for polls until it is done, fails, or the timeout passes. */
+  NCCL_CHECK_GOTO(t, ncclCommInitRankConfig(&t->comm, (int)size, id, (int)rank, &config), fail);
+  ret = wait_for(t, "NCCL communicator initialization", deadline, false, err);
+  if (ret != EMBPS_OK) {
+    EMBPS_ERROR("embps_comm_nccl_new: rank %u of %u did not join the group (did every rank "
+                "start with the same unique id within %llu ms?)",
+                rank, size, (unsigned long long)timeout_ms);
+    goto fail;
+  }
+  EMBPS_INFO("comm nccl rank %u/%u on device %d: ready", rank, size, t->device);
+  *out = &t->base;
+exit:
+  return ret;
+fail:
+  abort_nccl(t); /* a communicator NCCL handed out before failing */
+  release(t);
+  goto exit;
+}

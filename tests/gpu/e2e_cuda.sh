@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# End-to-end check of the CUDA backend through the real server and CLI (step (d) of
+# tests/gpu/check.sh; runs alone too):
+#
+#   tests/gpu/e2e_cuda.sh BUILD_DIR [OUT_DIR]       device: $EMBPS_DEVICE (default 0)
+#
+# A 1-rank group with --backend cuda (and --device N when the server has that flag; the
+# EMBPS_DEVICE variable is set either way) and, beside it, the same group with --backend cpu.
+# On both: health, create-table (f32 width 128 and bf16 width 1024, rowwise Adagrad), lookup,
+# push, lookup; the CUDA server's rows must equal the CPU server's text for text (the kernels
+# are bit for bit the CPU's), and the push must have moved every looked-up value. Then `stats`
+# must say backend cuda, and `bench --batch 65536 --duration 5 --json` measures lookups and
+# pushes (Zipf 1.05) on the CUDA server; the server must stop with exit 0 on SIGTERM.
+# Exit 0: passed; 77: skipped (no CUDA backend in the server yet, or no GPU visible); else
+# failed. Writes server logs, CLI outputs and the bench JSON to OUT_DIR.
+# EMBPS_E2E_BACKEND=cpu runs the same flow with the "cuda" server on --backend cpu: a dry run of
+# this script on a machine without a GPU.
+set -uo pipefail
+
+BUILD=${1:?usage: e2e_cuda.sh BUILD_DIR [OUT_DIR]}
+OUTD=${2:-$(mktemp -d /tmp/embps-e2e.XXXXXX)}
+DEVICE=${EMBPS_DEVICE:-0}
+BACKEND=${EMBPS_E2E_BACKEND:-cuda}
+export EMBPS_DEVICE=$DEVICE
+SERVER=$BUILD/bin/embps-server
+CLI=$BUILD/bin/embps
+PROBE=$BUILD/bin/bench_kernels_gpu
+mkdir -p "$OUTD"
+
+fail() {
+  echo "FAIL e2e: $*"
+  exit 1
+}
+if [ ! -x "$SERVER" ] || [ ! -x "$CLI" ]; then fail "no $SERVER or $CLI"; fi
+
+help=$("$SERVER" --help 2>&1)
+# The --backend entry: its line (and the wrapped description, if any) up to the env line.
+backend_help=$(awk '/^ *--backend/ {on = 1} on {print} on && /env EMBPS_BACKEND/ {exit}' <<<"$help")
+if ! grep -qw "$BACKEND" <<<"$backend_help"; then
+  echo "SKIP e2e: server has no CUDA backend yet (--backend: $(head -1 <<<"$backend_help" | sed 's/^ *--backend *//'))"
+  exit 77
+fi
+if [ "$BACKEND" = cuda ] && [ -x "$PROBE" ]; then
+  "$PROBE" --probe --device "$DEVICE"
+  rc=$?
+  if [ "$rc" -eq 77 ]; then
+    echo "SKIP e2e: no GPU visible"
+    exit 77
+  fi
+  [ "$rc" -eq 0 ] || fail "device probe failed (rc $rc)"
+fi
+
+# ---- servers --------------------------------------------------------------------------------
+declare -A PID=() ADDR=()
+stop_all() {
+  local b
+  for b in "${!PID[@]}"; do
+    kill -TERM "${PID[$b]}" 2>/dev/null
+  done
+  for b in "${!PID[@]}"; do
+    wait "${PID[$b]}" 2>/dev/null
+  done
+}
+trap stop_all EXIT
+trap 'exit 143' TERM INT # so that a timeout still stops the servers (through the EXIT trap)
+
+start_server() { # start_server NAME FLAGS...
+  local name=$1 log=$OUTD/server-$1.log
+  shift
+  "$SERVER" --listen 127.0.0.1:0 "$@" >"$log" 2>&1 &
+  PID[$name]=$!
+  local i port=
+  for ((i = 0; i < 600; i++)); do # 60 s: CUDA initialization can take a while
+    port=$(grep -o 'listening on 127\.0\.0\.1:[0-9]*' "$log" | head -1 | sed 's/.*://')
+    [ -n "$port" ] && break
+    kill -0 "${PID[$name]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ -z "$port" ]; then
+    cat "$log"
+    fail "the $name server did not start"
+  fi
+  ADDR[$name]=127.0.0.1:$port
+  echo "$name server: pid ${PID[$name]} on ${ADDR[$name]}: $(grep -m1 'embps-server' "$log" | sed 's/^.*main\.c:[0-9]* //')"
+}
+
+cuda_flags=(--backend "$BACKEND")
+if [ "$BACKEND" = cuda ] && grep -q -- '^ *--device' <<<"$help"; then
+  cuda_flags+=(--device "$DEVICE")
+fi
+start_server cuda "${cuda_flags[@]}"
+start_server cpu --backend cpu
+
+cli() { # cli NAME ARGS...: the CLI against server NAME, output also saved
+  local name=$1
+  shift
+  timeout 60 "$CLI" --servers "${ADDR[$name]}" "$@"
+}
+
+# ---- the same calls on both servers -------------------------------------------------------------
+tables=("e2e_f32 --rows 1000000 --emb-width 128 --dtype f32"
+  "e2e_bf16 --rows 100000 --emb-width 1024 --dtype bf16")
+tokens=1,2,3,999,2,0,77777
+for name in cuda cpu; do
+  out=$(cli "$name" health) || fail "$name: health: $out"
+  grep -q SERVING <<<"$out" || fail "$name: health says: $out"
+  for t in "${tables[@]}"; do
+    # shellcheck disable=SC2086 # the table spec is split on purpose
+    set -- $t
+    table=$1
+    shift
+    cli "$name" create-table "$table" "$@" --optimizer rowwise_adagrad --lr 0.05 --seed 11 \
+      >"$OUTD/$name-$table-create.txt" 2>&1 || fail "$name: create-table $table: $(cat "$OUTD/$name-$table-create.txt")"
+    cli "$name" lookup "$table" --tokens "$tokens" >"$OUTD/$name-$table-lookup1.txt" 2>&1 ||
+      fail "$name: lookup $table: $(head -3 "$OUTD/$name-$table-lookup1.txt")"
+    cli "$name" push "$table" --tokens "$tokens" --grad-value 0.25 >"$OUTD/$name-$table-push.txt" 2>&1 ||
+      fail "$name: push $table: $(cat "$OUTD/$name-$table-push.txt")"
+    grep -q 'applied=1' "$OUTD/$name-$table-push.txt" || fail "$name: push $table: $(cat "$OUTD/$name-$table-push.txt")"
+    cli "$name" lookup "$table" --tokens "$tokens" >"$OUTD/$name-$table-lookup2.txt" 2>&1 ||
+      fail "$name: second lookup $table: $(head -3 "$OUTD/$name-$table-lookup2.txt")"
+  done
+done
+
+for t in "${tables[@]}"; do
+  table=${t%% *}
+  n=$(wc -l <"$OUTD/cuda-$table-lookup1.txt")
+  [ "$n" -eq 7 ] || fail "$table: lookup printed $n lines, not 7"
+  # Every value of every token but the padding token 0 must have decreased (grad 0.25 > 0).
+  moved=$(paste -d' ' "$OUTD/cuda-$table-lookup1.txt" "$OUTD/cuda-$table-lookup2.txt" | awk '
+    { half = NF / 2; if ($1 == 0) next
+      for (i = 2; i <= half; i++) if (!($(half + i) < $i)) bad++; n += half - 1 }
+    END { printf "%d %d", n, bad + 0 }')
+  [ "${moved#* }" = 0 ] || fail "$table: ${moved#* } of ${moved% *} values did not decrease after the push"
+  # push prints applied, skipped, grad_norm, num_unique: grad_norm is summed by a tree on the
+  # GPU (within rounding of the CPU's), the rest must be equal.
+  pc=$(cat "$OUTD/cpu-$table-push.txt") pg=$(cat "$OUTD/cuda-$table-push.txt")
+  if [ "${pc/grad_norm=* / }" != "${pg/grad_norm=* / }" ] || ! awk -v a="$pc" -v b="$pg" 'BEGIN {
+      sub(/.*grad_norm=/, "", a); sub(/ .*/, "", a); sub(/.*grad_norm=/, "", b); sub(/ .*/, "", b)
+      d = a - b; if (d < 0) d = -d; exit !(d <= 1e-6 * (a < 0 ? -a : a) + 1e-30) }'; then
+    fail "$table: push replies differ: CPU '$pc', CUDA '$pg'"
+  fi
+  for f in lookup1 lookup2; do
+    if ! cmp -s "$OUTD/cuda-$table-$f.txt" "$OUTD/cpu-$table-$f.txt"; then
+      diff "$OUTD/cpu-$table-$f.txt" "$OUTD/cuda-$table-$f.txt" | head -6
+      fail "$table: $f differs between the CUDA and the CPU server"
+    fi
+  done
+  echo "ok: $table: lookup, push ($(cat "$OUTD/cuda-$table-push.txt")), lookup: ${moved% *} values moved, identical to the CPU server"
+done
+
+stats=$(cli cuda stats --json) || fail "stats: $stats"
+echo "$stats" >"$OUTD/stats-before-bench.json"
+grep -q "\"backend\":\"$BACKEND\"" <<<"$stats" || fail "stats do not say backend $BACKEND: $(head -c 300 <<<"$stats")"
+echo "ok: stats say backend $BACKEND"
+
+# ---- throughput ---------------------------------------------------------------------------------
+for kind in lookup push; do
+  ratio=0
+  [ "$kind" = push ] && ratio=1
+  cli cuda bench e2e_f32 --batch 65536 --duration 5 --zipf 1.05 --push-ratio "$ratio" --json \
+    >"$OUTD/bench-$kind.json" 2>"$OUTD/bench-$kind.err" || fail "bench ($kind): $(cat "$OUTD/bench-$kind.err")"
+  j=$(cat "$OUTD/bench-$kind.json")
+  field() { grep -o "\"$1\":[0-9.eE+-]*" <<<"$j" | head -1 | cut -d: -f2; }
+  printf 'E2E %-6s batch 65536 f32 w128: %s batches/s, %s rows/s, %s GB/s, p50 %s ms, p99 %s ms\n' \
+    "$kind" "$(field "${kind}_batches_per_s")" "$(field "${kind}_rows_per_s")" \
+    "$(field "${kind}_gbytes_per_s")" "$(field "${kind}_p50_ms")" "$(field "${kind}_p99_ms")"
+done
+stats=$(cli cuda stats --json) || fail "stats after bench: $stats"
+echo "$stats" >"$OUTD/stats-after-bench.json"
+grep -q '"errors":0,' <<<"$stats" || echo "note: the server counted errors: $(grep -o '"errors":[0-9]*' <<<"$stats")"
+
+# ---- shutdown -------------------------------------------------------------------------------------
+trap - EXIT
+for name in cuda cpu; do
+  kill -TERM "${PID[$name]}"
+  wait "${PID[$name]}"
+  rc=$?
+  [ "$rc" -eq 0 ] || fail "the $name server exited with $rc on SIGTERM (log: $OUTD/server-$name.log)"
+done
+echo "PASS e2e"
