@@ -33,7 +33,7 @@
 #include "kernels/cuda/embps_kernels_cuda.h"
 #include "kernels/embps_kernels.h"
 
-#define BATCH ((size_t)1 << 20)  /* tokens per batch */
+#define BATCH ((size_t)1 << 20)      /* tokens per batch */
 #define COPY_BYTES ((size_t)1 << 30) /* 1 GiB */
 #define ZIPF_S 1.05
 #define SEED UINT64_C(20261202)
@@ -241,7 +241,8 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* ---- the ops ---------------------------------------------------------------------------------- */
+/* ---- the ops ----------------------------------------------------------------------------------
+ */
 
 typedef struct ctx {
   void *src, *dst; /* copy */
@@ -265,8 +266,8 @@ static void op_copy(void *v) {
 
 static void op_dedup(void *v) {
   ctx_t *c = v;
-  STATUS_OK(embps_dedup_cuda(c->tokens, c->n, c->unique, c->seg_ids, c->sorted_pos,
-                             c->seg_offsets, c->num_unique, c->ws, c->ws_bytes, stream));
+  STATUS_OK(embps_dedup_cuda(c->tokens, c->n, c->unique, c->seg_ids, c->sorted_pos, c->seg_offsets,
+                             c->num_unique, c->ws, c->ws_bytes, stream));
 }
 
 static void op_gather(void *v) {
@@ -334,8 +335,8 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
   zipf_tokens(h_tokens, n, rows, SEED ^ width);
   double t1 = now_s();
   size_t host_u = host_unique_count(h_tokens, n);
-  printf("  sampled %zu tokens in %.0f ms on the host; %zu distinct (%.1f%%)\n", n,
-         (t1 - t0) * 1e3, host_u, 100.0 * (double)host_u / (double)n);
+  printf("  sampled %zu tokens in %.0f ms on the host; %zu distinct (%.1f%%)\n", n, (t1 - t0) * 1e3,
+         host_u, 100.0 * (double)host_u / (double)n);
 
   ctx_t c = {0};
   c.width = width;
@@ -351,8 +352,7 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
   c.num_unique = dev_alloc(sizeof(uint32_t));
   c.ws = dev_alloc(ws_bytes);
   c.out = dev_alloc(n * width * sizeof(float));
-  CUDA_OK(cudaMemcpyAsync(c.tokens, h_tokens, n * sizeof(int64_t), cudaMemcpyHostToDevice,
-                          stream));
+  CUDA_OK(cudaMemcpyAsync(c.tokens, h_tokens, n * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
 
   /* Dedup (independent of width and dtype, timed once per batch). */
   double ms = time_op(op_dedup, &c);
@@ -369,8 +369,8 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
   c.grad = dev_alloc(c.u * width * sizeof(float));
   c.row_sumsq = dev_alloc(c.u * sizeof(float));
   /* (init_rows leaves row 0, the padding row, at zero: one zero gradient row among u.) */
-  STATUS_OK(embps_init_rows_cuda(c.grad, EMBPS_DTYPE_F32, width, 0, c.u, 0, SEED + 1, 0.01f,
-                                 stream));
+  STATUS_OK(
+      embps_init_rows_cuda(c.grad, EMBPS_DTYPE_F32, width, 0, c.u, 0, SEED + 1, 0.01f, stream));
   STATUS_OK(embps_row_stats_cuda(c.grad, c.u, width, c.row_sumsq, NULL, NULL, NULL, stream));
   c.p = (embps_opt_params_t){.lr = 0.01f, .eps = 1e-8f, .decay = 1.0f};
 
@@ -410,8 +410,9 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
         }
       free(h);
       if (bad) {
-        fprintf(stderr, "FAIL: gather width %zu %s: %zu of %zu checked values differ from the "
-                        "initializer\n",
+        fprintf(stderr,
+                "FAIL: gather width %zu %s: %zu of %zu checked values differ from the "
+                "initializer\n",
                 width, dn, bad, check_rows * width);
         return 1;
       }
@@ -425,8 +426,8 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
     add_result("update", width, dn, rows, c.u, ms, ub);
   }
 
-  void *bufs[] = {c.table, c.accum, c.tokens, c.unique, c.seg_ids, c.sorted_pos, c.seg_offsets,
-                  c.num_unique, c.ws, c.out, c.grad, c.row_sumsq};
+  void *bufs[] = {c.table,       c.accum,      c.tokens, c.unique, c.seg_ids, c.sorted_pos,
+                  c.seg_offsets, c.num_unique, c.ws,     c.out,    c.grad,    c.row_sumsq};
   for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
     CUDA_OK(cudaFree(bufs[i]));
   free(h_tokens);
@@ -552,8 +553,8 @@ int main(int argc, char **argv) {
       const char *tgt = "";
       if (r->width == 128)
         tgt = pct >= TARGET_PCT ? "  ok" : "  BELOW";
-      printf("%-7s %5s %5s %10s %9s %9.4f %7.1f %5.1f%s\n", r->op, w, r->dtype, rows, items,
-             r->ms, gbs, pct, tgt);
+      printf("%-7s %5s %5s %10s %9s %9.4f %7.1f %5.1f%s\n", r->op, w, r->dtype, rows, items, r->ms,
+             gbs, pct, tgt);
     } else {
       printf("%-7s %5s %5s %10s %9s %9.4f %7s %5s  (%.0f Mtokens/s)\n", r->op, w, r->dtype, rows,
              items, r->ms, "-", "-", (double)r->items / (r->ms * 1e-3) / 1e6);
