@@ -110,6 +110,40 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
                                    void *stream, uint64_t timeout_ms, embps_error_t *err);
 #endif
 
+/**
+ * The argument checks every backend's all_reduce makes, in one place so that they refuse the
+ * same calls with the same words: a known type and reduction, a buffer for count > 0, and a
+ * size that does not overflow over the group. Sets *elem to the element size. Returns EMBPS_OK
+ * or EMBPS_INVALID_ARGUMENT (err says which).
+ */
+static inline embps_status_t embps_comm_check_reduce(const embps_comm_t *c, const void *buf,
+                                                     size_t count, embps_comm_type_t type,
+                                                     embps_comm_op_t op, size_t *elem,
+                                                     embps_error_t *err) {
+  switch (type) {
+  case EMBPS_COMM_F32:
+    *elem = sizeof(float);
+    break;
+  case EMBPS_COMM_F64:
+  case EMBPS_COMM_U64:
+    *elem = 8;
+    break;
+  default:
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce: unknown element type %d",
+                           (int)type);
+  }
+  if (op != EMBPS_COMM_SUM && op != EMBPS_COMM_MAX)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce: unknown reduction %d",
+                           (int)op);
+  if (count > SIZE_MAX / *elem / c->size)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_reduce of %zu elements overflows the buffer size", count);
+  if (count > 0 && !buf)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce of %zu elements needs a buffer",
+                           count);
+  return EMBPS_OK;
+}
+
 /* Dispatch helpers: the engine calls these, never a backend directly. */
 static inline embps_status_t embps_comm_all_gather(embps_comm_t *c, const void *send, size_t bytes,
                                                    void *recv, embps_error_t *err) {

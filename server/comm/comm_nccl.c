@@ -345,28 +345,9 @@ static embps_status_t nccl_all_reduce(embps_comm_t *c, void *buf, size_t count,
   embps_status_t ret = check_usable(t, err);
   if (ret != EMBPS_OK)
     return ret;
-  size_t elem;
-  switch (type) {
-  case EMBPS_COMM_F32:
-    elem = sizeof(float);
-    break;
-  case EMBPS_COMM_F64:
-  case EMBPS_COMM_U64:
-    elem = 8;
-    break;
-  default:
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce: unknown element type %d",
-                           (int)type);
-  }
-  if (op != EMBPS_COMM_SUM && op != EMBPS_COMM_MAX)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce: unknown reduction %d",
-                           (int)op);
-  if (count > SIZE_MAX / elem / size)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_reduce of %zu elements overflows the buffer size", count);
-  if (count > 0 && !buf)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce of %zu elements needs a buffer",
-                           count);
+  size_t elem = 0;
+  if ((ret = embps_comm_check_reduce(c, buf, count, type, op, &elem, err)) != EMBPS_OK)
+    return ret;
   /* The reduction kernel loads whole elements from the device. */
   if ((uintptr_t)buf % elem != 0)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,

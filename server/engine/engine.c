@@ -194,6 +194,19 @@ static embps_status_t run_lookup(embps_engine_t *e, embps_op_t *op, embps_error_
   return EMBPS_OK;
 }
 
+embps_opt_params_t embps__engine_next_step(embps_table_t *t) {
+  const embps_table_config_t *c = &t->config;
+  embps_opt_params_t p;
+  memset(&p, 0, sizeof(p));
+  p.lr = c->lr;
+  p.eps = c->eps;
+  p.decay = embps_opt_decay_from_half_life(c->half_life);
+  p.beta1 = c->beta1;
+  p.beta2 = c->beta2;
+  p.step = ++t->step;
+  return p;
+}
+
 static embps_status_t run_push(embps_engine_t *e, embps_op_t *op, embps_error_t *err) {
   embps_table_t *t = op->table;
   const embps_table_config_t *c = &t->config;
@@ -264,13 +277,7 @@ static embps_status_t run_push(embps_engine_t *e, embps_op_t *op, embps_error_t 
                                    err)) != EMBPS_OK)
     return ret;
 
-  memset(&p, 0, sizeof(p));
-  p.lr = c->lr;
-  p.eps = c->eps;
-  p.decay = embps_opt_decay_from_half_life(c->half_life);
-  p.beta1 = c->beta1;
-  p.beta2 = c->beta2;
-  p.step = ++t->step;
+  p = embps__engine_next_step(t);
   switch (c->optimizer) {
   case EMBPS_OPT_SGD:
     embps_update_sgd_cpu(t->data, c->dtype, w, rows, m, g, &p);

@@ -452,13 +452,7 @@ static embps_status_t run_push(embps__engine_cuda_t *c, embps_op_t *op, embps_er
     STATUS_CHECK_GOTO(
         embps_comm_all_reduce(c->comm, c->row_sumsq.p, m, EMBPS_COMM_F32, EMBPS_COMM_SUM, err),
         exit);
-  memset(&p, 0, sizeof(p));
-  p.lr = cfg->lr;
-  p.eps = cfg->eps;
-  p.decay = embps_opt_decay_from_half_life(cfg->half_life);
-  p.beta1 = cfg->beta1;
-  p.beta2 = cfg->beta2;
-  p.step = ++t->step;
+  p = embps__engine_next_step(t);
   switch (cfg->optimizer) {
   case EMBPS_OPT_SGD:
     STATUS_CHECK_GOTO(embps_update_sgd_cuda(t->data, cfg->dtype, w, rows, m, g, &p, c->stream),

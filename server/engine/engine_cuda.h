@@ -9,6 +9,10 @@
 
 typedef struct embps__engine_cuda embps__engine_cuda_t;
 
+/** The optimizer parameters of the table's next step (advances table->step), shared by both
+ * engines so that they step the same way. */
+embps_opt_params_t embps__engine_next_step(embps_table_t *table);
+
 /** State for the CUDA engine on the calling thread's current device. */
 embps_status_t embps__engine_cuda_new(embps__engine_cuda_t **out, embps_comm_t *comm,
                                       embps_store_t *store, void *stream);
