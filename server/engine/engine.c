@@ -152,8 +152,12 @@ static embps_status_t run_create(embps_engine_t *e, embps_op_t *op, embps_error_
   }
   if (embps_store_add(e->store, t, &op->error) != EMBPS_OK) {
     embps_table_free(t);
-    return EMBPS_OK;
+    t = NULL;
   }
+  /* The leader answers the client once every rank has registered the table, so that a lookup
+   * sent to any rank right after the answer finds it. */
+  if ((ret = embps_comm_barrier(e->comm, err)) != EMBPS_OK)
+    return ret;
   op->created = t;
   return EMBPS_OK;
 }

@@ -285,8 +285,11 @@ static embps_status_t run_create(embps__engine_cuda_t *c, embps_op_t *op, embps_
   }
   if (embps_store_add(c->store, t, &op->error) != EMBPS_OK) {
     embps_table_free(t);
-    return EMBPS_OK;
+    t = NULL;
   }
+  /* The leader answers once every rank has registered the table (see engine.c). */
+  if ((ret = embps_comm_barrier(c->comm, err)) != EMBPS_OK)
+    return ret;
   op->created = t;
   return EMBPS_OK;
 }
