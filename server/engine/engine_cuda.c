@@ -170,17 +170,19 @@ embps_status_t embps__engine_cuda_new(embps__engine_cuda_t **out, embps_comm_t *
 }
 
 void embps__engine_cuda_free(embps__engine_cuda_t *c) {
-  buf_t *dev[] = {&c->tokens,  &c->all_tokens, &c->unique,   &c->seg,   &c->sorted_pos,
-                  &c->seg_off, &c->num_unique, &c->dedup_ws, &c->rs_ws, &c->row_sumsq,
-                  &c->summed,  &c->send,       &c->recv,     &c->rows,  &c->grads,
-                  &c->out,     &c->figures};
-  buf_t *host[] = {&c->h_tokens, &c->h_grads, &c->h_out, &c->h_small};
   if (!c)
     return;
-  for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
-    cudaFree(dev[i]->p);
-  for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
-    cudaFreeHost(host[i]->p);
+  {
+    buf_t *dev[] = {&c->tokens,  &c->all_tokens, &c->unique,   &c->seg,   &c->sorted_pos,
+                    &c->seg_off, &c->num_unique, &c->dedup_ws, &c->rs_ws, &c->row_sumsq,
+                    &c->summed,  &c->send,       &c->recv,     &c->rows,  &c->grads,
+                    &c->out,     &c->figures};
+    buf_t *host[] = {&c->h_tokens, &c->h_grads, &c->h_out, &c->h_small};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
+      cudaFree(dev[i]->p);
+    for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
+      cudaFreeHost(host[i]->p);
+  }
   embps_free(c);
 }
 
