@@ -117,6 +117,7 @@ struct embps__h2conn {
   nghttp2_session *session;
   embps__h2conn_hooks_t hooks;
   size_t max_message_bytes;
+  size_t receiving_bytes; /* buffers of messages being received on this connection */
   stream_t *streams;
   size_t nstreams;
   size_t receiving;
@@ -305,6 +306,14 @@ static int submit_status(embps__h2conn_t *conn, int32_t id, int http_status, emb
   return rv;
 }
 
+/* Drops a stream's half-received message and its share of the connection's budget. */
+static void drop_msg(embps__h2conn_t *conn, stream_t *s) {
+  if (s->msg)
+    conn->receiving_bytes -= s->msg_len;
+  embps_free(s->msg);
+  s->msg = NULL;
+}
+
 /* Answers a stream early with an error, on behalf of the network layer. */
 static void fail_stream(embps__h2conn_t *conn, stream_t *s, int http_status, embps_status_t status,
                         const char *message) {
@@ -312,8 +321,7 @@ static void fail_stream(embps__h2conn_t *conn, stream_t *s, int http_status, emb
   stop_receiving(conn, s);
   s->state = ST_ANSWERED;
   s->in_msg = 0;
-  embps_free(s->msg);
-  s->msg = NULL;
+  drop_msg(conn, s);
   count_error(conn);
   /* The reset must wait until the HEADERS are out: nghttp2 drops frames queued for a stream
    * after a RST_STREAM. See on_frame_send. */
@@ -464,6 +472,18 @@ static int on_data_chunk_recv(nghttp2_session *session, uint8_t flags, int32_t s
         fail_stream(conn, s, 200, EMBPS_RESOURCE_EXHAUSTED, msg);
         return 0;
       }
+      /* Buffers are taken when a message's prefix arrives, so many streams each announcing a
+       * large message could reserve max_message_bytes apiece; a connection may have at most
+       * two limits' worth being received at once. A client sends request bodies one after
+       * another, so this refuses nothing it would send. */
+      if (mlen > 0 && conn->receiving_bytes + (size_t)mlen > 2 * conn->max_message_bytes) {
+        snprintf(msg, sizeof(msg),
+                 "this connection is already receiving %zu bytes of messages; another %llu "
+                 "would pass twice the limit of %zu",
+                 conn->receiving_bytes, (unsigned long long)mlen, conn->max_message_bytes);
+        fail_stream(conn, s, 200, EMBPS_RESOURCE_EXHAUSTED, msg);
+        return 0;
+      }
       s->msg_len = (size_t)mlen;
       s->msg_got = 0;
       s->hdr_got = 0;
@@ -474,6 +494,7 @@ static int on_data_chunk_recv(nghttp2_session *session, uint8_t flags, int32_t s
           fail_stream(conn, s, 200, EMBPS_RESOURCE_EXHAUSTED, msg);
           return 0;
         }
+        conn->receiving_bytes += s->msg_len;
         s->in_msg = 1;
       } else {
         s->nmsgs++;
@@ -512,6 +533,7 @@ static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
   if (s->next)
     s->next->prev = s->prev;
   conn->nstreams--;
+  drop_msg(conn, s);
   stream_free(s);
   return 0;
 }
@@ -692,6 +714,8 @@ static void deliver(embps__h2conn_t *conn) {
     if (conn->hooks.stats)
       conn->hooks.stats->requests++;
     uint8_t *msg = s->msg;
+    if (msg)
+      conn->receiving_bytes -= s->msg_len;
     s->msg = NULL;
     conn->hooks.on_request(conn->hooks.request_user, call, s->path, msg, s->msg_len);
   }

@@ -361,6 +361,36 @@ static void test_oversized_message(void **state) {
   server_fini(&sv);
 }
 
+/* Streams that each announce a message up to the limit and then send little of it may hold at
+ * most twice the limit in buffers on one connection; the next one is refused at once. */
+static void test_receiving_budget(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  (void)state;
+  server_init(&sv, 1 << 20);
+  sv.answer_inline = 1;
+  h2c_init(&c, 1);
+  const size_t big = 1u << 20;
+  uint8_t *msg = calloc(1, big);
+  uint8_t *p = h2c_frame(0, msg, big, &plen);
+  h2c_stream_t *a = h2c_request(&c, PATH, CT, p, plen, 0, 64);
+  h2c_stream_t *b = h2c_request(&c, PATH, CT, p, plen, 0, 64);
+  h2c_stream_t *third = h2c_request(&c, PATH, CT, p, plen, 0, 64);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 0);
+  assert_error(third, 200, EMBPS_RESOURCE_EXHAUSTED,
+               "this connection is already receiving 2097152 bytes of messages; another "
+               "1048576 would pass twice the limit of 1048576");
+  assert_false(a->closed);
+  assert_false(b->closed);
+  assert_false(c.goaway);
+  free(msg);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
 static void test_bad_messages(void **state) {
   server_t sv;
   h2c_t c;
@@ -585,6 +615,7 @@ int main(void) {
       cmocka_unit_test(test_split_frames),
       cmocka_unit_test(test_concurrent_out_of_order),
       cmocka_unit_test(test_oversized_message),
+      cmocka_unit_test(test_receiving_budget),
       cmocka_unit_test(test_bad_messages),
       cmocka_unit_test(test_garbage_preface),
       cmocka_unit_test(test_percent_encoding),
