@@ -379,24 +379,9 @@ class Reference:
         for t in sorted(sums):
             w = self.row(t)
             g = sums[t] + self.wd * w
-            if self.kind == "sgd":
-                w = w - self.lr * g
-            elif self.kind == "adagrad":
-                a = self.state.get(t, np.full_like(w, self.init_acc)) * self.decay + g * g
-                self.state[t] = a
-                w = w - self.lr * g / (np.sqrt(a) + self.eps)
-            elif self.kind == "rowwise_adagrad":
-                a = self.state.get(t, self.init_acc) * self.decay + np.float32(np.mean(g * g))
-                self.state[t] = np.float32(a)
-                w = w - self.lr * g / (np.sqrt(np.float32(a)) + self.eps)
-            else:
-                m, v = self.state.get(t, (np.zeros_like(w), np.zeros_like(w)))
-                m = self.b1 * m + (1 - self.b1) * g
-                v = self.b2 * v + (1 - self.b2) * g * g
-                self.state[t] = (m, v)
-                mh = m / (1 - self.b1 ** self.step)
-                vh = v / (1 - self.b2 ** self.step)
-                w = w - self.lr * mh / (np.sqrt(vh) + self.eps)
+            w, self.state[t] = lib.optimizer_update(self.kind, w, g, self.state.get(t), self.lr,
+                                                    self.eps, self.decay, self.init_acc, self.b1,
+                                                    self.b2, self.step)
             self.w[t] = w.astype(np.float32)
         return norm, len(sums)
 

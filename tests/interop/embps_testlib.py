@@ -36,6 +36,7 @@ def _generate_stubs():
 
 
 import grpc  # noqa: E402
+import numpy as np  # noqa: E402
 
 _generate_stubs()
 sys.path.insert(0, _GEN)
@@ -94,3 +95,25 @@ def channel(address):
     opts = [("grpc.max_receive_message_length", 512 << 20),
             ("grpc.max_send_message_length", 512 << 20)]
     return grpc.insecure_channel(address, options=opts)
+
+
+def optimizer_update(kind, w, g, state, lr, eps, decay, init_acc, b1, b2, step):
+    """One row's fused update as kernels/embps_kernels.h defines it, in f32 numpy.
+
+    w and g are the row's weights and (summed, weight-decayed) gradient; state is the row's
+    optimizer state from the previous call, or None before the first. Returns (w, state).
+    Shared by the interop and group tests' references so that both check the same math."""
+    if kind == "sgd":
+        return w - lr * g, state
+    if kind == "adagrad":
+        a = (state if state is not None else np.full_like(w, init_acc)) * decay + g * g
+        return w - lr * g / (np.sqrt(a) + eps), a
+    if kind == "rowwise_adagrad":
+        a = np.float32((state if state is not None else init_acc) * decay + np.float32(np.mean(g * g)))
+        return w - lr * g / (np.sqrt(a) + eps), a
+    m, v = state if state is not None else (np.zeros_like(w), np.zeros_like(w))
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    mh = m / (1 - b1 ** step)
+    vh = v / (1 - b2 ** step)
+    return w - lr * mh / (np.sqrt(vh) + eps), (m, v)
