@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tests/gpu/gpu_test_util.h"
 #include "kernels/cuda/embps_kernels_cuda.h"
 #include "kernels/embps_kernels.h"
 
@@ -38,24 +39,6 @@
 #define ZIPF_S 1.05
 #define SEED UINT64_C(20261202)
 #define TARGET_PCT 70.0
-
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-
-#define STATUS_OK(call)                                                                            \
-  do {                                                                                             \
-    embps_status_t s_ = (call);                                                                    \
-    if (s_ != EMBPS_OK) {                                                                          \
-      fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, embps_status_str(s_));   \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 static cudaStream_t stream;
 static int warmups = 3, reps = 15;
@@ -472,16 +455,9 @@ int main(int argc, char **argv) {
     }
   }
 
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    if (e != cudaSuccess)
-      printf("SKIP: no CUDA device visible (cudaGetDeviceCount: %s: %s)\n", cudaGetErrorName(e),
-             cudaGetErrorString(e));
-    else
-      printf("SKIP: no CUDA device visible (cudaGetDeviceCount: 0 devices)\n");
-    return 77;
-  }
+  int count = gpu_devices_or_skip();
+  if (count == 0)
+    return GPU_SKIP_CODE;
   if (device < 0 || device >= count) {
     fprintf(stderr, "FATAL: --device %d, but %d device(s) visible\n", device, count);
     return 1;

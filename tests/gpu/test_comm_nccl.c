@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tests/gpu/gpu_test_util.h"
 #include "server/comm/comm.h"
 
 #define MAX_RANKS 2
@@ -53,16 +54,6 @@ typedef struct rank_ctx {
       fprintf(stderr, __VA_ARGS__);                                                                \
       fputc('\n', stderr);                                                                         \
       (ctx)->failures++;                                                                           \
-    }                                                                                              \
-  } while (0)
-
-/* CUDA failures are not comparisons: stop at once. */
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(1);                                                                                     \
     }                                                                                              \
   } while (0)
 
@@ -469,16 +460,9 @@ static int check_bad_arguments(void) {
 }
 
 int main(void) {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    if (e != cudaSuccess)
-      printf("SKIP: no CUDA device visible (cudaGetDeviceCount: %s: %s)\n", cudaGetErrorName(e),
-             cudaGetErrorString(e));
-    else
-      printf("SKIP: no CUDA device visible (cudaGetDeviceCount: 0 devices)\n");
-    return 77;
-  }
+  int count = gpu_devices_or_skip();
+  if (count == 0)
+    return GPU_SKIP_CODE;
   printf("%d CUDA device(s) visible\n", count);
   fflush(stdout);
   int failures = check_bad_arguments();

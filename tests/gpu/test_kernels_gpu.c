@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/gpu/gpu_test_util.h"
 #include "kernels/cuda/embps_kernels_cuda.h"
 #include "kernels/embps_kernels.h"
 
@@ -34,25 +35,6 @@ static cudaStream_t stream;
       fprintf(stderr, __VA_ARGS__);                                                                \
       fputc('\n', stderr);                                                                         \
       failures++;                                                                                  \
-    }                                                                                              \
-  } while (0)
-
-/* CUDA or launcher failures are not comparisons: stop at once. */
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-
-#define STATUS_OK(call)                                                                            \
-  do {                                                                                             \
-    embps_status_t s_ = (call);                                                                    \
-    if (s_ != EMBPS_OK) {                                                                          \
-      fprintf(stderr, "FATAL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, embps_status_str(s_));   \
-      exit(1);                                                                                     \
     }                                                                                              \
   } while (0)
 
@@ -590,16 +572,9 @@ static void check_invalid(void) {
 }
 
 int main(void) {
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    if (e != cudaSuccess)
-      printf("SKIP: no CUDA device visible (cudaGetDeviceCount: %s: %s)\n", cudaGetErrorName(e),
-             cudaGetErrorString(e));
-    else
-      printf("SKIP: no CUDA device visible (cudaGetDeviceCount: 0 devices)\n");
-    return 77;
-  }
+  int count = gpu_devices_or_skip();
+  if (count == 0)
+    return GPU_SKIP_CODE;
   uint64_t seed;
   const char *env = getenv("EMBPS_TEST_SEED");
   if (env && *env)
