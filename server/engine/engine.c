@@ -16,6 +16,7 @@
 #include "engine.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -78,6 +79,30 @@ void embps_engine_free(embps_engine_t *e) {
 }
 
 embps_backend_t embps_engine_backend(const embps_engine_t *e) { return e->backend; }
+
+void *embps_host_alloc(int device, size_t bytes, int *pinned) {
+  static atomic_int warned;
+  void *p;
+  if (device >= 0) {
+    if ((p = embps__cuda_host_alloc(device, bytes)) != NULL) {
+      *pinned = 1;
+      return p;
+    }
+    if (!atomic_exchange(&warned, 1))
+      EMBPS_WARN("cannot pin %zu bytes of host memory for device %d; using pageable buffers, "
+                 "which the engine stages through its own pinned copies",
+                 bytes, device);
+  }
+  *pinned = 0;
+  return embps_aligned_alloc(bytes);
+}
+
+void embps_host_free(void *p, int pinned) {
+  if (pinned)
+    embps__cuda_host_free(p);
+  else
+    embps_free(p);
+}
 
 /* Scratch for T tokens, T*width f32 sums and `bytes` of exchange buffers. Arrays only grow,
  * since batch sizes repeat from step to step; after a failed growth every array of that group

@@ -104,4 +104,17 @@ embps_status_t embps_cuda_open(int device, void **stream, char *bus_id, size_t c
 /** Destroys a stream from embps_cuda_open. NULL is a no-op. */
 void embps_cuda_close(void *stream);
 
+/**
+ * Host memory for request and reply buffers. With device >= 0 (the CUDA backend's device) it
+ * is pinned (page-locked, usable from every device), so the CUDA engine copies it to and from
+ * the device directly, without a staging copy; with device < 0, or when pinning fails (logged
+ * once), it is plain 64-byte aligned memory. *pinned says which, for embps_host_free. Any thread
+ * may call these; pinning is slow (milliseconds for large sizes), so callers pool the buffers.
+ * Returns NULL when out of memory.
+ */
+void *embps_host_alloc(int device, size_t bytes, int *pinned);
+
+/** Frees memory from embps_host_alloc; NULL is a no-op. */
+void embps_host_free(void *p, int pinned);
+
 #endif

@@ -18,6 +18,12 @@ embps_status_t embps__engine_cuda_new(embps__engine_cuda_t **out, embps_comm_t *
                                       embps_store_t *store, void *stream);
 /** NULL is a no-op. */
 void embps__engine_cuda_free(embps__engine_cuda_t *c);
+/** Pinned host memory usable from every device, allocated with `device` current; NULL when
+ * it cannot be had (no CUDA, or pinning failed). */
+void *embps__cuda_host_alloc(int device, size_t bytes);
+/** Frees memory from embps__cuda_host_alloc. */
+void embps__cuda_host_free(void *p);
+
 /** embps_engine_run for the CUDA backend. */
 embps_status_t embps__engine_cuda_run(embps__engine_cuda_t *c, embps_op_t *op, embps_error_t *err);
 

@@ -31,3 +31,11 @@ embps_status_t embps__engine_cuda_run(embps__engine_cuda_t *c, embps_op_t *op, e
   (void)op;
   return embps_error_set(err, EMBPS_UNIMPLEMENTED, "this build of embps has no CUDA backend");
 }
+
+void *embps__cuda_host_alloc(int device, size_t bytes) {
+  (void)device;
+  (void)bytes;
+  return NULL;
+}
+
+void embps__cuda_host_free(void *p) { (void)p; }

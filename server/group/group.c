@@ -70,6 +70,7 @@ struct embps_group {
   atomic_int fatal_pending;
   embps_status_t fatal_status;
   atomic_uint_fast64_t pending;
+  atomic_int host_device; /* the device whose pinned memory requests use, -1 for plain */
 
   /* Group thread only. */
   void *stream; /* cuda: the engine's stream */
@@ -688,6 +689,8 @@ static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
       (ret = embps_sequencer_new(&g->seq, N, g->cfg.batch_deadline_ms)) != EMBPS_OK)
     embps_error_set(err, ret, "cannot start the engine (%s backend)",
                     embps_backend_name(g->cfg.backend));
+  else if (g->cfg.backend == EMBPS_BACKEND_CUDA)
+    atomic_store(&g->host_device, g->cfg.device);
 exit:
   if (data_fds)
     for (uint32_t r = 0; r < N; r++)
@@ -790,6 +793,7 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
   g->loop = loop;
   g->store = store;
   g->wake_fd = -1;
+  atomic_init(&g->host_device, -1);
   if (cfg->size > 1) {
     g->peer_addrs = embps_calloc(cfg->size, sizeof(char *));
     if (!g->peer_addrs)
@@ -852,6 +856,7 @@ uint32_t embps_group_size(const embps_group_t *g) { return g->cfg.size; }
 const char *embps_group_backend(const embps_group_t *g) {
   return embps_backend_name(g->cfg.backend);
 }
+int embps_group_host_device(embps_group_t *g) { return atomic_load(&g->host_device); }
 
 void embps_group_comm_stats(embps_group_t *g, embps_comm_stats_t *out) {
   /* The counters are written by the group thread; a torn read of a 64-bit counter cannot

@@ -61,6 +61,11 @@ uint32_t embps_group_rank(const embps_group_t *group);
 uint32_t embps_group_size(const embps_group_t *group);
 const char *embps_group_backend(const embps_group_t *group);
 
+/** The CUDA device whose pinned host memory request and reply buffers should use (see
+ * embps_host_alloc), once the group has formed with the CUDA backend; -1 before, and for the
+ * CPU backend. Any thread. */
+int embps_group_host_device(embps_group_t *group);
+
 /** Collective traffic so far (payload bytes), for stats and benchmarks. */
 void embps_group_comm_stats(embps_group_t *group, embps_comm_stats_t *out);
 

@@ -41,7 +41,11 @@ struct embps_service {
   embps_store_t *store;
   embps_net_t *net;
   embps_service_config_t cfg;
-  embps_bufpool_t *replies; /* lookup reply buffers, reused */
+  /* Request and reply buffers, reused; pinned with the CUDA backend. Requests are unpacked
+   * through `pb`, so their tokens and gradients land in the pool's memory. */
+  embps_bufpool_t *buffers;
+  ProtobufCAllocator pb;
+  int unpack_out_of_memory; /* an allocation of the last failed unpack failed */
   uint64_t inflight;
   struct timespec started;
   /* Names of tables being created (leader only), so a second create of a name fails at once. */
@@ -61,7 +65,7 @@ typedef struct request {
   embps_op_t op;
   uint64_t batch_id;
   uint32_t shard_index;
-  uint8_t *reply; /* lookup: from svc->replies */
+  uint8_t *reply; /* lookup: from svc->buffers */
   size_t reply_len;
 } request_t;
 
@@ -217,7 +221,7 @@ static void unreserve_name(embps_service_t *svc, const char *name) {
 
 static void request_free(request_t *r) {
   if (r->msg)
-    protobuf_c_message_free_unpacked(r->msg, NULL);
+    protobuf_c_message_free_unpacked(r->msg, &r->svc->pb);
   if (r->reply)
     embps__bufpool_put(r->reply);
   embps_free(r);
@@ -322,15 +326,28 @@ static void config_from_spec(const Embps__V1__TableSpec *spec, embps_table_confi
   }
 }
 
+/* protobuf-c answers NULL both for bytes that do not parse and for an allocation that failed;
+ * the allocator tells the two apart. */
+static void fail_unpack(embps_service_t *svc, embps_net_call_t *call, const char *type) {
+  if (svc->unpack_out_of_memory) {
+    svc->unpack_out_of_memory = 0;
+    embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory unpacking the request");
+    return;
+  }
+  char msg[80];
+  snprintf(msg, sizeof(msg), "malformed %s message", type);
+  embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, msg);
+}
+
 static void handle_create_table(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
                                 size_t len) {
-  Embps__V1__CreateTableRequest *req = embps__v1__create_table_request__unpack(NULL, len, msg);
+  Embps__V1__CreateTableRequest *req = embps__v1__create_table_request__unpack(&svc->pb, len, msg);
   embps_table_config_t cfg;
   embps_error_t err;
   request_t *r;
 
   if (!req) {
-    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed CreateTableRequest message");
+    fail_unpack(svc, call, "CreateTableRequest");
     return;
   }
   if (!req->spec) {
@@ -372,7 +389,7 @@ static void handle_create_table(embps_service_t *svc, embps_net_call_t *call, co
   submit(r);
   return;
 exit:
-  embps__v1__create_table_request__free_unpacked(req, NULL);
+  embps__v1__create_table_request__free_unpacked(req, &svc->pb);
 }
 
 static void spec_from_table(const embps_table_t *t, Embps__V1__TableSpec *spec,
@@ -397,14 +414,14 @@ static void spec_from_table(const embps_table_t *t, Embps__V1__TableSpec *spec,
 
 static void handle_list_tables(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
                                size_t len) {
-  Embps__V1__ListTablesRequest *req = embps__v1__list_tables_request__unpack(NULL, len, msg);
+  Embps__V1__ListTablesRequest *req = embps__v1__list_tables_request__unpack(&svc->pb, len, msg);
   Embps__V1__ListTablesResponse resp = EMBPS__V1__LIST_TABLES_RESPONSE__INIT;
   size_t n = embps_store_count(svc->store), k = 0;
   Embps__V1__TableSpec *specs = NULL, **ptrs = NULL;
   Embps__V1__OptimizerConfig *opts = NULL;
 
   if (!req) {
-    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed ListTablesRequest message");
+    fail_unpack(svc, call, "ListTablesRequest");
     return;
   }
   specs = embps_calloc(n, sizeof(*specs));
@@ -432,12 +449,12 @@ exit:
   embps_free(specs);
   embps_free(ptrs);
   embps_free(opts);
-  embps__v1__list_tables_request__free_unpacked(req, NULL);
+  embps__v1__list_tables_request__free_unpacked(req, &svc->pb);
 }
 
 static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
                           size_t len) {
-  Embps__V1__LookupRequest *req = embps__v1__lookup_request__unpack(NULL, len, msg);
+  Embps__V1__LookupRequest *req = embps__v1__lookup_request__unpack(&svc->pb, len, msg);
   embps_error_t err;
   embps_table_t *t;
   request_t *r;
@@ -445,13 +462,13 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
   uint8_t header[64];
 
   if (!req) {
-    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed LookupRequest message");
+    fail_unpack(svc, call, "LookupRequest");
     return;
   }
   if (validate_batch(svc, req->table, req->shard_index, req->shard_count, req->tokens_per_batch,
                      &req->tokens, req->dtype, &t, &err) != EMBPS_OK) {
     fail_call(call, &err);
-    embps__v1__lookup_request__free_unpacked(req, NULL);
+    embps__v1__lookup_request__free_unpacked(req, &svc->pb);
     return;
   }
   n = req->tokens.len / sizeof(int64_t);
@@ -459,14 +476,14 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
   head = put_lookup_header(header, req->batch_id, req->shard_index, t->config.emb_width,
                            t->config.dtype, rows_bytes);
   r = request_new(svc, call, REQ_LOOKUP, &req->base);
-  if (!r || !(r->reply = embps__bufpool_get(svc->replies, head + rows_bytes))) {
+  if (!r || !(r->reply = embps__bufpool_get(svc->buffers, head + rows_bytes))) {
     embps_error_set(&err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte reply",
                     head + rows_bytes);
     fail_call(call, &err);
     if (r)
       r->msg = NULL;
     embps_free(r);
-    embps__v1__lookup_request__free_unpacked(req, NULL);
+    embps__v1__lookup_request__free_unpacked(req, &svc->pb);
     return;
   }
   memcpy(r->reply, header, head);
@@ -485,7 +502,8 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
 
 static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
                         size_t len) {
-  Embps__V1__PushGradientsRequest *req = embps__v1__push_gradients_request__unpack(NULL, len, msg);
+  Embps__V1__PushGradientsRequest *req =
+      embps__v1__push_gradients_request__unpack(&svc->pb, len, msg);
   embps_error_t err;
   embps_table_t *t;
   request_t *r;
@@ -493,7 +511,7 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
   int async;
 
   if (!req) {
-    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed PushGradientsRequest message");
+    fail_unpack(svc, call, "PushGradientsRequest");
     return;
   }
   if (validate_batch(svc, req->table, req->shard_index, req->shard_count, req->tokens_per_batch,
@@ -547,7 +565,7 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
   return;
 fail:
   fail_call(call, &err);
-  embps__v1__push_gradients_request__free_unpacked(req, NULL);
+  embps__v1__push_gradients_request__free_unpacked(req, &svc->pb);
 }
 
 static double uptime_s(const embps_service_t *svc) {
@@ -563,14 +581,14 @@ static uint64_t load(atomic_uint_fast64_t *v) {
 
 static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
                          size_t len) {
-  Embps__V1__GetStatsRequest *req = embps__v1__get_stats_request__unpack(NULL, len, msg);
+  Embps__V1__GetStatsRequest *req = embps__v1__get_stats_request__unpack(&svc->pb, len, msg);
   Embps__V1__GetStatsResponse resp = EMBPS__V1__GET_STATS_RESPONSE__INIT;
   size_t n = embps_store_count(svc->store);
   Embps__V1__TableStats *ts = NULL, **ptrs = NULL;
   embps_net_stats_t ns;
 
   if (!req) {
-    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed GetStatsRequest message");
+    fail_unpack(svc, call, "GetStatsRequest");
     return;
   }
   ts = embps_calloc(n, sizeof(*ts));
@@ -626,17 +644,17 @@ static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uin
 exit:
   embps_free(ts);
   embps_free(ptrs);
-  embps__v1__get_stats_request__free_unpacked(req, NULL);
+  embps__v1__get_stats_request__free_unpacked(req, &svc->pb);
 }
 
 static void handle_health(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
                           size_t len) {
   Grpc__Health__V1__HealthCheckRequest *req =
-      grpc__health__v1__health_check_request__unpack(NULL, len, msg);
+      grpc__health__v1__health_check_request__unpack(&svc->pb, len, msg);
   Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
 
   if (!req) {
-    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "malformed HealthCheckRequest message");
+    fail_unpack(svc, call, "HealthCheckRequest");
     return;
   }
   if (req->service && req->service[0] && strcmp(req->service, "embps.v1.EmbeddingService") != 0) {
@@ -647,7 +665,7 @@ static void handle_health(embps_service_t *svc, embps_net_call_t *call, const ui
                       : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
     reply_message(call, &resp.base);
   }
-  grpc__health__v1__health_check_request__free_unpacked(req, NULL);
+  grpc__health__v1__health_check_request__free_unpacked(req, &svc->pb);
 }
 
 static void unknown_method(embps_net_call_t *call, const char *method) {
@@ -687,20 +705,52 @@ void embps_service_on_request(void *user, embps_net_call_t *call, const char *me
   embps_free(msg);
 }
 
+/* The pool's memory: pinned for the CUDA backend's device once the group has formed. */
+static void *host_alloc(void *group, size_t bytes, int *pinned) {
+  return embps_host_alloc(embps_group_host_device(group), bytes, pinned);
+}
+
+static void host_free(void *group, void *p, int pinned) {
+  (void)group;
+  embps_host_free(p, pinned);
+}
+
+static void *pb_alloc(void *data, size_t size) {
+  embps_service_t *svc = data;
+  void *p = embps__bufpool_get(svc->buffers, size);
+  if (!p)
+    svc->unpack_out_of_memory = 1;
+  return p;
+}
+
+static void pb_free(void *data, void *p) {
+  (void)data;
+  if (p)
+    embps__bufpool_put(p);
+}
+
 embps_status_t embps_service_new(embps_service_t **out, embps_group_t *group, embps_store_t *store,
                                  const embps_service_config_t *cfg) {
   embps_service_t *svc = embps_calloc(1, sizeof(*svc));
+  embps_bufpool_backing_t backing;
   if (!svc)
     return EMBPS_RESOURCE_EXHAUSTED;
+  backing.alloc = host_alloc;
+  backing.free = host_free;
+  backing.ctx = group;
   svc->group = group;
   svc->store = store;
   svc->cfg = *cfg;
-  /* Enough idle buffers for a deep pipeline of large replies, and no more than 1 GiB idle. */
-  svc->replies = embps__bufpool_new(32, (size_t)1 << 30);
-  if (!svc->replies) {
+  /* Enough idle buffers for a deep pipeline of large requests and replies, and no more than
+   * 1 GiB idle. */
+  svc->buffers = embps__bufpool_new(64, (size_t)1 << 30, &backing);
+  if (!svc->buffers) {
     embps_free(svc);
     return EMBPS_RESOURCE_EXHAUSTED;
   }
+  svc->pb.alloc = pb_alloc;
+  svc->pb.free = pb_free;
+  svc->pb.allocator_data = svc;
   clock_gettime(CLOCK_MONOTONIC, &svc->started);
   *out = svc;
   return EMBPS_OK;
@@ -713,6 +763,6 @@ uint64_t embps_service_inflight(const embps_service_t *svc) { return svc->inflig
 void embps_service_free(embps_service_t *svc) {
   if (!svc)
     return;
-  embps__bufpool_free(svc->replies);
+  embps__bufpool_free(svc->buffers);
   embps_free(svc);
 }

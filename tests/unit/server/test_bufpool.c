@@ -11,7 +11,7 @@
 #include "server/service/bufpool.h"
 
 static void test_reuse_and_fit(void **state) {
-  embps_bufpool_t *p = embps__bufpool_new(4, 1 << 24);
+  embps_bufpool_t *p = embps__bufpool_new(4, 1 << 24, NULL);
   void *a, *b, *c;
   (void)state;
   a = embps__bufpool_get(p, 100000);
@@ -32,7 +32,7 @@ static void test_reuse_and_fit(void **state) {
 }
 
 static void test_limits(void **state) {
-  embps_bufpool_t *p = embps__bufpool_new(2, 3 << 20);
+  embps_bufpool_t *p = embps__bufpool_new(2, 3 << 20, NULL);
   void *bufs[4];
   (void)state;
   for (int i = 0; i < 4; i++)
@@ -57,7 +57,7 @@ static void test_limits(void **state) {
 }
 
 static void test_allocation_failure(void **state) {
-  embps_bufpool_t *p = embps__bufpool_new(2, 1 << 20);
+  embps_bufpool_t *p = embps__bufpool_new(2, 1 << 20, NULL);
   (void)state;
   embps_alloc_fail_after(1);
   assert_null(embps__bufpool_get(p, 4096));
@@ -65,11 +65,59 @@ static void test_allocation_failure(void **state) {
   embps__bufpool_free(p);
 }
 
+/* A backing allocator that counts what it hands out and checks each buffer comes back with the
+ * kind it was given. */
+typedef struct counting {
+  int allocs, frees, bad_kinds;
+} counting_t;
+
+static void *counting_alloc(void *ctx, size_t bytes, int *kind) {
+  counting_t *c = ctx;
+  c->allocs++;
+  *kind = 7;
+  return embps_aligned_alloc(bytes);
+}
+
+static void counting_free(void *ctx, void *p, int kind) {
+  counting_t *c = ctx;
+  c->frees++;
+  c->bad_kinds += kind != 7;
+  embps_free(p);
+}
+
+static void test_backing(void **state) {
+  counting_t c = {0, 0, 0};
+  embps_bufpool_backing_t b = {counting_alloc, counting_free, &c};
+  embps_bufpool_t *p = embps__bufpool_new(4, 1 << 24, &b);
+  void *small, *big, *again;
+  (void)state;
+  /* Small buffers (a protobuf message's struct, a table name) bypass the backing and are never
+   * kept; large ones come from it and are reused. */
+  small = embps__bufpool_get(p, 100);
+  assert_non_null(small);
+  assert_int_equal((uintptr_t)small % 64, 0);
+  memset(small, 2, 100);
+  embps__bufpool_put(small);
+  assert_int_equal(c.allocs, 0);
+  big = embps__bufpool_get(p, EMBPS_BUFPOOL_MIN_BYTES);
+  assert_int_equal(c.allocs, 1);
+  embps__bufpool_put(big);
+  again = embps__bufpool_get(p, 60000); /* same 64 KiB class */
+  assert_ptr_equal(again, big);
+  assert_int_equal(c.allocs, 1);
+  embps__bufpool_put(again);
+  assert_int_equal(c.frees, 0);
+  embps__bufpool_free(p);
+  assert_int_equal(c.frees, 1);
+  assert_int_equal(c.bad_kinds, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reuse_and_fit),
       cmocka_unit_test(test_limits),
       cmocka_unit_test(test_allocation_failure),
+      cmocka_unit_test(test_backing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -82,6 +82,23 @@ const char *embps_group_backend(const embps_group_t *group) {
   return fake_backend;
 }
 
+int embps_group_host_device(embps_group_t *group) {
+  (void)group;
+  return -1;
+}
+
+/* The engine's host memory, plain here (the real one pins for the CUDA backend). */
+void *embps_host_alloc(int device, size_t bytes, int *pinned) {
+  (void)device;
+  *pinned = 0;
+  return embps_aligned_alloc(bytes);
+}
+
+void embps_host_free(void *p, int pinned) {
+  (void)pinned;
+  embps_free(p);
+}
+
 void embps_group_comm_stats(embps_group_t *group, embps_comm_stats_t *out) {
   (void)group;
   memset(out, 0, sizeof(*out));
