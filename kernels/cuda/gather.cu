@@ -5,20 +5,41 @@
  * base pointers' alignment, so a 128-wide f32 row is 32 lanes x one 16-byte load/store and a
  * 7-wide bf16 row is 7 threads x 2 bytes. Rows are spread over tpr threads (the smallest
  * power of two covering the row's units, at most a warp), so narrow rows keep the lanes busy
- * on other rows. Gather indexes by int64 row id, expand by uint32 segment id; both come from
- * one template. */
+ * on other rows. Each group copies ROWS_PER_GROUP consecutive output rows at once: it reads
+ * their indices, then issues one load per row before the first store, so a thread has several
+ * row loads in flight instead of one (a gather is a chain of two dependent loads, index then
+ * row, and bandwidth needs bytes in flight). Gather indexes by int64 row id, expand by uint32
+ * segment id; both come from one template. */
 #include "kernels/cuda/cuda_common.cuh"
+
+#define ROWS_PER_GROUP 4
 
 template <typename U, typename I>
 __global__ void copy_rows_kernel(const U *__restrict__ src, const I *__restrict__ idx, size_t n,
                                  size_t units, unsigned tpr, U *__restrict__ out) {
-  size_t r = embps__row_index(tpr);
-  if (r >= n)
+  size_t r0 = embps__row_index(tpr) * ROWS_PER_GROUP;
+  if (r0 >= n)
     return;
-  const U *s = src + (size_t)idx[r] * units;
-  U *d = out + r * units;
-  for (size_t c = embps__row_lane(tpr); c < units; c += tpr)
-    d[c] = s[c];
+  const unsigned rows = n - r0 < ROWS_PER_GROUP ? (unsigned)(n - r0) : ROWS_PER_GROUP;
+  const U *s[ROWS_PER_GROUP];
+  U *d[ROWS_PER_GROUP];
+#pragma unroll
+  for (unsigned k = 0; k < ROWS_PER_GROUP; k++) {
+    size_t r = r0 + (k < rows ? k : 0); /* past the end: row r0 again, never accessed */
+    s[k] = src + (size_t)idx[r] * units;
+    d[k] = out + r * units;
+  }
+  for (size_t c = embps__row_lane(tpr); c < units; c += tpr) {
+    U v[ROWS_PER_GROUP];
+#pragma unroll
+    for (unsigned k = 0; k < ROWS_PER_GROUP; k++)
+      if (k < rows)
+        v[k] = s[k][c];
+#pragma unroll
+    for (unsigned k = 0; k < ROWS_PER_GROUP; k++)
+      if (k < rows)
+        d[k][c] = v[k];
+  }
 }
 
 template <typename U, typename I>
@@ -27,7 +48,7 @@ static embps_status_t launch(const void *src, const I *idx, size_t n, size_t row
   embps_status_t ret = EMBPS_OK;
   size_t units = row_bytes / sizeof(U);
   embps__row_launch_t L;
-  if (!embps__row_launch(n, units, 1, &L)) {
+  if (!embps__row_launch((n + ROWS_PER_GROUP - 1) / ROWS_PER_GROUP, units, 1, &L)) {
     EMBPS_ERROR("copy rows: %zu rows is beyond the grid limit", n);
     return EMBPS_INVALID_ARGUMENT;
   }

@@ -5,7 +5,10 @@
  * A thread group per row (see cuda_common.cuh). The group's lane 0 alone reads, updates and
  * writes the row's accumulator and computes the step size s = lr / (sqrt(a) + eps) exactly as
  * the CPU does (1 / full_width is computed on the host the same way); a shuffle hands s to
- * the other lanes, which then apply w -= s * g over the width. One writer per accumulator and
+ * the other lanes, which then apply w -= s * g over the width. Each lane loads its first
+ * vector of w and g before the step size is computed: those loads do not depend on it, and
+ * issuing them first overlaps them with the accumulator's load and the sqrt and division,
+ * instead of waiting for the accumulator and then for the row. One writer per accumulator and
  * distinct rows mean no races; with -fmad=false every result is the CPU's bit for bit. */
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -22,6 +25,15 @@ rowwise_adagrad_kernel(T *__restrict__ table, size_t width, const int64_t *__res
   unsigned warp_lane = threadIdx.x & 31u;
   unsigned mask = tpr == 32 ? 0xffffffffu : ((1u << tpr) - 1u) << (warp_lane & ~(tpr - 1u));
   size_t r = (size_t)rows[i];
+  T *w = table + r * width;
+  const float *g = grad + i * width;
+  const size_t step = (size_t)tpr * V;
+  size_t c = (size_t)lane * V;
+  float wx[V], gx[V];
+  if (c < width) {
+    embps__load<V>(w + c, wx);
+    embps__load<V>(g + c, gx);
+  }
   float s = 0.0f;
   if (lane == 0) {
     float acc = accum[r] * decay + row_sumsq[i] * inv_full_width;
@@ -29,15 +41,15 @@ rowwise_adagrad_kernel(T *__restrict__ table, size_t width, const int64_t *__res
     s = lr / (sqrtf(acc) + eps);
   }
   s = __shfl_sync(mask, s, 0, (int)tpr);
-  T *w = table + r * width;
-  const float *g = grad + i * width;
-  EMBPS_FOR_COLUMNS(c, lane, tpr, V, width) {
-    float wx[V], gx[V];
-    embps__load<V>(w + c, wx);
-    embps__load<V>(g + c, gx);
+  while (c < width) {
     for (int k = 0; k < V; k++)
       wx[k] -= s * gx[k];
     embps__store<V>(w + c, wx);
+    c += step;
+    if (c < width) {
+      embps__load<V>(w + c, wx);
+      embps__load<V>(g + c, gx);
+    }
   }
 }
 

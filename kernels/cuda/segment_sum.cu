@@ -8,8 +8,14 @@
  * atomics. The group loads tpr positions with one coalesced read and passes them around with
  * shuffles. A hot segment (the padding token, a head token of a Zipf batch) is a long serial
  * walk, so the columns are also split across grid.y: each block row handles a slice of
- * tpr * V columns of every segment, which gives a 1024-wide row 8 to 32 independent walkers. */
+ * tpr * V columns of every segment, which gives a 1024-wide row 8 to 32 independent walkers.
+ * The walk itself must stay serial per column (that is the CPU's rounding), but its loads need
+ * not: each step takes LOADS_PER_STEP positions from the shuffles, issues all their loads, and
+ * only then adds them in order, so a hot segment (a Zipf head token holds some 10% of a batch)
+ * waits for one memory latency per LOADS_PER_STEP rows instead of one per row. */
 #include "kernels/cuda/cuda_common.cuh"
+
+#define LOADS_PER_STEP 8
 
 template <typename T, int V>
 __global__ void segment_sum_kernel(const T *__restrict__ grads, size_t width,
@@ -33,14 +39,21 @@ __global__ void segment_sum_kernel(const T *__restrict__ grads, size_t width,
     for (size_t base = begin; base < end; base += tpr) {
       uint32_t mine = base + lane < end ? sorted_positions[base + lane] : 0u;
       unsigned count = end - base < tpr ? (unsigned)(end - base) : tpr;
-      for (unsigned j = 0; j < count; j++) {
-        uint32_t p = __shfl_sync(mask, mine, (int)j, (int)tpr);
-        if (active) {
-          float x[V];
-          embps__load<V>(grads + (size_t)p * width + c, x);
-          for (int k = 0; k < V; k++)
-            acc[k] += x[k];
+      for (unsigned j0 = 0; j0 < count; j0 += LOADS_PER_STEP) {
+        /* Every lane of the group takes part in every shuffle (j0 and count are the group's);
+         * a source lane past count (or past tpr, which wraps) gives a position never used. */
+        float x[LOADS_PER_STEP][V];
+#pragma unroll
+        for (unsigned u = 0; u < LOADS_PER_STEP; u++) {
+          uint32_t p = __shfl_sync(mask, mine, (int)((j0 + u) & (tpr - 1u)), (int)tpr);
+          if (active && j0 + u < count)
+            embps__load<V>(grads + (size_t)p * width + c, x[u]);
         }
+#pragma unroll
+        for (unsigned u = 0; u < LOADS_PER_STEP; u++)
+          if (active && j0 + u < count)
+            for (int k = 0; k < V; k++)
+              acc[k] += x[u][k];
       }
     }
     if (active)

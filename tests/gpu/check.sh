@@ -19,7 +19,7 @@
 #              and CLI (health, create-table, lookup, push, lookup, stats, bench); SKIP while the
 #              server has no CUDA backend
 #   bench      bench_kernels_gpu $EMBPS_BENCH_FLAGS (copy ceiling, dedup, gather, rowwise
-#              Adagrad at widths 128 and 1024, f32 and bf16)
+#              Adagrad at widths 128 and 1024, f32 and bf16, and f32 segment sum)
 # and prints a summary last: PASS/FAIL/SKIP per step, then the benchmark's and e2e's numbers.
 # Device: $EMBPS_DEVICE (default 0). Exit status: 0 when no step failed (SKIPs are fine), else 1.
 # Where $OUT is set (the device tool's output folder), the full log, the summary, the build log,
@@ -69,8 +69,10 @@ run_step() {
   echo
   echo "=== $name (timeout ${t}s): $*"
   if [ "$t" -lt 5 ]; then
+    # An explicit status: a bare `return` would give the assignment's 0, and the steps that
+    # run in a pipeline (ctest, e2e, bench) read PIPESTATUS, not RC, so they would pass.
     RC=125
-    return
+    return 125
   fi
   timeout -k 10 "$t" "$@"
   RC=$?

@@ -9,8 +9,9 @@
 # On both: health, create-table (f32 width 128 and bf16 width 1024, rowwise Adagrad), lookup,
 # push, lookup; the CUDA server's rows must equal the CPU server's text for text (the kernels
 # are bit for bit the CPU's), and the push must have moved every looked-up value. Then `stats`
-# must say backend cuda, and `bench --batch 65536 --duration 5 --json` measures lookups and
-# pushes (Zipf 1.05) on the CUDA server; the server must stop with exit 0 on SIGTERM.
+# must say backend cuda, the server's log must show its 1-rank NCCL communicator, and
+# `bench --batch 65536 --duration 5 --json` measures lookups and pushes (Zipf 1.05) on the
+# CUDA server; the server must stop with exit 0 on SIGTERM.
 # Exit 0: passed; 77: skipped (no CUDA backend in the server yet, or no GPU visible); else
 # failed. Writes server logs, CLI outputs and the bench JSON to OUT_DIR.
 # EMBPS_E2E_BACKEND=cpu runs the same flow with the "cuda" server on --backend cpu: a dry run of
@@ -152,6 +153,13 @@ stats=$(cli cuda stats --json) || fail "stats: $stats"
 echo "$stats" >"$OUTD/stats-before-bench.json"
 grep -q "\"backend\":\"$BACKEND\"" <<<"$stats" || fail "stats do not say backend $BACKEND: $(head -c 300 <<<"$stats")"
 echo "ok: stats say backend $BACKEND"
+# The collectives of a cuda group are NCCL's, even with one rank (server/group/group.c): the
+# communicator must have come up (server/comm/comm_nccl.c logs it).
+if [ "$BACKEND" = cuda ]; then
+  nccl=$(grep -m1 'comm nccl rank 0/1 .*ready' "$OUTD/server-cuda.log") ||
+    fail "the cuda server's log does not show its 1-rank NCCL communicator ('comm nccl rank 0/1 ... ready')"
+  echo "ok: 1-rank NCCL group: ${nccl#*comm nccl }"
+fi
 
 # ---- throughput ---------------------------------------------------------------------------------
 for kind in lookup push; do
