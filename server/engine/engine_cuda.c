@@ -1,19 +1,27 @@
 /* The CUDA engine (see engine_cuda.h): DESIGN.md's batch flow with tables in GPU memory.
  *
- * Everything is issued on the engine's one stream, in order: the host stages a shard's tokens
- * and gradients in pinned buffers, copies them to the device, runs the kernels of kernels/cuda
- * and the communicator's collectives (NCCL, on the same stream), and copies the rows back to a
- * pinned buffer. The stream is synchronized only where the host needs a number to go on: the
- * count of unique tokens (it sizes the launches that follow), the row figures (the gate), and
- * the end of each batch (the reply must not leave before the update is applied). Scratch
- * buffers, device and pinned, only grow, since batch sizes repeat from step to step.
+ * Three streams: `h2d` carries a batch's tokens and gradients to the device, `stream` (the
+ * group's, which the NCCL communicator also uses) runs the kernels and collectives, and `d2h`
+ * carries the rows back; events order them. So a push's gradients travel while the tokens are
+ * all-gathered and deduplicated, and a lookup's rows go back in chunks, each chunk's copy
+ * overlapping the gather (or the column-slice copies) of the next. The host synchronizes only
+ * where it needs a number to go on: the count of unique tokens (it sizes the launches that
+ * follow), the row figures (the gate), and the end of each batch, after which all three streams
+ * are idle (the reply must not leave before the update is applied, and the caller may free the
+ * request as soon as the run returns).
+ *
+ * Request and reply buffers come pinned from the service's pool (embps_host_alloc), so they are
+ * copied to and from the device directly; a buffer that is not pinned (the pool could not pin,
+ * or a caller's own memory) is staged through the engine's pinned buffers. Scratch buffers,
+ * device and pinned, only grow, since batch sizes repeat from step to step.
  *
  * Column slices move as 2-D copies (cudaMemcpy2DAsync), with the same layouts as the CPU
  * engine, so both give the same results: the kernels sum duplicates in position order and the
  * communicator reduces in rank order.
  *
- * Not yet run on a GPU (the sessions that wrote it had none); tests/gpu/check.sh runs it end to
- * end where one is available. */
+ * Not yet run on a GPU (the sessions that wrote it had none): tests/unit/engine_sim runs this
+ * file against a simulated runtime whose streams run lazily (so a missing dependency shows as
+ * wrong rows), and tests/gpu/check.sh runs it end to end where a GPU is available. */
 #include "server/engine/engine_cuda.h"
 
 #include <cuda_runtime_api.h>
@@ -53,14 +61,21 @@ typedef struct buf {
   size_t cap;
 } buf_t;
 
+/* A lookup's reply goes back in at most this many chunks, each at least CHUNK_MIN_BYTES. */
+#define MAX_CHUNKS 8
+#define CHUNK_MIN_BYTES ((size_t)4 << 20)
+
 struct embps__engine_cuda {
   embps_comm_t *comm;
   embps_store_t *store;
-  cudaStream_t stream;
+  cudaStream_t stream;   /* kernels and collectives (the group's stream, borrowed) */
+  cudaStream_t h2d, d2h; /* copies in and out (owned) */
+  cudaEvent_t tokens_in, grads_in, chunk_ready[MAX_CHUNKS];
   /* device scratch */
   buf_t tokens, all_tokens, unique, seg, sorted_pos, seg_off, num_unique, dedup_ws, rs_ws;
   buf_t row_sumsq, summed, send, recv, rows, grads, out, figures;
-  /* pinned host staging */
+  /* pinned host staging: h_small for figures; the rest only for requests and replies that are
+   * not pinned themselves */
   buf_t h_tokens, h_grads, h_out, h_small;
 };
 
@@ -95,6 +110,37 @@ fail:
 void embps_cuda_close(void *stream) {
   if (stream)
     cudaStreamDestroy((cudaStream_t)stream);
+}
+
+void *embps__cuda_host_alloc(int device, size_t bytes) {
+  void *p = NULL;
+  cudaError_t e;
+  /* The calling thread (the network loop's) makes the engine's device current, so that the
+   * allocation does not create a context on device 0; portable memory is pinned for every
+   * context. */
+  if ((e = cudaSetDevice(device)) != cudaSuccess ||
+      (e = cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocPortable)) != cudaSuccess) {
+    EMBPS_DEBUG("cannot pin %zu bytes on device %d: %s", bytes, device, cudaGetErrorString(e));
+    cudaGetLastError();
+    return NULL;
+  }
+  return p;
+}
+
+void embps__cuda_host_free(void *p) {
+  if (p)
+    cudaFreeHost(p);
+}
+
+/* Whether the engine may copy straight from or to host memory p: pinned memory only (an async
+ * copy from pageable memory would be staged by the driver and block the host). */
+static int is_pinned(const void *p) {
+  struct cudaPointerAttributes a;
+  if (!p || cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError(); /* clear the error an unknown pointer leaves on older runtimes */
+    return 0;
+  }
+  return a.type == cudaMemoryTypeHost;
 }
 
 /* ---- scratch -------------------------------------------------------------------------------- */
@@ -149,9 +195,6 @@ static embps_status_t reserve(embps__engine_cuda_t *c, size_t T, size_t n, size_
   CUDA_CHECK_GOTO(dgrow(&c->grads, n * W * ds), fail);
   CUDA_CHECK_GOTO(dgrow(&c->out, n * W * ds), fail);
   CUDA_CHECK_GOTO(dgrow(&c->figures, 4 * sizeof(uint64_t)), fail);
-  CUDA_CHECK_GOTO(hgrow(&c->h_tokens, n * sizeof(int64_t)), fail);
-  CUDA_CHECK_GOTO(hgrow(&c->h_grads, n * W * ds), fail);
-  CUDA_CHECK_GOTO(hgrow(&c->h_out, n * W * ds), fail);
   CUDA_CHECK_GOTO(hgrow(&c->h_small, 4 * sizeof(uint64_t)), fail);
 fail:
   return ret;
@@ -160,13 +203,25 @@ fail:
 embps_status_t embps__engine_cuda_new(embps__engine_cuda_t **out, embps_comm_t *comm,
                                       embps_store_t *store, void *stream) {
   embps__engine_cuda_t *c = embps_calloc(1, sizeof(*c));
+  embps_status_t ret = EMBPS_OK;
+  embps_error_t lerr, *err = &lerr;
+
   if (!c)
     return EMBPS_RESOURCE_EXHAUSTED;
   c->comm = comm;
   c->store = store;
   c->stream = (cudaStream_t)stream;
+  CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking), fail);
+  CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking), fail);
+  CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->tokens_in, cudaEventDisableTiming), fail);
+  CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->grads_in, cudaEventDisableTiming), fail);
+  for (int i = 0; i < MAX_CHUNKS; i++)
+    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->chunk_ready[i], cudaEventDisableTiming), fail);
   *out = c;
   return EMBPS_OK;
+fail:
+  embps__engine_cuda_free(c);
+  return ret;
 }
 
 void embps__engine_cuda_free(embps__engine_cuda_t *c) {
@@ -183,6 +238,17 @@ void embps__engine_cuda_free(embps__engine_cuda_t *c) {
     for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
       cudaFreeHost(host[i]->p);
   }
+  for (int i = 0; i < MAX_CHUNKS; i++)
+    if (c->chunk_ready[i])
+      cudaEventDestroy(c->chunk_ready[i]);
+  if (c->tokens_in)
+    cudaEventDestroy(c->tokens_in);
+  if (c->grads_in)
+    cudaEventDestroy(c->grads_in);
+  if (c->h2d)
+    cudaStreamDestroy(c->h2d);
+  if (c->d2h)
+    cudaStreamDestroy(c->d2h);
   embps_free(c);
 }
 
@@ -298,34 +364,57 @@ static embps_status_t run_create(embps__engine_cuda_t *c, embps_op_t *op, embps_
 
 /* ---- batches -------------------------------------------------------------------------------- */
 
-/* Moves this shard's tokens to the device (through the pinned staging buffer). */
-static embps_status_t stage_tokens(embps__engine_cuda_t *c, const embps_op_t *op,
-                                   embps_error_t *err) {
+/* Enqueues the copy of `bytes` of a request (host memory) to the device on the h2d stream and
+ * records `done` after it; memory that is not pinned is staged through `stage` first. */
+static embps_status_t copy_in(embps__engine_cuda_t *c, void *dst, const void *src, size_t bytes,
+                              buf_t *stage, cudaEvent_t done, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
-  memcpy(c->h_tokens.p, op->tokens, op->num_tokens * sizeof(int64_t));
-  CUDA_CHECK_GOTO(cudaMemcpyAsync(c->tokens.p, c->h_tokens.p, op->num_tokens * sizeof(int64_t),
-                                  cudaMemcpyHostToDevice, c->stream),
-                  exit);
+  if (bytes > 0) {
+    if (!is_pinned(src)) {
+      CUDA_CHECK_GOTO(hgrow(stage, bytes), exit);
+      memcpy(stage->p, src, bytes);
+      src = stage->p;
+    }
+    CUDA_CHECK_GOTO(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->h2d), exit);
+  }
+  CUDA_CHECK_GOTO(cudaEventRecord(done, c->h2d), exit);
 exit:
   return ret;
+}
+
+/* After a failure part-way through a batch: waits until nothing enqueued for it can still
+ * touch the request or reply, which the caller frees once the run returns. */
+static void quiesce(embps__engine_cuda_t *c) {
+  cudaStreamSynchronize(c->h2d);
+  cudaStreamSynchronize(c->stream);
+  cudaStreamSynchronize(c->d2h);
+  cudaGetLastError();
 }
 
 static embps_status_t run_lookup(embps__engine_cuda_t *c, embps_op_t *op, embps_error_t *err) {
   embps_table_t *t = op->table;
   const uint32_t N = c->comm->size;
   const size_t n = op->num_tokens, T = n * N, w = t->shard_width, W = t->config.emb_width;
-  const size_t ds = embps_dtype_size(t->config.dtype), block = n * w * ds;
+  const size_t ds = embps_dtype_size(t->config.dtype), block = n * w * ds, row_bytes = W * ds;
+  const int direct = is_pinned(op->rows_out);
+  size_t chunk_rows, k = 0;
+  uint8_t *dst, *out;
   embps_status_t ret;
   uint32_t U;
 
-  if ((ret = reserve(c, T, n, w, W, ds, err)) != EMBPS_OK || (ret = stage_tokens(c, op, err)))
+  if ((ret = reserve(c, T, n, w, W, ds, err)) != EMBPS_OK)
     return ret;
+  if (!direct)
+    CUDA_CHECK_GOTO(hgrow(&c->h_out, n * row_bytes), exit);
+  dst = direct ? op->rows_out : c->h_out.p;
+  out = c->out.p;
+  STATUS_CHECK_GOTO(
+      copy_in(c, c->tokens.p, op->tokens, n * sizeof(int64_t), &c->h_tokens, c->tokens_in, err),
+      exit);
+  CUDA_CHECK_GOTO(cudaStreamWaitEvent(c->stream, c->tokens_in, 0), exit);
   atomic_fetch_add_explicit(&t->counters.lookups, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&t->counters.rows_looked_up, n, memory_order_relaxed);
-  if (N == 1) {
-    STATUS_CHECK_GOTO(
-        embps_gather_cuda(t->data, t->config.dtype, w, c->tokens.p, n, c->out.p, c->stream), exit);
-  } else {
+  if (N > 1) {
     STATUS_CHECK_GOTO(
         embps_comm_all_gather(c->comm, c->tokens.p, n * sizeof(int64_t), c->all_tokens.p, err),
         exit);
@@ -333,26 +422,47 @@ static embps_status_t run_lookup(embps__engine_cuda_t *c, embps_op_t *op, embps_
                                        c->seg_off.p, c->num_unique.p, c->dedup_ws.p,
                                        c->dedup_ws.cap, c->stream),
                       exit);
-    CUDA_CHECK_GOTO(
-        cudaMemcpyAsync(&U, c->num_unique.p, sizeof(U), cudaMemcpyDeviceToHost, c->stream), exit);
+    CUDA_CHECK_GOTO(cudaMemcpyAsync(c->h_small.p, c->num_unique.p, sizeof(U),
+                                    cudaMemcpyDeviceToHost, c->stream),
+                    exit);
     CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), exit);
+    memcpy(&U, c->h_small.p, sizeof(U));
     STATUS_CHECK_GOTO(
         embps_gather_cuda(t->data, t->config.dtype, w, c->unique.p, U, c->rows.p, c->stream), exit);
     STATUS_CHECK_GOTO(
         embps_expand_cuda(c->rows.p, t->config.dtype, w, c->seg.p, T, c->send.p, c->stream), exit);
     STATUS_CHECK_GOTO(embps_comm_all_to_all(c->comm, c->send.p, block, c->recv.p, err), exit);
-    /* recv block r holds columns [r*w, (r+1)*w) of this shard's n rows. */
-    for (uint32_t r = 0; r < N && n > 0; r++)
-      CUDA_CHECK_GOTO(cudaMemcpy2DAsync((char *)c->out.p + r * w * ds, W * ds,
-                                        (char *)c->recv.p + r * block, w * ds, w * ds, n,
-                                        cudaMemcpyDeviceToDevice, c->stream),
-                      exit);
   }
-  CUDA_CHECK_GOTO(
-      cudaMemcpyAsync(c->h_out.p, c->out.p, n * W * ds, cudaMemcpyDeviceToHost, c->stream), exit);
-  CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), exit);
-  memcpy(op->rows_out, c->h_out.p, n * W * ds);
+  /* The rows go back in chunks: chunk k's copy to the host overlaps the work of chunk k+1. */
+  chunk_rows = (n + MAX_CHUNKS - 1) / MAX_CHUNKS;
+  if (chunk_rows * row_bytes < CHUNK_MIN_BYTES)
+    chunk_rows = (CHUNK_MIN_BYTES + row_bytes - 1) / row_bytes;
+  for (size_t a = 0; a < n; a += chunk_rows, k++) {
+    const size_t m = n - a < chunk_rows ? n - a : chunk_rows;
+    if (N == 1) {
+      STATUS_CHECK_GOTO(embps_gather_cuda(t->data, t->config.dtype, w, (int64_t *)c->tokens.p + a,
+                                          m, out + a * row_bytes, c->stream),
+                        exit);
+    } else {
+      /* recv block r holds columns [r*w, (r+1)*w) of this shard's n rows. */
+      for (uint32_t r = 0; r < N; r++)
+        CUDA_CHECK_GOTO(cudaMemcpy2DAsync(out + a * row_bytes + r * w * ds, row_bytes,
+                                          (uint8_t *)c->recv.p + r * block + a * w * ds, w * ds,
+                                          w * ds, m, cudaMemcpyDeviceToDevice, c->stream),
+                        exit);
+    }
+    CUDA_CHECK_GOTO(cudaEventRecord(c->chunk_ready[k], c->stream), exit);
+    CUDA_CHECK_GOTO(cudaStreamWaitEvent(c->d2h, c->chunk_ready[k], 0), exit);
+    CUDA_CHECK_GOTO(cudaMemcpyAsync(dst + a * row_bytes, out + a * row_bytes, m * row_bytes,
+                                    cudaMemcpyDeviceToHost, c->d2h),
+                    exit);
+  }
+  CUDA_CHECK_GOTO(cudaStreamSynchronize(c->d2h), exit);
+  if (!direct)
+    memcpy(op->rows_out, c->h_out.p, n * row_bytes);
 exit:
+  if (ret != EMBPS_OK)
+    quiesce(c);
   return ret;
 }
 
@@ -373,30 +483,26 @@ static embps_status_t run_push(embps__engine_cuda_t *c, embps_op_t *op, embps_er
   embps_opt_params_t p;
   embps_status_t ret;
 
-  if ((ret = reserve(c, T, n, w, W, ds, err)) != EMBPS_OK || (ret = stage_tokens(c, op, err)))
+  if ((ret = reserve(c, T, n, w, W, ds, err)) != EMBPS_OK)
     return ret;
   small = c->h_small.p;
   atomic_fetch_add_explicit(&t->counters.pushes, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&t->counters.rows_pushed, n, memory_order_relaxed);
-  memcpy(c->h_grads.p, op->grads, n * W * ds);
-  CUDA_CHECK_GOTO(
-      cudaMemcpyAsync(c->grads.p, c->h_grads.p, n * W * ds, cudaMemcpyHostToDevice, c->stream),
+  /* The gradients (the bulk of the request) travel while the tokens are all-gathered and
+   * deduplicated, which need only the tokens. */
+  STATUS_CHECK_GOTO(
+      copy_in(c, c->tokens.p, op->tokens, n * sizeof(int64_t), &c->h_tokens, c->tokens_in, err),
       exit);
+  STATUS_CHECK_GOTO(copy_in(c, c->grads.p, op->grads, n * W * ds, &c->h_grads, c->grads_in, err),
+                    exit);
+  CUDA_CHECK_GOTO(cudaStreamWaitEvent(c->stream, c->tokens_in, 0), exit);
   tokens = c->tokens.p;
   grads = c->grads.p;
   if (N > 1) {
     STATUS_CHECK_GOTO(
         embps_comm_all_gather(c->comm, c->tokens.p, n * sizeof(int64_t), c->all_tokens.p, err),
         exit);
-    /* Block s of the send buffer: columns [s*w, (s+1)*w) of this shard's n gradient rows. */
-    for (uint32_t s = 0; s < N && n > 0; s++)
-      CUDA_CHECK_GOTO(cudaMemcpy2DAsync((char *)c->send.p + s * block, w * ds,
-                                        (const char *)c->grads.p + s * w * ds, W * ds, w * ds, n,
-                                        cudaMemcpyDeviceToDevice, c->stream),
-                      exit);
-    STATUS_CHECK_GOTO(embps_comm_all_to_all(c->comm, c->send.p, block, c->recv.p, err), exit);
     tokens = c->all_tokens.p;
-    grads = c->recv.p; /* T x w: every position's gradient for this rank's columns */
   }
   STATUS_CHECK_GOTO(embps_dedup_cuda(tokens, T, c->unique.p, c->seg.p, c->sorted_pos.p,
                                      c->seg_off.p, c->num_unique.p, c->dedup_ws.p, c->dedup_ws.cap,
@@ -409,7 +515,18 @@ static embps_status_t run_push(embps__engine_cuda_t *c, embps_op_t *op, embps_er
     CUDA_CHECK_GOTO(
         cudaMemcpyAsync(&small[1], c->unique.p, sizeof(int64_t), cudaMemcpyDeviceToHost, c->stream),
         exit);
-  CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), exit);
+  CUDA_CHECK_GOTO(cudaStreamWaitEvent(c->stream, c->grads_in, 0), exit);
+  if (N > 1) {
+    /* Block s of the send buffer: columns [s*w, (s+1)*w) of this shard's n gradient rows. */
+    for (uint32_t s = 0; s < N && n > 0; s++)
+      CUDA_CHECK_GOTO(cudaMemcpy2DAsync((char *)c->send.p + s * block, w * ds,
+                                        (const char *)c->grads.p + s * w * ds, W * ds, w * ds, n,
+                                        cudaMemcpyDeviceToDevice, c->stream),
+                      exit);
+    STATUS_CHECK_GOTO(embps_comm_all_to_all(c->comm, c->send.p, block, c->recv.p, err), exit);
+    grads = c->recv.p; /* T x w: every position's gradient for this rank's columns */
+  }
+  CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), exit); /* the count of unique tokens */
   memcpy(&U, &small[0], sizeof(U));
   if (U > 0)
     memcpy(&unique0, &small[1], sizeof(unique0));
@@ -485,6 +602,8 @@ static embps_status_t run_push(embps__engine_cuda_t *c, embps_op_t *op, embps_er
   op->applied = 1;
   atomic_fetch_add_explicit(&t->counters.steps_applied, 1, memory_order_relaxed);
 exit:
+  if (ret != EMBPS_OK)
+    quiesce(c);
   return ret;
 }
 
