@@ -73,6 +73,20 @@ static int read_port(const char *path) {
   return port;
 }
 
+/* Whether the server's group has formed: it listens before, and answers NOT_SERVING and
+ * UNAVAILABLE until then (a race a loaded machine shows). */
+static int group_ready(const char *path) {
+  FILE *f = fopen(path, "r");
+  char line[1024];
+  int ready = 0;
+  if (!f)
+    return 0;
+  while (!ready && fgets(line, sizeof(line), f))
+    ready = strstr(line, "the group is ready") != NULL;
+  fclose(f);
+  return ready;
+}
+
 static int decode_status(int st) {
   if (WIFEXITED(st))
     return WEXITSTATUS(st);
@@ -129,14 +143,15 @@ int server_proc_start(server_proc_t *s, const char *const *flags) {
 
   deadline = server_proc_now_ms() + START_TIMEOUT_MS;
   while (server_proc_now_ms() < deadline) {
-    if ((s->port = read_port(s->log_path)) > 0)
+    if ((s->port = read_port(s->log_path)) > 0 && group_ready(s->log_path))
       break;
     if (!server_proc_alive(s))
       break;
     server_proc_sleep_ms(10);
   }
-  if (s->port <= 0) {
-    fprintf(stderr, "server_proc_start: %s did not start listening\n", argv[0]);
+  if (s->port <= 0 || !group_ready(s->log_path)) {
+    fprintf(stderr, "server_proc_start: %s did not start listening with its group ready\n",
+            argv[0]);
     server_proc_dump_log(s);
     if (server_proc_alive(s)) {
       kill(s->pid, SIGKILL);

@@ -19,8 +19,8 @@ const char *server_proc_binary(void);
 
 /** Starts `embps-server --listen 127.0.0.1:0 FLAGS...` (flags: NULL-terminated, may be NULL)
  * with its output in a temporary log file, and waits (at most 30 s) for its "listening on"
- * line. Returns 0 with *s filled, or -1 (the log is printed to stderr and the process
- * killed). */
+ * line and its group's "the group is ready" line (before that it answers NOT_SERVING). Returns 0
+ * with *s filled, or -1 (the log is printed to stderr and the process killed). */
 int server_proc_start(server_proc_t *s, const char *const *flags);
 
 /** Whether the process is still running (it is reaped when it is not). */
