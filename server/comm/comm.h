@@ -110,6 +110,55 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
                                    void *stream, uint64_t timeout_ms, embps_error_t *err);
 #endif
 
+/* Whether [a, a+alen) and [b, b+blen) share a byte. */
+static inline int embps_comm_overlaps(const void *a, size_t alen, const void *b, size_t blen) {
+  uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+  return alen && blen && pa < pb + blen && pb < pa + alen;
+}
+
+/**
+ * The argument checks every backend's all_gather makes: a receive size that does not overflow,
+ * buffers for bytes > 0, and send either apart from recv or exactly in place at
+ * recv + rank*bytes. Returns EMBPS_OK or EMBPS_INVALID_ARGUMENT (err says which).
+ */
+static inline embps_status_t embps_comm_check_all_gather(const embps_comm_t *c, const void *send,
+                                                         size_t bytes, const void *recv,
+                                                         embps_error_t *err) {
+  const uint8_t *own;
+  if (bytes > SIZE_MAX / c->size)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_gather of %zu bytes per rank overflows the receive size", bytes);
+  if (bytes > 0 && (!send || !recv))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_gather of %zu bytes needs send and recv buffers", bytes);
+  own = bytes ? (const uint8_t *)recv + (size_t)c->rank * bytes : NULL;
+  if ((const uint8_t *)send != own && embps_comm_overlaps(send, bytes, recv, bytes * c->size))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_gather send buffer overlaps recv other than in place at "
+                           "recv + rank*bytes");
+  return EMBPS_OK;
+}
+
+/**
+ * The argument checks every backend's all_to_all makes: a buffer size that does not overflow,
+ * buffers for bytes > 0, and send apart from recv. Returns EMBPS_OK or EMBPS_INVALID_ARGUMENT.
+ */
+static inline embps_status_t embps_comm_check_all_to_all(const embps_comm_t *c, const void *send,
+                                                         size_t bytes, const void *recv,
+                                                         embps_error_t *err) {
+  if (bytes > SIZE_MAX / c->size)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_to_all of %zu bytes per rank pair overflows the buffer size",
+                           bytes);
+  if (bytes > 0 && (!send || !recv))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_to_all of %zu bytes needs send and recv buffers", bytes);
+  if (embps_comm_overlaps(send, bytes * c->size, recv, bytes * c->size))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "all_to_all send and recv buffers overlap (in place is not supported)");
+  return EMBPS_OK;
+}
+
 /**
  * The argument checks every backend's all_reduce makes, in one place so that they refuse the
  * same calls with the same words: a known type and reduction, a buffer for count > 0, and a

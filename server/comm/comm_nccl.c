@@ -233,11 +233,6 @@ fail:
   goto exit;
 }
 
-static bool overlaps(const void *a, size_t alen, const void *b, size_t blen) {
-  uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-  return alen && blen && pa < pb + blen && pb < pa + alen;
-}
-
 static void count_payload(nccl_comm_t *t, size_t bytes) {
   uint64_t moved = (uint64_t)(t->base.size - 1) * bytes;
   t->base.stats.bytes_sent += moved;
@@ -250,17 +245,8 @@ static embps_status_t nccl_all_gather(embps_comm_t *c, const void *send, size_t 
   embps_status_t ret = check_usable(t, err);
   if (ret != EMBPS_OK)
     return ret;
-  if (bytes > SIZE_MAX / c->size)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_gather of %zu bytes per rank overflows the receive size", bytes);
-  if (bytes > 0 && (!send || !recv))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_gather of %zu bytes needs send and recv buffers", bytes);
-  uint8_t *own = bytes ? (uint8_t *)recv + (size_t)c->rank * bytes : NULL;
-  if (send != own && overlaps(send, bytes, recv, bytes * c->size))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_gather send buffer overlaps recv other than in place at "
-                           "recv + rank*bytes");
+  if ((ret = embps_comm_check_all_gather(c, send, bytes, recv, err)) != EMBPS_OK)
+    return ret;
   c->stats.calls++;
   if (bytes == 0)
     return EMBPS_OK; /* NCCL moves nothing for a count of 0 either */
@@ -287,16 +273,8 @@ static embps_status_t nccl_all_to_all(embps_comm_t *c, const void *send, size_t 
   embps_status_t ret = check_usable(t, err);
   if (ret != EMBPS_OK)
     return ret;
-  if (bytes > SIZE_MAX / size)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_to_all of %zu bytes per rank pair overflows the buffer size",
-                           bytes);
-  if (bytes > 0 && (!send || !recv))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_to_all of %zu bytes needs send and recv buffers", bytes);
-  if (overlaps(send, bytes * size, recv, bytes * size))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_to_all send and recv buffers overlap (in place is not supported)");
+  if ((ret = embps_comm_check_all_to_all(c, send, bytes, recv, err)) != EMBPS_OK)
+    return ret;
   c->stats.calls++;
   if (bytes == 0)
     return EMBPS_OK;

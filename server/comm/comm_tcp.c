@@ -401,11 +401,6 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
   }
 }
 
-static bool overlaps(const void *a, size_t alen, const void *b, size_t blen) {
-  uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-  return alen && blen && pa < pb + blen && pb < pa + alen;
-}
-
 static embps_status_t tcp_all_gather(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                      embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
@@ -413,19 +408,9 @@ static embps_status_t tcp_all_gather(embps_comm_t *c, const void *send, size_t b
   embps_status_t ret = check_usable(t, err);
   if (ret != EMBPS_OK)
     return ret;
-  if (bytes > SIZE_MAX / c->size)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_gather of %zu bytes per rank overflows the receive size", bytes);
-  if (bytes > 0 && (!send || !recv))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_gather of %zu bytes needs send and "
-                           "recv buffers",
-                           bytes);
+  if ((ret = embps_comm_check_all_gather(c, send, bytes, recv, err)) != EMBPS_OK)
+    return ret;
   uint8_t *own = bytes ? (uint8_t *)recv + (size_t)me * bytes : NULL;
-  if (send != own && overlaps(send, bytes, recv, bytes * c->size))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_gather send buffer overlaps recv other than in place at "
-                           "recv + rank*bytes");
   c->stats.calls++;
   t->seq++;
   if (bytes && send != own)
@@ -442,18 +427,8 @@ static embps_status_t tcp_all_to_all(embps_comm_t *c, const void *send, size_t b
   embps_status_t ret = check_usable(t, err);
   if (ret != EMBPS_OK)
     return ret;
-  if (bytes > SIZE_MAX / c->size)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_to_all of %zu bytes per rank pair overflows the buffer size",
-                           bytes);
-  if (bytes > 0 && (!send || !recv))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_to_all of %zu bytes needs send and "
-                           "recv buffers",
-                           bytes);
-  if (overlaps(send, bytes * c->size, recv, bytes * c->size))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_to_all send and recv buffers overlap (in place is not supported)");
+  if ((ret = embps_comm_check_all_to_all(c, send, bytes, recv, err)) != EMBPS_OK)
+    return ret;
   c->stats.calls++;
   t->seq++;
   if (bytes)
