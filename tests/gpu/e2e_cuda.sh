@@ -15,7 +15,9 @@
 # Exit 0: passed; 77: skipped (no CUDA backend in the server yet, or no GPU visible); else
 # failed. Writes server logs, CLI outputs and the bench JSON to OUT_DIR.
 # EMBPS_E2E_BACKEND=cpu runs the same flow with the "cuda" server on --backend cpu: a dry run of
-# this script on a machine without a GPU.
+# this script on a machine without a GPU. EMBPS_E2E_SERVER names another server binary for both
+# servers (no GPU probe then): tests/unit/engine_sim's embps-server-sim runs the whole flow on
+# the simulated CUDA runtime (SIM_CUDA_DEVICES=1). EMBPS_E2E_BENCH_S: seconds per bench (5).
 set -uo pipefail
 
 BUILD=${1:?usage: e2e_cuda.sh BUILD_DIR [OUT_DIR]}
@@ -23,7 +25,8 @@ OUTD=${2:-$(mktemp -d /tmp/embps-e2e.XXXXXX)}
 DEVICE=${EMBPS_DEVICE:-0}
 BACKEND=${EMBPS_E2E_BACKEND:-cuda}
 export EMBPS_DEVICE=$DEVICE
-SERVER=$BUILD/bin/embps-server
+SERVER=${EMBPS_E2E_SERVER:-$BUILD/bin/embps-server}
+BENCH_S=${EMBPS_E2E_BENCH_S:-5}
 CLI=$BUILD/bin/embps
 PROBE=$BUILD/bin/bench_kernels_gpu
 mkdir -p "$OUTD"
@@ -41,7 +44,7 @@ if ! grep -qw "$BACKEND" <<<"$backend_help"; then
   echo "SKIP e2e: server has no CUDA backend yet (--backend: $(head -1 <<<"$backend_help" | sed 's/^ *--backend *//'))"
   exit 77
 fi
-if [ "$BACKEND" = cuda ] && [ -x "$PROBE" ]; then
+if [ "$BACKEND" = cuda ] && [ -z "${EMBPS_E2E_SERVER:-}" ] && [ -x "$PROBE" ]; then
   "$PROBE" --probe --device "$DEVICE"
   rc=$?
   if [ "$rc" -eq 77 ]; then
@@ -165,7 +168,7 @@ fi
 for kind in lookup push; do
   ratio=0
   [ "$kind" = push ] && ratio=1
-  cli cuda bench e2e_f32 --batch 65536 --duration 5 --zipf 1.05 --push-ratio "$ratio" --json \
+  cli cuda bench e2e_f32 --batch 65536 --duration "$BENCH_S" --zipf 1.05 --push-ratio "$ratio" --json \
     >"$OUTD/bench-$kind.json" 2>"$OUTD/bench-$kind.err" || fail "bench ($kind): $(cat "$OUTD/bench-$kind.err")"
   j=$(cat "$OUTD/bench-$kind.json")
   field() { grep -o "\"$1\":[0-9.eE+-]*" <<<"$j" | head -1 | cut -d: -f2; }

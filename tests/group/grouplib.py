@@ -90,14 +90,15 @@ def pick_ports(n):
 # ---- processes ------------------------------------------------------------------------------------
 
 class Proc:
-    """One embps-server process with its output in a log file."""
+    """One embps-server process (binary: server_binary() unless given) with its output in a log
+    file; env adds to this process's environment."""
 
-    def __init__(self, args, env=None):
+    def __init__(self, args, env=None, binary=None):
         self.args = args
         self.log = tempfile.NamedTemporaryFile(prefix="embps-group-", suffix=".log", delete=False)
         full_env = dict(os.environ)
         full_env.update(env or {})
-        self.proc = subprocess.Popen([server_binary(), *args], stdout=self.log,
+        self.proc = subprocess.Popen([binary or server_binary(), *args], stdout=self.log,
                                      stderr=subprocess.STDOUT, env=full_env)
         self.pid = self.proc.pid
 
@@ -165,11 +166,14 @@ class GroupStartError(RuntimeError):
 
 
 class Group:
-    """N ranks on loopback. flags go to every rank; rank_flags[r] (optional) to rank r only.
-    Retries with new ports when a start fails (a port lost to another process)."""
+    """N ranks on loopback. flags go to every rank; rank_flags[r] (optional) to rank r only;
+    binary and env as for Proc. Retries with new ports when a start fails (a port lost to another
+    process)."""
 
-    def __init__(self, n, *flags, rank_flags=None, attempts=3, ready_timeout=60.0):
+    def __init__(self, n, *flags, rank_flags=None, attempts=3, ready_timeout=60.0, binary=None,
+                 env=None):
         self.n = n
+        self.binary, self.env = binary, env
         self.procs = []
         last = ""
         for attempt in range(attempts):
@@ -190,7 +194,7 @@ class Group:
         for r in range(self.n):
             args = ["--rank", str(r), "--peers", self.peers, "--peer-port-offset",
                     str(self.offset), *flags, *rank_flags.get(r, [])]
-            self.procs.append(Proc(args))
+            self.procs.append(Proc(args, env=self.env, binary=self.binary))
         deadline = time.time() + ready_timeout
         for r, p in enumerate(self.procs):
             pat = "listening on 127.0.0.1:%d" % self.ports[r]

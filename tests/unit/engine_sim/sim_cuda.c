@@ -109,6 +109,9 @@ static struct CUstream_st *streams; /* every stream ever created, legacy ones in
 static struct CUevent_st *events;
 static size_t page_size;
 static struct sigaction previous_segv;
+/* For SIM_CUDA_REPORT: allocations made per device, and what cudaPointerGetAttributes found. */
+static size_t device_allocs_made[SIM_CUDA_MAX_DEVICES], pinned_allocs_made[SIM_CUDA_MAX_DEVICES];
+static size_t queries_pinned, queries_device, queries_pageable;
 
 /* ---- failing loudly ------------------------------------------------------------------------- */
 
@@ -662,6 +665,7 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
     protect(p, span - page_size, 0);
   ar->live++;
   device_bytes[d] += size;
+  device_allocs_made[d]++;
   *devPtr = p;
   return done(cudaSuccess);
 }
@@ -708,6 +712,7 @@ cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
   a->size = size;
   a->pinned = 1;
   a->device = current_device;
+  pinned_allocs_made[current_device]++;
   sim_cuda_poison(p, size);
   *pHost = p;
   return done(cudaSuccess);
@@ -741,15 +746,18 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attributes, c
   memset(attributes, 0, sizeof(*attributes));
   a = find_alloc(ptr);
   if (!a) {
+    queries_pageable++;
     attributes->type = cudaMemoryTypeUnregistered;
     attributes->device = cudaInvalidDeviceId;
     attributes->hostPointer = (void *)ptr;
   } else if (a->pinned) {
+    queries_pinned++;
     attributes->type = cudaMemoryTypeHost;
     attributes->device = a->device;
     attributes->devicePointer = (void *)ptr; /* mapped, as every pinned allocation under UVA */
     attributes->hostPointer = (void *)ptr;
   } else {
+    queries_device++;
     attributes->type = cudaMemoryTypeDevice;
     attributes->device = a->device;
     attributes->devicePointer = (void *)ptr;
@@ -975,5 +983,35 @@ void sim_cuda_device_access_begin(int device) {
 void sim_cuda_device_access_end(int device) {
   lock();
   close_device(device);
+  unlock();
+}
+
+/* SIM_CUDA_REPORT=1: at exit, what the process did with each device it used and what it left
+ * behind, for tests that run the simulator inside a server process and can only read its log.
+ * The lock is only tried: a thread still inside the simulator at exit must not hang it. */
+__attribute__((destructor)) static void report_at_exit(void) {
+  const char *env = getenv("SIM_CUDA_REPORT");
+  if (!env || !*env || strcmp(env, "0") == 0)
+    return;
+  pthread_once(&once, init);
+  if (pthread_mutex_trylock(&mu) != 0) {
+    fprintf(stderr, "sim_cuda report: the simulator is busy at exit; no report\n");
+    return;
+  }
+  for (int d = 0; d < SIM_CUDA_MAX_DEVICES; d++) {
+    size_t da, pa, ns, ne;
+    if (!device_allocs_made[d] && !pinned_allocs_made[d])
+      continue;
+    sim_cuda_live(d, &da, &pa, &ns, &ne);
+    fprintf(stderr,
+            "sim_cuda report: device %d: %zu device and %zu pinned allocations made; live at "
+            "exit: %zu device allocations, %zu pinned allocations, %zu streams, %zu events, %zu "
+            "queued operations\n",
+            d, device_allocs_made[d], pinned_allocs_made[d], da, pa, ns, ne,
+            sim_cuda_pending_device(d));
+  }
+  fprintf(stderr,
+          "sim_cuda report: pointer queries: %zu pinned host, %zu device, %zu pageable host\n",
+          queries_pinned, queries_device, queries_pageable);
   unlock();
 }

@@ -65,4 +65,9 @@ void sim_cuda_set_memory_limit(int device, size_t bytes);
 void sim_cuda_device_access_begin(int device);
 void sim_cuda_device_access_end(int device);
 
+/* With SIM_CUDA_REPORT=1 in the environment, the process prints at exit, for every device it
+ * allocated on, the device and pinned allocations made and the allocations, streams, events and
+ * queued operations still live, and how many cudaPointerGetAttributes queries found pinned host,
+ * device and pageable host memory ("sim_cuda report: ..." lines on stderr). */
+
 #endif

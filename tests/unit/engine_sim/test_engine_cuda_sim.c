@@ -29,6 +29,7 @@
 #include "kernels/cuda/embps_kernels_cuda.h"
 #include "server/engine/engine.h"
 #include "sim_cuda.h"
+#include "sim_nccl.h"
 
 #define WIDTH 12 /* splits over 1, 2, 3 and 4 ranks */
 #define ROWS 40
@@ -259,99 +260,6 @@ static void test_sim_aborts_on_bad_pointers(void **state) {
 
 /* ---- the engine: CPU and simulated CUDA give the same results ------------------------------- */
 
-/* A communicator over device buffers, as the NCCL backend is: it waits for the engine's stream
- * (NCCL enqueues on it and waits for it to be idle) and then moves the bytes with TCP. */
-typedef struct dev_comm {
-  embps_comm_t base;
-  embps_comm_t *tcp;
-  cudaStream_t stream;
-  int device;
-} dev_comm_t;
-
-static embps_status_t dev_enter(dev_comm_t *d, embps_error_t *err) {
-  if (cudaStreamSynchronize(d->stream) != cudaSuccess)
-    return embps_error_set(err, EMBPS_INTERNAL, "stream sync failed");
-  sim_cuda_device_access_begin(d->device);
-  return EMBPS_OK;
-}
-
-static embps_status_t dev_leave(dev_comm_t *d, embps_status_t s) {
-  sim_cuda_device_access_end(d->device);
-  d->base.stats = d->tcp->stats;
-  return s;
-}
-
-static embps_status_t dev_all_gather(embps_comm_t *c, const void *send, size_t bytes, void *recv,
-                                     embps_error_t *err) {
-  dev_comm_t *d = (dev_comm_t *)c;
-  embps_status_t s;
-  sim_cuda_check_device(d->stream, send, bytes, "all_gather: send");
-  sim_cuda_check_device(d->stream, recv, bytes * c->size, "all_gather: recv");
-  if ((s = dev_enter(d, err)) != EMBPS_OK)
-    return s;
-  return dev_leave(d, embps_comm_all_gather(d->tcp, send, bytes, recv, err));
-}
-
-static embps_status_t dev_all_to_all(embps_comm_t *c, const void *send, size_t bytes, void *recv,
-                                     embps_error_t *err) {
-  dev_comm_t *d = (dev_comm_t *)c;
-  embps_status_t s;
-  sim_cuda_check_device(d->stream, send, bytes * c->size, "all_to_all: send");
-  sim_cuda_check_device(d->stream, recv, bytes * c->size, "all_to_all: recv");
-  if ((s = dev_enter(d, err)) != EMBPS_OK)
-    return s;
-  return dev_leave(d, embps_comm_all_to_all(d->tcp, send, bytes, recv, err));
-}
-
-static embps_status_t dev_all_reduce(embps_comm_t *c, void *buf, size_t count,
-                                     embps_comm_type_t type, embps_comm_op_t op,
-                                     embps_error_t *err) {
-  dev_comm_t *d = (dev_comm_t *)c;
-  embps_status_t s;
-  size_t elem = 0;
-  if ((s = embps_comm_check_reduce(c, buf, count, type, op, &elem, err)) != EMBPS_OK)
-    return s;
-  sim_cuda_check_device(d->stream, buf, count * elem, "all_reduce: buf");
-  if ((s = dev_enter(d, err)) != EMBPS_OK)
-    return s;
-  return dev_leave(d, embps_comm_all_reduce(d->tcp, buf, count, type, op, err));
-}
-
-static embps_status_t dev_barrier(embps_comm_t *c, embps_error_t *err) {
-  dev_comm_t *d = (dev_comm_t *)c;
-  embps_status_t s;
-  if ((s = dev_enter(d, err)) != EMBPS_OK)
-    return s;
-  return dev_leave(d, embps_comm_barrier(d->tcp, err));
-}
-
-static void dev_destroy(embps_comm_t *c) {
-  dev_comm_t *d = (dev_comm_t *)c;
-  embps_comm_free(d->tcp);
-  free(d);
-}
-
-static const embps_comm_ops_t dev_comm_ops = {
-    .name = "sim-nccl",
-    .all_gather = dev_all_gather,
-    .all_to_all = dev_all_to_all,
-    .all_reduce = dev_all_reduce,
-    .barrier = dev_barrier,
-    .destroy = dev_destroy,
-};
-
-static embps_comm_t *dev_comm_new(embps_comm_t *tcp, cudaStream_t stream, int device) {
-  dev_comm_t *d = calloc(1, sizeof(*d));
-  assert_non_null(d);
-  d->base.ops = &dev_comm_ops;
-  d->base.rank = tcp->rank;
-  d->base.size = tcp->size;
-  d->tcp = tcp;
-  d->stream = stream;
-  d->device = device;
-  return &d->base;
-}
-
 typedef struct scenario {
   uint32_t size;
   embps_optimizer_t opt;
@@ -563,7 +471,7 @@ static void *rank_main(void *p) {
       free(grads);
       return NULL;
     }
-    comm = dev_comm_new(tcp, stream, (int)a->rank);
+    comm = sim_nccl_wrap(tcp, stream, (int)a->rank);
   }
   if (embps_store_new(&store, a->rank, sc->size, 4) != EMBPS_OK ||
       embps_engine_new(&engine, comm, store, sc->backend, stream) != EMBPS_OK) {
@@ -838,7 +746,7 @@ static void *oom_rank(void *p) {
     snprintf(a->failure, sizeof(a->failure), "setup failed");
     return NULL;
   }
-  comm = dev_comm_new(tcp, stream, (int)a->rank);
+  comm = sim_nccl_wrap(tcp, stream, (int)a->rank);
   if (embps_store_new(&store, a->rank, a->size, 4) != EMBPS_OK ||
       embps_engine_new(&engine, comm, store, EMBPS_BACKEND_CUDA, stream) != EMBPS_OK) {
     snprintf(a->failure, sizeof(a->failure), "setup failed");
