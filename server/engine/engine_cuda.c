@@ -169,33 +169,49 @@ static cudaError_t hgrow(buf_t *b, size_t bytes) {
   return e;
 }
 
-/* Scratch for a batch of T tokens over the group, n of them this rank's, rows of width w
- * (this rank's slice) and W (full) of dtype size ds. */
-static embps_status_t reserve(embps__engine_cuda_t *c, size_t T, size_t n, size_t w, size_t W,
-                              size_t ds, embps_error_t *err) {
+/* Scratch for an op of `kind`: a batch of T tokens over a group of N, n of them this rank's,
+ * rows of width w (this rank's slice) and W (full) of dtype size ds. Only what the op's path
+ * uses is grown (a 1M-token lookup on one rank needs its tokens and its rows, not the
+ * exchange and gradient buffers of a push), since scratch never shrinks and GPU memory is the
+ * tables'. A create needs only the small buffers. */
+static embps_status_t reserve(embps__engine_cuda_t *c, embps_op_kind_t kind, uint32_t N, size_t T,
+                              size_t n, size_t w, size_t W, size_t ds, embps_error_t *err) {
+  const int push = kind == EMBPS_OP_PUSH, lookup = kind == EMBPS_OP_LOOKUP;
+  const int exchange = (push || lookup) && N > 1, dedup = push || exchange;
   embps_status_t ret = EMBPS_OK;
-  size_t dedup_ws = embps_dedup_cuda_workspace_bytes(T);
-  if (T > 0 && dedup_ws == 0)
+  size_t dedup_ws = dedup ? embps_dedup_cuda_workspace_bytes(T) : 0;
+
+  if (dedup && T > 0 && dedup_ws == 0)
     return embps_error_set(err, EMBPS_INTERNAL, "cannot size the dedup workspace for %zu tokens",
                            T);
-  CUDA_CHECK_GOTO(dgrow(&c->tokens, n * sizeof(int64_t)), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->all_tokens, T * sizeof(int64_t)), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->unique, T * sizeof(int64_t)), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->seg, T * sizeof(uint32_t)), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->sorted_pos, T * sizeof(uint32_t)), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->seg_off, (T + 1) * sizeof(uint32_t)), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->num_unique, sizeof(uint32_t)), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->dedup_ws, dedup_ws), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->rs_ws, embps_row_stats_cuda_workspace_bytes(T)), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->row_sumsq, T * sizeof(float)), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->summed, T * w * sizeof(float)), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->send, T * w * ds), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->recv, T * w * ds), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->rows, T * w * ds), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->grads, n * W * ds), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->out, n * W * ds), fail);
   CUDA_CHECK_GOTO(dgrow(&c->figures, 4 * sizeof(uint64_t)), fail);
   CUDA_CHECK_GOTO(hgrow(&c->h_small, 4 * sizeof(uint64_t)), fail);
+  if (!push && !lookup)
+    return EMBPS_OK;
+  CUDA_CHECK_GOTO(dgrow(&c->tokens, n * sizeof(int64_t)), fail);
+  if (exchange) {
+    CUDA_CHECK_GOTO(dgrow(&c->all_tokens, T * sizeof(int64_t)), fail);
+    CUDA_CHECK_GOTO(dgrow(&c->send, T * w * ds), fail);
+    CUDA_CHECK_GOTO(dgrow(&c->recv, T * w * ds), fail);
+  }
+  if (dedup) {
+    CUDA_CHECK_GOTO(dgrow(&c->unique, T * sizeof(int64_t)), fail);
+    CUDA_CHECK_GOTO(dgrow(&c->seg, T * sizeof(uint32_t)), fail);
+    CUDA_CHECK_GOTO(dgrow(&c->sorted_pos, T * sizeof(uint32_t)), fail);
+    CUDA_CHECK_GOTO(dgrow(&c->seg_off, (T + 1) * sizeof(uint32_t)), fail);
+    CUDA_CHECK_GOTO(dgrow(&c->num_unique, sizeof(uint32_t)), fail);
+    CUDA_CHECK_GOTO(dgrow(&c->dedup_ws, dedup_ws), fail);
+  }
+  if (push) {
+    CUDA_CHECK_GOTO(dgrow(&c->grads, n * W * ds), fail);
+    CUDA_CHECK_GOTO(dgrow(&c->summed, T * w * sizeof(float)), fail);
+    CUDA_CHECK_GOTO(dgrow(&c->row_sumsq, T * sizeof(float)), fail);
+    CUDA_CHECK_GOTO(dgrow(&c->rs_ws, embps_row_stats_cuda_workspace_bytes(T)), fail);
+  } else {
+    CUDA_CHECK_GOTO(dgrow(&c->out, n * W * ds), fail);
+    if (exchange)
+      CUDA_CHECK_GOTO(dgrow(&c->rows, T * w * ds), fail); /* the unique rows, U <= T */
+  }
 fail:
   return ret;
 }
@@ -313,7 +329,7 @@ static embps_status_t run_create(embps__engine_cuda_t *c, embps_op_t *op, embps_
   size_t elems;
 
   embps_error_clear(&lerr);
-  if ((ret = reserve(c, 0, 0, 0, 0, 0, err)) != EMBPS_OK) /* the small staging buffers */
+  if ((ret = reserve(c, EMBPS_OP_CREATE_TABLE, 1, 0, 0, 0, 0, 0, err)) != EMBPS_OK)
     return ret;
   if (embps_table_new_shell(&t, cfg, c->comm->rank, c->comm->size) != EMBPS_OK) {
     local = EMBPS_RESOURCE_EXHAUSTED;
@@ -402,7 +418,7 @@ static embps_status_t run_lookup(embps__engine_cuda_t *c, embps_op_t *op, embps_
   embps_status_t ret;
   uint32_t U;
 
-  if ((ret = reserve(c, T, n, w, W, ds, err)) != EMBPS_OK)
+  if ((ret = reserve(c, op->kind, N, T, n, w, W, ds, err)) != EMBPS_OK)
     return ret;
   if (!direct)
     CUDA_CHECK_GOTO(hgrow(&c->h_out, n * row_bytes), exit);
@@ -483,7 +499,7 @@ static embps_status_t run_push(embps__engine_cuda_t *c, embps_op_t *op, embps_er
   embps_opt_params_t p;
   embps_status_t ret;
 
-  if ((ret = reserve(c, T, n, w, W, ds, err)) != EMBPS_OK)
+  if ((ret = reserve(c, op->kind, N, T, n, w, W, ds, err)) != EMBPS_OK)
     return ret;
   small = c->h_small.p;
   atomic_fetch_add_explicit(&t->counters.pushes, 1, memory_order_relaxed);
