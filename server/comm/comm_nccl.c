@@ -72,8 +72,10 @@ static uint64_t now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* 0: no bound, also for a timeout so large that the deadline would wrap. */
 static uint64_t deadline_of(const nccl_comm_t *t) {
-  return t->timeout_ms ? now_ms() + t->timeout_ms : 0;
+  uint64_t now = now_ms();
+  return t->timeout_ms && t->timeout_ms <= UINT64_MAX - now ? now + t->timeout_ms : 0;
 }
 
 /* One step of the wait's back-off; *polls counts the polls made so far. */
@@ -269,7 +271,6 @@ static embps_status_t nccl_all_to_all(embps_comm_t *c, const void *send, size_t 
                                       embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
   uint32_t me = c->rank, size = c->size;
-  bool group_open = false;
   embps_status_t ret = check_usable(t, err);
   if (ret != EMBPS_OK)
     return ret;
@@ -289,29 +290,38 @@ static embps_status_t nccl_all_to_all(embps_comm_t *c, const void *send, size_t 
                                   cudaMemcpyDeviceToDevice, t->stream),
                   fail);
   /* One group, so every pair's send and receive progress together: no rank waits on a peer
-   * that is itself waiting to send elsewhere. With one rank the group is empty. */
+   * that is itself waiting to send elsewhere. With one rank the group is empty. A failed send
+   * or receive still closes the group before the communicator is aborted: the open group holds
+   * operations on it, and a group left open would swallow this thread's every later NCCL call. */
   NCCL_CHECK_GOTO(t, ncclGroupStart(), fail);
-  group_open = true;
-  for (uint32_t p = 0; p < size; p++) {
+  ncclResult_t rc = ncclSuccess;
+  const char *what = "ncclGroupEnd";
+  for (uint32_t p = 0; p < size && (rc == ncclSuccess || rc == ncclInProgress); p++) {
     if (p == me)
       continue;
-    NCCL_CHECK_GOTO(
-        t, ncclSend(s + (size_t)p * bytes, bytes, ncclUint8, (int)p, t->comm, t->stream), fail);
-    NCCL_CHECK_GOTO(
-        t, ncclRecv(r + (size_t)p * bytes, bytes, ncclUint8, (int)p, t->comm, t->stream), fail);
+    what = "ncclSend";
+    rc = ncclSend(s + (size_t)p * bytes, bytes, ncclUint8, (int)p, t->comm, t->stream);
+    if (rc == ncclSuccess || rc == ncclInProgress) {
+      what = "ncclRecv";
+      rc = ncclRecv(r + (size_t)p * bytes, bytes, ncclUint8, (int)p, t->comm, t->stream);
+    }
   }
-  group_open = false;
-  NCCL_CHECK_GOTO(t, ncclGroupEnd(), fail);
+  ncclResult_t end = ncclGroupEnd();
+  if (rc == ncclSuccess || rc == ncclInProgress) {
+    rc = end;
+    what = "ncclGroupEnd";
+  }
+  if (rc != ncclSuccess && rc != ncclInProgress) {
+    ret = BREAK(t, err, status_of_nccl(rc), "%s: %s (%s)", what, ncclGetErrorString(rc),
+                ncclGetLastError(t->comm));
+    goto fail;
+  }
   ret = wait_for(t, "all_to_all", deadline, true, err);
   if (ret == EMBPS_OK)
     count_payload(t, bytes);
 exit:
   return ret;
 fail:
-  /* A group left open would swallow this thread's every later NCCL call; closing it after an
-   * error makes NCCL drop what it holds (the communicator is already aborted). */
-  if (group_open)
-    (void)ncclGroupEnd();
   goto exit;
 }
 
@@ -513,9 +523,8 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
   NCCL_CHECK_GOTO(t, ncclCommInitRankConfig(&t->comm, (int)size, id, (int)rank, &config), fail);
   ret = wait_for(t, "NCCL communicator initialization", deadline, false, err);
   if (ret != EMBPS_OK) {
-    EMBPS_ERROR("embps_comm_nccl_new: rank %u of %u did not join the group (did every rank "
-                "start with the same unique id within %llu ms?)",
-                rank, size, (unsigned long long)timeout_ms);
+    EMBPS_ERROR("embps_comm_nccl_new: rank %u of %u: the communicator did not form: %s", rank, size,
+                err ? err->message : embps_status_str(ret));
     goto fail;
   }
   EMBPS_INFO("comm nccl rank %u/%u on device %d: ready", rank, size, t->device);
