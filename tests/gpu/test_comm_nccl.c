@@ -1,15 +1,17 @@
 /* The NCCL collectives (server/comm/comm_nccl.c) against host references.
  *
  * With one visible device: a 1-rank communicator on device 0. With two or more: that, then 2
- * ranks in 2 threads (devices 0 and 1) with their own communicators. Each rank checks every op
- * against what the TCP backend's contract says it must produce: all_gather (in and out of
- * place, several sizes), all_to_all (equal blocks), all_reduce for f32/f64/u64 sum and max
- * compared BITWISE with a host reduction in rank order 0..size-1 (inputs span many binades, so
- * an f32 sum in another order would round differently once there are 3 or more ranks), barrier,
- * rejected arguments that leave the communicator usable, and the payload stats. With 2 ranks the
- * all_reduce results must also be bitwise identical across ranks, and a communicator that one
- * rank abandons must fail the other's barrier with EMBPS_UNAVAILABLE naming rank 1 within the
- * timeout, and its next call at once.
+ * ranks in 2 threads (devices 0 and 1) with their own communicators (TEST_COMM_NCCL_RANKS ranks
+ * on devices 0..TEST_COMM_NCCL_RANKS-1 when the build defines it, as the simulated build's
+ * 4-rank variant does). Each rank checks every op against what the TCP backend's contract says
+ * it must produce: all_gather (in and out of place, several sizes), all_to_all (equal blocks),
+ * all_reduce for f32/f64/u64 sum and max compared BITWISE with a host reduction in rank order
+ * 0..size-1 (inputs span many binades, so an f32 sum in another order would round differently
+ * once there are 3 or more ranks), barrier, rejected arguments that leave the communicator
+ * usable, and the payload stats. With several ranks the all_reduce results must also be
+ * bitwise identical across ranks, and a communicator that rank 1 abandons must fail rank 0's
+ * barrier with EMBPS_UNAVAILABLE naming rank 1 (with more ranks, the ranks it suspects) within
+ * the timeout, and its next call at once.
  *
  * Device buffers are filled with a marker before every op, so a block the op forgot to write
  * shows up. All test-side copies run on the communicator's stream and are synchronized, so
@@ -30,7 +32,10 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "server/comm/comm.h"
 
-#define MAX_RANKS 2
+#ifndef TEST_COMM_NCCL_RANKS
+#define TEST_COMM_NCCL_RANKS 2
+#endif
+#define MAX_RANKS TEST_COMM_NCCL_RANKS
 #define TIMEOUT_MS 60000      /* a bound so a broken build fails instead of hanging */
 #define FAULT_TIMEOUT_MS 5000 /* the abandoned communicator's bound */
 #define MARK 0xEE             /* device bytes before an op writes them */
@@ -39,8 +44,8 @@ typedef struct rank_ctx {
   uint32_t rank, size;
   int device;
   const uint8_t *id;       /* the communicator every check uses */
-  const uint8_t *fault_id; /* 2 ranks only: the communicator rank 1 abandons */
-  pthread_barrier_t *sync; /* 2 ranks only */
+  const uint8_t *fault_id; /* several ranks only: the communicator rank 1 abandons */
+  pthread_barrier_t *sync; /* several ranks only */
   cudaStream_t stream;
   int failures;
   uint8_t *reduced; /* every all_reduce result, concatenated, for the cross-rank comparison */
@@ -368,8 +373,8 @@ static void check_abandoned(rank_ctx_t *ctx) {
     uint64_t waited = now_ms() - t0;
     CHECK(ctx, st == EMBPS_UNAVAILABLE && err.status == EMBPS_UNAVAILABLE,
           "barrier with rank 1 absent: %s: %s", embps_status_str(st), err.message);
-    CHECK(ctx, strstr(err.message, "rank 1") != NULL, "message does not name rank 1: %s",
-          err.message);
+    CHECK(ctx, strstr(err.message, ctx->size == 2 ? "rank 1" : "ranks 0..") != NULL,
+          "message does not name rank 1 (or the suspects): %s", err.message);
     CHECK(ctx, waited < FAULT_TIMEOUT_MS + 10000, "barrier failed only after %" PRIu64 " ms",
           waited);
     printf("rank 0: barrier with rank 1 absent failed after %" PRIu64 " ms: %s\n", waited,
@@ -479,8 +484,8 @@ int main(void) {
   failures += one.failures;
   free(one.reduced);
 
-  /* Two ranks, one thread and one device each. */
-  if (count >= 2) {
+  /* MAX_RANKS ranks (2 unless the build says otherwise), one thread and one device each. */
+  if (count >= MAX_RANKS) {
     uint8_t id2[EMBPS_NCCL_UNIQUE_ID_BYTES], fault_id[EMBPS_NCCL_UNIQUE_ID_BYTES];
     if (embps_comm_nccl_unique_id(id2, &err) != EMBPS_OK ||
         embps_comm_nccl_unique_id(fault_id, &err) != EMBPS_OK) {
@@ -509,15 +514,17 @@ int main(void) {
     }
     pthread_barrier_destroy(&sync);
     /* Every rank holds bitwise the same all_reduce results. */
-    if (ctx[0].reduced_len == 0 || ctx[0].reduced_len != ctx[1].reduced_len ||
-        memcmp(ctx[0].reduced, ctx[1].reduced, ctx[0].reduced_len) != 0) {
-      fprintf(stderr, "FAIL: all_reduce results differ between rank 0 and rank 1\n");
-      failures++;
-    }
+    for (uint32_t r = 1; r < MAX_RANKS; r++)
+      if (ctx[0].reduced_len == 0 || ctx[0].reduced_len != ctx[r].reduced_len ||
+          memcmp(ctx[0].reduced, ctx[r].reduced, ctx[0].reduced_len) != 0) {
+        fprintf(stderr, "FAIL: all_reduce results differ between rank 0 and rank %u\n", r);
+        failures++;
+      }
     for (uint32_t r = 0; r < MAX_RANKS; r++)
       free(ctx[r].reduced);
   } else {
-    printf("1 device: the 2-rank checks need 2 and were not run\n");
+    printf("%d device(s): the %d-rank checks need %d and were not run\n", count, MAX_RANKS,
+           MAX_RANKS);
   }
   printf("%s (%d failure%s)\n", failures ? "FAILED" : "OK", failures, failures == 1 ? "" : "s");
   return failures ? 1 : 0;
