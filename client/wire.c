@@ -24,28 +24,9 @@
 
 /* ---- protobuf encoding ---- */
 
-size_t embps__pb_put_varint(uint8_t *p, uint64_t v) {
-  size_t n = 0;
-  while (v >= 0x80) {
-    p[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  p[n++] = (uint8_t)v;
-  return n;
-}
-
-size_t embps__pb_varint_size(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    n++;
-  }
-  return n;
-}
-
 /* Field key: number << 3 | wire type (0 varint, 2 length-delimited). */
 static size_t put_key(uint8_t *p, unsigned field, unsigned wire_type) {
-  return embps__pb_put_varint(p, (uint64_t)field << 3 | wire_type);
+  return embps_varint_put(p, (uint64_t)field << 3 | wire_type);
 }
 
 static size_t put_varint_field(uint8_t *p, unsigned field, uint64_t v) {
@@ -53,7 +34,7 @@ static size_t put_varint_field(uint8_t *p, unsigned field, uint64_t v) {
   if (v == 0)
     return 0; /* proto3: a zero scalar is not encoded */
   n = put_key(p, field, 0);
-  return n + embps__pb_put_varint(p + n, v);
+  return n + embps_varint_put(p + n, v);
 }
 
 void embps__grpc_prefix(uint8_t out[5], uint32_t len) {
@@ -75,7 +56,7 @@ embps_status_t embps__batch_frame_build(embps__batch_frame_t *out, const embps__
                            name_len);
   if (name_len > 0) {
     h += put_key(h, 1, 2);
-    h += embps__pb_put_varint(h, name_len);
+    h += embps_varint_put(h, name_len);
     memcpy(h, f->table, name_len);
     h += name_len;
   }
@@ -84,14 +65,14 @@ embps_status_t embps__batch_frame_build(embps__batch_frame_t *out, const embps__
   h += put_varint_field(h, 4, f->shard_count);
   h += put_varint_field(h, 5, f->tokens_per_batch);
   h += put_key(h, 6, 2);
-  h += embps__pb_put_varint(h, f->tokens_bytes);
+  h += embps_varint_put(h, f->tokens_bytes);
   out->head_len = (size_t)(h - out->head);
 
   out->mid_len = put_varint_field(out->mid, 7, (uint64_t)f->dtype);
   out->tail_len = 0;
   if (f->is_push) {
     out->mid_len += put_key(out->mid + out->mid_len, 8, 2);
-    out->mid_len += embps__pb_put_varint(out->mid + out->mid_len, f->grads_bytes);
+    out->mid_len += embps_varint_put(out->mid + out->mid_len, f->grads_bytes);
     out->tail_len = put_varint_field(out->tail, 9, (uint64_t)f->mode);
   }
   body = (out->head_len - 5) + f->tokens_bytes + out->mid_len + (f->is_push ? f->grads_bytes : 0) +

@@ -7,16 +7,9 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "common/varint.h"
 
 /* ---- protobuf encoding ---- */
-
-/** Longest varint: 10 bytes. */
-#define EMBPS__PB_VARINT_MAX 10
-
-/** Writes v as a varint at p; returns the bytes written (1..10). */
-size_t embps__pb_put_varint(uint8_t *p, uint64_t v);
-/** The bytes of v as a varint. */
-size_t embps__pb_varint_size(uint64_t v);
 
 /** The fields of a LookupRequest or PushGradientsRequest (they share field numbers 1..7). */
 typedef struct embps__batch_fields {
@@ -35,7 +28,7 @@ typedef struct embps__batch_fields {
 /** The encoded request around its two bulk fields: the message is
  * head | tokens | mid | gradients | tail, and head starts with the 5-byte gRPC prefix. */
 typedef struct embps__batch_frame {
-  uint8_t head[5 + 5 * 11 + 2 * EMBPS__PB_VARINT_MAX + 1024];
+  uint8_t head[5 + 5 * 11 + 2 * EMBPS_VARINT_MAX + 1024];
   size_t head_len;
   uint8_t mid[32];
   size_t mid_len;

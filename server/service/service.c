@@ -23,6 +23,7 @@
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/shape.h"
+#include "common/varint.h"
 #include "server/service/bufpool.h"
 #include "embps/v1/embps.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -89,16 +90,6 @@ static void fail_call(embps_net_call_t *call, const embps_error_t *err) {
   embps_net_call_fail(call, err->status, err->message);
 }
 
-static size_t put_varint(uint8_t *p, uint64_t v) {
-  size_t n = 0;
-  while (v >= 0x80) {
-    p[n++] = (uint8_t)(v | 0x80);
-    v >>= 7;
-  }
-  p[n++] = (uint8_t)v;
-  return n;
-}
-
 /* Writes LookupResponse's fields 1-4 and the key and length of field 5 (rows); returns the
  * bytes written (at most 48). The rows themselves follow. */
 static size_t put_lookup_header(uint8_t *p, uint64_t batch_id, uint32_t shard_index,
@@ -106,18 +97,18 @@ static size_t put_lookup_header(uint8_t *p, uint64_t batch_id, uint32_t shard_in
   size_t n = 0;
   if (batch_id) {
     p[n++] = 0x08;
-    n += put_varint(p + n, batch_id);
+    n += embps_varint_put(p + n, batch_id);
   }
   if (shard_index) {
     p[n++] = 0x10;
-    n += put_varint(p + n, shard_index);
+    n += embps_varint_put(p + n, shard_index);
   }
   p[n++] = 0x18;
-  n += put_varint(p + n, emb_width);
+  n += embps_varint_put(p + n, emb_width);
   p[n++] = 0x20;
-  n += put_varint(p + n, (uint64_t)dtype);
+  n += embps_varint_put(p + n, (uint64_t)dtype);
   p[n++] = 0x2a;
-  n += put_varint(p + n, rows_bytes);
+  n += embps_varint_put(p + n, rows_bytes);
   return n;
 }
 

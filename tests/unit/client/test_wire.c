@@ -18,7 +18,7 @@ typedef struct msg {
   size_t n;
 } msg_t;
 
-static void put_varint(msg_t *m, uint64_t v) { m->n += embps__pb_put_varint(m->b + m->n, v); }
+static void put_varint(msg_t *m, uint64_t v) { m->n += embps_varint_put(m->b + m->n, v); }
 static void put_key(msg_t *m, unsigned field, unsigned wt) { put_varint(m, field << 3 | wt); }
 static void put_vfield(msg_t *m, unsigned field, uint64_t v) {
   put_key(m, field, 0);
