@@ -55,7 +55,26 @@ struct embps_comm {
   uint32_t rank;
   uint32_t size;
   embps_comm_stats_t stats;
+  embps_status_t broken; /* EMBPS_OK while usable; see embps__comm_break */
+  char broken_msg[400];
 };
+
+/**
+ * For backends: marks c broken with status and the formatted message, logs it at file:line as
+ * "comm <backend> rank R/N: message", and sets err. Every later call then fails at once through
+ * embps__comm_check_usable. Returns status.
+ */
+embps_status_t embps__comm_break(embps_comm_t *c, embps_error_t *err, embps_status_t status,
+                                 const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/** For backends, first in every call: EMBPS_OK, or the failure that broke c. */
+static inline embps_status_t embps__comm_check_usable(const embps_comm_t *c, embps_error_t *err) {
+  if (c->broken == EMBPS_OK)
+    return EMBPS_OK;
+  return embps_error_set(err, c->broken, "communicator unusable after an earlier failure: %s",
+                         c->broken_msg);
+}
 
 /**
  * The TCP backend over already connected stream sockets: fds[r] is a connected socket to rank

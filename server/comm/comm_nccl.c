@@ -61,9 +61,7 @@ typedef struct nccl_comm {
   uint64_t timeout_ms; /* per call and for creation; 0: no bound */
   uint8_t *scratch;    /* device: all_reduce gather buffer, grown to the largest call */
   size_t scratch_cap;
-  uint8_t *token;        /* device: the barrier's one byte (always 0) */
-  embps_status_t broken; /* EMBPS_OK while usable */
-  char broken_msg[400];
+  uint8_t *token; /* device: the barrier's one byte (always 0) */
 } nccl_comm_t;
 
 static uint64_t now_ms(void) {
@@ -116,22 +114,20 @@ static void abort_nccl(nccl_comm_t *t) {
   t->comm = NULL;
 }
 
-/* Aborts NCCL, marks the communicator broken with status and message, logs it at file:line,
- * and reports it. */
+/* Marks the communicator broken (see embps__comm_break) and aborts NCCL. */
 static embps_status_t break_at(nccl_comm_t *t, embps_error_t *err, embps_status_t status,
                                const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 static embps_status_t break_at(nccl_comm_t *t, embps_error_t *err, embps_status_t status,
                                const char *file, int line, const char *fmt, ...) {
+  char msg[sizeof t->base.broken_msg];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(t->broken_msg, sizeof t->broken_msg, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  t->broken = status;
-  embps_log_write(EMBPS_LOG_ERROR, file, line, "comm nccl rank %u/%u: %s", t->base.rank,
-                  t->base.size, t->broken_msg);
+  embps__comm_break(&t->base, err, status, file, line, "%s", msg);
   abort_nccl(t);
-  return embps_error_set(err, status, "%s", t->broken_msg);
+  return status;
 }
 #define BREAK(t, err, status, ...) break_at(t, err, status, __FILE__, __LINE__, __VA_ARGS__)
 
@@ -215,13 +211,6 @@ fail:
   goto exit;
 }
 
-static embps_status_t check_usable(nccl_comm_t *t, embps_error_t *err) {
-  if (t->broken == EMBPS_OK)
-    return EMBPS_OK;
-  return embps_error_set(err, t->broken, "communicator unusable after an earlier failure: %s",
-                         t->broken_msg);
-}
-
 /* Makes the communicator's device current on the calling thread (a no-op when it is). */
 static embps_status_t enter(nccl_comm_t *t, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
@@ -244,7 +233,7 @@ static void count_payload(nccl_comm_t *t, size_t bytes) {
 static embps_status_t nccl_all_gather(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                       embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
-  embps_status_t ret = check_usable(t, err);
+  embps_status_t ret = embps__comm_check_usable(c, err);
   if (ret != EMBPS_OK)
     return ret;
   if ((ret = embps_comm_check_all_gather(c, send, bytes, recv, err)) != EMBPS_OK)
@@ -271,7 +260,7 @@ static embps_status_t nccl_all_to_all(embps_comm_t *c, const void *send, size_t 
                                       embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
   uint32_t me = c->rank, size = c->size;
-  embps_status_t ret = check_usable(t, err);
+  embps_status_t ret = embps__comm_check_usable(c, err);
   if (ret != EMBPS_OK)
     return ret;
   if ((ret = embps_comm_check_all_to_all(c, send, bytes, recv, err)) != EMBPS_OK)
@@ -330,7 +319,7 @@ static embps_status_t nccl_all_reduce(embps_comm_t *c, void *buf, size_t count,
                                       embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
   uint32_t size = c->size;
-  embps_status_t ret = check_usable(t, err);
+  embps_status_t ret = embps__comm_check_usable(c, err);
   if (ret != EMBPS_OK)
     return ret;
   size_t elem = 0;
@@ -389,7 +378,7 @@ fail:
 
 static embps_status_t nccl_barrier(embps_comm_t *c, embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
-  embps_status_t ret = check_usable(t, err);
+  embps_status_t ret = embps__comm_check_usable(c, err);
   if (ret != EMBPS_OK)
     return ret;
   c->stats.calls++;
@@ -414,7 +403,7 @@ static void release(nccl_comm_t *t) {
   int current = -1;
   if (cudaGetDevice(&current) == cudaSuccess && current != t->device)
     (void)cudaSetDevice(t->device);
-  if (t->comm && t->broken == EMBPS_OK) {
+  if (t->comm && t->base.broken == EMBPS_OK) {
     ncclResult_t rc = ncclCommFinalize(t->comm);
     uint64_t deadline = deadline_of(t);
     unsigned polls = 0;
@@ -498,7 +487,6 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
   t->base.size = size;
   t->stream = (cudaStream_t)stream;
   t->timeout_ms = timeout_ms;
-  t->broken = EMBPS_OK;
   uint64_t deadline = deadline_of(t);
   CUDA_CHECK_GOTO(t, cudaGetDevice(&t->device), fail);
   void *token = NULL;

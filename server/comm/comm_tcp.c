@@ -81,8 +81,6 @@ typedef struct tcp_comm {
   uint32_t *pfd_rank;  /* the rank of each pollfd entry */
   uint8_t *scratch;    /* all_reduce gather buffer, grown to the largest call */
   size_t scratch_cap;
-  embps_status_t broken; /* EMBPS_OK while usable */
-  char broken_msg[400];
 } tcp_comm_t;
 
 static const char *kind_name(uint32_t kind) {
@@ -143,26 +141,9 @@ static uint64_t now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* Marks the communicator broken with status and message, logs once, and reports it. */
-static embps_status_t break_comm(tcp_comm_t *t, embps_error_t *err, embps_status_t status,
-                                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static embps_status_t break_comm(tcp_comm_t *t, embps_error_t *err, embps_status_t status,
-                                 const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(t->broken_msg, sizeof t->broken_msg, fmt, ap);
-  va_end(ap);
-  t->broken = status;
-  EMBPS_ERROR("comm tcp rank %u/%u: %s", t->base.rank, t->base.size, t->broken_msg);
-  return embps_error_set(err, status, "%s", t->broken_msg);
-}
-
-static embps_status_t check_usable(tcp_comm_t *t, embps_error_t *err) {
-  if (t->broken == EMBPS_OK)
-    return EMBPS_OK;
-  return embps_error_set(err, t->broken, "communicator unusable after an earlier failure: %s",
-                         t->broken_msg);
-}
+/* Marks the communicator broken (see embps__comm_break). */
+#define break_comm(t, err, status, ...)                                                            \
+  embps__comm_break(&(t)->base, err, status, __FILE__, __LINE__, __VA_ARGS__)
 
 /* Sends what remains of peer r's frame; 1 when done, 0 when the socket is full, -1 on error
  * (errno set; EPIPE or ECONNRESET when the peer went away). */
@@ -405,7 +386,7 @@ static embps_status_t tcp_all_gather(embps_comm_t *c, const void *send, size_t b
                                      embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
   uint32_t me = c->rank;
-  embps_status_t ret = check_usable(t, err);
+  embps_status_t ret = embps__comm_check_usable(c, err);
   if (ret != EMBPS_OK)
     return ret;
   if ((ret = embps_comm_check_all_gather(c, send, bytes, recv, err)) != EMBPS_OK)
@@ -424,7 +405,7 @@ static embps_status_t tcp_all_to_all(embps_comm_t *c, const void *send, size_t b
                                      embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
   uint32_t me = c->rank;
-  embps_status_t ret = check_usable(t, err);
+  embps_status_t ret = embps__comm_check_usable(c, err);
   if (ret != EMBPS_OK)
     return ret;
   if ((ret = embps_comm_check_all_to_all(c, send, bytes, recv, err)) != EMBPS_OK)
@@ -470,7 +451,7 @@ static embps_status_t tcp_all_reduce(embps_comm_t *c, void *buf, size_t count,
                                      embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
   uint32_t me = c->rank, size = c->size;
-  embps_status_t ret = check_usable(t, err);
+  embps_status_t ret = embps__comm_check_usable(c, err);
   if (ret != EMBPS_OK)
     return ret;
   size_t elem = 0;
@@ -523,7 +504,7 @@ static embps_status_t tcp_all_reduce(embps_comm_t *c, void *buf, size_t count,
 
 static embps_status_t tcp_barrier(embps_comm_t *c, embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
-  embps_status_t ret = check_usable(t, err);
+  embps_status_t ret = embps__comm_check_usable(c, err);
   if (ret != EMBPS_OK)
     return ret;
   c->stats.calls++;
@@ -610,7 +591,6 @@ embps_status_t embps_comm_tcp_new(embps_comm_t **out, uint32_t rank, uint32_t si
   t->base.rank = rank;
   t->base.size = size;
   t->timeout_ms = timeout_ms;
-  t->broken = EMBPS_OK;
   *out = &t->base;
   return EMBPS_OK;
 
