@@ -22,27 +22,11 @@
 #include <unistd.h>
 
 #include "client/embps.h"
+#include "tests/system/server_proc.h"
 
 extern char **environ;
 
 #define MAX_FLAGS 32
-
-double group_proc_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-void group_proc_sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
-const char *group_proc_binary(void) {
-  const char *b = getenv("EMBPS_SERVER_BIN");
-  return b && *b ? b : "embps-server";
-}
 
 static uint64_t g_rng;
 
@@ -89,14 +73,6 @@ static int pick_ports(group_proc_t *g) {
   return -1;
 }
 
-static int decode_status(int st) {
-  if (WIFEXITED(st))
-    return WEXITSTATUS(st);
-  if (WIFSIGNALED(st))
-    return 128 + WTERMSIG(st);
-  return -1;
-}
-
 int group_proc_alive(group_proc_t *g, int r) {
   int st;
   if (g->pids[r] <= 0 || g->reaped[r])
@@ -105,7 +81,7 @@ int group_proc_alive(group_proc_t *g, int r) {
   if (w == 0)
     return 1;
   g->reaped[r] = 1;
-  g->exit_codes[r] = w == g->pids[r] ? decode_status(st) : -1;
+  g->exit_codes[r] = w == g->pids[r] ? server_proc_exit_code(st) : -1;
   return 0;
 }
 
@@ -124,18 +100,6 @@ static void dump_log(const group_proc_t *g, int r) {
 void group_proc_dump_logs(const group_proc_t *g) {
   for (int r = 0; r < g->n; r++)
     dump_log(g, r);
-}
-
-static int log_has(const char *path, const char *needle) {
-  FILE *f = fopen(path, "r");
-  char line[1024];
-  int found = 0;
-  if (!f)
-    return 0;
-  while (!found && fgets(line, sizeof(line), f))
-    found = strstr(line, needle) != NULL;
-  fclose(f);
-  return found;
 }
 
 /* SIGKILLs every rank still running, reaps it and removes the logs. */
@@ -171,7 +135,7 @@ static int spawn_rank(group_proc_t *g, int r, const char *const *flags) {
   close(fd);
   snprintf(rank, sizeof(rank), "%d", r);
   snprintf(offset, sizeof(offset), "%d", g->offset);
-  argv[n++] = group_proc_binary();
+  argv[n++] = server_proc_binary();
   argv[n++] = "--rank";
   argv[n++] = rank;
   argv[n++] = "--peers";
@@ -199,7 +163,7 @@ static int spawn_rank(group_proc_t *g, int r, const char *const *flags) {
 
 /* Every rank answers health SERVING through libembps, before the deadline. */
 static int wait_serving(group_proc_t *g, double deadline) {
-  while (group_proc_now_ms() < deadline) {
+  while (server_proc_now_ms() < deadline) {
     embps_client_t *c = NULL;
     embps_client_options_t o;
     embps_error_t err;
@@ -221,14 +185,14 @@ static int wait_serving(group_proc_t *g, double deadline) {
       if (st == EMBPS_OK && serving)
         return 0;
     }
-    group_proc_sleep_ms(50);
+    server_proc_sleep_ms(50);
   }
   fprintf(stderr, "group_proc: the group did not serve in time\n");
   return -1;
 }
 
 static int start_once(group_proc_t *g, const char *const *flags, int ready_timeout_ms) {
-  double deadline = group_proc_now_ms() + ready_timeout_ms;
+  double deadline = server_proc_now_ms() + ready_timeout_ms;
   size_t len = 0;
 
   if (pick_ports(g) != 0)
@@ -243,12 +207,12 @@ static int start_once(group_proc_t *g, const char *const *flags, int ready_timeo
   for (int r = 0; r < g->n; r++) {
     char pat[64];
     snprintf(pat, sizeof(pat), "listening on 127.0.0.1:%d", g->ports[r]);
-    while (!log_has(g->log_paths[r], pat)) {
-      if (!group_proc_alive(g, r) || group_proc_now_ms() >= deadline) {
+    while (!server_proc_log_has(g->log_paths[r], pat)) {
+      if (!group_proc_alive(g, r) || server_proc_now_ms() >= deadline) {
         fprintf(stderr, "group_proc: rank %d did not listen on port %d\n", r, g->ports[r]);
         return -1;
       }
-      group_proc_sleep_ms(10);
+      server_proc_sleep_ms(10);
     }
   }
   return wait_serving(g, deadline);
@@ -272,7 +236,7 @@ int group_proc_start(group_proc_t *g, int n, const char *const *flags, int attem
 }
 
 int group_proc_stop(group_proc_t *g, int timeout_ms, int *codes) {
-  double deadline = group_proc_now_ms() + timeout_ms;
+  double deadline = server_proc_now_ms() + timeout_ms;
   int bad = 0, any = 0;
 
   for (int r = 0; r < g->n; r++)
@@ -286,8 +250,8 @@ int group_proc_stop(group_proc_t *g, int timeout_ms, int *codes) {
   for (int r = 0; r < g->n; r++) {
     if (g->pids[r] <= 0)
       continue;
-    while (group_proc_alive(g, r) && group_proc_now_ms() < deadline)
-      group_proc_sleep_ms(10);
+    while (group_proc_alive(g, r) && server_proc_now_ms() < deadline)
+      server_proc_sleep_ms(10);
     if (group_proc_alive(g, r)) {
       fprintf(stderr, "group_proc: rank %d (pid %d) did not exit %d ms after SIGTERM; killing it\n",
               r, (int)g->pids[r], timeout_ms);

@@ -19,9 +19,6 @@ typedef struct group_proc {
   char servers[GROUP_PROC_MAX_RANKS * 24];   /* "127.0.0.1:P0,127.0.0.1:P1,..." */
 } group_proc_t;
 
-/** The server binary: $EMBPS_SERVER_BIN, else "embps-server" on PATH. Static string. */
-const char *group_proc_binary(void);
-
 /** Starts an n-rank group (flags: NULL-terminated extra flags for every rank, may be NULL) on
  * free loopback ports and waits until every rank logged "listening on" and every rank answers
  * health SERVING through libembps. Every wait is bounded (ready_timeout_ms per attempt); a
@@ -42,11 +39,5 @@ int group_proc_stop(group_proc_t *g, int timeout_ms, int *codes);
 
 /** Prints every rank's log to stderr. */
 void group_proc_dump_logs(const group_proc_t *g);
-
-/** Milliseconds on a monotonic clock. */
-double group_proc_now_ms(void);
-
-/** Sleeps ms milliseconds. */
-void group_proc_sleep_ms(int ms);
 
 #endif

@@ -73,21 +73,23 @@ static int read_port(const char *path) {
   return port;
 }
 
-/* Whether the server's group has formed: it listens before, and answers NOT_SERVING and
- * UNAVAILABLE until then (a race a loaded machine shows). */
-static int group_ready(const char *path) {
+int server_proc_log_has(const char *path, const char *needle) {
   FILE *f = fopen(path, "r");
   char line[1024];
-  int ready = 0;
+  int found = 0;
   if (!f)
     return 0;
-  while (!ready && fgets(line, sizeof(line), f))
-    ready = strstr(line, "the group is ready") != NULL;
+  while (!found && fgets(line, sizeof(line), f))
+    found = strstr(line, needle) != NULL;
   fclose(f);
-  return ready;
+  return found;
 }
 
-static int decode_status(int st) {
+/* Whether the server's group has formed: it listens before, and answers NOT_SERVING and
+ * UNAVAILABLE until then (a race a loaded machine shows). */
+static int group_ready(const char *path) { return server_proc_log_has(path, "the group is ready"); }
+
+int server_proc_exit_code(int st) {
   if (WIFEXITED(st))
     return WEXITSTATUS(st);
   if (WIFSIGNALED(st))
@@ -103,7 +105,7 @@ int server_proc_alive(server_proc_t *s) {
   if (r == 0)
     return 1;
   s->reaped = 1;
-  s->exit_code = r == s->pid ? decode_status(st) : -1;
+  s->exit_code = r == s->pid ? server_proc_exit_code(st) : -1;
   return 0;
 }
 

@@ -41,4 +41,10 @@ double server_proc_now_ms(void);
 /** Sleeps ms milliseconds. */
 void server_proc_sleep_ms(int ms);
 
+/** Whether the file at path (a server's log) has a line containing needle. */
+int server_proc_log_has(const char *path, const char *needle);
+
+/** A waitpid status as server_proc_stop reports it: the exit code, or 128+signal. */
+int server_proc_exit_code(int wait_status);
+
 #endif
