@@ -368,6 +368,18 @@ static void close_fd(int *fd) {
   }
 }
 
+/* Waits until fd is ready for `events` or the deadline passes (EINTR counts as ready: the
+ * caller retries its call). */
+static io_result_t wait_ready(int fd, short events, uint64_t deadline) {
+  struct pollfd pfd = {.fd = fd, .events = events};
+  int left = remaining_ms(deadline);
+  if (left == 0)
+    return IO_TIMEOUT;
+  if (poll(&pfd, 1, left) < 0 && errno != EINTR)
+    return IO_ERROR;
+  return IO_OK;
+}
+
 /* Sends all n bytes on a non-blocking socket before the deadline. */
 static io_result_t send_all(int fd, const void *buf, size_t n, uint64_t deadline) {
   const uint8_t *p = buf;
@@ -382,12 +394,9 @@ static io_result_t send_all(int fd, const void *buf, size_t n, uint64_t deadline
       continue;
     if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
       return IO_ERROR;
-    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-    int left = remaining_ms(deadline);
-    if (left == 0)
-      return IO_TIMEOUT;
-    if (poll(&pfd, 1, left) < 0 && errno != EINTR)
-      return IO_ERROR;
+    io_result_t w = wait_ready(fd, POLLOUT, deadline);
+    if (w != IO_OK)
+      return w;
   }
   return IO_OK;
 }
@@ -408,12 +417,9 @@ static io_result_t recv_all(int fd, void *buf, size_t n, uint64_t deadline) {
       continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK)
       return IO_ERROR;
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    int left = remaining_ms(deadline);
-    if (left == 0)
-      return IO_TIMEOUT;
-    if (poll(&pfd, 1, left) < 0 && errno != EINTR)
-      return IO_ERROR;
+    io_result_t w = wait_ready(fd, POLLIN, deadline);
+    if (w != IO_OK)
+      return w;
   }
   return IO_OK;
 }
