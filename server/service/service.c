@@ -64,7 +64,6 @@ typedef struct request {
   request_kind_t kind;
   ProtobufCMessage *msg;
   embps_op_t op;
-  uint64_t batch_id;
   uint32_t shard_index;
   uint8_t *reply; /* lookup: from svc->buffers */
   size_t reply_len;
@@ -259,7 +258,7 @@ static void on_op_done(embps_op_t *op) {
   }
   case REQ_PUSH: {
     Embps__V1__PushGradientsResponse resp = EMBPS__V1__PUSH_GRADIENTS_RESPONSE__INIT;
-    resp.batch_id = r->batch_id;
+    resp.batch_id = r->op.batch_id;
     resp.shard_index = r->shard_index;
     resp.applied = op->applied;
     resp.skipped = op->skipped;
@@ -443,6 +442,19 @@ exit:
   embps__v1__list_tables_request__free_unpacked(req, &svc->pb);
 }
 
+/* The op of a validated lookup or push shard: this rank's tokens of table t. */
+static void set_batch(request_t *r, embps_op_kind_t kind, uint64_t batch_id, uint32_t shard_index,
+                      embps_table_t *t, const ProtobufCBinaryData *tokens) {
+  const size_t n = tokens->len / sizeof(int64_t);
+  r->shard_index = shard_index;
+  r->op.kind = kind;
+  r->op.batch_id = batch_id;
+  r->op.tokens_per_batch = (uint32_t)(n * embps_group_size(r->svc->group));
+  r->op.table = t;
+  r->op.tokens = (const int64_t *)tokens->data;
+  r->op.num_tokens = n;
+}
+
 static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
                           size_t len) {
   Embps__V1__LookupRequest *req = embps__v1__lookup_request__unpack(&svc->pb, len, msg);
@@ -479,14 +491,7 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
   }
   memcpy(r->reply, header, head);
   r->reply_len = head + rows_bytes;
-  r->batch_id = req->batch_id;
-  r->shard_index = req->shard_index;
-  r->op.kind = EMBPS_OP_LOOKUP;
-  r->op.batch_id = req->batch_id;
-  r->op.tokens_per_batch = (uint32_t)(n * embps_group_size(svc->group));
-  r->op.table = t;
-  r->op.tokens = (const int64_t *)req->tokens.data;
-  r->op.num_tokens = n;
+  set_batch(r, EMBPS_OP_LOOKUP, req->batch_id, req->shard_index, t, &req->tokens);
   r->op.rows_out = r->reply + head;
   submit(r);
 }
@@ -533,21 +538,14 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
     embps_error_set(&err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
     goto fail;
   }
-  r->batch_id = req->batch_id;
-  r->shard_index = req->shard_index;
-  r->op.kind = EMBPS_OP_PUSH;
-  r->op.batch_id = req->batch_id;
-  r->op.tokens_per_batch = (uint32_t)(n * embps_group_size(svc->group));
-  r->op.table = t;
-  r->op.tokens = (const int64_t *)req->tokens.data;
-  r->op.num_tokens = n;
+  set_batch(r, EMBPS_OP_PUSH, req->batch_id, req->shard_index, t, &req->tokens);
   r->op.grads = req->gradients.data;
   submit(r);
   if (async) {
     /* Ordered: the group runs this connection's batches in arrival order on every rank, so
      * every later lookup sees it. */
     Embps__V1__PushGradientsResponse resp = EMBPS__V1__PUSH_GRADIENTS_RESPONSE__INIT;
-    resp.batch_id = r->batch_id;
+    resp.batch_id = r->op.batch_id;
     resp.shard_index = r->shard_index;
     resp.ordered = 1;
     r->call = NULL;
