@@ -76,16 +76,41 @@ void embps_expand_cpu(const void *src, embps_dtype_t dtype, size_t width,
 void embps_segment_sum_cpu(const void *grads, embps_dtype_t dtype, size_t width,
                            const uint32_t *segment_ids, size_t n, size_t num_unique, float *out);
 
-/* ---- finite check and norm ------------------------------------------------------------------ */
+/* ---- row statistics: finite check, norm, rowwise mean square -------------------------------- */
+
+/** Columns per row-statistics block: partial sums of squares are taken over blocks of this many
+ * columns, the same blocks whichever rank holds them (see row_stats.c). */
+#define EMBPS_ROW_STATS_BLOCK 32
 
 /**
- * For an n x width f32 array: writes each row's sum of squares to row_sumsq (when not NULL),
- * adds the total sum of squares to *total_sumsq (when not NULL; in double), and returns the
- * number of non-finite elements (NaN or +-inf). The sums of a row whose elements are not all
- * finite are not meaningful.
+ * The block a slice of `width` columns uses: EMBPS_ROW_STATS_BLOCK when it divides width,
+ * otherwise their greatest common divisor (so blocks never straddle two ranks' slices). A group
+ * whose shard width is a multiple of EMBPS_ROW_STATS_BLOCK gets row sums bitwise equal to one
+ * rank's; other groups get the same sums to rounding. 0 for width 0.
  */
-size_t embps_row_stats_cpu(const float *g, size_t n, size_t width, float *row_sumsq,
-                           double *total_sumsq);
+size_t embps_row_stats_block(size_t width);
+
+/** A block's double sum of squares as the partial that is exchanged: rounded to f32, and
+ * FLT_MAX instead of infinity when the sum is finite. */
+float embps_row_stats_partial(double sumsq);
+
+/**
+ * Per-block sums of squares of an n x width f32 array g: partials[i * nb + b], nb = width /
+ * block, is the sum of squares of row i's columns [b * block, (b + 1) * block), in double,
+ * through embps_row_stats_partial. block must divide width (embps_row_stats_block does).
+ */
+void embps_row_partials_cpu(const float *g, size_t n, size_t width, size_t block, float *partials);
+
+/**
+ * Combines the partials of `slices` column slices in column order. partials holds slice r's
+ * n x nb partials at partials + r * n * nb (what an all-gather of every rank's partials gives).
+ * Row i's sum is the double sum of its partials, slice by slice and block by block; its f32
+ * rounding goes to row_sumsq[i] (when not NULL), and the sum of the rows' sums in row order is
+ * ADDED to *total_sumsq (when not NULL). Returns the number of rows whose sum is not finite:
+ * the rows holding a NaN or an infinity.
+ */
+size_t embps_row_combine_cpu(const float *partials, size_t slices, size_t n, size_t nb,
+                             float *row_sumsq, double *total_sumsq);
 
 /* ---- fused optimizer updates ---------------------------------------------------------------- */
 
@@ -132,7 +157,8 @@ void embps_update_adagrad_cpu(void *table, embps_dtype_t dtype, size_t width, co
  * Row-wise Adagrad. accum: num_rows f32 (one per row).
  * row_sumsq[i] is the sum over the row's full width (all column slices) of g^2; full_width is
  * the table's emb_width. a = a*decay + row_sumsq[i] / full_width; w -= lr * g / (sqrt(a) + eps).
- * The caller computes row_sumsq with embps_row_stats_cpu (in a group, all-reduced over ranks).
+ * The caller computes row_sumsq with embps_row_partials_cpu and embps_row_combine_cpu (in a
+ * group, over every rank's partials).
  */
 void embps_update_rowwise_adagrad_cpu(void *table, embps_dtype_t dtype, size_t width,
                                       const int64_t *rows, size_t n, const float *grad,

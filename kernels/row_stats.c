@@ -1,27 +1,49 @@
-/* Row statistics: per-row and total sums of squares, and the non-finite count.
+/* Row statistics: the sums of squares of gradient rows, in column blocks that every group size
+ * computes alike.
  *
- * Each row is squared and summed in double, in EMBPS_LANES interleaved partial sums that are
- * combined in a fixed order at the end: independent lanes let the compiler vectorize a
- * reduction it may not reorder, and the order (hence the result) never changes. In double the
- * error of the sum stays far below the final f32 rounding for any realistic width (a naive
- * f32 running sum loses small squares next to a large one), and double
- * cannot overflow for finite f32 input (FLT_MAX^2 ~ 1e77), so a row's double sum is finite if
- * and only if every element of the row is. That gives the non-finite check for free: only a
- * row whose sum is not finite is scanned again to count its NaNs and infinities. The total is
- * the sum of the rows' double sums in row order. */
+ * A group splits a table's columns over its ranks, and every rank needs each row's sum of
+ * squares over the full width (rowwise Adagrad's mean square, the gradient norm, the finite
+ * check). If each rank summed its whole slice and the ranks then added their sums, the order
+ * of the additions would change with the group size, and so would the last bit of the table.
+ * Instead the sum is taken over fixed blocks of EMBPS_ROW_STATS_BLOCK columns (the partials),
+ * which are the same numbers whichever rank holds the block, and the partials of a row are
+ * added in column order (the combine). So a group whose shard width is a multiple of the block
+ * gives a row sum equal bit for bit to one rank's.
+ *
+ * A block is squared and summed in double, in EMBPS_LANES interleaved partial sums added in a
+ * fixed order at the end: independent lanes let the compiler vectorize a reduction it may not
+ * reorder. Double cannot overflow for finite f32 input (FLT_MAX^2 ~ 1e77), so a block's sum is
+ * finite if and only if every element of the block is; the partial is that sum rounded to f32
+ * (which is what the group exchanges: half the bytes of a double), saturating at FLT_MAX so
+ * that a partial, too, is finite exactly when its elements are. The combine adds a row's
+ * partials in double, so a row's sum is finite if and only if the row is: the finite check
+ * costs nothing more. The total is the sum of the rows' double sums in row order. */
+#include <float.h>
 #include <math.h>
 
 #include "kernels/embps_kernels.h"
 
 #define EMBPS_LANES 8
 
-static double row_sumsq_f64(const float *restrict g, size_t width) {
+size_t embps_row_stats_block(size_t width) {
+  size_t a = EMBPS_ROW_STATS_BLOCK, b = width;
+  if (width == 0)
+    return 0;
+  while (b) { /* gcd: the block itself whenever it divides the width */
+    size_t r = a % b;
+    a = b;
+    b = r;
+  }
+  return a;
+}
+
+static double block_sumsq(const float *restrict g, size_t len) {
   double lane[EMBPS_LANES] = {0};
   size_t j = 0;
-  for (; j + EMBPS_LANES <= width; j += EMBPS_LANES)
+  for (; j + EMBPS_LANES <= len; j += EMBPS_LANES)
     for (size_t l = 0; l < EMBPS_LANES; l++)
       lane[l] += (double)g[j + l] * (double)g[j + l];
-  for (size_t l = 0; j < width; j++, l++)
+  for (size_t l = 0; j < len; j++, l++)
     lane[l] += (double)g[j] * (double)g[j];
   double s = 0.0;
   for (size_t l = 0; l < EMBPS_LANES; l++)
@@ -29,17 +51,30 @@ static double row_sumsq_f64(const float *restrict g, size_t width) {
   return s;
 }
 
-size_t embps_row_stats_cpu(const float *g, size_t n, size_t width, float *row_sumsq,
-                           double *total_sumsq) {
+float embps_row_stats_partial(double sumsq) {
+  float f = (float)sumsq;
+  return isinf(f) && isfinite(sumsq) ? FLT_MAX : f;
+}
+
+void embps_row_partials_cpu(const float *g, size_t n, size_t width, size_t block, float *partials) {
+  const size_t nb = block ? width / block : 0;
+  for (size_t i = 0; i < n; i++)
+    for (size_t b = 0; b < nb; b++)
+      partials[i * nb + b] = embps_row_stats_partial(block_sumsq(g + i * width + b * block, block));
+}
+
+size_t embps_row_combine_cpu(const float *partials, size_t slices, size_t n, size_t nb,
+                             float *row_sumsq, double *total_sumsq) {
   size_t bad = 0;
   double total = 0.0;
   for (size_t i = 0; i < n; i++) {
-    const float *row = g + i * width;
-    double s = row_sumsq_f64(row, width);
-    if (!isfinite(s)) {
-      for (size_t j = 0; j < width; j++)
-        bad += !isfinite(row[j]);
+    double s = 0.0;
+    for (size_t r = 0; r < slices; r++) {
+      const float *p = partials + (r * n + i) * nb;
+      for (size_t b = 0; b < nb; b++)
+        s += (double)p[b];
     }
+    bad += !isfinite(s);
     if (row_sumsq)
       row_sumsq[i] = (float)s;
     total += s;

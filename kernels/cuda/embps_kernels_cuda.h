@@ -16,9 +16,9 @@
  *   conversions trivially; segment sum, weight decay, the updates and each row's sum of
  *   squares because every output is computed with the same f32/f64 operations in the same
  *   order as on the CPU (no FMA contraction on either side, IEEE division and sqrt). The one
- *   exception is row stats' total, summed by a deterministic tree instead of in row order:
- *   identical run after run on any GPU, within rounding of the CPU's total. A NaN produced by
- *   arithmetic may carry a different payload than on the CPU (it is NaN on both).
+ *   exception is the row combine's total, summed by a deterministic tree instead of in row
+ *   order: identical run after run on any GPU, within rounding of the CPU's total. A NaN produced
+ * by arithmetic may carry a different payload than on the CPU (it is NaN on both).
  * - The stream is a cudaStream_t from <cuda_runtime_api.h> (plain C); 0 is the legacy default
  *   stream. */
 #ifndef EMBPS_KERNELS_CUDA_H
@@ -97,24 +97,31 @@ embps_status_t embps_segment_sum_cuda(const void *grads, embps_dtype_t dtype, si
                                       const uint32_t *segment_offsets, size_t num_unique,
                                       float *out, cudaStream_t stream);
 
-/* ---- finite check and norm ------------------------------------------------------------------ */
+/* ---- row statistics ------------------------------------------------------------------------ */
 
-/** Bytes of workspace that embps_row_stats_cuda needs for n rows (device independent). */
-size_t embps_row_stats_cuda_workspace_bytes(size_t n);
+/** embps_row_partials_cpu on the device: bit for bit the CPU's partials.
+ * Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (block not dividing width, grid too large),
+ * EMBPS_INTERNAL. */
+embps_status_t embps_row_partials_cuda(const float *g, size_t n, size_t width, size_t block,
+                                       float *partials, cudaStream_t stream);
+
+/** Bytes of workspace that embps_row_combine_cuda needs for n rows (device independent). */
+size_t embps_row_combine_cuda_workspace_bytes(size_t n);
 
 /**
- * embps_row_stats_cpu on the device, for an n x width f32 array g:
- * - row_sumsq (n entries, may be NULL): each row's sum of squares, bit for bit the CPU's.
- * - total_sumsq (1 double, may be NULL): the total sum of squares is ADDED to it, like the CPU.
- * - num_nonfinite (1 uint64, may be NULL): OVERWRITTEN with the number of NaN/inf elements
- *   (the CPU's return value).
- * workspace: embps_row_stats_cuda_workspace_bytes(n) bytes, 8-byte aligned; only used when
- * total_sumsq or num_nonfinite is requested (may be NULL otherwise).
+ * embps_row_combine_cpu on the device, for `slices` x n x nb partials:
+ * - row_sumsq (n entries, may be NULL): each row's sum, bit for bit the CPU's.
+ * - total_sumsq (1 double, may be NULL): the total is ADDED to it, like the CPU (by a fixed
+ *   tree: the same on every run and GPU, equal to the CPU's to rounding).
+ * - num_bad (1 uint64, may be NULL): OVERWRITTEN with the number of rows whose sum is not
+ *   finite (the CPU's return value).
+ * workspace: embps_row_combine_cuda_workspace_bytes(n) bytes, 8-byte aligned; only used when
+ * total_sumsq or num_bad is requested (may be NULL otherwise).
  * Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (NULL workspace when needed), EMBPS_INTERNAL.
  */
-embps_status_t embps_row_stats_cuda(const float *g, size_t n, size_t width, float *row_sumsq,
-                                    double *total_sumsq, uint64_t *num_nonfinite, void *workspace,
-                                    cudaStream_t stream);
+embps_status_t embps_row_combine_cuda(const float *partials, size_t slices, size_t n, size_t nb,
+                                      float *row_sumsq, double *total_sumsq, uint64_t *num_bad,
+                                      void *workspace, cudaStream_t stream);
 
 /* ---- fused optimizer updates ---------------------------------------------------------------- */
 /* Same contracts as the _cpu updates: rows distinct, grad n x width f32, state indexed by the

@@ -486,7 +486,8 @@ static void admit(embps_group_t *g, embps_op_t *op) {
   d.kind = (uint32_t)op->kind;
   d.tokens_per_batch = op->tokens_per_batch;
   snprintf(d.table, sizeof(d.table), "%s",
-           op->kind == EMBPS_OP_CREATE_TABLE ? op->create.name : op->table->config.name);
+           op->kind == EMBPS_OP_CREATE_TABLE ? op->create.name
+                                             : embps_table_config(op->table)->name);
   if (is_leader(g))
     embps_sequencer_arrive(g->seq, 0, &d, now_ms());
   else if (send_notice(g, &d) != EMBPS_OK)

@@ -172,17 +172,18 @@ static embps_status_t validate_batch(embps_service_t *svc, const char *table_nam
                            "needs %u",
                            shard_index, n, tokens_per_batch, shard_count,
                            tokens_per_batch / shard_count);
-  if (dtype != 0 && dtype != (int)t->config.dtype)
-    return embps_error_set(
-        err, EMBPS_INVALID_ARGUMENT, "dtype mismatch: table '%s' stores %s, the request carries %s",
-        t->config.name, embps_dtype_name(t->config.dtype), embps_dtype_name(dtype));
+  if (dtype != 0 && dtype != (int)embps_table_config(t)->dtype)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "dtype mismatch: table '%s' stores %s, the request carries %s",
+                           embps_table_config(t)->name,
+                           embps_dtype_name(embps_table_config(t)->dtype), embps_dtype_name(dtype));
   tok = (const int64_t *)tokens->data;
   for (size_t i = 0; i < n; i++) {
-    if (tok[i] < 0 || (uint64_t)tok[i] >= t->config.rows)
+    if (tok[i] < 0 || (uint64_t)tok[i] >= embps_table_config(t)->rows)
       return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                              "token %lld at position %zu is outside [0, %llu) of table '%s'",
-                             (long long)tok[i], i, (unsigned long long)t->config.rows,
-                             t->config.name);
+                             (long long)tok[i], i, (unsigned long long)embps_table_config(t)->rows,
+                             embps_table_config(t)->name);
   }
   *table = t;
   return EMBPS_OK;
@@ -224,7 +225,8 @@ static void on_op_done(embps_op_t *op) {
   svc->inflight--;
   if (!r->call) { /* async push, answered when it was ordered */
     if (op->error.status != EMBPS_OK)
-      EMBPS_WARN("async push to '%s' failed: %s", op->table->config.name, op->error.message);
+      EMBPS_WARN("async push to '%s' failed: %s", embps_table_config(op->table)->name,
+                 op->error.message);
     request_free(r);
     return;
   }
@@ -240,13 +242,14 @@ static void on_op_done(embps_op_t *op) {
     Embps__V1__CreateTableResponse resp = EMBPS__V1__CREATE_TABLE_RESPONSE__INIT;
     Embps__V1__TableSpec spec = EMBPS__V1__TABLE_SPEC__INIT;
     Embps__V1__OptimizerConfig opt = EMBPS__V1__OPTIMIZER_CONFIG__INIT;
-    const embps_table_config_t *c = &op->created->config;
+    const embps_table_config_t *c = embps_table_config(op->created);
     spec_from_table(op->created, &spec, &opt);
     resp.spec = &spec;
     resp.group_size = embps_group_size(svc->group);
     EMBPS_INFO("created table '%s': rows=%llu emb_width=%u %s %s, %llu bytes on this rank", c->name,
                (unsigned long long)c->rows, c->emb_width, embps_dtype_name(c->dtype),
-               embps_optimizer_name(c->optimizer), (unsigned long long)op->created->bytes);
+               embps_optimizer_name(c->optimizer),
+               (unsigned long long)embps_table_bytes(op->created));
     reply_message(r->call, &resp.base);
     break;
   }
@@ -384,7 +387,7 @@ exit:
 
 static void spec_from_table(const embps_table_t *t, Embps__V1__TableSpec *spec,
                             Embps__V1__OptimizerConfig *o) {
-  const embps_table_config_t *c = &t->config;
+  const embps_table_config_t *c = embps_table_config(t);
   spec->name = (char *)c->name;
   spec->rows = c->rows;
   spec->emb_width = c->emb_width;
@@ -475,9 +478,11 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
     return;
   }
   n = req->tokens.len / sizeof(int64_t);
-  rows_bytes = n * t->config.emb_width * embps_dtype_size(t->config.dtype);
-  head = put_lookup_header(header, req->batch_id, req->shard_index, t->config.emb_width,
-                           t->config.dtype, rows_bytes);
+  rows_bytes =
+      n * embps_table_config(t)->emb_width * embps_dtype_size(embps_table_config(t)->dtype);
+  head =
+      put_lookup_header(header, req->batch_id, req->shard_index, embps_table_config(t)->emb_width,
+                        embps_table_config(t)->dtype, rows_bytes);
   r = request_new(svc, call, REQ_LOOKUP, &req->base);
   if (!r || !(r->reply = embps__bufpool_get(svc->buffers, head + rows_bytes))) {
     embps_error_set(&err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte reply",
@@ -514,18 +519,18 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
                      &req->tokens, req->dtype, &t, &err) != EMBPS_OK)
     goto fail;
   n = req->tokens.len / sizeof(int64_t);
-  want = n * t->config.emb_width * embps_dtype_size(t->config.dtype);
+  want = n * embps_table_config(t)->emb_width * embps_dtype_size(embps_table_config(t)->dtype);
   if (req->gradients.len != want) {
     embps_error_set(&err, EMBPS_INVALID_ARGUMENT,
                     "gradients hold %zu bytes, but %zu tokens of emb_width=%u %s need %zu",
-                    req->gradients.len, n, t->config.emb_width, embps_dtype_name(t->config.dtype),
-                    want);
+                    req->gradients.len, n, embps_table_config(t)->emb_width,
+                    embps_dtype_name(embps_table_config(t)->dtype), want);
     goto fail;
   }
   async = req->mode == EMBPS__V1__UPDATE_MODE__UPDATE_MODE_ASYNC;
-  if (async &&
-      !embps_optimizer_has_fused_update(t->config.optimizer, embps_group_backend(svc->group))) {
-    embps_shape_async_unsupported(embps_optimizer_name(t->config.optimizer), &err);
+  if (async && !embps_optimizer_has_fused_update(embps_table_config(t)->optimizer,
+                                                 embps_group_backend(svc->group))) {
+    embps_shape_async_unsupported(embps_optimizer_name(embps_table_config(t)->optimizer), &err);
     goto fail;
   }
   if (req->mode != EMBPS__V1__UPDATE_MODE__UPDATE_MODE_SYNC && !async) {
@@ -615,16 +620,16 @@ static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uin
       break;
     }
     embps__v1__table_stats__init(&ts[i]);
-    ts[i].name = t->config.name;
-    ts[i].rows = t->config.rows;
-    ts[i].emb_width = t->config.emb_width;
-    ts[i].lookups = load(&t->counters.lookups);
-    ts[i].pushes = load(&t->counters.pushes);
-    ts[i].rows_looked_up = load(&t->counters.rows_looked_up);
-    ts[i].rows_pushed = load(&t->counters.rows_pushed);
-    ts[i].steps_applied = load(&t->counters.steps_applied);
-    ts[i].steps_skipped = load(&t->counters.steps_skipped);
-    ts[i].bytes = t->bytes;
+    ts[i].name = (char *)embps_table_config(t)->name;
+    ts[i].rows = embps_table_config(t)->rows;
+    ts[i].emb_width = embps_table_config(t)->emb_width;
+    ts[i].lookups = load(&embps_table_counters(t)->lookups);
+    ts[i].pushes = load(&embps_table_counters(t)->pushes);
+    ts[i].rows_looked_up = load(&embps_table_counters(t)->rows_looked_up);
+    ts[i].rows_pushed = load(&embps_table_counters(t)->rows_pushed);
+    ts[i].steps_applied = load(&embps_table_counters(t)->steps_applied);
+    ts[i].steps_skipped = load(&embps_table_counters(t)->steps_skipped);
+    ts[i].bytes = embps_table_bytes(t);
     ptrs[i] = &ts[i];
   }
   resp.n_tables = n;

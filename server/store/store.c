@@ -154,31 +154,84 @@ embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t grou
   return EMBPS_OK;
 }
 
+struct embps_table {
+  embps_table_config_t config;
+  uint32_t col_begin;   /* first column of this rank's slice */
+  uint32_t shard_width; /* columns in this rank's slice */
+  embps_table_arrays_t a;
+  uint64_t step;            /* applied steps (adam's bias correction) */
+  uint64_t bytes;           /* data and state bytes */
+  embps_table_memory_t mem; /* where the arrays live (alloc NULL: host memory) */
+  embps_table_counters_t counters;
+};
+
+static void release(const embps_table_memory_t *mem, void *p) {
+  if (mem->release)
+    mem->release(p);
+  else
+    embps_free(p);
+}
+
 void embps_table_free(embps_table_t *t) {
   if (!t)
     return;
-  if (t->release_arrays) {
-    t->release_arrays(t);
-  } else {
-    embps_free(t->data);
-    embps_free(t->state0);
-    embps_free(t->state1);
-  }
+  release(&t->mem, t->a.data);
+  release(&t->mem, t->a.state0);
+  release(&t->mem, t->a.state1);
   embps_free(t);
 }
 
-embps_status_t embps_table_new_shell(embps_table_t **out, const embps_table_config_t *cfg,
-                                     uint32_t rank, uint32_t group_size) {
+void embps_table_initial_state(const embps_table_t *t, float *state0_value, size_t *state0_elems,
+                               size_t *state1_elems) {
+  const embps_optimizer_info_t *info = embps_optimizer_info(t->config.optimizer);
+  const size_t elems = (size_t)t->config.rows * t->shard_width;
+  /* Adagrad accumulators start at initial_accumulator; adam moments at 0. */
+  *state0_value = t->config.optimizer == EMBPS_OPT_ADAM ? 0.0f : t->config.initial_accumulator;
+  *state0_elems =
+      info->state_per_row ? (size_t)t->config.rows : (info->state_per_element >= 1 ? elems : 0);
+  *state1_elems = info->state_per_element >= 2 ? elems : 0;
+}
+
+embps_status_t embps_table_new_in(embps_table_t **out, const embps_table_config_t *cfg,
+                                  uint32_t rank, uint32_t group_size,
+                                  const embps_table_memory_t *mem) {
   embps_table_t *t = embps_calloc(1, sizeof(*t));
+  size_t s0, s1;
+  float v0;
   if (!t)
     return EMBPS_RESOURCE_EXHAUSTED;
   t->config = *cfg;
   t->shard_width = cfg->emb_width / group_size;
   t->col_begin = rank * t->shard_width;
   t->bytes = embps_table_config_bytes(cfg, group_size);
+  if (mem)
+    t->mem = *mem;
+  embps_table_initial_state(t, &v0, &s0, &s1);
+  {
+    const size_t bytes[3] = {(size_t)cfg->rows * t->shard_width * embps_dtype_size(cfg->dtype),
+                             s0 * sizeof(float), s1 * sizeof(float)};
+    void **arrays[3] = {&t->a.data, (void **)&t->a.state0, (void **)&t->a.state1};
+    for (int i = 0; i < 3; i++) {
+      if (bytes[i] == 0 && i > 0)
+        continue;
+      *arrays[i] = t->mem.alloc ? t->mem.alloc(bytes[i]) : embps_aligned_alloc(bytes[i]);
+      if (!*arrays[i]) {
+        embps_table_free(t);
+        return EMBPS_RESOURCE_EXHAUSTED;
+      }
+    }
+  }
   *out = t;
   return EMBPS_OK;
 }
+
+const embps_table_config_t *embps_table_config(const embps_table_t *t) { return &t->config; }
+uint32_t embps_table_col_begin(const embps_table_t *t) { return t->col_begin; }
+uint32_t embps_table_shard_width(const embps_table_t *t) { return t->shard_width; }
+uint64_t embps_table_bytes(const embps_table_t *t) { return t->bytes; }
+embps_table_counters_t *embps_table_counters(embps_table_t *t) { return &t->counters; }
+embps_table_arrays_t embps_table_arrays(const embps_table_t *t) { return t->a; }
+uint64_t embps_table_next_step(embps_table_t *t) { return ++t->step; }
 
 void embps_store_free(embps_store_t *store) {
   if (!store)
@@ -241,37 +294,19 @@ uint32_t embps_store_rank(const embps_store_t *store) { return store->rank; }
 
 embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *cfg, uint32_t rank,
                                uint32_t group_size) {
-  const embps_optimizer_info_t *info = embps_optimizer_info(cfg->optimizer);
   embps_table_t *t;
-  size_t elems;
+  size_t s0, s1;
+  float v0;
 
-  if (embps_table_new_shell(&t, cfg, rank, group_size) != EMBPS_OK)
+  if (embps_table_new_in(&t, cfg, rank, group_size, NULL) != EMBPS_OK)
     return EMBPS_RESOURCE_EXHAUSTED;
-  elems = (size_t)cfg->rows * t->shard_width;
-  t->data = embps_aligned_alloc(elems * embps_dtype_size(cfg->dtype));
-  if (!t->data)
-    goto fail;
-  if (info->state_per_element >= 1 || info->state_per_row) {
-    size_t n = info->state_per_row ? (size_t)cfg->rows : elems;
-    /* Adagrad accumulators start at initial_accumulator; adam moments at 0. */
-    float v0 = cfg->optimizer == EMBPS_OPT_ADAM ? 0.0f : cfg->initial_accumulator;
-    t->state0 = embps_aligned_alloc(n * sizeof(float));
-    if (!t->state0)
-      goto fail;
-    for (size_t i = 0; i < n; i++)
-      t->state0[i] = v0;
-  }
-  if (info->state_per_element >= 2) {
-    t->state1 = embps_aligned_alloc(elems * sizeof(float));
-    if (!t->state1)
-      goto fail;
-    memset(t->state1, 0, elems * sizeof(float));
-  }
-  embps_init_rows_cpu(t->data, cfg->dtype, t->shard_width, 0, cfg->rows, t->col_begin, cfg->seed,
+  embps_table_initial_state(t, &v0, &s0, &s1);
+  for (size_t i = 0; i < s0; i++)
+    t->a.state0[i] = v0;
+  if (s1)
+    memset(t->a.state1, 0, s1 * sizeof(float));
+  embps_init_rows_cpu(t->a.data, cfg->dtype, t->shard_width, 0, cfg->rows, t->col_begin, cfg->seed,
                       cfg->init_scale);
   *out = t;
   return EMBPS_OK;
-fail:
-  embps_table_free(t);
-  return EMBPS_RESOURCE_EXHAUSTED;
 }

@@ -35,21 +35,24 @@ typedef struct embps_table_counters {
   atomic_uint_fast64_t lookups, pushes, rows_looked_up, rows_pushed, steps_applied, steps_skipped;
 } embps_table_counters_t;
 
-typedef struct embps_table {
-  embps_table_config_t config;
-  uint32_t col_begin;   /* first column of this rank's slice */
-  uint32_t shard_width; /* columns in this rank's slice */
-  void *data;           /* rows x shard_width of dtype */
-  float *state0;        /* adagrad/adam m: rows x shard_width; rowwise_adagrad: rows */
-  float *state1;        /* adam v: rows x shard_width */
-  uint64_t step;        /* applied steps (adam's bias correction) */
-  uint64_t bytes;       /* data and state bytes */
-  int on_device;        /* data and state live in GPU memory (the CUDA engine's tables) */
-  /** Frees data and state when they are not host memory from embps_malloc (set by the engine
-   * that allocated them); NULL for host tables. */
-  void (*release_arrays)(struct embps_table *table);
-  embps_table_counters_t counters;
-} embps_table_t;
+/** A rank's slice of a table with its optimizer state; opaque outside the store. */
+typedef struct embps_table embps_table_t;
+
+/** The arrays of a table's slice, in the memory of the engine that computes on them. */
+typedef struct embps_table_arrays {
+  void *data;    /* rows x shard_width of dtype */
+  float *state0; /* adagrad accumulators, adam m: rows x shard_width; rowwise_adagrad: rows */
+  float *state1; /* adam v: rows x shard_width */
+} embps_table_arrays_t;
+
+/**
+ * Where a table's arrays live when it is not host memory (GPU memory): alloc returns `bytes`
+ * of it or NULL, release frees what alloc returned (NULL is a no-op). The store keeps a copy.
+ */
+typedef struct embps_table_memory {
+  void *(*alloc)(size_t bytes);
+  void (*release)(void *p);
+} embps_table_memory_t;
 
 typedef struct embps_store embps_store_t;
 
@@ -92,20 +95,41 @@ embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t grou
 void embps_store_free(embps_store_t *store);
 
 /**
- * Allocates and initializes rank `rank`'s slice of a table of a group of group_size, with its
- * optimizer state (cfg already resolved). On failure *out is untouched. Returns EMBPS_OK or
- * EMBPS_RESOURCE_EXHAUSTED.
+ * Allocates and initializes rank `rank`'s slice of a table of a group of group_size in host
+ * memory, with its optimizer state (cfg already resolved): rows from embps_init_value,
+ * accumulators at initial_accumulator, moments at 0. On failure *out is untouched. Returns
+ * EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
  */
 embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *cfg, uint32_t rank,
                                uint32_t group_size);
 
 /**
- * A table's descriptor for rank `rank` of a group of group_size without its arrays, for an
- * engine that allocates them itself (GPU memory) and sets release_arrays. On failure *out is
+ * Like embps_table_new, but the arrays come from `mem` and are left uninitialized, for an engine
+ * that initializes them where they live (see embps_table_initial_state). On failure *out is
  * untouched. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
  */
-embps_status_t embps_table_new_shell(embps_table_t **out, const embps_table_config_t *cfg,
-                                     uint32_t rank, uint32_t group_size);
+embps_status_t embps_table_new_in(embps_table_t **out, const embps_table_config_t *cfg,
+                                  uint32_t rank, uint32_t group_size,
+                                  const embps_table_memory_t *mem);
+
+/** The value state0 starts at (adagrad's initial accumulator; 0 for adam) and the number of
+ * elements of state0 and state1 (0 where the optimizer has none). */
+void embps_table_initial_state(const embps_table_t *table, float *state0_value,
+                               size_t *state0_elems, size_t *state1_elems);
+
+/** The table's configuration (resolved). */
+const embps_table_config_t *embps_table_config(const embps_table_t *table);
+/** This rank's slice: its first column and its width. */
+uint32_t embps_table_col_begin(const embps_table_t *table);
+uint32_t embps_table_shard_width(const embps_table_t *table);
+/** Bytes of data and state this rank holds. */
+uint64_t embps_table_bytes(const embps_table_t *table);
+/** The table's counters: atomics that any thread may update and read. */
+embps_table_counters_t *embps_table_counters(embps_table_t *table);
+/** The slice's arrays, for the engine (the group's thread only). */
+embps_table_arrays_t embps_table_arrays(const embps_table_t *table);
+/** Counts one more applied optimizer step and returns the count (adam's bias correction). */
+uint64_t embps_table_next_step(embps_table_t *table);
 
 /** Frees a table that was never registered. NULL is a no-op. */
 void embps_table_free(embps_table_t *table);

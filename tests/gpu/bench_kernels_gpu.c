@@ -424,7 +424,15 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
   /* (init_rows leaves row 0, the padding row, at zero: one zero gradient row among u.) */
   STATUS_OK(
       embps_init_rows_cuda(c.grad, EMBPS_DTYPE_F32, width, 0, c.u, 0, SEED + 1, 0.01f, stream));
-  STATUS_OK(embps_row_stats_cuda(c.grad, c.u, width, c.row_sumsq, NULL, NULL, NULL, stream));
+  {
+    const size_t block = embps_row_stats_block(width);
+    float *parts = dev_alloc(c.u * (width / block) * sizeof(float) + 4);
+    STATUS_OK(embps_row_partials_cuda(c.grad, c.u, width, block, parts, stream));
+    STATUS_OK(embps_row_combine_cuda(parts, 1, c.u, width / block, c.row_sumsq, NULL, NULL, NULL,
+                                     stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    CUDA_OK(cudaFree(parts));
+  }
   c.p = (embps_opt_params_t){.lr = 0.01f, .eps = 1e-8f, .decay = 1.0f};
 
   const embps_dtype_t dtypes[2] = {EMBPS_DTYPE_F32, EMBPS_DTYPE_BF16};

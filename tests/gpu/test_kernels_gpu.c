@@ -270,42 +270,60 @@ static void check_update(const config_t *c, opt_run_t which, const void *table0,
   dev_free(d_rs);
 }
 
-/* Row stats of g (u x w) on both sides: per-row sums bit for bit, count exact, total close
- * and identical over two GPU runs. Returns the CPU's row sums (caller frees). */
+/* Row statistics of g (u x w) on both sides: the column-block partials bit for bit, then their
+ * combine (as two slices when the width splits in two at a block boundary, as a group of two
+ * would, else one): per-row sums bit for bit, the count of non-finite rows exact, the total
+ * close and identical over two GPU runs. Returns the CPU's row sums (caller frees). */
 static float *check_row_stats(const config_t *c, const char *what, const float *g, size_t u) {
-  const size_t w = c->width;
-  float *h_rs = host_poisoned(u * sizeof(float));
+  const size_t w = c->width, block = embps_row_stats_block(w), nb = block ? w / block : 0;
+  const size_t slices = (nb % 2 == 0 && u % 2 == 0 && u > 0) ? 2 : 1, rows = u / slices;
+  float *h_parts = host_poisoned((u * nb + 1) * sizeof(float));
+  float *h_rs = host_poisoned((rows + 1) * sizeof(float));
   double h_total = 1.5; /* added to, not overwritten */
-  size_t h_bad = embps_row_stats_cpu(g, u, w, h_rs, &h_total);
+  embps_row_partials_cpu(g, u, w, block, h_parts);
+  /* The u x nb partials read as `slices` arrays of rows x nb: the same bytes a group of that
+   * many ranks would gather (only the layout matters to the combine). */
+  size_t h_bad = embps_row_combine_cpu(h_parts, slices, rows, nb, h_rs, &h_total);
 
-  float *d_g = dev_upload(g, u * w * sizeof(float));
-  float *d_rs = dev_poisoned(u * sizeof(float));
+  float *d_g = dev_upload(g, (u * w + 1) * sizeof(float));
+  float *d_parts = dev_poisoned((u * nb + 1) * sizeof(float));
+  float *d_rs = dev_poisoned((rows + 1) * sizeof(float));
   double *d_total = dev_alloc(2 * sizeof(double));
   uint64_t *d_bad = dev_poisoned(sizeof(uint64_t));
-  size_t ws_bytes = embps_row_stats_cuda_workspace_bytes(u);
-  void *d_ws = dev_poisoned(ws_bytes);
+  size_t ws_bytes = embps_row_combine_cuda_workspace_bytes(rows);
+  void *d_ws = dev_poisoned(ws_bytes + 8);
   double start[2] = {1.5, 1.5};
   CUDA_OK(cudaMemcpyAsync(d_total, start, sizeof(start), cudaMemcpyHostToDevice, stream));
-  STATUS_OK(embps_row_stats_cuda(d_g, u, w, d_rs, &d_total[0], d_bad, d_ws, stream));
+  STATUS_OK(embps_row_partials_cuda(d_g, u, w, block, d_parts, stream));
+  float *g_parts = dev_download(d_parts, u * nb * sizeof(float));
+  char name[80];
+  snprintf(name, sizeof(name), "%s partials", what);
+  for (size_t i = 0; i < u * nb; i++) {
+    int ok = isnan(h_parts[i]) ? isnan(g_parts[i])
+                               : memcmp(&h_parts[i], &g_parts[i], sizeof(float)) == 0;
+    CHECK(ok, "%s [%s] %zu: cpu %g gpu %g", name, c->name, i, h_parts[i], g_parts[i]);
+  }
+  STATUS_OK(
+      embps_row_combine_cuda(d_parts, slices, rows, nb, d_rs, &d_total[0], d_bad, d_ws, stream));
   dev_poison(d_ws, ws_bytes);
-  STATUS_OK(embps_row_stats_cuda(d_g, u, w, NULL, &d_total[1], NULL, d_ws, stream));
-  float *g_rs = dev_download(d_rs, u * sizeof(float));
+  STATUS_OK(
+      embps_row_combine_cuda(d_parts, slices, rows, nb, NULL, &d_total[1], NULL, d_ws, stream));
+  float *g_rs = dev_download(d_rs, rows * sizeof(float));
   double *g_total = dev_download(d_total, 2 * sizeof(double));
   uint64_t *g_bad = dev_download(d_bad, sizeof(uint64_t));
 
-  char name[80];
   snprintf(name, sizeof(name), "%s row_sumsq", what);
   if (h_bad == 0) {
-    same_bits(name, c->name, h_rs, g_rs, u * sizeof(float), sizeof(float));
+    same_bits(name, c->name, h_rs, g_rs, rows * sizeof(float), sizeof(float));
   } else {
     /* Rows with a NaN or inf are "not meaningful": both must be non-finite of the same kind
      * (NaN payloads differ between x86 and the GPU), the other rows bit for bit. */
-    for (size_t i = 0; i < u; i++) {
+    for (size_t i = 0; i < rows; i++) {
       int ok = isnan(h_rs[i]) ? isnan(g_rs[i]) : memcmp(&h_rs[i], &g_rs[i], sizeof(float)) == 0;
       CHECK(ok, "%s [%s] row %zu: cpu %g gpu %g", name, c->name, i, h_rs[i], g_rs[i]);
     }
   }
-  CHECK(*g_bad == h_bad, "%s non-finite count [%s]: cpu %zu gpu %" PRIu64, what, c->name, h_bad,
+  CHECK(*g_bad == h_bad, "%s non-finite rows [%s]: cpu %zu gpu %" PRIu64, what, c->name, h_bad,
         *g_bad);
   if (isfinite(h_total)) {
     double tol = 1e-12 * fabs(h_total);
@@ -317,8 +335,18 @@ static float *check_row_stats(const config_t *c, const char *what, const float *
   }
   CHECK(memcmp(&g_total[0], &g_total[1], sizeof(double)) == 0,
         "%s total not deterministic [%s]: %.17g then %.17g", what, c->name, g_total[0], g_total[1]);
-  free(g_rs), free(g_total), free(g_bad);
-  dev_free(d_g), dev_free(d_rs), dev_free(d_total), dev_free(d_bad), dev_free(d_ws);
+  free(g_parts), free(g_rs), free(g_total), free(g_bad), free(h_parts);
+  dev_free(d_g), dev_free(d_parts), dev_free(d_rs), dev_free(d_total), dev_free(d_bad);
+  dev_free(d_ws);
+  if (slices == 1)
+    return h_rs;
+  /* The updates take one sum per row of g: the whole width's, as one slice. */
+  free(h_rs);
+  h_rs = host_poisoned((u + 1) * sizeof(float));
+  h_parts = host_poisoned((u * nb + 1) * sizeof(float));
+  embps_row_partials_cpu(g, u, w, block, h_parts);
+  embps_row_combine_cpu(h_parts, 1, u, nb, h_rs, NULL);
+  free(h_parts);
   return h_rs;
 }
 
@@ -567,8 +595,10 @@ static void check_invalid(void) {
   CHECK(embps_update_adam_cuda(NULL, EMBPS_DTYPE_F32, 4, NULL, 1, NULL, NULL, NULL, NULL, stream) ==
             EMBPS_INVALID_ARGUMENT,
         "adam accepted NULL params");
-  CHECK(embps_row_stats_cuda(NULL, 4, 4, NULL, NULL, NULL, NULL, stream) == EMBPS_OK,
-        "row stats with nothing requested should enqueue nothing");
+  CHECK(embps_row_combine_cuda(NULL, 1, 4, 4, NULL, NULL, NULL, NULL, stream) == EMBPS_OK,
+        "row combine with nothing requested should enqueue nothing");
+  CHECK(embps_row_partials_cuda(NULL, 4, 6, 4, NULL, stream) == EMBPS_INVALID_ARGUMENT,
+        "row partials accepted a block that does not divide the width");
 }
 
 int main(void) {

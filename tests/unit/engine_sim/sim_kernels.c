@@ -303,62 +303,99 @@ embps_status_t embps_segment_sum_cuda(const void *grads, embps_dtype_t dtype, si
   return EMBPS_OK;
 }
 
-/* ---- finite check and norm ------------------------------------------------------------------ */
+/* ---- row statistics ------------------------------------------------------------------------ */
 
-/* The real launcher's: one double and one count per block of 32 rows. */
-size_t embps_row_stats_cuda_workspace_bytes(size_t n) {
-  return (n + 31) / 32 * (sizeof(double) + sizeof(uint64_t));
+typedef struct row_partials_args {
+  const float *g;
+  size_t n, width, block;
+  float *partials;
+} row_partials_args_t;
+
+static void run_row_partials(void *p) {
+  const row_partials_args_t *a = p;
+  embps_row_partials_cpu(a->g, a->n, a->width, a->block, a->partials);
 }
 
-typedef struct row_stats_args {
-  const float *g;
-  size_t n, width;
+embps_status_t embps_row_partials_cuda(const float *g, size_t n, size_t width, size_t block,
+                                       float *partials, cudaStream_t stream) {
+  row_partials_args_t a;
+  if (block == 0 || width % block != 0) {
+    EMBPS_ERROR("row partials: block %zu does not divide width %zu", block, width);
+    return EMBPS_INVALID_ARGUMENT;
+  }
+  if (n == 0 || width == 0)
+    return EMBPS_OK;
+  sim_cuda_check_device(stream, g, bytes3(n, width, sizeof(float), "row partials"),
+                        "row partials: g");
+  sim_cuda_check_device(stream, partials, bytes3(n, width / block, sizeof(float), "row partials"),
+                        "row partials: partials");
+  a.g = g;
+  a.n = n;
+  a.width = width;
+  a.block = block;
+  a.partials = partials;
+  sim_cuda_enqueue(stream, run_row_partials, &a, sizeof(a), "row partials");
+  return EMBPS_OK;
+}
+
+/* The real launcher's: one double and one count per block of 256 rows. */
+size_t embps_row_combine_cuda_workspace_bytes(size_t n) {
+  return (n + 255) / 256 * (sizeof(double) + sizeof(uint64_t));
+}
+
+typedef struct row_combine_args {
+  const float *partials;
+  size_t slices, n, nb;
   float *row_sumsq;
   double *total_sumsq;
-  uint64_t *num_nonfinite;
+  uint64_t *num_bad;
   void *workspace;
-} row_stats_args_t;
+} row_combine_args_t;
 
-static void run_row_stats(void *p) {
-  const row_stats_args_t *a = p;
-  size_t bad = embps_row_stats_cpu(a->g, a->n, a->width, a->row_sumsq, a->total_sumsq);
-  if (a->num_nonfinite)
-    *a->num_nonfinite = bad;
+static void run_row_combine(void *p) {
+  const row_combine_args_t *a = p;
+  size_t bad =
+      embps_row_combine_cpu(a->partials, a->slices, a->n, a->nb, a->row_sumsq, a->total_sumsq);
+  if (a->num_bad)
+    *a->num_bad = bad;
   if (a->workspace)
-    sim_cuda_poison(a->workspace, embps_row_stats_cuda_workspace_bytes(a->n));
+    sim_cuda_poison(a->workspace, embps_row_combine_cuda_workspace_bytes(a->n));
 }
 
-embps_status_t embps_row_stats_cuda(const float *g, size_t n, size_t width, float *row_sumsq,
-                                    double *total_sumsq, uint64_t *num_nonfinite, void *workspace,
-                                    cudaStream_t stream) {
-  row_stats_args_t a;
-  int reduce = total_sumsq || num_nonfinite;
+embps_status_t embps_row_combine_cuda(const float *partials, size_t slices, size_t n, size_t nb,
+                                      float *row_sumsq, double *total_sumsq, uint64_t *num_bad,
+                                      void *workspace, cudaStream_t stream) {
+  row_combine_args_t a;
+  int reduce = total_sumsq || num_bad;
   if (reduce && n > 0 && (!workspace || ((uintptr_t)workspace & (sizeof(double) - 1)))) {
-    EMBPS_ERROR("row stats: the total or the count needs an 8-byte aligned workspace");
+    EMBPS_ERROR("row combine: the total or the count needs an 8-byte aligned workspace");
     return EMBPS_INVALID_ARGUMENT;
   }
   if (!(n > 0 && row_sumsq) && !reduce)
     return EMBPS_OK;
+  if (n > 0 && nb > 0)
+    sim_cuda_check_device(stream, partials, bytes3(slices * n, nb, sizeof(float), "row combine"),
+                          "row combine: partials");
   if (n > 0) {
-    sim_cuda_check_device(stream, g, bytes3(n, width, sizeof(float), "row stats"), "row stats: g");
     if (row_sumsq)
-      sim_cuda_check_device(stream, row_sumsq, n * sizeof(float), "row stats: row_sumsq");
+      sim_cuda_check_device(stream, row_sumsq, n * sizeof(float), "row combine: row_sumsq");
     if (reduce)
-      sim_cuda_check_device(stream, workspace, embps_row_stats_cuda_workspace_bytes(n),
-                            "row stats: workspace");
+      sim_cuda_check_device(stream, workspace, embps_row_combine_cuda_workspace_bytes(n),
+                            "row combine: workspace");
   }
   if (total_sumsq)
-    sim_cuda_check_device(stream, total_sumsq, sizeof(double), "row stats: total_sumsq");
-  if (num_nonfinite)
-    sim_cuda_check_device(stream, num_nonfinite, sizeof(uint64_t), "row stats: num_nonfinite");
-  a.g = g;
+    sim_cuda_check_device(stream, total_sumsq, sizeof(double), "row combine: total_sumsq");
+  if (num_bad)
+    sim_cuda_check_device(stream, num_bad, sizeof(uint64_t), "row combine: num_bad");
+  a.partials = partials;
+  a.slices = slices;
   a.n = n;
-  a.width = width;
+  a.nb = nb;
   a.row_sumsq = row_sumsq;
   a.total_sumsq = total_sumsq;
-  a.num_nonfinite = num_nonfinite;
+  a.num_bad = num_bad;
   a.workspace = reduce && n > 0 ? workspace : NULL;
-  sim_cuda_enqueue(stream, run_row_stats, &a, sizeof(a), "row stats");
+  sim_cuda_enqueue(stream, run_row_combine, &a, sizeof(a), "row combine");
   return EMBPS_OK;
 }
 

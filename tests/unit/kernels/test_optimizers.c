@@ -125,7 +125,7 @@ static void run(cfg_t c) {
   int64_t tokens[T], unique[T];
   uint32_t seg[T];
   static float grads_full[T][FULL];
-  float gslice[T * FULL], summed[T * FULL], row_sumsq[T], part[T];
+  float gslice[T * FULL], summed[T * FULL], row_sumsq[T];
   void *ws = kt_alloc(embps_dedup_workspace_bytes(T));
 
   for (uint64_t step = 1; step <= STEPS; step++) {
@@ -146,8 +146,8 @@ static void run(cfg_t c) {
     size_t skip = unique[0] == 0; /* the padding row is not updated */
     const int64_t *rows = unique + skip;
     size_t n = nu - skip;
-    float *rsum_all = calloc(n ? n : 1, sizeof(float));
-    assert_non_null(rsum_all);
+    const size_t block = embps_row_stats_block(sw), nb = sw / block;
+    float *parts = kt_alloc((c.ranks * n * nb + 1) * sizeof(float));
     float *gr[MAX_RANKS];
     for (size_t r = 0; r < c.ranks; r++) {
       for (size_t i = 0; i < T; i++)
@@ -156,13 +156,12 @@ static void run(cfg_t c) {
       gr[r] = kt_alloc((n ? n : 1) * sw * sizeof(float));
       memcpy(gr[r], summed + skip * sw, n * sw * sizeof(float));
       embps_apply_weight_decay_cpu(rs[r].table, c.dtype, sw, rows, n, gr[r], c.wd);
-      /* row_stats per rank, then the all-reduce: sum over ranks in rank order. */
-      assert_int_equal(embps_row_stats_cpu(gr[r], n, sw, part, NULL), 0);
-      for (size_t i = 0; i < n; i++)
-        rsum_all[i] += part[i];
+      /* Each rank's column-block partials, then every rank's combined in column order (what
+       * the engine all-gathers). */
+      embps_row_partials_cpu(gr[r], n, sw, block, parts + r * n * nb);
     }
-    memcpy(row_sumsq, rsum_all, n * sizeof(float));
-    free(rsum_all);
+    assert_int_equal(embps_row_combine_cpu(parts, c.ranks, n, nb, row_sumsq, NULL), 0);
+    free(parts);
     for (size_t r = 0; r < c.ranks; r++) {
       switch (c.opt) {
       case EMBPS_OPT_SGD:

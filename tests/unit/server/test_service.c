@@ -117,8 +117,9 @@ static void run_engine(void) {
       else
         op->created = t;
     } else if (op->kind == EMBPS_OP_LOOKUP) {
-      embps_gather_cpu(op->table->data, op->table->config.dtype, op->table->shard_width, op->tokens,
-                       op->num_tokens, op->rows_out);
+      embps_gather_cpu(embps_table_arrays(op->table).data, embps_table_config(op->table)->dtype,
+                       embps_table_shard_width(op->table), op->tokens, op->num_tokens,
+                       op->rows_out);
     } else {
       op->applied = 1;
       op->num_unique = op->num_tokens;
@@ -217,8 +218,8 @@ static void test_create_and_lookup_reply_encoding(void **state) {
     embps_table_t *t = embps_store_find(store, "enc");
     for (int i = 0; i < 4; i++)
       for (int col = 0; col < 6; col++)
-        assert_true(rows[i * 6 + col] ==
-                    embps_init_value(11, (uint64_t)tokens[i], (uint64_t)col, t->config.init_scale));
+        assert_true(rows[i * 6 + col] == embps_init_value(11, (uint64_t)tokens[i], (uint64_t)col,
+                                                          embps_table_config(t)->init_scale));
     embps__v1__lookup_response__free_unpacked(resp, NULL);
     release_call(&c);
   }
@@ -336,7 +337,7 @@ static void test_allocation_failures(void **state) {
       /* A failed create leaves nothing behind, unless only the reply's packing failed after the
        * table was made: then the table is whole. */
       embps_table_t *t = embps_store_find(store, name);
-      assert_true(t == NULL || t->data != NULL);
+      assert_true(t == NULL || embps_table_arrays(t).data != NULL);
     }
     release_call(&c);
     if (!embps_store_find(store, name))

@@ -112,16 +112,16 @@ static void test_column_split_matches(void **state) {
       continue;
     for (uint32_t r = 0; r < n; r++) {
       assert_int_equal(embps_table_new(&tp, &c, r, n), EMBPS_OK);
-      assert_int_equal(tp->shard_width, width / n);
+      assert_int_equal(embps_table_shard_width(tp), width / n);
       for (uint64_t row = 0; row < rows; row++)
-        assert_memory_equal((float *)tp->data + row * tp->shard_width,
-                            (float *)tw->data + row * width + r * (width / n),
-                            tp->shard_width * sizeof(float));
+        assert_memory_equal((float *)embps_table_arrays(tp).data + row * (width / n),
+                            (float *)embps_table_arrays(tw).data + row * width + r * (width / n),
+                            (width / n) * sizeof(float));
       embps_table_free(tp);
     }
   }
   for (uint32_t col = 0; col < width; col++)
-    assert_true(((float *)tw->data)[col] == 0.0f); /* padding row */
+    assert_true(((float *)embps_table_arrays(tw).data)[col] == 0.0f); /* padding row */
   embps_table_free(tw);
 }
 
@@ -141,7 +141,7 @@ static void test_allocation_failure(void **state) {
     assert_null(t);
   }
   assert_int_equal(embps_table_new(&t, &c, 0, 1), EMBPS_OK);
-  assert_non_null(t->state1);
+  assert_non_null(embps_table_arrays(t).state1);
   embps_table_free(t);
 }
 

@@ -1,0 +1,268 @@
+/* The engine's CPU backend (engine_ops.h): the operations of a round as calls of the kernels/ C
+ * references on host memory, for groups that run on CPUs and move data over TCP.
+ *
+ * Everything runs at once on the calling thread (the group's), so input_wait, output, finish and
+ * abort have nothing to wait for. The request's arrays are used in place (a group of one reads
+ * the gradients straight from the request) and a lookup assembles its rows straight in the
+ * reply, so a batch costs no copy beyond the column slices the exchange needs.
+ *
+ * Scratch arrays only grow, since batch sizes repeat from step to step; an array whose growth
+ * failed is released with capacity zero, so the next call tries again from scratch. */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "server/engine/engine_ops.h"
+
+typedef struct buf {
+  void *p;
+  size_t cap;
+} buf_t;
+
+struct embps__engine_backend {
+  embps_comm_t *comm;
+  buf_t all_tokens, unique, segment_ids, dedup_ws, row_sumsq, summed, partials, gathered;
+  buf_t send, recv, rows;
+  size_t num_unique; /* the last dedup's */
+};
+
+embps_status_t embps__engine_cpu_new(embps__engine_backend_t **out, embps_comm_t *comm) {
+  embps__engine_backend_t *be = embps_calloc(1, sizeof(*be));
+  if (!be)
+    return EMBPS_RESOURCE_EXHAUSTED;
+  be->comm = comm;
+  *out = be;
+  return EMBPS_OK;
+}
+
+static void cpu_destroy(embps__engine_backend_t *be) {
+  buf_t *bufs[] = {&be->all_tokens, &be->unique, &be->segment_ids, &be->dedup_ws,
+                   &be->row_sumsq,  &be->summed, &be->partials,    &be->gathered,
+                   &be->send,       &be->recv,   &be->rows};
+  for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+    embps_free(bufs[i]->p);
+  embps_free(be);
+}
+
+/* Makes b hold at least `bytes`; returns 0 when out of memory. */
+static int grow(buf_t *b, size_t bytes) {
+  if (bytes <= b->cap && b->p)
+    return 1;
+  embps_free(b->p);
+  b->p = embps_aligned_alloc(bytes ? bytes : 64);
+  b->cap = b->p ? bytes : 0;
+  return b->p != NULL;
+}
+
+static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engine_shape_t *sh,
+                                  embps__engine_scratch_t *s, embps_error_t *err) {
+  const int push = sh->kind == EMBPS_OP_PUSH, exchange = sh->group_size > 1;
+  const size_t T = sh->T, exchange_bytes = T * sh->w * sh->ds;
+  int ok = 1;
+
+  memset(s, 0, sizeof(*s));
+  if (push || exchange)
+    ok = grow(&be->unique, T * sizeof(int64_t)) && grow(&be->segment_ids, T * sizeof(uint32_t)) &&
+         grow(&be->dedup_ws, embps_dedup_workspace_bytes(T));
+  if (ok && exchange)
+    ok = grow(&be->all_tokens, T * sizeof(int64_t)) && grow(&be->send, exchange_bytes) &&
+         grow(&be->recv, exchange_bytes) && (push || grow(&be->rows, exchange_bytes));
+  if (ok && push)
+    ok = grow(&be->summed, T * sh->w * sizeof(float)) && grow(&be->row_sumsq, T * sizeof(float)) &&
+         grow(&be->partials, T * sh->nb * sizeof(float)) &&
+         (!exchange || grow(&be->gathered, sh->group_size * T * sh->nb * sizeof(float)));
+  if (!ok)
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "out of memory for the scratch of a %zu-token %s", T,
+                           push ? "push" : "lookup");
+  s->all_tokens = be->all_tokens.p;
+  s->rows = be->rows.p;
+  s->send = be->send.p;
+  s->recv = be->recv.p;
+  s->summed = be->summed.p;
+  s->partials = be->partials.p;
+  s->gathered = be->gathered.p;
+  s->row_sumsq = be->row_sumsq.p;
+  return EMBPS_OK;
+}
+
+/* ---- tables ---------------------------------------------------------------------------------- */
+
+static embps_status_t cpu_table_new(embps__engine_backend_t *be, const embps_table_config_t *cfg,
+                                    uint32_t rank, uint32_t group_size, embps_table_t **out) {
+  (void)be;
+  return embps_table_new(out, cfg, rank, group_size);
+}
+
+static embps_status_t cpu_agree_max(embps__engine_backend_t *be, uint64_t *v, embps_error_t *err) {
+  return embps_comm_all_reduce(be->comm, v, 1, EMBPS_COMM_U64, EMBPS_COMM_MAX, err);
+}
+
+/* ---- batches --------------------------------------------------------------------------------- */
+
+static embps_status_t cpu_input(embps__engine_backend_t *be, embps__engine_input_t which,
+                                const void *host, size_t bytes, const void **dev,
+                                embps_error_t *err) {
+  (void)be, (void)which, (void)bytes, (void)err;
+  *dev = host;
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_nothing_to_wait(embps__engine_backend_t *be, embps_error_t *err) {
+  (void)be, (void)err;
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_input_wait(embps__engine_backend_t *be, embps__engine_input_t which,
+                                     embps_error_t *err) {
+  (void)which;
+  return cpu_nothing_to_wait(be, err);
+}
+
+static embps_status_t cpu_dedup(embps__engine_backend_t *be, const int64_t *tokens, size_t T,
+                                embps_error_t *err) {
+  (void)err;
+  be->num_unique = embps_dedup_cpu(tokens, T, be->unique.p, be->segment_ids.p, be->dedup_ws.p);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_unique(embps__engine_backend_t *be, size_t *num_unique, int64_t *first,
+                                 const int64_t **unique, embps_error_t *err) {
+  (void)err;
+  *num_unique = be->num_unique;
+  *unique = be->unique.p;
+  if (be->num_unique > 0)
+    *first = (*unique)[0];
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_gather(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
+                                 size_t n, void *out, embps_error_t *err) {
+  (void)be, (void)err;
+  embps_gather_cpu(embps_table_arrays(t).data, embps_table_config(t)->dtype,
+                   embps_table_shard_width(t), rows, n, out);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_expand(embps__engine_backend_t *be, embps_table_t *t,
+                                 const void *unique_rows, size_t T, void *out, embps_error_t *err) {
+  (void)err;
+  embps_expand_cpu(unique_rows, embps_table_config(t)->dtype, embps_table_shard_width(t),
+                   be->segment_ids.p, T, out);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_copy2d(embps__engine_backend_t *be, void *dst, size_t dpitch,
+                                 const void *src, size_t spitch, size_t width, size_t height,
+                                 embps_error_t *err) {
+  (void)be, (void)err;
+  for (size_t i = 0; i < height; i++)
+    memcpy((uint8_t *)dst + i * dpitch, (const uint8_t *)src + i * spitch, width);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_segment_sum(embps__engine_backend_t *be, embps_table_t *t,
+                                      const void *grads, size_t T, size_t num_unique, float *out,
+                                      embps_error_t *err) {
+  (void)err;
+  embps_segment_sum_cpu(grads, embps_table_config(t)->dtype, embps_table_shard_width(t),
+                        be->segment_ids.p, T, num_unique, out);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_row_partials(embps__engine_backend_t *be, const float *g, size_t m,
+                                       size_t w, size_t block, float *partials,
+                                       embps_error_t *err) {
+  (void)be, (void)err;
+  embps_row_partials_cpu(g, m, w, block, partials);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_row_combine(embps__engine_backend_t *be, const float *partials,
+                                      size_t slices, size_t m, size_t nb, float *row_sumsq,
+                                      uint64_t *bad, double *total, embps_error_t *err) {
+  size_t n_bad;
+  (void)be, (void)err;
+  if (total)
+    *total = 0.0;
+  n_bad = embps_row_combine_cpu(partials, slices, m, nb, row_sumsq, total);
+  if (bad)
+    *bad = n_bad;
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_weight_decay(embps__engine_backend_t *be, embps_table_t *t,
+                                       const int64_t *rows, size_t m, float *g,
+                                       embps_error_t *err) {
+  const embps_table_config_t *c = embps_table_config(t);
+  (void)be, (void)err;
+  embps_apply_weight_decay_cpu(embps_table_arrays(t).data, c->dtype, embps_table_shard_width(t),
+                               rows, m, g, c->weight_decay);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_update(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
+                                 size_t m, const float *g, const float *row_sumsq,
+                                 const embps_opt_params_t *p, embps_error_t *err) {
+  const embps_table_config_t *c = embps_table_config(t);
+  const embps_table_arrays_t a = embps_table_arrays(t);
+  const size_t w = embps_table_shard_width(t);
+  (void)be;
+  switch (c->optimizer) {
+  case EMBPS_OPT_SGD:
+    embps_update_sgd_cpu(a.data, c->dtype, w, rows, m, g, p);
+    return EMBPS_OK;
+  case EMBPS_OPT_ADAGRAD:
+    embps_update_adagrad_cpu(a.data, c->dtype, w, rows, m, g, a.state0, p);
+    return EMBPS_OK;
+  case EMBPS_OPT_ROWWISE_ADAGRAD:
+    embps_update_rowwise_adagrad_cpu(a.data, c->dtype, w, rows, m, g, row_sumsq, c->emb_width,
+                                     a.state0, p);
+    return EMBPS_OK;
+  case EMBPS_OPT_ADAM:
+    embps_update_adam_cpu(a.data, c->dtype, w, rows, m, g, a.state0, a.state1, p);
+    return EMBPS_OK;
+  }
+  return embps_error_set(err, EMBPS_INTERNAL, "unknown optimizer %d", (int)c->optimizer);
+}
+
+static embps_status_t cpu_output_begin(embps__engine_backend_t *be, void *host, size_t n,
+                                       size_t row_bytes, void **out, size_t *chunk_rows,
+                                       embps_error_t *err) {
+  (void)be, (void)row_bytes, (void)err;
+  *out = host; /* the rows are assembled in the reply itself, in one chunk */
+  *chunk_rows = n ? n : 1;
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_output(embps__engine_backend_t *be, size_t chunk, size_t first,
+                                 size_t count, embps_error_t *err) {
+  (void)chunk, (void)first, (void)count;
+  return cpu_nothing_to_wait(be, err);
+}
+
+static void cpu_abort(embps__engine_backend_t *be) { (void)be; }
+
+const embps__engine_ops_t embps__engine_cpu_ops = {
+    .backend = EMBPS_BACKEND_CPU,
+    .memory = "memory",
+    .destroy = cpu_destroy,
+    .reserve = cpu_reserve,
+    .table_new = cpu_table_new,
+    .agree_max = cpu_agree_max,
+    .input = cpu_input,
+    .input_wait = cpu_input_wait,
+    .dedup = cpu_dedup,
+    .unique = cpu_unique,
+    .gather = cpu_gather,
+    .expand = cpu_expand,
+    .copy2d = cpu_copy2d,
+    .segment_sum = cpu_segment_sum,
+    .row_partials = cpu_row_partials,
+    .row_combine = cpu_row_combine,
+    .weight_decay = cpu_weight_decay,
+    .update = cpu_update,
+    .output_begin = cpu_output_begin,
+    .output = cpu_output,
+    .finish = cpu_nothing_to_wait,
+    .abort = cpu_abort,
+};

@@ -1,0 +1,144 @@
+/* The engine's backends (internal to server/engine): the operations a round is made of, one
+ * table per backend, the way embps_comm_ops_t gives the collectives one face.
+ *
+ * engine.c writes DESIGN.md's lookup and push rounds once, as a sequence of these operations
+ * and of collectives; engine_cpu.c implements them with the kernels/ C references on host memory,
+ * and engine_cuda.c with kernels/cuda on the engine's streams, tables and scratch in GPU memory.
+ *
+ * Memory: every pointer an operation takes is in the backend's memory (device memory on cuda)
+ * unless its comment says host. The backend owns its scratch (embps__engine_scratch_t) and the
+ * state of the last dedup (which each backend keeps in its own form: the CPU's segment ids, the
+ * GPU's sorted positions and segment offsets). Operations may be asynchronous: only those that
+ * hand a number to the host (unique, row_combine with figures, agree_max) and finish wait for
+ * the work before them. Each returns EMBPS_OK, or a failure (with err set) that abandons the
+ * op: engine.c then calls abort, which waits until nothing enqueued can still touch the
+ * request or the reply. */
+#ifndef EMBPS_ENGINE_OPS_H
+#define EMBPS_ENGINE_OPS_H
+
+#include "server/engine/engine.h"
+
+/** What one op needs, for reserve: a batch of T = n * group_size tokens, this rank's slice of
+ * w columns out of W, elements of ds bytes, row-statistics partials of nb per row. */
+typedef struct embps__engine_shape {
+  embps_op_kind_t kind;
+  uint32_t group_size;
+  size_t n, T, w, W, ds, nb;
+} embps__engine_shape_t;
+
+/** The scratch of one op, in the backend's memory, filled by reserve (NULL where the op's
+ * path does not use an array). */
+typedef struct embps__engine_scratch {
+  int64_t *all_tokens; /* T: the batch's tokens after the all-gather (group_size > 1) */
+  void *rows;          /* T x w x ds: the unique rows of a lookup (group_size > 1) */
+  void *send, *recv;   /* T x w x ds each: the all-to-all's blocks (group_size > 1) */
+  float *summed;       /* T x w: a push's gradients summed per unique token */
+  float *partials;     /* T x nb: this rank's row-statistics partials */
+  float *gathered;     /* group_size x T x nb: every rank's partials (group_size > 1) */
+  float *row_sumsq;    /* T: each unique row's sum of squares over the full width */
+} embps__engine_scratch_t;
+
+/** Which request array input() copies in. */
+typedef enum embps__engine_input {
+  EMBPS__IN_TOKENS = 0,
+  EMBPS__IN_GRADS = 1
+} embps__engine_input_t;
+
+typedef struct embps__engine_backend embps__engine_backend_t; /* each backend's own state */
+
+typedef struct embps__engine_ops {
+  embps_backend_t backend;
+  const char *memory; /* where tables live, for messages: "memory", "GPU memory" */
+
+  void (*destroy)(embps__engine_backend_t *be);
+  /** Grows the scratch for an op of this shape (only what its path uses) and fills s. */
+  embps_status_t (*reserve)(embps__engine_backend_t *be, const embps__engine_shape_t *shape,
+                            embps__engine_scratch_t *s, embps_error_t *err);
+  /** Allocates and initializes this rank's slice of a table (*out untouched on failure).
+   * Returns EMBPS_OK, EMBPS_RESOURCE_EXHAUSTED (out of the backend's memory), EMBPS_INTERNAL;
+   * err is not set: every rank agrees on the outcome first. */
+  embps_status_t (*table_new)(embps__engine_backend_t *be, const embps_table_config_t *cfg,
+                              uint32_t rank, uint32_t group_size, embps_table_t **out);
+  /** *v (host) becomes the largest *v of any rank (an all-reduce; waits for it). */
+  embps_status_t (*agree_max)(embps__engine_backend_t *be, uint64_t *v, embps_error_t *err);
+
+  /** Starts copying `bytes` of a request array (host) in and sets *dev to where it will be
+   * (the host array itself where the backend computes on host memory). */
+  embps_status_t (*input)(embps__engine_backend_t *be, embps__engine_input_t which,
+                          const void *host, size_t bytes, const void **dev, embps_error_t *err);
+  /** Orders the work enqueued from now on after that copy. */
+  embps_status_t (*input_wait)(embps__engine_backend_t *be, embps__engine_input_t which,
+                               embps_error_t *err);
+
+  /** Deduplicates T tokens (kept by the backend for expand and segment_sum). */
+  embps_status_t (*dedup)(embps__engine_backend_t *be, const int64_t *tokens, size_t T,
+                          embps_error_t *err);
+  /** The last dedup's result: the number of unique tokens and, when there is one, the first
+   * (smallest) on the host; *unique points at them in the backend's memory. Waits for it. */
+  embps_status_t (*unique)(embps__engine_backend_t *be, size_t *num_unique, int64_t *first,
+                           const int64_t **unique, embps_error_t *err);
+  /** out[i] = row rows[i] of the table's slice, n rows. */
+  embps_status_t (*gather)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
+                           size_t n, void *out, embps_error_t *err);
+  /** out[i] = unique_rows[segment of position i] for the last dedup's T positions. */
+  embps_status_t (*expand)(embps__engine_backend_t *be, embps_table_t *t, const void *unique_rows,
+                           size_t T, void *out, embps_error_t *err);
+  /** A strided copy: `height` rows of `width` bytes, `spitch`/`dpitch` bytes apart. */
+  embps_status_t (*copy2d)(embps__engine_backend_t *be, void *dst, size_t dpitch, const void *src,
+                           size_t spitch, size_t width, size_t height, embps_error_t *err);
+  /** out[s] = the sum of grads' rows at the positions of unique token s (last dedup), in
+   * position order, f32. */
+  embps_status_t (*segment_sum)(embps__engine_backend_t *be, embps_table_t *t, const void *grads,
+                                size_t T, size_t num_unique, float *out, embps_error_t *err);
+
+  /** embps_row_partials_cpu's contract. */
+  embps_status_t (*row_partials)(embps__engine_backend_t *be, const float *g, size_t m, size_t w,
+                                 size_t block, float *partials, embps_error_t *err);
+  /** embps_row_combine_cpu's contract into row_sumsq; with `bad` and `total` (host; both or
+   * neither), also the number of rows that are not finite and the total (waits for them). */
+  embps_status_t (*row_combine)(embps__engine_backend_t *be, const float *partials, size_t slices,
+                                size_t m, size_t nb, float *row_sumsq, uint64_t *bad, double *total,
+                                embps_error_t *err);
+  /** g[i] += weight_decay * w[rows[i]]. */
+  embps_status_t (*weight_decay)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
+                                 size_t m, float *g, embps_error_t *err);
+  /** The table's optimizer step p on rows (row_sumsq for rowwise Adagrad). */
+  embps_status_t (*update)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
+                           size_t m, const float *g, const float *row_sumsq,
+                           const embps_opt_params_t *p, embps_error_t *err);
+
+  /** Where a lookup's n rows of row_bytes are assembled before they reach `host` (the reply),
+   * and how many rows go back per chunk (output() takes chunks in order). */
+  embps_status_t (*output_begin)(embps__engine_backend_t *be, void *host, size_t n,
+                                 size_t row_bytes, void **out, size_t *chunk_rows,
+                                 embps_error_t *err);
+  /** Starts sending rows [first, first + count) of the assembled output to the host. */
+  embps_status_t (*output)(embps__engine_backend_t *be, size_t chunk, size_t first, size_t count,
+                           embps_error_t *err);
+  /** Waits until the op's work is done: a lookup's rows are in the reply, a push's update is
+   * applied. */
+  embps_status_t (*finish)(embps__engine_backend_t *be, embps_error_t *err);
+  /** After a failure: waits until nothing enqueued for the op can still touch its buffers. */
+  void (*abort)(embps__engine_backend_t *be);
+} embps__engine_ops_t;
+
+/** The optimizer parameters of the table's next step (advances its step count). */
+embps_opt_params_t embps__engine_next_step(embps_table_t *table);
+
+/** The CPU backend (engine_cpu.c). */
+embps_status_t embps__engine_cpu_new(embps__engine_backend_t **out, embps_comm_t *comm);
+extern const embps__engine_ops_t embps__engine_cpu_ops;
+
+/** The CUDA backend (engine_cuda.c; engine_nocuda.c answers EMBPS_UNIMPLEMENTED). `stream` is
+ * the group's cudaStream_t, on the calling thread's current device. */
+embps_status_t embps__engine_cuda_new(embps__engine_backend_t **out, embps_comm_t *comm,
+                                      void *stream);
+extern const embps__engine_ops_t embps__engine_cuda_ops;
+
+/** Pinned host memory usable from every device, allocated with `device` current; NULL when it
+ * cannot be had (no CUDA, or pinning failed). */
+void *embps__cuda_host_alloc(int device, size_t bytes);
+/** Frees memory from embps__cuda_host_alloc. */
+void embps__cuda_host_free(void *p);
+
+#endif
