@@ -23,26 +23,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc)" --target embps-server embps >/dev/null
 
 # Two client ports P0, P1 and a peer-port offset O such that P0+O and P1+O are free as well.
-read -r p0 p1 offset < <(/usr/bin/python3 - <<'PY'
-import random, socket
-def free(port):
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port)); return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-for _ in range(1000):
-    offset = random.randrange(1000, 10000)
-    p0 = random.randrange(20000, 65535 - offset - 1)
-    ports = [p0, p0 + 1, p0 + offset, p0 + 1 + offset]
-    if all(free(p) for p in ports):
-        print(p0, p0 + 1, offset); break
-else:
-    raise SystemExit("no free ports found")
-PY
-)
+read -r p0 p1 offset < <(/usr/bin/python3 deploy/group_ports.py)
 peers=127.0.0.1:$p0,127.0.0.1:$p1
 
 work=$(mktemp -d /tmp/embps-quickstart.XXXXXX)

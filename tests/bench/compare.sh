@@ -36,25 +36,7 @@ stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/
 trap 'stop; rm -rf "$work"' EXIT
 jget() { /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-ports() { # four free loopback ports: two client ports and, at a common offset, two peer ports
-  /usr/bin/python3 - <<'PY'
-import random, socket
-def free(p):
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p)); return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-for _ in range(1000):
-    off = random.randrange(1000, 10000); p = random.randrange(20000, 65535 - off - 1)
-    if all(free(q) for q in (p, p + 1, p + off, p + 1 + off)):
-        print(p, p + 1, off); break
-else:
-    raise SystemExit("no free ports")
-PY
-}
+ports() { /usr/bin/python3 deploy/group_ports.py; }
 
 # run_side NAME DIR: one round of every measurement against DIR's build; appends to $work/NAME.*
 run_side() {

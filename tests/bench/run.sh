@@ -148,25 +148,7 @@ fi
 # The single server goes first so the group has the machine to itself.
 kill "$spid" 2>/dev/null || true; wait "$spid" 2>/dev/null || true
 # Two client ports and a peer-port offset that leaves both peer ports free too.
-read -r gp0 gp1 goff < <(/usr/bin/python3 - <<'PY'
-import random, socket
-def free(port):
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port)); return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-for _ in range(1000):
-    off = random.randrange(1000, 10000)
-    p = random.randrange(20000, 65535 - off - 1)
-    if all(free(q) for q in (p, p + 1, p + off, p + 1 + off)):
-        print(p, p + 1, off); break
-else:
-    raise SystemExit("no free ports")
-PY
-)
+read -r gp0 gp1 goff < <(/usr/bin/python3 deploy/group_ports.py)
 gpeers=127.0.0.1:$gp0,127.0.0.1:$gp1
 for r in 0 1; do
   build/bin/embps-server --rank "$r" --peers "$gpeers" --peer-port-offset "$goff" \
