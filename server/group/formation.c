@@ -55,13 +55,18 @@ static embps_status_t send_out(former_t *f, uint32_t peer) {
   return io == EMBPS__IO_OK ? EMBPS_OK : EMBPS_UNAVAILABLE;
 }
 
-/* Receives peer's next frame into f->in. Returns its type, or -1 when none came in time (the
- * connection closed, the deadline passed, a malformed frame, no memory). */
-static int recv_in(former_t *f, uint32_t peer) {
+/* Receives peer's next frame into f->in. Returns its type; -1 when none came in time (the
+ * connection closed, the deadline passed, a malformed frame); -2 when out of memory (err set). */
+static int recv_in(former_t *f, uint32_t peer, embps_error_t *err) {
   uint8_t type;
-  if (embps__frame_recv(f->control_fds[peer], step_deadline(f), &type, &f->in, NULL) != EMBPS_OK)
-    return -1;
-  return type;
+  embps_error_t why;
+  embps_status_t st =
+      embps__frame_recv(f->control_fds[peer], step_deadline(f), &type, &f->in, &why);
+  if (st == EMBPS_RESOURCE_EXHAUSTED) {
+    embps_error_set(err, st, "%s", why.message);
+    return -2;
+  }
+  return st == EMBPS_OK ? type : -1;
 }
 
 /* A non-leader waits for the leader's frame of type want (in f->in). A BROKEN frame instead
@@ -70,7 +75,9 @@ static int recv_in(former_t *f, uint32_t peer) {
 static embps_status_t await_leader(former_t *f, int want, embps_status_t status,
                                    const char *message, embps_error_t *err) {
   char why[EMBPS__BROKEN_MAX + 1];
-  int type = recv_in(f, 0);
+  int type = recv_in(f, 0, err);
+  if (type == -2)
+    return EMBPS_RESOURCE_EXHAUSTED;
   if (type == EMBPS__FRAME_BROKEN &&
       embps__parse_broken(f->in.data, f->in.len, why, sizeof(why), NULL) == EMBPS_OK)
     return embps_error_set(err, EMBPS_FAILED_PRECONDITION, "%s", why);
@@ -99,7 +106,9 @@ static embps_status_t claim_devices(former_t *f, embps_error_t *err) {
              me.host);
   if (!is_leader(f)) {
     f->out.len = 0;
-    if (embps__frame_device(&f->out, &me, err) != EMBPS_OK || send_out(f, 0) != EMBPS_OK)
+    if ((ret = embps__frame_device(&f->out, &me, err)) != EMBPS_OK)
+      return ret;
+    if (send_out(f, 0) != EMBPS_OK)
       return embps_error_set(err, EMBPS_UNAVAILABLE, "cannot reach the leader (rank 0)");
     return EMBPS_OK;
   }
@@ -107,13 +116,19 @@ static embps_status_t claim_devices(former_t *f, embps_error_t *err) {
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for %u device claims",
                            cfg->size);
   claims[0] = me;
-  for (uint32_t r = 1; r < cfg->size; r++)
-    if (recv_in(f, r) != EMBPS__FRAME_DEVICE ||
+  for (uint32_t r = 1; r < cfg->size; r++) {
+    int type = recv_in(f, r, err);
+    if (type == -2) {
+      ret = EMBPS_RESOURCE_EXHAUSTED;
+      goto exit;
+    }
+    if (type != EMBPS__FRAME_DEVICE ||
         embps__parse_device(f->in.data, f->in.len, &claims[r], NULL) != EMBPS_OK) {
       ret = embps_error_set(err, EMBPS_UNAVAILABLE, "rank %u did not say which CUDA device it uses",
                             r);
       goto exit;
     }
+  }
   why[0] = '\0';
   embps__claims_conflict(claims, cfg->size, why, sizeof(why));
 #ifndef EMBPS_HAVE_NCCL
