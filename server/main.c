@@ -12,8 +12,10 @@
 #include <uv.h>
 
 #include "common/alloc.h"
+#include "common/hostport.h"
 #include "common/log.h"
 #include "server/engine/engine.h"
+#include "server/group/agreement.h"
 #include "server/group/bootstrap.h"
 #include "server/group/group.h"
 #include "server/group/mesh.h"
@@ -21,8 +23,6 @@
 #include "server/service/service.h"
 #include "server/settings.h"
 #include "server/store/store.h"
-
-#define MAX_RANKS 1024
 
 #ifdef EMBPS_HAVE_CUDA
 #define EMBPS_HAVE_CUDA_BUILD 1
@@ -73,27 +73,74 @@ static uint64_t default_max_table_bytes(void) {
   return (uint64_t)pages * (uint64_t)page / 4 * 3;
 }
 
-/* Splits a comma-separated list in place; returns the count, or -1 beyond max or on an empty
- * entry. */
-static int split_list(char *text, char **out, int max) {
-  int n = 0;
-  for (char *p = text; *p;) {
-    char *end = strchr(p, ',');
-    if (n == max || end == p)
-      return -1;
-    out[n++] = p;
-    if (!end)
-      break;
-    *end = '\0';
-    p = end + 1;
+/* The address to serve clients on: --listen, else this rank's --peers entry, else
+ * 127.0.0.1:7070. A host given by name is resolved here, since the network layer takes IP
+ * literals; *shown is the address as the user wrote it, for the "listening on" line. Returns 0,
+ * or -1 with the reason printed. */
+static int client_listen_address(const embps_settings_t *set, const embps_hostport_t *peer,
+                                 char *numeric, size_t cap, embps_hostport_t *shown,
+                                 int *wildcard) {
+  struct sockaddr_storage ss;
+  socklen_t len;
+  embps_hostport_t resolved;
+  embps_error_t err;
+  const char *text = set->listen[0] ? set->listen : "127.0.0.1:7070";
+  if (!set->listen[0] && peer)
+    *shown = *peer;
+  else if (embps_hostport_parse(shown, text, strlen(text), "--listen", EMBPS_HOSTPORT_LISTEN,
+                                &err) != EMBPS_OK) {
+    fprintf(stderr, "embps-server: %s\n", err.message);
+    return -1;
   }
-  return n;
+  if (embps_hostport_resolve(shown, &ss, &len, &err) != EMBPS_OK) {
+    fprintf(stderr, "embps-server: the address to serve clients on: %s\n", err.message);
+    return -1;
+  }
+  if (embps_hostport_numeric(&ss, len, &resolved) != EMBPS_OK ||
+      embps_hostport_format(&resolved, numeric, cap) != EMBPS_OK) {
+    fprintf(stderr, "embps-server: '%s' resolves to an address that cannot be served on\n",
+            shown->host);
+    return -1;
+  }
+  *wildcard = embps_hostport_is_wildcard(&ss);
+  return 0;
+}
+
+/* Parses --peers: *n ranks, each rank's peer address (its client address with the port
+ * offset) in peer_addrs (strings in bufs), and this rank's client address in *mine when
+ * --rank is within the list. Returns 0, or -1 with the reason printed. */
+static int peer_addresses(const embps_settings_t *set, char (*bufs)[300], const char **peer_addrs,
+                          size_t *n, embps_hostport_t *mine) {
+  embps_hostport_t *peers;
+  embps_error_t err;
+  int ret = 0;
+  if (embps_hostport_parse_list(set->peers, "--peers entry", EMBPS_SETTINGS_MAX_PEERS, 0, &peers, n,
+                                &err) != EMBPS_OK) {
+    fprintf(stderr, "embps-server: %s\n", err.message);
+    return -1;
+  }
+  for (size_t r = 0; r < *n && ret == 0; r++) {
+    char entry[300];
+    if (embps_hostport_format(&peers[r], entry, sizeof(entry)) != EMBPS_OK ||
+        embps_group_peer_addr(entry, (int)set->peer_port_offset, bufs[r], sizeof(bufs[r]), &err) !=
+            EMBPS_OK) {
+      fprintf(stderr, "embps-server: --peers entry %zu: %s\n", r, err.message);
+      ret = -1;
+    }
+    peer_addrs[r] = bufs[r];
+  }
+  if (set->rank < *n)
+    *mine = peers[set->rank];
+  embps_free(peers);
+  return ret;
 }
 
 int main(int argc, char **argv) {
-  static char peers_buf[1024], *peers[MAX_RANKS], peer_addrs_buf[MAX_RANKS][300];
-  const char *peer_addrs[MAX_RANKS];
-  char identity[4096], mesh_text[256], ta[256], da[256], listen_addr[1024];
+  static char peer_addrs_buf[EMBPS_SETTINGS_MAX_PEERS][300];
+  const char *peer_addrs[EMBPS_SETTINGS_MAX_PEERS];
+  char identity[4096], mesh_text[256], ta[256], da[256], listen_addr[300];
+  embps_hostport_t mine, shown;
+  size_t num_peers = 0;
   embps_settings_t set;
   embps_service_config_t scfg;
   embps_group_config_t gcfg;
@@ -101,7 +148,7 @@ int main(int argc, char **argv) {
   embps_mesh_t mesh;
   embps_error_t err;
   server_t s;
-  int want_help, level, num_peers = 0, num_devices, device;
+  int want_help, level, num_devices, device, bind_any;
   embps_backend_t backend;
   uint32_t group_size = 1, rank;
 
@@ -157,13 +204,9 @@ int main(int argc, char **argv) {
 
   /* The group's shape, checked before anything listens. */
   rank = (uint32_t)set.rank;
-  snprintf(peers_buf, sizeof(peers_buf), "%s", set.peers);
-  if (peers_buf[0]) {
-    if ((num_peers = split_list(peers_buf, peers, MAX_RANKS)) <= 0) {
-      fprintf(stderr, "embps-server: --peers '%s' is not a list of HOST:PORT (at most %d)\n",
-              set.peers, MAX_RANKS);
+  if (set.peers[0]) {
+    if (peer_addresses(&set, peer_addrs_buf, peer_addrs, &num_peers, &mine) != 0)
       return 2;
-    }
     group_size = (uint32_t)num_peers;
   }
   if (set.rank >= group_size) {
@@ -176,24 +219,18 @@ int main(int argc, char **argv) {
     fprintf(stderr, "embps-server: %s\n", err.message);
     return 2;
   }
-  for (int r = 0; r < num_peers; r++) {
-    if (embps_group_peer_addr(peers[r], (int)set.peer_port_offset, peer_addrs_buf[r],
-                              sizeof(peer_addrs_buf[r]), &err) != EMBPS_OK) {
-      fprintf(stderr, "embps-server: --peers entry %d ('%s'): %s\n", r, peers[r], err.message);
-      return 2;
-    }
-    peer_addrs[r] = peer_addrs_buf[r];
-  }
-  snprintf(listen_addr, sizeof(listen_addr), "%s",
-           set.listen[0] ? set.listen
-           : num_peers   ? peers[rank]
-                         : "127.0.0.1:7070");
+  if (client_listen_address(&set, num_peers ? &mine : NULL, listen_addr, sizeof(listen_addr),
+                            &shown, &bind_any) != 0)
+    return 2;
   embps_mesh_format(&mesh, mesh_text, sizeof(mesh_text));
   embps_mesh_format_axes(&mesh, 0, ta, sizeof(ta));
   embps_mesh_format_axes(&mesh, 1, da, sizeof(da));
-  snprintf(identity, sizeof(identity),
-           "version=%s\nmesh=%s\ntable_axis=%s\ndata_axis=%s\npeers=%s\n", EMBPS_VERSION, mesh_text,
-           ta, da, set.peers);
+  if (embps__identity_format(identity, sizeof(identity), EMBPS_VERSION, mesh_text, ta, da,
+                             set.peers) != EMBPS_OK) {
+    fprintf(stderr, "embps-server: the group's configuration does not fit in %zu bytes\n",
+            sizeof(identity));
+    return 2;
+  }
 
   memset(&scfg, 0, sizeof(scfg));
   scfg.max_table_bytes = set.max_table_bytes ? set.max_table_bytes : default_max_table_bytes();
@@ -207,7 +244,7 @@ int main(int argc, char **argv) {
   gcfg.rank = rank;
   gcfg.size = group_size;
   gcfg.peer_addrs = peer_addrs;
-  gcfg.bind_any = strncmp(listen_addr, "0.0.0.0:", 8) == 0 || strncmp(listen_addr, "[::]:", 5) == 0;
+  gcfg.bind_any = bind_any;
   gcfg.identity = identity;
   gcfg.bootstrap_timeout_ms = set.bootstrap_timeout_ms;
   gcfg.peer_timeout_ms = set.peer_timeout_ms;
@@ -248,15 +285,10 @@ int main(int argc, char **argv) {
              "bytes %llu",
              EMBPS_VERSION, rank, group_size, mesh_text, embps_group_backend(s.group),
              (unsigned long long)scfg.max_table_bytes);
-  {
-    /* The listening line is what scripts and tests wait for; its port is the real one when
-     * --listen asked for port 0. */
-    char host[256];
-    const char *colon = strrchr(listen_addr, ':');
-    size_t hl = colon ? (size_t)(colon - listen_addr) : strlen(listen_addr);
-    snprintf(host, sizeof(host), "%.*s", (int)hl, listen_addr);
-    EMBPS_INFO("listening on %s:%d", host, embps_net_port(s.net));
-  }
+  /* The listening line is what scripts and tests wait for; its port is the real one when
+   * --listen asked for port 0, and its host is as the user wrote it. */
+  EMBPS_INFO("listening on %s%s%s:%d", shown.ipv6 ? "[" : "", shown.host, shown.ipv6 ? "]" : "",
+             embps_net_port(s.net));
   uv_run(&s.loop, UV_RUN_DEFAULT);
 exit:
   embps_net_free(s.net);

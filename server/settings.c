@@ -8,7 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { TYPE_STR, TYPE_SIZE, TYPE_U64 } setting_type_t;
+#include "common/alloc.h"
+#include "common/hostport.h"
+
+typedef enum { TYPE_STR, TYPE_SIZE, TYPE_U64, TYPE_ADDR, TYPE_ADDRS } setting_type_t;
 
 typedef struct setting_desc {
   const char *flag;
@@ -78,15 +81,37 @@ embps_status_t embps_settings_parse_size(const char *text, uint64_t *out) {
   return EMBPS_OK;
 }
 
+/* Checks an ADDR or ADDRS value (a STR passes) with the parser every address goes through. */
+static embps_status_t check_addresses(setting_type_t type, const char *value, const char *source,
+                                      embps_error_t *err) {
+  char what[160];
+  embps_hostport_t one, *list = NULL;
+  size_t n;
+  embps_status_t ret = EMBPS_OK;
+  if (type == TYPE_ADDR)
+    ret = embps_hostport_parse(&one, value, strlen(value), source, EMBPS_HOSTPORT_LISTEN, err);
+  else if (type == TYPE_ADDRS) {
+    snprintf(what, sizeof(what), "%s entry", source);
+    ret = embps_hostport_parse_list(value, what, EMBPS_SETTINGS_MAX_PEERS, 0, &list, &n, err);
+    embps_free(list);
+  }
+  return ret;
+}
+
 static embps_status_t set_value(embps_settings_t *s, const setting_desc_t *d, const char *value,
                                 const char *source, embps_error_t *err) {
   char *field = (char *)s + d->offset;
+  embps_status_t ret;
   uint64_t v;
 
   switch (d->type) {
   case TYPE_STR:
+  case TYPE_ADDR:
+  case TYPE_ADDRS:
     if (strlen(value) >= sizeof(s->listen))
       return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "%s: value too long", source);
+    if (value[0] && (ret = check_addresses(d->type, value, source, err)) != EMBPS_OK)
+      return ret;
     strcpy(field, value);
     return EMBPS_OK;
   case TYPE_SIZE:

@@ -12,13 +12,15 @@
 /* X(field, type, flag, default, help). The environment variable is EMBPS_ followed by the flag
  * upper-cased with '-' turned into '_' (--max-message-bytes: EMBPS_MAX_MESSAGE_BYTES).
  * Types: STR (a string), SIZE (an unsigned count that takes K/M/G/T suffixes, powers of 1024),
- * U64 (a plain unsigned count). */
+ * U64 (a plain unsigned count), ADDR (empty, or a listen address as common/hostport.h parses
+ * it: HOST:PORT, [V6]:PORT, port 0 allowed), ADDRS (empty, or a comma-separated list of at most
+ * EMBPS_SETTINGS_MAX_PEERS HOST:PORT addresses). Hosts are IP literals or DNS names. */
 #define EMBPS_SERVER_SETTINGS(X)                                                                   \
-  X(listen, STR, "listen", "",                                                                     \
+  X(listen, ADDR, "listen", "",                                                                    \
     "address to serve gRPC clients on (HOST:PORT); default: this rank's entry of --peers, "        \
     "else 127.0.0.1:7070")                                                                         \
   X(rank, U64, "rank", "0", "this server's rank in the shard group (0 is the leader)")             \
-  X(peers, STR, "peers", "",                                                                       \
+  X(peers, ADDRS, "peers", "",                                                                     \
     "every rank's client address in rank order (HOST:PORT,HOST:PORT,...); empty: a group of "      \
     "one")                                                                                         \
   X(peer_port_offset, U64, "peer-port-offset", "1000",                                             \
@@ -50,8 +52,13 @@
     "cuda: the CUDA device this rank uses; auto = rank modulo the devices visible")                \
   X(log_level, STR, "log-level", "info", "debug, info, warn or error")
 
+/** Most entries --peers takes (the largest group). */
+#define EMBPS_SETTINGS_MAX_PEERS 1024
+
 typedef struct embps_settings {
 #define EMBPS_SETTING_FIELD_STR(name) char name[1024];
+#define EMBPS_SETTING_FIELD_ADDR(name) char name[1024];
+#define EMBPS_SETTING_FIELD_ADDRS(name) char name[1024];
 #define EMBPS_SETTING_FIELD_SIZE(name) uint64_t name;
 #define EMBPS_SETTING_FIELD_U64(name) uint64_t name;
 #define EMBPS_SETTING_FIELD(name, type, flag, def, help) EMBPS_SETTING_FIELD_##type(name)

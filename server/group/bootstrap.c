@@ -8,343 +8,92 @@
  * retries every RETRY_MS while the peer is not listening yet (connection refused, a name not
  * resolving yet, a connection dropped before its verdict), until the deadline.
  *
- * The protocol on each new connection (integers big-endian):
- *   connector -> acceptor  hello:   "EMBPS1" | kind u8 (0 control, 1 data) | sender rank u32 |
- *                                   group size u32 | identity length u32 | identity bytes
- *   acceptor -> connector  verdict: u8 (0 accept, 1 refuse) | message length u16 | message
- * The acceptor checks, in this order, the group size, that the sender is a higher rank not
- * yet connected for that kind, and the identity key by key ("key=value" lines, any order);
- * a refusal names what differs from the acceptor's point of view and the connector fails with
- * it (FAILED_PRECONDITION). The acceptor itself keeps waiting for a matching peer (the refused
- * one may be restarted with the right configuration) and, if the deadline passes, fails with
- * the last refusal rather than a bare timeout. Connections that do not open with the magic
- * (a port scanner, a gRPC client pointed at the peer port) are closed and ignored; accepted
- * connections are read concurrently through one poll() so an idle one cannot stall the rest.
- * When every connection is up, each rank sends READY_BYTE on every control connection and
- * waits for one from every peer: a rank receives all of them only once every rank holds all of
- * its connections, so bootstrap returns on every rank only when the whole group is up.
+ * On each new connection the connector sends a hello and the acceptor answers with a verdict
+ * (control.h has the bytes). The acceptor judges the hello (agreement.h: group size, rank,
+ * then the identity key by key); a refusal names what differs from the acceptor's point of
+ * view and the connector fails with it (FAILED_PRECONDITION). The acceptor itself keeps waiting
+ * for a matching peer (the refused one may be restarted with the right configuration) and, if
+ * the deadline passes, fails with the last refusal rather than a bare timeout. Connections that
+ * do not open with the hello's magic (a port scanner, a gRPC client pointed at the peer port)
+ * are closed and ignored; accepted connections are read concurrently through one poll() so an
+ * idle one cannot stall the rest. When every connection is up, each rank sends the READY byte
+ * on every control connection and waits for one from every peer: a rank receives all of them
+ * only once every rank holds all of its connections, so bootstrap returns on every rank only
+ * when the whole group is up.
  *
- * Everything runs on non-blocking sockets with one deadline; the sockets handed back are made
- * blocking again. The module runs before any event loop exists, so it uses plain poll()
- * rather than libuv. */
+ * This file is the socket side only: addresses are common/hostport's, bytes control.c's and
+ * decisions agreement.c's. Everything runs on non-blocking sockets with one deadline; the
+ * sockets handed back are made blocking again. The module runs before any event loop exists,
+ * so it uses plain poll() rather than libuv. */
 #include "server/group/bootstrap.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
+#include "common/hostport.h"
 #include "common/log.h"
+#include "server/group/agreement.h"
+#include "server/group/control.h"
+#include "server/group/control_io.h"
 
-#define HELLO_MAGIC "EMBPS1"
-#define MAGIC_LEN 6
-#define HELLO_HEADER_LEN (MAGIC_LEN + 1 + 4 + 4 + 4)
-#define MAX_IDENTITY_LEN (64u * 1024u)
-#define VERDICT_HEADER_LEN 3
-#define VERDICT_ACCEPT 0
-#define VERDICT_REFUSE 1
-#define READY_BYTE 'R'
 /* How often a connector retries a peer that is not listening yet. */
 #define RETRY_MS 50
 /* Accepted connections still reading their hello; beyond this the oldest is dropped, so a
  * flood of idle connections cannot lock the real peers out. */
 #define MAX_PENDING 64
-/* Values quoted in a mismatch message are clipped so the message fits embps_error_t. */
-#define MAX_QUOTED 120
-#define HOST_CAP 256
-
-typedef struct peer_addr {
-  char host[HOST_CAP];
-  unsigned port;
-  int v6; /* written as "[host]" */
-} peer_addr_t;
-
-/* A hello as received. identity is owned (NUL-terminated). */
-typedef struct hello {
-  uint8_t kind;
-  uint32_t rank;
-  uint32_t size;
-  uint32_t identity_len;
-  char *identity;
-} hello_t;
 
 /* An accepted connection still reading its hello. */
 typedef struct pending {
   int fd;
-  uint8_t header[HELLO_HEADER_LEN];
-  size_t have;   /* bytes of header + identity read so far */
-  hello_t hello; /* filled once the header is complete */
+  uint8_t header[EMBPS__HELLO_HEADER_LEN];
+  size_t have;          /* bytes of header + identity read so far */
+  embps__hello_t hello; /* filled once the header is complete */
+  char *identity;       /* owned, NUL-terminated; allocated once the header is complete */
 } pending_t;
 
-typedef enum { IO_OK = 0, IO_ERROR, IO_EOF, IO_TIMEOUT } io_result_t;
+typedef struct boot {
+  uint32_t rank;
+  uint32_t size;
+  const char *identity;
+  size_t identity_len;
+  uint64_t timeout_ms;
+  uint64_t deadline;
+  embps_hostport_t *addrs; /* size entries, owned */
+  int *control_fds;        /* the caller's arrays */
+  int *data_fds;
+  char last_refusal[sizeof(((embps_error_t *)0)->message)];
+} boot_t;
 
 static const char *kind_name(unsigned kind) { return kind == 0 ? "control" : "data"; }
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* Milliseconds left until deadline, clipped to what poll() takes. */
-static int remaining_ms(uint64_t deadline) {
-  uint64_t now = now_ms();
-  if (now >= deadline)
-    return 0;
-  uint64_t left = deadline - now;
-  return left > 1000000000u ? 1000000000 : (int)left;
-}
-
-static void put_u32(uint8_t *p, uint32_t v) {
-  p[0] = (uint8_t)(v >> 24);
-  p[1] = (uint8_t)(v >> 16);
-  p[2] = (uint8_t)(v >> 8);
-  p[3] = (uint8_t)v;
-}
-
-static uint32_t get_u32(const uint8_t *p) {
-  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
-}
-
-/* ---- addresses ---- */
-
-/* Parses "host:port" or "[v6]:port" with port 1..65535. Returns 0, or -1 when it does not. */
-static int parse_addr(const char *text, peer_addr_t *out) {
-  const char *host, *host_end, *port;
-  int v6 = 0;
-  if (!text)
-    return -1;
-  if (text[0] == '[') {
-    host = text + 1;
-    host_end = strchr(host, ']');
-    if (!host_end || host_end[1] != ':')
-      return -1;
-    port = host_end + 2;
-    v6 = 1;
-  } else {
-    host = text;
-    host_end = strrchr(text, ':');
-    if (!host_end || memchr(host, ':', (size_t)(host_end - host)))
-      return -1; /* no port, or an unbracketed IPv6 address */
-    port = host_end + 1;
-  }
-  size_t host_len = (size_t)(host_end - host);
-  if (host_len == 0 || host_len >= HOST_CAP)
-    return -1;
-  for (size_t i = 0; i < host_len; i++) {
-    char c = host[i];
-    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-             c == '.' || c == '-' || c == '_' || (v6 && (c == ':' || c == '%'));
-    if (!ok)
-      return -1;
-  }
-  unsigned long p = 0;
-  size_t digits = 0;
-  for (; port[digits]; digits++) {
-    if (port[digits] < '0' || port[digits] > '9' || digits >= 5)
-      return -1;
-    p = p * 10 + (unsigned long)(port[digits] - '0');
-  }
-  if (digits == 0 || p == 0 || p > 65535)
-    return -1;
-  memcpy(out->host, host, host_len);
-  out->host[host_len] = '\0';
-  out->port = (unsigned)p;
-  out->v6 = v6;
-  return 0;
-}
-
-/* Resolves an address to one socket address; wildcard gives the family's any-address. Returns
- * 0, or a getaddrinfo error code. */
-static int resolve(const peer_addr_t *a, int wildcard, struct sockaddr_storage *ss,
-                   socklen_t *len) {
-  memset(ss, 0, sizeof(*ss));
-  if (!a->v6 && (wildcard || strcmp(a->host, "localhost") == 0)) {
-    struct sockaddr_in *in = (struct sockaddr_in *)ss;
-    in->sin_family = AF_INET;
-    in->sin_port = htons((uint16_t)a->port);
-    in->sin_addr.s_addr = htonl(wildcard ? INADDR_ANY : INADDR_LOOPBACK);
-    *len = sizeof(*in);
-    return 0;
-  }
-  if (a->v6 && wildcard) {
-    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons((uint16_t)a->port);
-    in6->sin6_addr = in6addr_any;
-    *len = sizeof(*in6);
-    return 0;
-  }
-  struct addrinfo hints, *res = NULL;
-  memset(&hints, 0, sizeof(hints));
-  hints.ai_family = a->v6 ? AF_INET6 : AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = a->v6 ? AI_NUMERICHOST : 0;
-  int rc = getaddrinfo(a->host, NULL, &hints, &res);
-  if (rc != 0)
-    return rc;
-  memcpy(ss, res->ai_addr, res->ai_addrlen);
-  *len = res->ai_addrlen;
-  if (ss->ss_family == AF_INET6)
-    ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)a->port);
-  else
-    ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)a->port);
-  freeaddrinfo(res);
-  return 0;
-}
-
 embps_status_t embps_group_peer_addr(const char *client_addr, int port_offset, char *out,
                                      size_t cap, embps_error_t *err) {
-  peer_addr_t a;
-  if (!out || parse_addr(client_addr, &a) != 0)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "client address '%s' is not host:port with a port in 1..65535",
-                           client_addr ? client_addr : "(null)");
+  embps_hostport_t a;
+  embps_status_t ret;
+  if (!out || !client_addr)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "no client address to derive from");
+  ret = embps_hostport_parse(&a, client_addr, strlen(client_addr), "client address", 0, err);
+  if (ret != EMBPS_OK)
+    return ret;
   long port = (long)a.port + port_offset;
   if (port < 1 || port > 65535)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "peer port of '%s' with offset %d is %ld, outside 1..65535", client_addr,
                            port_offset, port);
-  char buf[HOST_CAP + 16];
-  int n = snprintf(buf, sizeof(buf), a.v6 ? "[%s]:%ld" : "%s:%ld", a.host, port);
-  if (n < 0 || (size_t)n >= cap)
+  a.port = (uint16_t)port;
+  if (embps_hostport_format(&a, out, cap) != EMBPS_OK)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "peer address of '%s' does not fit in %zu bytes", client_addr, cap);
-  memcpy(out, buf, (size_t)n + 1);
   return EMBPS_OK;
-}
-
-/* ---- identity ---- */
-
-/* Finds key in "key=value\n" text; the first occurrence wins. A line without '=' is a key with
- * an empty value. Returns 1 and sets val/vlen when found. */
-static int find_value(const char *text, const char *key, size_t klen, const char **val,
-                      size_t *vlen) {
-  const char *p = text;
-  while (*p) {
-    const char *eol = strchr(p, '\n');
-    size_t line_len = eol ? (size_t)(eol - p) : strlen(p);
-    const char *eq = memchr(p, '=', line_len);
-    size_t this_klen = eq ? (size_t)(eq - p) : line_len;
-    if (line_len > 0 && this_klen == klen && memcmp(p, key, klen) == 0) {
-      *val = eq ? eq + 1 : p + line_len;
-      *vlen = eq ? line_len - this_klen - 1 : 0;
-      return 1;
-    }
-    p += line_len + (eol ? 1 : 0);
-  }
-  return 0;
-}
-
-/* Looks for a key of `a` that `b` lacks or gives another value. Returns 1 and sets the key and
- * both values (b_val NULL when b lacks it) at the first such key, in a's order. */
-static int first_difference(const char *a, const char *b, const char **key, size_t *klen,
-                            const char **a_val, size_t *a_vlen, const char **b_val,
-                            size_t *b_vlen) {
-  const char *p = a;
-  while (*p) {
-    const char *eol = strchr(p, '\n');
-    size_t line_len = eol ? (size_t)(eol - p) : strlen(p);
-    const char *eq = memchr(p, '=', line_len);
-    size_t this_klen = eq ? (size_t)(eq - p) : line_len;
-    if (line_len > 0) {
-      const char *v = eq ? eq + 1 : p + line_len;
-      size_t vlen = eq ? line_len - this_klen - 1 : 0;
-      const char *bv;
-      size_t bvlen;
-      int found = find_value(b, p, this_klen, &bv, &bvlen);
-      if (!found || bvlen != vlen || memcmp(bv, v, vlen) != 0) {
-        *key = p;
-        *klen = this_klen;
-        *a_val = v;
-        *a_vlen = vlen;
-        *b_val = found ? bv : NULL;
-        *b_vlen = found ? bvlen : 0;
-        return 1;
-      }
-    }
-    p += line_len + (eol ? 1 : 0);
-  }
-  return 0;
-}
-
-static int clip(size_t n) { return n > MAX_QUOTED ? MAX_QUOTED : (int)n; }
-
-/* Compares the identity of rank there_rank with ours. Returns 0 when they agree, else 1 with
- * the first difference described in why. */
-static int identity_differs(const char *here, uint32_t here_rank, const char *there,
-                            uint32_t there_rank, char *why, size_t cap) {
-  const char *key, *hv, *tv;
-  size_t klen, hvlen, tvlen;
-  if (strcmp(here, there) == 0)
-    return 0;
-  if (first_difference(here, there, &key, &klen, &hv, &hvlen, &tv, &tvlen)) {
-    if (tv)
-      snprintf(why, cap,
-               "rank %u's configuration differs from rank %u's: %.*s is '%.*s%s' "
-               "there and '%.*s%s' here",
-               there_rank, here_rank, clip(klen), key, clip(tvlen), tv,
-               tvlen > MAX_QUOTED ? "..." : "", clip(hvlen), hv, hvlen > MAX_QUOTED ? "..." : "");
-    else
-      snprintf(why, cap,
-               "rank %u's configuration differs from rank %u's: %.*s is not set "
-               "there and '%.*s%s' here",
-               there_rank, here_rank, clip(klen), key, clip(hvlen), hv,
-               hvlen > MAX_QUOTED ? "..." : "");
-    return 1;
-  }
-  if (first_difference(there, here, &key, &klen, &tv, &tvlen, &hv, &hvlen)) {
-    snprintf(why, cap,
-             "rank %u's configuration differs from rank %u's: %.*s is '%.*s%s' "
-             "there and not set here",
-             there_rank, here_rank, clip(klen), key, clip(tvlen), tv,
-             tvlen > MAX_QUOTED ? "..." : "");
-    return 1;
-  }
-  return 0; /* same keys and values, other order or blank lines */
-}
-
-/* The acceptor's decision on a complete hello. Returns 0 to accept, 1 to refuse (why says
- * why, from the acceptor's point of view). */
-static int judge_hello(uint32_t rank, uint32_t size, const char *identity, const hello_t *h,
-                       const int *control_fds, const int *data_fds, char *why, size_t cap) {
-  if (h->size != size) {
-    snprintf(why, cap,
-             "rank %u's group size differs from rank %u's: size is %u there and %u "
-             "here",
-             h->rank, rank, h->size, size);
-    return 1;
-  }
-  if (h->kind > EMBPS_GROUP_CONN_DATA) {
-    snprintf(why, cap, "a peer calling itself rank %u opened a connection of unknown kind %u",
-             h->rank, h->kind);
-    return 1;
-  }
-  if (h->rank <= rank || h->rank >= size) {
-    snprintf(why, cap,
-             "a peer calling itself rank %u connected to rank %u, where only ranks "
-             "%u..%u connect; do two processes have the same rank?",
-             h->rank, rank, rank + 1, size - 1);
-    return 1;
-  }
-  const int *fds = h->kind == EMBPS_GROUP_CONN_CONTROL ? control_fds : data_fds;
-  if (fds[h->rank] >= 0) {
-    snprintf(why, cap,
-             "rank %u opened a second %s connection to rank %u; is rank %u running "
-             "twice?",
-             h->rank, kind_name(h->kind), rank, h->rank);
-    return 1;
-  }
-  return identity_differs(identity, rank, h->identity, h->rank, why, cap);
 }
 
 /* ---- socket helpers ---- */
@@ -368,89 +117,13 @@ static void close_fd(int *fd) {
   }
 }
 
-/* Waits until fd is ready for `events` or the deadline passes (EINTR counts as ready: the
- * caller retries its call). */
-static io_result_t wait_ready(int fd, short events, uint64_t deadline) {
-  struct pollfd pfd = {.fd = fd, .events = events};
-  int left = remaining_ms(deadline);
-  if (left == 0)
-    return IO_TIMEOUT;
-  if (poll(&pfd, 1, left) < 0 && errno != EINTR)
-    return IO_ERROR;
-  return IO_OK;
-}
-
-/* Sends all n bytes on a non-blocking socket before the deadline. */
-static io_result_t send_all(int fd, const void *buf, size_t n, uint64_t deadline) {
-  const uint8_t *p = buf;
-  while (n > 0) {
-    ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-    if (k > 0) {
-      p += k;
-      n -= (size_t)k;
-      continue;
-    }
-    if (k < 0 && errno == EINTR)
-      continue;
-    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-      return IO_ERROR;
-    io_result_t w = wait_ready(fd, POLLOUT, deadline);
-    if (w != IO_OK)
-      return w;
-  }
-  return IO_OK;
-}
-
-/* Receives exactly n bytes from a non-blocking socket before the deadline. */
-static io_result_t recv_all(int fd, void *buf, size_t n, uint64_t deadline) {
-  uint8_t *p = buf;
-  while (n > 0) {
-    ssize_t k = recv(fd, p, n, 0);
-    if (k > 0) {
-      p += k;
-      n -= (size_t)k;
-      continue;
-    }
-    if (k == 0)
-      return IO_EOF;
-    if (errno == EINTR)
-      continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK)
-      return IO_ERROR;
-    io_result_t w = wait_ready(fd, POLLIN, deadline);
-    if (w != IO_OK)
-      return w;
-  }
-  return IO_OK;
-}
-
 /* Sends a verdict; best effort (a refused peer that already left changes nothing). */
-static io_result_t send_verdict(int fd, uint8_t verdict, const char *msg, uint64_t deadline) {
-  uint8_t buf[VERDICT_HEADER_LEN + sizeof(((embps_error_t *)0)->message)];
-  size_t len = strlen(msg);
-  if (len > sizeof(buf) - VERDICT_HEADER_LEN)
-    len = sizeof(buf) - VERDICT_HEADER_LEN;
-  buf[0] = verdict;
-  buf[1] = (uint8_t)(len >> 8);
-  buf[2] = (uint8_t)len;
-  memcpy(buf + VERDICT_HEADER_LEN, msg, len);
-  return send_all(fd, buf, VERDICT_HEADER_LEN + len, deadline);
+static embps__io_t send_verdict(int fd, int accept, const char *msg, uint64_t deadline) {
+  uint8_t bytes[EMBPS__VERDICT_HEADER_LEN + EMBPS__VERDICT_MESSAGE_MAX];
+  embps__buf_t b = {bytes, 0, sizeof(bytes)}; /* always fits: nothing is allocated */
+  embps__verdict_encode(&b, accept, msg);
+  return embps__send_all(fd, b.data, b.len, deadline);
 }
-
-/* ---- bootstrap ---- */
-
-typedef struct boot {
-  uint32_t rank;
-  uint32_t size;
-  const char *identity;
-  size_t identity_len;
-  uint64_t timeout_ms;
-  uint64_t deadline;
-  peer_addr_t *addrs; /* size entries, owned */
-  int *control_fds;   /* the caller's arrays */
-  int *data_fds;
-  char last_refusal[sizeof(((embps_error_t *)0)->message)];
-} boot_t;
 
 /* Appends " r" for every rank in [lo, hi) missing a connection in either array. */
 static void list_missing(const boot_t *b, uint32_t lo, uint32_t hi, char *out, size_t cap) {
@@ -463,21 +136,29 @@ static void list_missing(const boot_t *b, uint32_t lo, uint32_t hi, char *out, s
   }
 }
 
+/* The address this rank listens on: its peer address, or with bind_any the wildcard address
+ * of that address's family (IPv6 for a bracketed host). */
+static embps_status_t listen_address(const embps_hostport_t *a, int bind_any,
+                                     struct sockaddr_storage *ss, socklen_t *len,
+                                     embps_error_t *err) {
+  embps_hostport_t any = *a;
+  embps_error_t why;
+  if (bind_any)
+    snprintf(any.host, sizeof(any.host), "%s", a->ipv6 ? "::" : "0.0.0.0");
+  if (embps_hostport_resolve(&any, ss, len, &why) != EMBPS_OK)
+    return embps_error_set(err, EMBPS_UNAVAILABLE, "%s (the peer listen address)", why.message);
+  return EMBPS_OK;
+}
+
 static embps_status_t open_listener(const boot_t *b, int bind_any, int *fd_out,
                                     embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
-  const peer_addr_t *a = &b->addrs[b->rank];
+  const embps_hostport_t *a = &b->addrs[b->rank];
   struct sockaddr_storage ss;
   socklen_t len;
   int fd = -1, one = 1;
-  int rc = resolve(a, bind_any, &ss, &len);
-  if (rc != 0) {
-    ret = embps_error_set(err, EMBPS_UNAVAILABLE,
-                          "cannot resolve the peer listen address "
-                          "'%s': %s",
-                          a->host, gai_strerror(rc));
+  if ((ret = listen_address(a, bind_any, &ss, &len, err)) != EMBPS_OK)
     goto fail;
-  }
   fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     ret = embps_error_set(err, EMBPS_INTERNAL, "socket: %s", strerror(errno));
@@ -488,13 +169,10 @@ static embps_status_t open_listener(const boot_t *b, int bind_any, int *fd_out,
     goto fail;
   }
   if (bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, 2 * (int)b->size + 64) != 0) {
-    ret =
-        embps_error_set(err, EMBPS_UNAVAILABLE,
-                        "rank %u cannot listen for peers on %s%s%s:%u"
-                        " (%s): %s",
-                        b->rank, a->v6 ? "[" : "", bind_any ? (a->v6 ? "::" : "0.0.0.0") : a->host,
-                        a->v6 ? "]" : "", a->port, bind_any ? "all interfaces" : "its peer address",
-                        strerror(errno));
+    ret = embps_error_set(
+        err, EMBPS_UNAVAILABLE, "rank %u cannot listen for peers on %s%s%s:%u (%s): %s", b->rank,
+        a->ipv6 ? "[" : "", bind_any ? (a->ipv6 ? "::" : "0.0.0.0") : a->host, a->ipv6 ? "]" : "",
+        a->port, bind_any ? "all interfaces" : "its peer address", strerror(errno));
     goto fail;
   }
   *fd_out = fd;
@@ -505,103 +183,129 @@ fail:
   goto exit;
 }
 
+/* Opens a TCP connection to a before the deadline. Returns the socket, or -1 with why (cap
+ * bytes) saying what went wrong this time (worth retrying), or -2 with err set (not worth it). */
+static int dial(const boot_t *b, const embps_hostport_t *a, char *why, size_t cap,
+                embps_error_t *err) {
+  struct sockaddr_storage ss;
+  socklen_t len;
+  embps_error_t rerr;
+  int fd;
+  if (embps_hostport_resolve(a, &ss, &len, &rerr) != EMBPS_OK) {
+    snprintf(why, cap, "%.150s", rerr.message);
+    return -1;
+  }
+  fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0 || set_nodelay(fd) != 0) {
+    embps_error_set(err, EMBPS_INTERNAL, "%s: %s", fd < 0 ? "socket" : "TCP_NODELAY",
+                    strerror(errno));
+    if (fd >= 0)
+      close(fd);
+    return -2;
+  }
+  if (connect(fd, (struct sockaddr *)&ss, len) != 0) {
+    int so_err = errno, prc = 0;
+    socklen_t so_len = sizeof(so_err);
+    if (so_err == EINPROGRESS) {
+      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+      prc = poll(&pfd, 1, embps__remaining_ms(b->deadline));
+      so_err = prc < 0 ? errno : 0;
+      if (prc > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_err, &so_len) != 0)
+        so_err = errno;
+    }
+    if (prc == 0 && so_err == 0)
+      snprintf(why, cap, "connection attempt timed out");
+    else if (so_err)
+      snprintf(why, cap, "%s", strerror(so_err));
+    if (prc == 0 || so_err) {
+      close(fd);
+      return -1;
+    }
+  }
+  return fd;
+}
+
+/* Sends the hello on fd and reads the verdict. Returns 1 when accepted, 0 when refused (msg
+ * holds why), -1 when the exchange failed (why says how: worth retrying) or -2 when out of
+ * memory (err set). *msg is owned by the caller. */
+static int exchange_hello(const boot_t *b, uint32_t peer, int fd, const embps__buf_t *hello,
+                          char **msg, char *why, size_t cap, embps_error_t *err) {
+  uint8_t vh[EMBPS__VERDICT_HEADER_LEN];
+  size_t msg_len;
+  int accept;
+  embps__io_t io = embps__send_all(fd, hello->data, hello->len, b->deadline);
+  if (io == EMBPS__IO_OK)
+    io = embps__recv_all(fd, vh, sizeof(vh), b->deadline);
+  if (io != EMBPS__IO_OK) {
+    /* The peer's listener may belong to a process on its way out, or be still stuck in its
+     * own connects: try again while time is left. */
+    snprintf(why, cap, "%s before rank %u answered",
+             io == EMBPS__IO_TIMEOUT ? "timed out"
+             : io == EMBPS__IO_EOF   ? "connection closed"
+                                     : strerror(errno),
+             peer);
+    return -1;
+  }
+  if (embps__verdict_decode(vh, &accept, &msg_len, NULL) != EMBPS_OK) {
+    snprintf(why, cap, "rank %u's answer is not a verdict", peer);
+    return -1;
+  }
+  if (!(*msg = embps_malloc(msg_len + 1))) {
+    embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a verdict");
+    return -2;
+  }
+  if (embps__recv_all(fd, *msg, msg_len, b->deadline) != EMBPS__IO_OK) {
+    snprintf(why, cap, "rank %u's answer was cut short", peer);
+    return -1;
+  }
+  (*msg)[msg_len] = '\0';
+  return accept;
+}
+
 /* Connects to lower rank `peer` for `kind`, retrying until the deadline. On EMBPS_OK *fd_out
  * is the accepted connection. */
 static embps_status_t connect_peer(boot_t *b, uint32_t peer, uint8_t kind, int *fd_out,
                                    embps_error_t *err) {
-  const peer_addr_t *a = &b->addrs[peer];
+  const embps_hostport_t *a = &b->addrs[peer];
   char last_why[160] = "no attempt finished";
-  uint8_t *hello = NULL;
+  embps__buf_t hello = {0};
   char *msg = NULL;
   int fd = -1;
   embps_status_t ret = EMBPS_OK;
-  size_t hello_len = HELLO_HEADER_LEN + b->identity_len;
 
-  hello = embps_malloc(hello_len);
-  if (!hello) {
-    ret = embps_error_set(err, EMBPS_INTERNAL, "out of memory for a %zu-byte hello", hello_len);
+  if (embps__hello_encode(&hello, kind, b->rank, b->size, b->identity, b->identity_len) !=
+      EMBPS_OK) {
+    ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte hello",
+                          EMBPS__HELLO_HEADER_LEN + b->identity_len);
     goto fail;
   }
-  memcpy(hello, HELLO_MAGIC, MAGIC_LEN);
-  hello[MAGIC_LEN] = kind;
-  put_u32(hello + MAGIC_LEN + 1, b->rank);
-  put_u32(hello + MAGIC_LEN + 5, b->size);
-  put_u32(hello + MAGIC_LEN + 9, (uint32_t)b->identity_len);
-  memcpy(hello + HELLO_HEADER_LEN, b->identity, b->identity_len);
-
   for (int attempt = 0;; attempt++) {
     if (attempt > 0) {
       close_fd(&fd);
-      int left = remaining_ms(b->deadline);
+      embps_free(msg);
+      msg = NULL;
+      int left = embps__remaining_ms(b->deadline);
       if (left == 0)
         break;
       poll(NULL, 0, left < RETRY_MS ? left : RETRY_MS);
     }
-    if (remaining_ms(b->deadline) == 0)
+    if (embps__remaining_ms(b->deadline) == 0)
       break;
-    struct sockaddr_storage ss;
-    socklen_t len;
-    int rc = resolve(a, 0, &ss, &len);
-    if (rc != 0) {
-      snprintf(last_why, sizeof(last_why), "cannot resolve the host: %s", gai_strerror(rc));
-      continue;
-    }
-    fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-      ret = embps_error_set(err, EMBPS_INTERNAL, "socket: %s", strerror(errno));
+    fd = dial(b, a, last_why, sizeof(last_why), err);
+    if (fd == -2) {
+      ret = err->status;
       goto fail;
     }
-    if (set_nodelay(fd) != 0) {
-      ret = embps_error_set(err, EMBPS_INTERNAL, "TCP_NODELAY: %s", strerror(errno));
+    if (fd < 0)
+      continue;
+    int verdict = exchange_hello(b, peer, fd, &hello, &msg, last_why, sizeof(last_why), err);
+    if (verdict == -2) {
+      ret = EMBPS_RESOURCE_EXHAUSTED;
       goto fail;
     }
-    if (connect(fd, (struct sockaddr *)&ss, len) != 0) {
-      if (errno != EINPROGRESS) {
-        snprintf(last_why, sizeof(last_why), "%s", strerror(errno));
-        continue;
-      }
-      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      int prc = poll(&pfd, 1, remaining_ms(b->deadline));
-      if (prc == 0) {
-        snprintf(last_why, sizeof(last_why), "connection attempt timed out");
-        continue;
-      }
-      int so_err = 0;
-      socklen_t so_len = sizeof(so_err);
-      if (prc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_err, &so_len) != 0 || so_err) {
-        snprintf(last_why, sizeof(last_why), "%s", strerror(so_err ? so_err : errno));
-        continue;
-      }
-    }
-    io_result_t io = send_all(fd, hello, hello_len, b->deadline);
-    uint8_t vh[VERDICT_HEADER_LEN];
-    if (io == IO_OK)
-      io = recv_all(fd, vh, sizeof(vh), b->deadline);
-    if (io != IO_OK) {
-      /* The peer's listener may belong to a process on its way out, or be still stuck in its
-       * own connects: try again while time is left. */
-      snprintf(last_why, sizeof(last_why), "%s before rank %u answered",
-               io == IO_TIMEOUT ? "timed out"
-               : io == IO_EOF   ? "connection closed"
-                                : strerror(errno),
-               peer);
+    if (verdict < 0)
       continue;
-    }
-    size_t msg_len = (size_t)vh[1] << 8 | vh[2];
-    msg = embps_malloc(msg_len + 1);
-    if (!msg) {
-      ret = embps_error_set(err, EMBPS_INTERNAL, "out of memory for a verdict");
-      goto fail;
-    }
-    io = recv_all(fd, msg, msg_len, b->deadline);
-    if (io != IO_OK) {
-      snprintf(last_why, sizeof(last_why), "rank %u's answer was cut short", peer);
-      embps_free(msg);
-      msg = NULL;
-      continue;
-    }
-    msg[msg_len] = '\0';
-    if (vh[0] != VERDICT_ACCEPT) {
+    if (verdict == 0) {
       ret = embps_error_set(err, EMBPS_FAILED_PRECONDITION, "rank %u refused rank %u: %s", peer,
                             b->rank, msg);
       goto fail;
@@ -611,13 +315,13 @@ static embps_status_t connect_peer(boot_t *b, uint32_t peer, uint8_t kind, int *
     goto exit;
   }
   ret = embps_error_set(err, EMBPS_DEADLINE_EXCEEDED,
-                        "rank %u could not join rank %u at %s%s%s:%u"
-                        " within %llu ms (%s); missing ranks: %u",
-                        b->rank, peer, a->v6 ? "[" : "", a->host, a->v6 ? "]" : "", a->port,
+                        "rank %u could not join rank %u at %s%s%s:%u within %llu ms (%s); missing "
+                        "ranks: %u",
+                        b->rank, peer, a->ipv6 ? "[" : "", a->host, a->ipv6 ? "]" : "", a->port,
                         (unsigned long long)b->timeout_ms, last_why, peer);
   goto fail;
 exit:
-  embps_free(hello);
+  embps__buf_free(&hello);
   embps_free(msg);
   return ret;
 fail:
@@ -627,56 +331,86 @@ fail:
 
 static void pending_drop(pending_t *pend, size_t *n, size_t i) {
   close_fd(&pend[i].fd);
-  embps_free(pend[i].hello.identity);
+  embps_free(pend[i].identity);
   pend[i] = pend[*n - 1];
   (*n)--;
 }
 
-/* Reads what is available of pending connection p. Returns 1 when its hello is complete, 0 when
- * more is needed, -1 when it must be dropped (closed, error, not an embps peer). May set why
- * and return 2 for a well-formed peer that must be refused before its identity is read. */
+enum { READ_MORE = 0, READ_DONE = 1, READ_REFUSE = 2, READ_DROP = -1, READ_NOMEM = -2 };
+
+/* Reads what is available of pending connection p. Returns READ_DONE when its hello is
+ * complete, READ_MORE when more is needed, READ_DROP when it must be dropped (closed, error,
+ * not an embps peer), READ_REFUSE with why set for a well-formed peer that must be refused
+ * before its identity is read, or READ_NOMEM. */
 static int pending_read(pending_t *p, char *why, size_t cap) {
   for (;;) {
     uint8_t *dst;
     size_t want;
-    if (p->have < HELLO_HEADER_LEN) {
+    if (p->have < EMBPS__HELLO_HEADER_LEN) {
       dst = p->header + p->have;
-      want = HELLO_HEADER_LEN - p->have;
+      want = EMBPS__HELLO_HEADER_LEN - p->have;
     } else {
-      size_t got = p->have - HELLO_HEADER_LEN;
+      size_t got = p->have - EMBPS__HELLO_HEADER_LEN;
       if (got == p->hello.identity_len)
-        return 1;
-      dst = (uint8_t *)p->hello.identity + got;
+        return READ_DONE;
+      dst = (uint8_t *)p->identity + got;
       want = p->hello.identity_len - got;
     }
     ssize_t k = recv(p->fd, dst, want, 0);
     if (k == 0)
-      return -1;
+      return READ_DROP;
     if (k < 0)
-      return errno == EINTR ? 0 : errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+      return errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK ? READ_MORE : READ_DROP;
     size_t before = p->have;
     p->have += (size_t)k;
-    if (before < MAGIC_LEN) {
-      size_t upto = p->have < MAGIC_LEN ? p->have : MAGIC_LEN;
-      if (memcmp(p->header, HELLO_MAGIC, upto) != 0)
-        return -1;
-    }
-    if (before < HELLO_HEADER_LEN && p->have == HELLO_HEADER_LEN) {
-      p->hello.kind = p->header[MAGIC_LEN];
-      p->hello.rank = get_u32(p->header + MAGIC_LEN + 1);
-      p->hello.size = get_u32(p->header + MAGIC_LEN + 5);
-      p->hello.identity_len = get_u32(p->header + MAGIC_LEN + 9);
-      if (p->hello.identity_len >= MAX_IDENTITY_LEN) {
-        snprintf(why, cap, "rank %u sent a %u-byte configuration, more than the %u allowed",
-                 p->hello.rank, p->hello.identity_len, MAX_IDENTITY_LEN);
-        return 2;
+    if (!embps__hello_magic_ok(p->header, p->have))
+      return READ_DROP;
+    if (before < EMBPS__HELLO_HEADER_LEN && p->have == EMBPS__HELLO_HEADER_LEN) {
+      embps_error_t e;
+      embps_status_t st = embps__hello_decode(p->header, &p->hello, &e);
+      if (st != EMBPS_OK) {
+        snprintf(why, cap, "%s", e.message);
+        return st == EMBPS_FAILED_PRECONDITION ? READ_REFUSE : READ_DROP;
       }
-      p->hello.identity = embps_malloc(p->hello.identity_len + 1);
-      if (!p->hello.identity)
-        return -1;
-      p->hello.identity[p->hello.identity_len] = '\0';
+      if (!(p->identity = embps_malloc(p->hello.identity_len + 1)))
+        return READ_NOMEM;
+      p->identity[p->hello.identity_len] = '\0';
     }
   }
+}
+
+/* Handles what poll says about pending connection i; returns EMBPS_OK unless out of memory. */
+static embps_status_t serve_pending(boot_t *b, pending_t *pend, size_t *npend, size_t i,
+                                    uint32_t *joined, embps_error_t *err) {
+  pending_t *p = &pend[i];
+  char why[sizeof(((embps_error_t *)0)->message)];
+  int rc = pending_read(p, why, sizeof(why));
+  if (rc == READ_MORE)
+    return EMBPS_OK;
+  if (rc == READ_NOMEM)
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "out of memory for a %u-byte configuration", p->hello.identity_len);
+  if (rc == READ_DROP) {
+    if (!embps__hello_magic_ok(p->header, p->have) || p->have < EMBPS__HELLO_MAGIC_LEN)
+      EMBPS_DEBUG("rank %u: ignored a connection that is not an embps peer", b->rank);
+  } else if (rc == READ_DONE &&
+             !embps__judge_hello(b->rank, b->size, b->identity, &p->hello, p->identity,
+                                 b->control_fds, b->data_fds, why, sizeof(why))) {
+    if (send_verdict(p->fd, 1, "", b->deadline) == EMBPS__IO_OK) {
+      int *slot = p->hello.kind == EMBPS_GROUP_CONN_CONTROL ? &b->control_fds[p->hello.rank]
+                                                            : &b->data_fds[p->hello.rank];
+      *slot = p->fd;
+      p->fd = -1;
+      (*joined)++;
+      EMBPS_DEBUG("rank %u: rank %u joined (%s)", b->rank, p->hello.rank, kind_name(p->hello.kind));
+    }
+  } else {
+    EMBPS_WARN("rank %u refused a peer: %s", b->rank, why);
+    snprintf(b->last_refusal, sizeof(b->last_refusal), "%s", why);
+    send_verdict(p->fd, 0, why, b->deadline);
+  }
+  pending_drop(pend, npend, i);
+  return EMBPS_OK;
 }
 
 /* Accepts every higher rank's two connections. */
@@ -686,18 +420,17 @@ static embps_status_t accept_peers(boot_t *b, int listen_fd, embps_error_t *err)
   struct pollfd *pfds = NULL;
   size_t npend = 0;
   uint32_t expected = 2 * (b->size - 1 - b->rank), joined = 0;
-  char why[sizeof(((embps_error_t *)0)->message)];
 
   if (expected == 0)
     return EMBPS_OK;
   pend = embps_calloc(MAX_PENDING, sizeof(*pend));
   pfds = embps_calloc(MAX_PENDING + 1, sizeof(*pfds));
   if (!pend || !pfds) {
-    ret = embps_error_set(err, EMBPS_INTERNAL, "out of memory for pending connections");
+    ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for pending connections");
     goto fail;
   }
   while (joined < expected) {
-    int left = remaining_ms(b->deadline);
+    int left = embps__remaining_ms(b->deadline);
     if (left == 0)
       break;
     pfds[0] = (struct pollfd){.fd = listen_fd, .events = POLLIN};
@@ -712,39 +445,10 @@ static embps_status_t accept_peers(boot_t *b, int listen_fd, embps_error_t *err)
     if (prc <= 0)
       continue;
     /* Pending connections first, from the end, so dropping one does not skip another. */
-    for (size_t i = npoll - 1; i >= 1; i--) {
-      if (!pfds[i].revents)
-        continue;
-      pending_t *p = &pend[i - 1];
-      int rc = pending_read(p, why, sizeof(why));
-      if (rc == 0)
-        continue;
-      if (rc < 0) {
-        if (p->have < MAGIC_LEN || memcmp(p->header, HELLO_MAGIC, MAGIC_LEN) != 0)
-          EMBPS_DEBUG("rank %u: ignored a connection that is not an embps peer", b->rank);
-        pending_drop(pend, &npend, i - 1);
-        continue;
-      }
-      if (rc == 1 && !judge_hello(b->rank, b->size, b->identity, &p->hello, b->control_fds,
-                                  b->data_fds, why, sizeof(why))) {
-        if (send_verdict(p->fd, VERDICT_ACCEPT, "", b->deadline) != IO_OK) {
-          pending_drop(pend, &npend, i - 1);
-          continue;
-        }
-        int *slot = p->hello.kind == EMBPS_GROUP_CONN_CONTROL ? &b->control_fds[p->hello.rank]
-                                                              : &b->data_fds[p->hello.rank];
-        *slot = p->fd;
-        p->fd = -1;
-        joined++;
-        EMBPS_DEBUG("rank %u: rank %u joined (%s)", b->rank, p->hello.rank,
-                    kind_name(p->hello.kind));
-      } else {
-        EMBPS_WARN("rank %u refused a peer: %s", b->rank, why);
-        snprintf(b->last_refusal, sizeof(b->last_refusal), "%s", why);
-        send_verdict(p->fd, VERDICT_REFUSE, why, b->deadline);
-      }
-      pending_drop(pend, &npend, i - 1);
-    }
+    for (size_t i = npoll - 1; i >= 1; i--)
+      if (pfds[i].revents &&
+          (ret = serve_pending(b, pend, &npend, i - 1, &joined, err)) != EMBPS_OK)
+        goto fail;
     if (pfds[0].revents) {
       for (;;) {
         int fd = accept4(listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -769,8 +473,7 @@ static embps_status_t accept_peers(boot_t *b, int listen_fd, embps_error_t *err)
                             b->last_refusal, missing);
     else
       ret = embps_error_set(err, EMBPS_DEADLINE_EXCEEDED,
-                            "not every rank joined rank %u "
-                            "within %llu ms; missing ranks: %s",
+                            "not every rank joined rank %u within %llu ms; missing ranks: %s",
                             b->rank, (unsigned long long)b->timeout_ms, missing);
     goto fail;
   }
@@ -784,28 +487,27 @@ fail:
   goto exit;
 }
 
-/* Sends READY_BYTE to every peer and waits for one from each. */
+/* Sends the READY byte to every peer and waits for one from each. */
 static embps_status_t ready_exchange(boot_t *b, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
   struct pollfd *pfds = NULL;
   uint32_t *ranks = NULL;
   uint32_t n = 0, waiting;
-  const uint8_t ready = READY_BYTE;
+  const uint8_t ready = EMBPS__READY_BYTE;
 
   pfds = embps_calloc(b->size, sizeof(*pfds));
   ranks = embps_calloc(b->size, sizeof(*ranks));
   if (!pfds || !ranks) {
-    ret = embps_error_set(err, EMBPS_INTERNAL, "out of memory for the ready exchange");
+    ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for the ready exchange");
     goto fail;
   }
   for (uint32_t r = 0; r < b->size; r++) {
     if (r == b->rank)
       continue;
-    if (send_all(b->control_fds[r], &ready, 1, b->deadline) != IO_OK) {
-      ret = embps_error_set(err, EMBPS_UNAVAILABLE,
-                            "rank %u could not tell rank %u it is ready"
-                            ": %s",
-                            b->rank, r, strerror(errno));
+    if (embps__send_all(b->control_fds[r], &ready, 1, b->deadline) != EMBPS__IO_OK) {
+      ret =
+          embps_error_set(err, EMBPS_UNAVAILABLE, "rank %u could not tell rank %u it is ready: %s",
+                          b->rank, r, strerror(errno));
       goto fail;
     }
     pfds[n] = (struct pollfd){.fd = b->control_fds[r], .events = POLLIN};
@@ -813,7 +515,7 @@ static embps_status_t ready_exchange(boot_t *b, embps_error_t *err) {
   }
   waiting = n;
   while (waiting > 0) {
-    int left = remaining_ms(b->deadline);
+    int left = embps__remaining_ms(b->deadline);
     if (left == 0) {
       char missing[256];
       size_t len = 0;
@@ -823,8 +525,7 @@ static embps_status_t ready_exchange(boot_t *b, embps_error_t *err) {
           len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u", len ? ", " : "",
                                   ranks[i]);
       ret = embps_error_set(err, EMBPS_DEADLINE_EXCEEDED,
-                            "rank %u: the group was not ready "
-                            "within %llu ms; missing ranks: %s",
+                            "rank %u: the group was not ready within %llu ms; missing ranks: %s",
                             b->rank, (unsigned long long)b->timeout_ms, missing);
       goto fail;
     }
@@ -840,10 +541,10 @@ static embps_status_t ready_exchange(boot_t *b, embps_error_t *err) {
       ssize_t k = recv(pfds[i].fd, &byte, 1, 0);
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
         continue;
-      if (k != 1 || byte != READY_BYTE) {
+      if (k != 1 || byte != EMBPS__READY_BYTE) {
         ret = embps_error_set(err, EMBPS_UNAVAILABLE,
-                              "rank %u dropped its connection to rank "
-                              "%u before the group was ready (it failed its own bootstrap?)",
+                              "rank %u dropped its connection to rank %u before the group was "
+                              "ready (it failed its own bootstrap?)",
                               ranks[i], b->rank);
         goto fail;
       }
@@ -872,38 +573,36 @@ embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *c
   /* Validation, before anything is opened. */
   if (size == 0 || rank >= size || !peer_addrs || !identity || !control_fds || !data_fds)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "bootstrap needs rank < size and "
-                           "non-NULL addresses, identity and descriptor arrays (rank %u, size "
-                           "%u)",
+                           "bootstrap needs rank < size and non-NULL addresses, identity and "
+                           "descriptor arrays (rank %u, size %u)",
                            rank, size);
   for (uint32_t r = 0; r < size; r++)
     control_fds[r] = data_fds[r] = -1;
   memset(&b, 0, sizeof(b));
   b.identity_len = strlen(identity);
-  if (b.identity_len >= MAX_IDENTITY_LEN)
+  if (b.identity_len >= EMBPS__MAX_IDENTITY_LEN)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "the configuration identity is %zu "
-                           "bytes, more than the %u allowed",
-                           b.identity_len, MAX_IDENTITY_LEN);
+                           "the configuration identity is %zu bytes, more than the %u allowed",
+                           b.identity_len, EMBPS__MAX_IDENTITY_LEN);
   if (size == 1)
     return EMBPS_OK;
   b.addrs = embps_calloc(size, sizeof(*b.addrs));
   if (!b.addrs)
-    return embps_error_set(err, EMBPS_INTERNAL, "out of memory for %u peer addresses", size);
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for %u peer addresses",
+                           size);
   for (uint32_t r = 0; r < size; r++) {
-    if (parse_addr(peer_addrs[r], &b.addrs[r]) != 0) {
-      ret = embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                            "peer address of rank %u, '%s', is not "
-                            "host:port, [v6]:port with a port in 1..65535",
-                            r, peer_addrs[r] ? peer_addrs[r] : "(null)");
+    char what[64];
+    snprintf(what, sizeof(what), "peer address of rank %u", r);
+    ret = embps_hostport_parse(&b.addrs[r], peer_addrs[r],
+                               peer_addrs[r] ? strlen(peer_addrs[r]) : 0, what, 0, err);
+    if (ret != EMBPS_OK)
       goto fail;
-    }
   }
   b.rank = rank;
   b.size = size;
   b.identity = identity;
   b.timeout_ms = timeout_ms;
-  b.deadline = now_ms() + timeout_ms;
+  b.deadline = embps_now_ms() + timeout_ms;
   b.control_fds = control_fds;
   b.data_fds = data_fds;
 

@@ -45,13 +45,14 @@
  *   the deadline passes.
  * - EMBPS_DEADLINE_EXCEEDED: not every rank joined within timeout_ms; err names the missing
  *   ranks.
- * - EMBPS_INTERNAL: a socket call failed unexpectedly (out of descriptors, memory). */
+ * - EMBPS_RESOURCE_EXHAUSTED: out of memory.
+ * - EMBPS_INTERNAL: a socket call failed unexpectedly (out of descriptors, say). */
 embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *const *peer_addrs,
                                      int bind_any, const char *identity, uint64_t timeout_ms,
                                      int *control_fds, int *data_fds, embps_error_t *err);
 
 /** Derives a rank's peer address from its client address: the same host, port + port_offset.
- * client_addr is "host:port" (host as for embps_group_bootstrap, "[v6]" kept in brackets).
+ * client_addr is "host:port" as common/hostport.h parses it ("[v6]" kept in brackets).
  * Writes the NUL-terminated result to out (cap bytes, caller-owned). Returns EMBPS_OK, or
  * EMBPS_INVALID_ARGUMENT when the address does not parse, the port is not 1..65535, the
  * derived port falls outside 1..65535, or out is too small; out is then left untouched. */

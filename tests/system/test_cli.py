@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import socket
 import struct
 import subprocess
 import tempfile
@@ -556,6 +557,52 @@ class TestServerCommandLine(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
         finally:
             self.assertEqual(big.close(), 0)
+
+    def test_addresses_refused_naming_the_setting(self):
+        cases = [(["--listen", "[::1]7070"], {}, "--listen '[::1]7070' is not [ipv6]:port"),
+                 (["--peers", "a:1,b"], {}, "--peers entry 'b' has no port"),
+                 (["--peers", "a:1,,b:2"], {}, "empty --peers entry"),
+                 ([], {"EMBPS_PEERS": "h:0"}, "EMBPS_PEERS entry 'h:0' has a bad port"),
+                 ([], {"EMBPS_LISTEN": "a b:1"}, "EMBPS_LISTEN 'a b:1' has a bad character")]
+        for flags, env, want in cases:
+            r = self.run_server(*flags, env=env)
+            self.assertEqual(r.returncode, 2, (flags, env, r.stderr))
+            self.assertIn(want, r.stderr, (flags, env))
+
+    def test_host_names_for_peers_listen_and_servers(self):
+        """A group of one named by this machine's host name: the server serves on its --peers
+        entry (resolved by name), and the CLI reaches it by the same name."""
+        name = socket.gethostname()
+        try:
+            socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except OSError:
+            self.skipTest("this host's name (%r) does not resolve" % name)
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+            self.skipTest("this host's name (%r) is not a DNS name" % name)
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        addr = "%s:%d" % (name, port)
+        env = dict(os.environ)
+        env.pop("EMBPS_LISTEN", None)
+        proc = subprocess.Popen([SERVER_BIN, "--peers", addr], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            deadline, text = time.time() + 30, ""
+            while time.time() < deadline and "listening on" not in text:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                text += line
+            self.assertIn("listening on %s" % addr, text)
+            r = embps("health", servers=addr)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.strip(), "SERVING")
+        finally:
+            proc.terminate()
+            code = proc.wait(timeout=20)
+            proc.stdout.close()
+        self.assertEqual(code, 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,180 @@
+/* The group's control protocol as bytes: every message that ranks exchange outside the
+ * collectives, encoded into and decoded from buffers with no I/O (control_io.h carries them
+ * over sockets). Internal to the group layer (embps__ prefix).
+ *
+ * At bootstrap, on each new connection (bootstrap.c):
+ *   connector -> acceptor  hello:   "EMBPS1" | kind u8 | rank u32 | size u32 | identity_len u32
+ *                                   | identity bytes
+ *   acceptor -> connector  verdict: u8 (0 accept, 1 refuse) | message_len u16 | message
+ *   then, on control connections, one READY byte each way once the whole group is connected.
+ *
+ * Afterwards, on the control connections between the leader and every other rank, frames
+ *   length u32 (of what follows) | type u8 | payload
+ * of the types in embps__frame_type_t. All integers are little-endian (common/byteorder.h);
+ * floats travel as their IEEE-754 bits. Both ends run the same version of embps (bootstrap
+ * refuses a peer whose version differs before any frame is sent). */
+#ifndef EMBPS_GROUP_CONTROL_H
+#define EMBPS_GROUP_CONTROL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "server/group/sequencer.h"
+#include "server/store/store.h"
+
+/* ---- bootstrap ---- */
+
+/** What every hello starts with, and its length. */
+#define EMBPS__HELLO_MAGIC "EMBPS1"
+#define EMBPS__HELLO_MAGIC_LEN 6
+/** Bytes of a hello before its identity. */
+#define EMBPS__HELLO_HEADER_LEN (EMBPS__HELLO_MAGIC_LEN + 1 + 4 + 4 + 4)
+/** An identity must be shorter than this. */
+#define EMBPS__MAX_IDENTITY_LEN (64u * 1024u)
+/** Bytes of a verdict before its message. */
+#define EMBPS__VERDICT_HEADER_LEN 3
+/** Longest verdict message carried (what an embps_error_t holds). */
+#define EMBPS__VERDICT_MESSAGE_MAX (sizeof(((embps_error_t *)0)->message) - 1)
+/** The byte each rank sends on every control connection once it holds all its connections. */
+#define EMBPS__READY_BYTE 'R'
+
+/** A hello's header as received. */
+typedef struct embps__hello {
+  uint8_t kind; /* EMBPS_GROUP_CONN_CONTROL or _DATA; other values are judged, not refused here */
+  uint32_t rank;
+  uint32_t size;
+  uint32_t identity_len;
+} embps__hello_t;
+
+/** A growable byte buffer that encoders append to. data is owned (embps__buf_free). */
+typedef struct embps__buf {
+  uint8_t *data;
+  size_t len, cap;
+} embps__buf_t;
+
+/** Frees b's bytes and empties it. */
+void embps__buf_free(embps__buf_t *b);
+
+/** Appends a whole hello to b. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT when identity_len is
+ * EMBPS__MAX_IDENTITY_LEN or more, or EMBPS_RESOURCE_EXHAUSTED; b keeps its old length on
+ * failure. identity is borrowed. */
+embps_status_t embps__hello_encode(embps__buf_t *b, uint8_t kind, uint32_t rank, uint32_t size,
+                                   const char *identity, size_t identity_len);
+
+/** 1 when the n bytes at p (n may be short of the whole magic) can start a hello, else 0: what
+ * lets an acceptor drop a stranger after its first bytes. */
+int embps__hello_magic_ok(const uint8_t *p, size_t n);
+
+/** Decodes the EMBPS__HELLO_HEADER_LEN bytes at p. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT
+ * (not a hello: the magic differs) or EMBPS_FAILED_PRECONDITION (a hello announcing an identity
+ * of EMBPS__MAX_IDENTITY_LEN bytes or more: err says so, naming the rank, as a refusal). */
+embps_status_t embps__hello_decode(const uint8_t *p, embps__hello_t *h, embps_error_t *err);
+
+/** Appends a verdict to b: accept (1) or refuse (0) with message (borrowed, NUL-terminated;
+ * clipped to EMBPS__VERDICT_MESSAGE_MAX bytes). Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED. */
+embps_status_t embps__verdict_encode(embps__buf_t *b, int accept, const char *message);
+
+/** Decodes the EMBPS__VERDICT_HEADER_LEN bytes at p: *accept and the length of the message that
+ * follows. Returns EMBPS_OK, or EMBPS_INVALID_ARGUMENT when the verdict byte is neither. */
+embps_status_t embps__verdict_decode(const uint8_t *p, int *accept, size_t *message_len,
+                                     embps_error_t *err);
+
+/* ---- frames on the control connections ---- */
+
+/** The kinds of frame on a control connection (the u8 after the length). */
+typedef enum embps__frame_type {
+  /** rank -> leader: "I hold my shard of batch B" (an embps_batch_desc_t). */
+  EMBPS__FRAME_NOTICE = 1,
+  /** leader -> every rank: an ordered list of round entries; a run of a CreateTable carries
+   * the table's config. */
+  EMBPS__FRAME_ROUND = 2,
+  /** either way: the group broke, and a sentence on why. */
+  EMBPS__FRAME_BROKEN = 3,
+  /** rank -> leader at formation (cuda): the device this rank claims. */
+  EMBPS__FRAME_DEVICE = 4,
+  /** leader -> every rank at formation (cuda): NCCL's unique id. */
+  EMBPS__FRAME_NCCL_ID = 5,
+} embps__frame_type_t;
+
+/** Bytes of a frame's header (length and type). */
+#define EMBPS__FRAME_HEADER_LEN 5
+/** Largest frame payload accepted; a full round of creates is far below it. */
+#define EMBPS__FRAME_MAX (4u << 20)
+/** Most entries in one round frame. */
+#define EMBPS__ROUND_MAX 256
+/** Longest reason a BROKEN frame carries. */
+#define EMBPS__BROKEN_MAX 300
+/** Bytes of NCCL's unique id (EMBPS_NCCL_UNIQUE_ID_BYTES; formation.c checks they agree). */
+#define EMBPS__NCCL_ID_BYTES 128
+
+/** A rank's claim on a CUDA device: which host, which device by PCI bus id and by number. */
+typedef struct embps__device_claim {
+  char host[256];
+  char bus_id[64];
+  int32_t device;
+} embps__device_claim_t;
+
+/** Decodes a frame header (EMBPS__FRAME_HEADER_LEN bytes at p). Returns EMBPS_OK with the type
+ * and payload length, or EMBPS_INVALID_ARGUMENT (a length of 0 or over EMBPS__FRAME_MAX, or a
+ * type outside embps__frame_type_t). */
+embps_status_t embps__frame_header(const uint8_t *p, uint8_t *type, size_t *payload_len,
+                                   embps_error_t *err);
+
+/** Finds the first whole frame in the avail bytes at p. Returns EMBPS_OK with *frame_len the
+ * bytes it takes (0: not whole yet, read more) and its type and payload (pointing into p), or
+ * the errors of embps__frame_header. */
+embps_status_t embps__frame_next(const uint8_t *p, size_t avail, uint8_t *type,
+                                 const uint8_t **payload, size_t *payload_len, size_t *frame_len,
+                                 embps_error_t *err);
+
+/* Encoders: each appends one whole frame to b and returns EMBPS_OK, EMBPS_INVALID_ARGUMENT
+ * (a field that the format cannot carry, named in err) or EMBPS_RESOURCE_EXHAUSTED; on failure
+ * b keeps its old length. Arguments are borrowed. */
+
+/** NOTICE: the batch's id, kind, tokens_per_batch and table name. */
+embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
+                                   embps_error_t *err);
+
+/** ROUND: n (at most EMBPS__ROUND_MAX) entries; configs[i] is sent for entries that run a
+ * CreateTable (configs may be NULL when none does). */
+embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *entries,
+                                  const embps_table_config_t *configs, size_t n,
+                                  embps_error_t *err);
+
+/** BROKEN: why (NUL-terminated), clipped to EMBPS__BROKEN_MAX bytes. */
+embps_status_t embps__frame_broken(embps__buf_t *b, const char *why, embps_error_t *err);
+
+/** DEVICE: a device claim. */
+embps_status_t embps__frame_device(embps__buf_t *b, const embps__device_claim_t *c,
+                                   embps_error_t *err);
+
+/** NCCL_ID: the EMBPS__NCCL_ID_BYTES bytes of id. */
+embps_status_t embps__frame_nccl_id(embps__buf_t *b, const uint8_t *id, embps_error_t *err);
+
+/* Decoders of payloads (what embps__frame_next or embps__frame_header delimited). Each checks
+ * every length and field and returns EMBPS_OK, or EMBPS_INVALID_ARGUMENT with err saying what
+ * is malformed (outputs are then unspecified). */
+
+/** NOTICE into *d. */
+embps_status_t embps__parse_notice(const uint8_t *p, size_t len, embps_batch_desc_t *d,
+                                   embps_error_t *err);
+
+/** ROUND into entries[0..*n) and, for entries that run a CreateTable, configs[i]; both arrays
+ * hold max entries (a round of more is malformed). */
+embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entry_t *entries,
+                                  embps_table_config_t *configs, size_t max, size_t *n,
+                                  embps_error_t *err);
+
+/** BROKEN into why (cap bytes, NUL-terminated; clipped). */
+embps_status_t embps__parse_broken(const uint8_t *p, size_t len, char *why, size_t cap,
+                                   embps_error_t *err);
+
+/** DEVICE into *c. */
+embps_status_t embps__parse_device(const uint8_t *p, size_t len, embps__device_claim_t *c,
+                                   embps_error_t *err);
+
+/** NCCL_ID into id (EMBPS__NCCL_ID_BYTES bytes). */
+embps_status_t embps__parse_nccl_id(const uint8_t *p, size_t len, uint8_t *id, embps_error_t *err);
+
+#endif
