@@ -25,9 +25,8 @@
  * (size-1)·bytes each way instead of a ring's 2·(size-1)/size·bytes; shard groups are small and
  * determinism is the point.
  *
- * Stats count payload bytes as the TCP backend does: (size-1)·bytes each way for all_gather,
- * all_to_all and all_reduce (what crosses to peers, not the own block), none for barrier;
- * counted when the call succeeds. */
+ * The dispatcher (comm.c) checks every call's arguments (alignment of the reduction buffer
+ * included) before it gets here, and counts the calls and their payload. */
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <sched.h>
@@ -224,32 +223,18 @@ fail:
   goto exit;
 }
 
-static void count_payload(nccl_comm_t *t, size_t bytes) {
-  uint64_t moved = (uint64_t)(t->base.size - 1) * bytes;
-  t->base.stats.bytes_sent += moved;
-  t->base.stats.bytes_received += moved;
-}
-
 static embps_status_t nccl_all_gather(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                       embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  if ((ret = embps_comm_check_all_gather(c, send, bytes, recv, err)) != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
   if (bytes == 0)
     return EMBPS_OK; /* NCCL moves nothing for a count of 0 either */
   uint64_t deadline = deadline_of(t);
-  ret = enter(t, err);
+  embps_status_t ret = enter(t, err);
   if (ret != EMBPS_OK)
     return ret;
   /* In place (send == own) is NCCL's in-place all-gather. */
   NCCL_CHECK_GOTO(t, ncclAllGather(send, recv, bytes, ncclUint8, t->comm, t->stream), fail);
   ret = wait_for(t, "all_gather", deadline, true, err);
-  if (ret == EMBPS_OK)
-    count_payload(t, bytes);
 exit:
   return ret;
 fail:
@@ -260,16 +245,10 @@ static embps_status_t nccl_all_to_all(embps_comm_t *c, const void *send, size_t 
                                       embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
   uint32_t me = c->rank, size = c->size;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  if ((ret = embps_comm_check_all_to_all(c, send, bytes, recv, err)) != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
   if (bytes == 0)
     return EMBPS_OK;
   uint64_t deadline = deadline_of(t);
-  ret = enter(t, err);
+  embps_status_t ret = enter(t, err);
   if (ret != EMBPS_OK)
     return ret;
   const uint8_t *s = send;
@@ -306,8 +285,6 @@ static embps_status_t nccl_all_to_all(embps_comm_t *c, const void *send, size_t 
     goto fail;
   }
   ret = wait_for(t, "all_to_all", deadline, true, err);
-  if (ret == EMBPS_OK)
-    count_payload(t, bytes);
 exit:
   return ret;
 fail:
@@ -319,24 +296,11 @@ static embps_status_t nccl_all_reduce(embps_comm_t *c, void *buf, size_t count,
                                       embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
   uint32_t size = c->size;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  size_t elem = 0;
-  if ((ret = embps_comm_check_reduce(c, buf, count, type, op, &elem, err)) != EMBPS_OK)
-    return ret;
-  /* The reduction kernel loads whole elements from the device. */
-  if ((uintptr_t)buf % elem != 0)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_reduce buffer %p is not aligned to its %zu-byte elements", buf,
-                           elem);
-  size_t bytes = count * elem;
-  if (bytes == 0) {
-    c->stats.calls++;
+  size_t bytes = count * embps_comm_type_size(type);
+  if (bytes == 0)
     return EMBPS_OK;
-  }
   uint64_t deadline = deadline_of(t);
-  ret = enter(t, err);
+  embps_status_t ret = enter(t, err);
   if (ret != EMBPS_OK)
     return ret;
   if (bytes * size > t->scratch_cap) {
@@ -359,7 +323,6 @@ static embps_status_t nccl_all_reduce(embps_comm_t *c, void *buf, size_t count,
     t->scratch = grown;
     t->scratch_cap = bytes * size;
   }
-  c->stats.calls++;
   NCCL_CHECK_GOTO(t, ncclAllGather(buf, t->scratch, bytes, ncclUint8, t->comm, t->stream), fail);
   /* Nothing else may go on the stream while NCCL still holds the call (ncclInProgress). */
   ret = wait_for(t, "all_reduce", deadline, false, err);
@@ -368,8 +331,6 @@ static embps_status_t nccl_all_reduce(embps_comm_t *c, void *buf, size_t count,
   CUDA_CHECK_GOTO(t, embps__comm_nccl_reduce(buf, t->scratch, count, size, type, op, t->stream),
                   fail);
   ret = wait_for(t, "all_reduce", deadline, true, err);
-  if (ret == EMBPS_OK)
-    count_payload(t, bytes);
 exit:
   return ret;
 fail:
@@ -378,12 +339,8 @@ fail:
 
 static embps_status_t nccl_barrier(embps_comm_t *c, embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
   uint64_t deadline = deadline_of(t);
-  ret = enter(t, err);
+  embps_status_t ret = enter(t, err);
   if (ret != EMBPS_OK)
     return ret;
   /* A one-byte all-reduce: no rank's stream passes it before every rank has enqueued it. The

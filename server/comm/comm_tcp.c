@@ -19,6 +19,9 @@
  * result and so does the NCCL backend's reference. It moves (size-1)·bytes each way, against the
  * 2·(size-1)/size·bytes of a ring; shard groups are small and determinism is the point.
  *
+ * The dispatcher (comm.c) has checked every call's arguments before it gets here and counts
+ * the calls and their payload; this file only moves the bytes.
+ *
  * Any failure (peer closed or reset, timeout, mismatch, poll error) breaks the communicator:
  * later calls fail at once with the same status. A dead or silent peer does not make this rank
  * shut its own connections: in a full mesh every rank exchanges with every peer on every call,
@@ -179,11 +182,7 @@ static int pump_send(tcp_comm_t *t, uint32_t r, size_t bytes) {
         return 0;
       return -1;
     }
-    size_t before = x->sent;
     x->sent += (size_t)k;
-    size_t payload_before = before > HEADER_BYTES ? before - HEADER_BYTES : 0;
-    size_t payload_after = x->sent > HEADER_BYTES ? x->sent - HEADER_BYTES : 0;
-    t->base.stats.bytes_sent += payload_after - payload_before;
   }
   return 1;
 }
@@ -218,8 +217,6 @@ static int pump_recv(tcp_comm_t *t, uint32_t r, uint32_t kind, size_t bytes, boo
     if (k == 0)
       return RECV_EOF;
     bool header_before = x->received < HEADER_BYTES;
-    if (!header_before)
-      t->base.stats.bytes_received += (size_t)k;
     x->received += (size_t)k;
     if (header_before && x->received >= HEADER_BYTES) {
       if (get_u32(x->header_in) != FRAME_MAGIC || get_u32(x->header_in + 4) != kind ||
@@ -385,14 +382,7 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
 static embps_status_t tcp_all_gather(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                      embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
-  uint32_t me = c->rank;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  if ((ret = embps_comm_check_all_gather(c, send, bytes, recv, err)) != EMBPS_OK)
-    return ret;
-  uint8_t *own = bytes ? (uint8_t *)recv + (size_t)me * bytes : NULL;
-  c->stats.calls++;
+  uint8_t *own = bytes ? (uint8_t *)recv + (size_t)c->rank * bytes : NULL;
   t->seq++;
   if (bytes && send != own)
     memcpy(own, send, bytes);
@@ -405,12 +395,6 @@ static embps_status_t tcp_all_to_all(embps_comm_t *c, const void *send, size_t b
                                      embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
   uint32_t me = c->rank;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  if ((ret = embps_comm_check_all_to_all(c, send, bytes, recv, err)) != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
   t->seq++;
   if (bytes)
     memcpy((uint8_t *)recv + (size_t)me * bytes, (const uint8_t *)send + (size_t)me * bytes, bytes);
@@ -451,13 +435,7 @@ static embps_status_t tcp_all_reduce(embps_comm_t *c, void *buf, size_t count,
                                      embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
   uint32_t me = c->rank, size = c->size;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  size_t elem = 0;
-  if ((ret = embps_comm_check_reduce(c, buf, count, type, op, &elem, err)) != EMBPS_OK)
-    return ret;
-  size_t bytes = count * elem;
+  size_t bytes = count * embps_comm_type_size(type);
   if (size > 1 && bytes * size > t->scratch_cap) {
     /* Grown, never shrunk: the engine's all-reduces are the same few sizes every round. */
     uint8_t *grown = embps_aligned_alloc(bytes * size);
@@ -468,14 +446,13 @@ static embps_status_t tcp_all_reduce(embps_comm_t *c, void *buf, size_t count,
     t->scratch = grown;
     t->scratch_cap = bytes * size;
   }
-  c->stats.calls++;
   t->seq++;
   if (size == 1 || count == 0) {
     if (size == 1)
       return EMBPS_OK;
     return exchange(t, reduce_kind(type, op), NULL, 0, NULL, 0, 0, err);
   }
-  ret = exchange(t, reduce_kind(type, op), buf, 0, t->scratch, bytes, bytes, err);
+  embps_status_t ret = exchange(t, reduce_kind(type, op), buf, 0, t->scratch, bytes, bytes, err);
   if (ret != EMBPS_OK)
     return ret;
   memcpy(t->scratch + (size_t)me * bytes, buf, bytes);
@@ -504,10 +481,6 @@ static embps_status_t tcp_all_reduce(embps_comm_t *c, void *buf, size_t count,
 
 static embps_status_t tcp_barrier(embps_comm_t *c, embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
   t->seq++;
   if (c->size == 1)
     return EMBPS_OK;
