@@ -27,6 +27,7 @@
 #include "client/group.h"
 #include "client/wire.h"
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/shape.h"
 #include "embps/v1/embps.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -67,12 +68,6 @@ struct embps_call {
   embps_call_t *next, *prev;
   shard_t shards[];
 };
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* protobuf-c allocations go through the project's wrapper too. */
 static void *pb_alloc(void *data, size_t size) {
@@ -143,7 +138,7 @@ static embps_call_t *call_new(embps_client_t *c, enum call_kind kind, uint32_t n
   call->client = c;
   call->kind = kind;
   call->nshards = nshards;
-  call->deadline = c->deadline_ms ? now_ms() + c->deadline_ms : 0;
+  call->deadline = c->deadline_ms ? (int64_t)embps_now_ms() + c->deadline_ms : 0;
   for (uint32_t i = 0; i < nshards; i++) {
     call->shards[i].call = call;
     call->shards[i].rank = i;
@@ -213,7 +208,7 @@ static void call_run(embps_call_t *call) {
   while (call->pending > 0) {
     int timeout = -1;
     if (call->deadline) {
-      int64_t left = call->deadline - now_ms();
+      int64_t left = call->deadline - (int64_t)embps_now_ms();
       if (left <= 0) {
         char msg[128];
         snprintf(msg, sizeof(msg), "deadline of %lld ms exceeded", (long long)c->deadline_ms);

@@ -40,10 +40,10 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 
 #define RBUF_SIZE (1u << 20)
 #define WBUF_FLUSH (256u << 10)  /* send the gathered small frames once this much is pending */
@@ -66,12 +66,6 @@ struct embps__conn {
   embps__stream_t *send_tail;
   int resume_head; /* the new send_head was deferred: resume it */
 };
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- streams ---- */
 
@@ -541,7 +535,7 @@ static void conn_read(embps__conn_t *c) {
 
 static embps_status_t tcp_connect(embps__conn_t *c, int64_t timeout_ms, embps_error_t *err) {
   struct addrinfo hints, *res = NULL, *ai;
-  int64_t deadline = now_ms() + timeout_ms;
+  int64_t deadline = (int64_t)embps_now_ms() + timeout_ms;
   int rc, last_errno = 0, timed_out = 0;
 
   memset(&hints, 0, sizeof(hints));
@@ -566,7 +560,7 @@ static embps_status_t tcp_connect(embps__conn_t *c, int64_t timeout_ms, embps_er
     }
     for (;;) {
       struct pollfd p = {.fd = fd, .events = POLLOUT};
-      int64_t left = deadline - now_ms();
+      int64_t left = deadline - (int64_t)embps_now_ms();
       int so_err = 0;
       socklen_t len = sizeof(so_err);
       if (left <= 0) {

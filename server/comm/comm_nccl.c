@@ -37,6 +37,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "server/comm/comm.h"
 #include "server/comm/comm_nccl_reduce.h"
@@ -63,15 +64,9 @@ typedef struct nccl_comm {
   uint8_t *token; /* device: the barrier's one byte (always 0) */
 } nccl_comm_t;
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* 0: no bound, also for a timeout so large that the deadline would wrap. */
 static uint64_t deadline_of(const nccl_comm_t *t) {
-  uint64_t now = now_ms();
+  uint64_t now = embps_now_ms();
   return t->timeout_ms && t->timeout_ms <= UINT64_MAX - now ? now + t->timeout_ms : 0;
 }
 
@@ -196,7 +191,7 @@ static embps_status_t wait_for(nccl_comm_t *t, const char *what, uint64_t deadli
         goto fail;
       }
     }
-    if (deadline && now_ms() >= deadline) {
+    if (deadline && embps_now_ms() >= deadline) {
       describe_peers(t, peers, sizeof peers);
       ret = BREAK(t, err, EMBPS_UNAVAILABLE, "%s timed out after %llu ms waiting for %s", what,
                   (unsigned long long)t->timeout_ms, peers);
@@ -370,7 +365,7 @@ static void release(nccl_comm_t *t) {
         break;
       if (state != ncclInProgress)
         break;
-      if (deadline && now_ms() >= deadline)
+      if (deadline && embps_now_ms() >= deadline)
         break;
       back_off(&polls);
     }
