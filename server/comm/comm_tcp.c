@@ -43,10 +43,11 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/byteorder.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "server/comm/comm.h"
 
@@ -115,33 +116,6 @@ static const char *kind_name(uint32_t kind) {
   default:
     return "all_reduce(unknown type)";
   }
-}
-
-static void put_u32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++)
-    v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++)
-    v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
-
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 /* Marks the communicator broken (see embps__comm_break). */
@@ -219,8 +193,9 @@ static int pump_recv(tcp_comm_t *t, uint32_t r, uint32_t kind, size_t bytes, boo
     bool header_before = x->received < HEADER_BYTES;
     x->received += (size_t)k;
     if (header_before && x->received >= HEADER_BYTES) {
-      if (get_u32(x->header_in) != FRAME_MAGIC || get_u32(x->header_in + 4) != kind ||
-          get_u64(x->header_in + 8) != t->seq || get_u64(x->header_in + 16) != (uint64_t)bytes)
+      if (embps_get_le32(x->header_in) != FRAME_MAGIC || embps_get_le32(x->header_in + 4) != kind ||
+          embps_get_le64(x->header_in + 8) != t->seq ||
+          embps_get_le64(x->header_in + 16) != (uint64_t)bytes)
         return RECV_MISMATCH;
     }
   }
@@ -241,15 +216,15 @@ static embps_status_t mismatch(tcp_comm_t *t, uint32_t r, uint32_t kind, size_t 
                                embps_error_t *err) {
   const uint8_t *h = t->xfers[r].header_in;
   shutdown_all(t);
-  if (get_u32(h) != FRAME_MAGIC)
+  if (embps_get_le32(h) != FRAME_MAGIC)
     return break_comm(
         t, err, EMBPS_INTERNAL,
         "rank %u sent a frame with bad magic 0x%08x during %s (call %llu): the stream "
         "is out of step or not an embps peer",
-        r, get_u32(h), kind_name(kind), (unsigned long long)t->seq);
-  uint32_t pkind = get_u32(h + 4);
-  uint64_t pseq = get_u64(h + 8);
-  uint64_t pbytes = get_u64(h + 16);
+        r, embps_get_le32(h), kind_name(kind), (unsigned long long)t->seq);
+  uint32_t pkind = embps_get_le32(h + 4);
+  uint64_t pseq = embps_get_le64(h + 8);
+  uint64_t pbytes = embps_get_le64(h + 16);
   if (pseq != t->seq)
     return break_comm(
         t, err, EMBPS_INTERNAL,
@@ -283,17 +258,17 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
     if (r == me)
       continue;
     peer_xfer_t *x = &t->xfers[r];
-    put_u32(x->header_out, FRAME_MAGIC);
-    put_u32(x->header_out + 4, kind);
-    put_u64(x->header_out + 8, t->seq);
-    put_u64(x->header_out + 16, (uint64_t)bytes);
+    embps_put_le32(x->header_out, FRAME_MAGIC);
+    embps_put_le32(x->header_out + 4, kind);
+    embps_put_le64(x->header_out + 8, t->seq);
+    embps_put_le64(x->header_out + 16, (uint64_t)bytes);
     x->send = send_base ? send_base + (size_t)r * send_stride : NULL;
     x->recv = recv_base ? recv_base + (size_t)r * recv_stride : NULL;
     x->sent = 0;
     x->received = 0;
   }
   size_t total = HEADER_BYTES + bytes;
-  uint64_t deadline = t->timeout_ms ? now_ms() + t->timeout_ms : 0;
+  uint64_t deadline = t->timeout_ms ? embps_now_ms() + t->timeout_ms : 0;
   for (;;) {
     /* Move what the sockets take without waiting, then wait for the ones that are stuck. All
      * sends go first, so every peer has this call's header (socket space permitting) before
@@ -355,7 +330,7 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
       return EMBPS_OK;
     int wait_ms = -1;
     if (deadline) {
-      uint64_t now = now_ms();
+      uint64_t now = embps_now_ms();
       if (now >= deadline) {
         /* Name the lowest rank still owing us data, else the lowest not taking ours. */
         uint32_t who = t->pfd_rank[0];
