@@ -38,6 +38,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/cuda_check.h"
 #include "common/log.h"
 #include "server/comm/comm.h"
 #include "server/comm/comm_nccl_reduce.h"
@@ -138,10 +139,12 @@ static embps_status_t status_of_nccl(ncclResult_t rc) {
   }
 }
 
-/* The check macros of this file (NCCL's NCCLCHECKGOTO/CUDACHECKGOTO): a failed call logs
- * file:line with the call and the error, breaks the communicator, reports through `err`, sets
- * `ret` and jumps to `label`. ncclInProgress is not a failure: the call was taken and finishes
- * in the background (see wait_for). */
+/* The check macro for NCCL calls (NCCL's NCCLCHECKGOTO): a failed call logs file:line with the
+ * call and the error, breaks the communicator, reports through `err`, sets `ret` and jumps to
+ * `label`. ncclInProgress is not a failure: the call was taken and finishes in the background
+ * (see wait_for). CUDA calls go through common/cuda_check.h's EMBPS_CUDA_CHECK_GOTO into a
+ * local embps_error_t and jump to a fail_cuda label, where cuda_broke() breaks the
+ * communicator with what it says. */
 #define NCCL_CHECK_GOTO(t, call, label)                                                            \
   do {                                                                                             \
     ncclResult_t nccl_rc_ = (call);                                                                \
@@ -152,15 +155,12 @@ static embps_status_t status_of_nccl(ncclResult_t rc) {
     }                                                                                              \
   } while (0)
 
-#define CUDA_CHECK_GOTO(t, call, label)                                                            \
-  do {                                                                                             \
-    cudaError_t cuda_rc_ = (call);                                                                 \
-    if (cuda_rc_ != cudaSuccess) {                                                                 \
-      ret = BREAK(t, err, EMBPS_INTERNAL, "%s: %s (%s)", #call, cudaGetErrorName(cuda_rc_),        \
-                  cudaGetErrorString(cuda_rc_));                                                   \
-      goto label;                                                                                  \
-    }                                                                                              \
-  } while (0)
+/* A CUDA call failed (EMBPS_CUDA_CHECK_GOTO logged it and said so in *why): a device error
+ * leaves the stream and the NCCL communicator in an unknown state, so it breaks the
+ * communicator. Returns why's status. */
+static embps_status_t cuda_broke(nccl_comm_t *t, embps_error_t *err, const embps_error_t *why) {
+  return BREAK(t, err, why->status, "%s", why->message);
+}
 
 /* Waits until NCCL has taken every operation enqueued so far (its state leaves ncclInProgress)
  * and, when `drain`, until the stream is idle; breaks the communicator on an NCCL error, a CUDA
@@ -208,13 +208,15 @@ fail:
 /* Makes the communicator's device current on the calling thread (a no-op when it is). */
 static embps_status_t enter(nccl_comm_t *t, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
+  embps_error_t cuda_err;
   int current = -1;
-  CUDA_CHECK_GOTO(t, cudaGetDevice(&current), fail);
+  EMBPS_CUDA_CHECK_GOTO(cudaGetDevice(&current), &cuda_err, fail_cuda);
   if (current != t->device)
-    CUDA_CHECK_GOTO(t, cudaSetDevice(t->device), fail);
+    EMBPS_CUDA_CHECK_GOTO(cudaSetDevice(t->device), &cuda_err, fail_cuda);
 exit:
   return ret;
-fail:
+fail_cuda:
+  ret = cuda_broke(t, err, &cuda_err);
   goto exit;
 }
 
@@ -248,10 +250,10 @@ static embps_status_t nccl_all_to_all(embps_comm_t *c, const void *send, size_t 
     return ret;
   const uint8_t *s = send;
   uint8_t *r = recv;
-  CUDA_CHECK_GOTO(t,
-                  cudaMemcpyAsync(r + (size_t)me * bytes, s + (size_t)me * bytes, bytes,
-                                  cudaMemcpyDeviceToDevice, t->stream),
-                  fail);
+  embps_error_t cuda_err;
+  EMBPS_CUDA_CHECK_GOTO(cudaMemcpyAsync(r + (size_t)me * bytes, s + (size_t)me * bytes, bytes,
+                                        cudaMemcpyDeviceToDevice, t->stream),
+                        &cuda_err, fail_cuda);
   /* One group, so every pair's send and receive progress together: no rank waits on a peer
    * that is itself waiting to send elsewhere. With one rank the group is empty. A failed send
    * or receive still closes the group before the communicator is aborted: the open group holds
@@ -282,6 +284,8 @@ static embps_status_t nccl_all_to_all(embps_comm_t *c, const void *send, size_t 
   ret = wait_for(t, "all_to_all", deadline, true, err);
 exit:
   return ret;
+fail_cuda:
+  ret = cuda_broke(t, err, &cuda_err);
 fail:
   goto exit;
 }
@@ -298,12 +302,13 @@ static embps_status_t nccl_all_reduce(embps_comm_t *c, void *buf, size_t count,
   embps_status_t ret = enter(t, err);
   if (ret != EMBPS_OK)
     return ret;
+  embps_error_t cuda_err;
   if (bytes * size > t->scratch_cap) {
     /* Grown, never shrunk: the engine's all-reduces are the same few sizes every round. The
      * previous call waited for its stream, so the old buffer is idle. Running out of device
      * memory fails this call only (as the TCP backend's scratch allocation does); peers then
      * time out waiting for this rank. */
-    CUDA_CHECK_GOTO(t, cudaFree(t->scratch), fail);
+    EMBPS_CUDA_CHECK_GOTO(cudaFree(t->scratch), &cuda_err, fail_cuda);
     t->scratch = NULL;
     t->scratch_cap = 0;
     void *grown = NULL;
@@ -314,7 +319,7 @@ static embps_status_t nccl_all_reduce(embps_comm_t *c, void *buf, size_t count,
                              "all_reduce: cannot allocate %zu bytes of device scratch",
                              bytes * size);
     }
-    CUDA_CHECK_GOTO(t, rc, fail);
+    EMBPS_CUDA_CHECK_GOTO(rc, &cuda_err, fail_cuda);
     t->scratch = grown;
     t->scratch_cap = bytes * size;
   }
@@ -323,11 +328,13 @@ static embps_status_t nccl_all_reduce(embps_comm_t *c, void *buf, size_t count,
   ret = wait_for(t, "all_reduce", deadline, false, err);
   if (ret != EMBPS_OK)
     goto fail;
-  CUDA_CHECK_GOTO(t, embps__comm_nccl_reduce(buf, t->scratch, count, size, type, op, t->stream),
-                  fail);
+  EMBPS_CUDA_CHECK_GOTO(embps__comm_nccl_reduce(buf, t->scratch, count, size, type, op, t->stream),
+                        &cuda_err, fail_cuda);
   ret = wait_for(t, "all_reduce", deadline, true, err);
 exit:
   return ret;
+fail_cuda:
+  ret = cuda_broke(t, err, &cuda_err);
 fail:
   goto exit;
 }
@@ -422,6 +429,7 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
                                    const uint8_t unique_id[EMBPS_NCCL_UNIQUE_ID_BYTES],
                                    void *stream, uint64_t timeout_ms, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
+  embps_error_t cuda_err;
   nccl_comm_t *t = NULL;
   if (!out || !unique_id || size == 0 || rank >= size || size > (uint32_t)INT32_MAX) {
     EMBPS_ERROR("embps_comm_nccl_new: bad arguments (rank %u, size %u)", rank, size);
@@ -440,7 +448,7 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
   t->stream = (cudaStream_t)stream;
   t->timeout_ms = timeout_ms;
   uint64_t deadline = deadline_of(t);
-  CUDA_CHECK_GOTO(t, cudaGetDevice(&t->device), fail);
+  EMBPS_CUDA_CHECK_GOTO(cudaGetDevice(&t->device), &cuda_err, fail_cuda);
   void *token = NULL;
   cudaError_t crc = cudaMalloc(&token, 1);
   if (crc == cudaErrorMemoryAllocation) {
@@ -449,10 +457,10 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
                 "embps_comm_nccl_new: cannot allocate device memory");
     goto fail;
   }
-  CUDA_CHECK_GOTO(t, crc, fail);
+  EMBPS_CUDA_CHECK_GOTO(crc, &cuda_err, fail_cuda);
   t->token = token;
-  CUDA_CHECK_GOTO(t, cudaMemsetAsync(t->token, 0, 1, t->stream), fail);
-  CUDA_CHECK_GOTO(t, cudaStreamSynchronize(t->stream), fail);
+  EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(t->token, 0, 1, t->stream), &cuda_err, fail_cuda);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(t->stream), &cuda_err, fail_cuda);
 
   ncclUniqueId id;
   memcpy(id.internal, unique_id, EMBPS_NCCL_UNIQUE_ID_BYTES);
@@ -471,6 +479,8 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
   *out = &t->base;
 exit:
   return ret;
+fail_cuda:
+  ret = cuda_broke(t, err, &cuda_err);
 fail:
   abort_nccl(t); /* a communicator NCCL handed out before failing */
   release(t);
