@@ -518,7 +518,7 @@ embps_status_t embps_create_table(embps_client_t *client, const embps_table_spec
   if (spec->dtype != 0 && embps_dtype_size(spec->dtype) == 0)
     return fail(client, EMBPS_INVALID_ARGUMENT, "create table: dtype %d is neither f32 nor bf16",
                 (int)spec->dtype);
-  if ((int)spec->optimizer < 0 || (int)spec->optimizer > 4)
+  if ((int)spec->optimizer < 0 || (int)spec->optimizer > (int)EMBPS_OPTIMIZER_ADAM)
     return fail(client, EMBPS_INVALID_ARGUMENT, "create table: unknown optimizer %d",
                 (int)spec->optimizer);
   embps_error_clear(&err);

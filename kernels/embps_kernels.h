@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "common/dtype.h"
+#include "common/optimizer.h"
 
 /* ---- prefetch (for the kernels' own use) ----------------------------------------------------- */
 
@@ -89,12 +90,13 @@ size_t embps_row_stats_cpu(const float *g, size_t n, size_t width, float *row_su
 
 /* ---- fused optimizer updates ---------------------------------------------------------------- */
 
-typedef enum embps_optimizer {
-  EMBPS_OPT_SGD = 1,
-  EMBPS_OPT_ADAGRAD = 2,
-  EMBPS_OPT_ROWWISE_ADAGRAD = 3,
-  EMBPS_OPT_ADAM = 4,
-} embps_optimizer_t;
+/* The optimizer kinds are common/optimizer.h's embps_optimizer_t. Temporary aliases under the
+ * kernels' old names, for the engine and the store until they use the EMBPS_OPTIMIZER_ names: to
+ * be removed. */
+#define EMBPS_OPT_SGD EMBPS_OPTIMIZER_SGD
+#define EMBPS_OPT_ADAGRAD EMBPS_OPTIMIZER_ADAGRAD
+#define EMBPS_OPT_ROWWISE_ADAGRAD EMBPS_OPTIMIZER_ROWWISE_ADAGRAD
+#define EMBPS_OPT_ADAM EMBPS_OPTIMIZER_ADAM
 
 /** Hyper-parameters, resolved (no zero-means-default here). */
 typedef struct embps_opt_params {

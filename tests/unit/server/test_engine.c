@@ -83,7 +83,7 @@ static embps_op_t batch_op(embps_op_kind_t kind, embps_table_t *t, const int64_t
 static void test_single_rank(void **state) {
   rank_ctx_t r;
   int fds[1] = {-1};
-  embps_table_config_t c = table_config(EMBPS_OPT_SGD);
+  embps_table_config_t c = table_config(EMBPS_OPTIMIZER_SGD);
   embps_table_t *t;
   int64_t tokens[] = {5, 0, 7, 5};
   float g[4 * WIDTH], before[ROWS * WIDTH], out[4 * WIDTH];
@@ -242,8 +242,8 @@ static void run_group(uint32_t size, embps_optimizer_t opt, float *final, double
 }
 
 static void test_results_do_not_depend_on_n(void **state) {
-  embps_optimizer_t opts[] = {EMBPS_OPT_SGD, EMBPS_OPT_ADAGRAD, EMBPS_OPT_ROWWISE_ADAGRAD,
-                              EMBPS_OPT_ADAM};
+  embps_optimizer_t opts[] = {EMBPS_OPTIMIZER_SGD, EMBPS_OPTIMIZER_ADAGRAD,
+                              EMBPS_OPTIMIZER_ROWWISE_ADAGRAD, EMBPS_OPTIMIZER_ADAM};
   (void)state;
   for (size_t o = 0; o < 4; o++) {
     float ref[ROWS * WIDTH], got[ROWS * WIDTH], initial;
