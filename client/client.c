@@ -69,10 +69,13 @@ struct embps_call {
   shard_t shards[];
 };
 
-/* protobuf-c allocations go through the project's wrapper too. */
+/* protobuf-c allocations go through the project's wrapper too. allocator_data, when set, points
+ * at a flag that a failed allocation raises (see reply_unpack). */
 static void *pb_alloc(void *data, size_t size) {
-  (void)data;
-  return embps_malloc(size);
+  void *p = embps_malloc(size);
+  if (!p && data)
+    *(int *)data = 1;
+  return p;
 }
 static void pb_free(void *data, void *p) {
   (void)data;
@@ -95,6 +98,26 @@ static embps_status_t fail(embps_client_t *c, embps_status_t st, const char *fmt
 static embps_status_t fail_err(embps_client_t *c, const embps_error_t *err) {
   c->last = *err;
   return err->status;
+}
+
+/* Unpacks rank's reply, gathered in s's buffer, as a message of type desc; free it with
+ * protobuf_c_message_free_unpacked(m, &pb_allocator). protobuf-c answers NULL both for bytes
+ * that do not parse and for an allocation that failed, so the allocator tells the two apart: on
+ * NULL the failure is recorded as RESOURCE_EXHAUSTED or, for a malformed reply, INTERNAL. */
+static ProtobufCMessage *reply_unpack(embps_client_t *c, const ProtobufCMessageDescriptor *desc,
+                                      const embps__stream_t *s, uint32_t rank) {
+  int out_of_memory = 0;
+  ProtobufCAllocator a = {pb_alloc, pb_free, &out_of_memory};
+  ProtobufCMessage *m = protobuf_c_message_unpack(desc, &a, s->buf_len, s->buf);
+  if (m)
+    return m;
+  if (out_of_memory)
+    fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory decoding the %s of rank %u", desc->short_name,
+         rank);
+  else
+    fail(c, EMBPS_INTERNAL, "malformed %s from rank %u (%s)", desc->short_name, rank,
+         embps__conn_addr(s->conn)->authority);
+  return NULL;
 }
 
 /* ---- options and small accessors ---- */
@@ -221,10 +244,11 @@ static void call_run(embps_call_t *call) {
     }
     if (embps__conns_pump(c->conns, c->group_size, timeout) < 0) {
       char msg[160];
+      embps_status_t st = errno == ENOMEM ? EMBPS_RESOURCE_EXHAUSTED : EMBPS_UNAVAILABLE;
       snprintf(msg, sizeof(msg), "poll: %s", strerror(errno));
       for (uint32_t i = 0; i < call->nshards; i++)
         if (call->shards[i].stream)
-          embps__stream_cancel(call->shards[i].stream, EMBPS_UNAVAILABLE, msg);
+          embps__stream_cancel(call->shards[i].stream, st, msg);
       break;
     }
   }
@@ -402,10 +426,10 @@ static embps_status_t push_join(embps_call_t *call) {
   res.applied = res.ordered = 1;
   for (uint32_t i = 0; i < call->nshards; i++) {
     embps__stream_t *s = call->shards[i].stream;
-    Embps__V1__PushGradientsResponse *m =
-        embps__v1__push_gradients_response__unpack(&pb_allocator, s->buf_len, s->buf);
+    Embps__V1__PushGradientsResponse *m = (Embps__V1__PushGradientsResponse *)reply_unpack(
+        c, &embps__v1__push_gradients_response__descriptor, s, i);
     if (!m)
-      return fail(c, EMBPS_INTERNAL, "rank %u sent a malformed PushGradientsResponse", i);
+      return c->last.status;
     if (m->batch_id != call->batch_id || m->shard_index != i) {
       embps__v1__push_gradients_response__free_unpacked(m, &pb_allocator);
       return fail(c, EMBPS_INTERNAL,
@@ -556,14 +580,13 @@ void embps_tables_free(embps_table_spec_t *tables, size_t n) {
 }
 
 /* Decodes a ListTablesResponse; sets *group_size if not NULL. */
-static embps_status_t tables_decode(embps_client_t *c, const embps__stream_t *s,
+static embps_status_t tables_decode(embps_client_t *c, const embps__stream_t *s, uint32_t rank,
                                     embps_table_spec_t **out, size_t *n, uint32_t *group_size) {
-  Embps__V1__ListTablesResponse *m =
-      embps__v1__list_tables_response__unpack(&pb_allocator, s->buf_len, s->buf);
+  Embps__V1__ListTablesResponse *m = (Embps__V1__ListTablesResponse *)reply_unpack(
+      c, &embps__v1__list_tables_response__descriptor, s, rank);
   embps_table_spec_t *t = NULL;
   if (!m)
-    return fail(c, EMBPS_INTERNAL, "malformed ListTablesResponse from %s",
-                embps__conn_addr(s->conn)->authority);
+    return c->last.status;
   if (group_size)
     *group_size = m->group_size;
   if (out) {
@@ -610,7 +633,7 @@ embps_status_t embps_list_tables(embps_client_t *client, embps_table_spec_t **ta
   embps_status_t st = unary(client, PATH_PREFIX "ListTables", &req.base, 0, 1, &call);
   if (st != EMBPS_OK)
     return st;
-  st = tables_decode(client, call->shards[0].stream, tables, n, NULL);
+  st = tables_decode(client, call->shards[0].stream, 0, tables, n, NULL);
   call_free(call);
   return st;
 }
@@ -648,10 +671,10 @@ embps_status_t embps_stats(embps_client_t *client, embps_rank_stats_t **stats, s
   for (uint32_t i = 0; i < call->nshards; i++) {
     const embps__stream_t *s = call->shards[i].stream;
     embps_rank_stats_t *r = &out[i];
-    Embps__V1__GetStatsResponse *m =
-        embps__v1__get_stats_response__unpack(&pb_allocator, s->buf_len, s->buf);
+    Embps__V1__GetStatsResponse *m = (Embps__V1__GetStatsResponse *)reply_unpack(
+        client, &embps__v1__get_stats_response__descriptor, s, i);
     if (!m) {
-      st = fail(client, EMBPS_INTERNAL, "malformed GetStatsResponse from rank %u", i);
+      st = client->last.status;
       goto fail;
     }
     r->rank = m->rank;
@@ -720,11 +743,12 @@ embps_status_t embps_health(embps_client_t *client, const char *service, int *se
   for (uint32_t i = 0; i < call->nshards; i++) {
     const embps__stream_t *s = call->shards[i].stream;
     Grpc__Health__V1__HealthCheckResponse *m =
-        grpc__health__v1__health_check_response__unpack(&pb_allocator, s->buf_len, s->buf);
+        (Grpc__Health__V1__HealthCheckResponse *)reply_unpack(
+            client, &grpc__health__v1__health_check_response__descriptor, s, i);
     int status;
     if (!m) {
       call_free(call);
-      return fail(client, EMBPS_INTERNAL, "malformed HealthCheckResponse from rank %u", i);
+      return client->last.status;
     }
     status = m->status;
     grpc__health__v1__health_check_response__free_unpacked(m, &pb_allocator);
@@ -750,11 +774,11 @@ embps_status_t embps_checkpoint(embps_client_t *client, const char *table, const
   st = unary(client, PATH_PREFIX "Checkpoint", &req.base, 0, 1, &call);
   if (st != EMBPS_OK)
     return st;
-  m = embps__v1__checkpoint_response__unpack(&pb_allocator, call->shards[0].stream->buf_len,
-                                             call->shards[0].stream->buf);
+  m = (Embps__V1__CheckpointResponse *)reply_unpack(
+      client, &embps__v1__checkpoint_response__descriptor, call->shards[0].stream, 0);
   if (!m) {
     call_free(call);
-    return fail(client, EMBPS_INTERNAL, "malformed CheckpointResponse");
+    return client->last.status;
   }
   if (bytes)
     *bytes = m->bytes;
@@ -800,7 +824,7 @@ static embps_status_t learn_group(embps_client_t *c) {
     return st;
   for (uint32_t i = 0; i < n && st == EMBPS_OK; i++) {
     uint32_t g = 0;
-    st = tables_decode(c, call->shards[i].stream, NULL, NULL, &g);
+    st = tables_decode(c, call->shards[i].stream, i, NULL, NULL, &g);
     if (st == EMBPS_OK && g != 0 && g != n)
       st = fail(c, EMBPS_FAILED_PRECONDITION,
                 "%s belongs to a group of %u ranks but %u address%s given: list every rank's "

@@ -57,7 +57,8 @@ struct embps__conn {
   int fd;
   nghttp2_session *session;
   int broken;
-  embps_error_t why; /* why it broke, set inside callbacks and acted on after them */
+  embps_error_t why; /* why it broke (status and message), set inside callbacks and acted on
+                        after them */
   uint8_t *rbuf;
   uint8_t *wbuf;
   size_t wlen, woff, wcap;
@@ -151,6 +152,13 @@ void embps__stream_release(embps__stream_t *s) {
 
 /* ---- breaking and closing ---- */
 
+/* An nghttp2 failure as a status: running out of memory is RESOURCE_EXHAUSTED, anything else
+ * (a protocol error, a callback that failed) makes the server unavailable over this
+ * connection. */
+static embps_status_t status_of_nghttp2(int rv) {
+  return rv == NGHTTP2_ERR_NOMEM ? EMBPS_RESOURCE_EXHAUSTED : EMBPS_UNAVAILABLE;
+}
+
 static void conn_close_socket(embps__conn_t *c) {
   if (c->session) {
     nghttp2_session_del(c->session);
@@ -164,9 +172,11 @@ static void conn_close_socket(embps__conn_t *c) {
   c->resume_head = 0;
 }
 
-/* Fails every stream with status and the connection's reason, then closes the socket. */
-static void conn_break(embps__conn_t *c, embps_status_t status) {
+/* Fails every stream with the connection's reason (UNAVAILABLE unless conn_fail said
+ * otherwise), then closes the socket. */
+static void conn_break(embps__conn_t *c) {
   embps__stream_t *s;
+  embps_status_t status = c->why.status != EMBPS_OK ? c->why.status : EMBPS_UNAVAILABLE;
   c->broken = 1;
   if (c->why.message[0] == '\0')
     snprintf(c->why.message, sizeof(c->why.message), "connection lost");
@@ -180,14 +190,17 @@ static void conn_break(embps__conn_t *c, embps_status_t status) {
   conn_close_socket(c);
 }
 
-/* Records why c breaks (first reason wins); the break happens outside nghttp2 callbacks. */
-static void conn_fail(embps__conn_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Records why c breaks (first reason wins): the status its streams fail with and the message;
+ * the break happens outside nghttp2 callbacks. */
+static void conn_fail(embps__conn_t *c, embps_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
-static void conn_fail(embps__conn_t *c, const char *fmt, ...) {
+static void conn_fail(embps__conn_t *c, embps_status_t status, const char *fmt, ...) {
   va_list ap;
   if (c->broken)
     return;
   c->broken = 1;
+  c->why.status = status;
   va_start(ap, fmt);
   vsnprintf(c->why.message, sizeof(c->why.message), fmt, ap);
   va_end(ap);
@@ -424,7 +437,7 @@ static int write_pending(embps__conn_t *c) {
         continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK)
         return 1;
-      conn_fail(c, "send: %s", strerror(errno));
+      conn_fail(c, EMBPS_UNAVAILABLE, "send: %s", strerror(errno));
       return -1;
     }
     c->woff += (size_t)n;
@@ -441,7 +454,7 @@ static int wbuf_append(embps__conn_t *c, const uint8_t *p, size_t n) {
       cap *= 2;
     b = embps_realloc(c->wbuf, cap);
     if (!b) {
-      conn_fail(c, "out of memory");
+      conn_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
       return -1;
     }
     c->wbuf = b;
@@ -467,7 +480,7 @@ static void conn_flush(embps__conn_t *c) {
       const uint8_t *data;
       ssize_t n = nghttp2_session_mem_send(c->session, &data);
       if (n < 0) {
-        conn_fail(c, "HTTP/2: %s", nghttp2_strerror((int)n));
+        conn_fail(c, status_of_nghttp2((int)n), "HTTP/2: %s", nghttp2_strerror((int)n));
         return;
       }
       if (n == 0)
@@ -477,7 +490,7 @@ static void conn_flush(embps__conn_t *c) {
         ssize_t k = send(c->fd, data, (size_t)n, MSG_NOSIGNAL);
         if (k < 0) {
           if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            conn_fail(c, "send: %s", strerror(errno));
+            conn_fail(c, EMBPS_UNAVAILABLE, "send: %s", strerror(errno));
             return;
           }
           k = 0;
@@ -503,7 +516,7 @@ static void conn_flush(embps__conn_t *c) {
 void embps__conn_kick(embps__conn_t *c) {
   conn_flush(c);
   if (c->broken && c->session)
-    conn_break(c, EMBPS_UNAVAILABLE);
+    conn_break(c);
 }
 
 /* Reads what the socket has and hands it to nghttp2. */
@@ -514,16 +527,16 @@ static void conn_read(embps__conn_t *c) {
       if (errno == EINTR)
         continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK)
-        conn_fail(c, "recv: %s", strerror(errno));
+        conn_fail(c, EMBPS_UNAVAILABLE, "recv: %s", strerror(errno));
       return;
     }
     if (n == 0) {
-      conn_fail(c, "server closed the connection");
+      conn_fail(c, EMBPS_UNAVAILABLE, "server closed the connection");
       return;
     }
     ssize_t k = nghttp2_session_mem_recv(c->session, c->rbuf, (size_t)n);
     if (k < 0) {
-      conn_fail(c, "HTTP/2: %s", nghttp2_strerror((int)k));
+      conn_fail(c, status_of_nghttp2((int)k), "HTTP/2: %s", nghttp2_strerror((int)k));
       return;
     }
     if ((size_t)n < RBUF_SIZE)
@@ -622,7 +635,8 @@ static embps_status_t session_start(embps__conn_t *c, embps_error_t *err) {
   if (rc == 0)
     rc = nghttp2_session_set_local_window_size(c->session, NGHTTP2_FLAG_NONE, 0, LOCAL_WINDOW);
   if (rc != 0) {
-    ret = embps_error_set(err, EMBPS_INTERNAL, "nghttp2: %s", nghttp2_strerror(rc));
+    ret = embps_error_set(err, rc == NGHTTP2_ERR_NOMEM ? EMBPS_RESOURCE_EXHAUSTED : EMBPS_INTERNAL,
+                          "nghttp2: %s", nghttp2_strerror(rc));
     conn_close_socket(c);
   }
   return ret;
@@ -641,8 +655,8 @@ static embps_status_t conn_connect(embps__conn_t *c, int64_t timeout_ms, embps_e
     return ret;
   conn_flush(c); /* the preface and SETTINGS leave now */
   if (c->broken) {
-    ret = embps_error_set(err, EMBPS_UNAVAILABLE, "connection to %s: %s", c->addr.authority,
-                          c->why.message);
+    ret = embps_error_set(err, c->why.status != EMBPS_OK ? c->why.status : EMBPS_UNAVAILABLE,
+                          "connection to %s: %s", c->addr.authority, c->why.message);
     conn_close_socket(c);
   }
   return ret;
@@ -702,10 +716,11 @@ embps_status_t embps__conn_submit(embps__conn_t *c, embps__stream_t *s, int64_t 
   if (c->broken || session_over(c)) {
     /* Lost earlier (its streams already failed): reconnect once for this call. */
     if (c->broken && c->session)
-      conn_break(c, EMBPS_UNAVAILABLE);
+      conn_break(c);
     embps_status_t st = conn_connect(c, timeout_ms, err);
     if (st != EMBPS_OK)
-      return st == EMBPS_DEADLINE_EXCEEDED ? st : EMBPS_UNAVAILABLE;
+      return st == EMBPS_DEADLINE_EXCEEDED || st == EMBPS_RESOURCE_EXHAUSTED ? st
+                                                                             : EMBPS_UNAVAILABLE;
   }
   nnv = 7;
   if (s->timeout_ms > 0) {
@@ -757,6 +772,7 @@ int embps__conns_pump(embps__conn_t **conns, size_t n, int timeout_ms) {
         embps_free(pfd);
       if (pc != pc_small)
         embps_free(pc);
+      errno = ENOMEM;
       return -1;
     }
   }
@@ -767,7 +783,7 @@ int embps__conns_pump(embps__conn_t **conns, size_t n, int timeout_ms) {
       continue;
     conn_flush(c);
     if (c->broken) {
-      conn_break(c, EMBPS_UNAVAILABLE);
+      conn_break(c);
       progress++;
       continue;
     }
@@ -800,7 +816,7 @@ int embps__conns_pump(embps__conn_t **conns, size_t n, int timeout_ms) {
     if (!c->broken)
       conn_flush(c);
     if (c->broken)
-      conn_break(c, EMBPS_UNAVAILABLE);
+      conn_break(c);
   }
 exit:
   if (pfd != pfd_small)
