@@ -87,6 +87,7 @@ typedef struct stream {
   stream_state_t state;
   int receiving; /* counted in conn->receiving */
   int method_seen, method_post, ct_ok;
+  int headers_out_of_memory; /* a header could not be kept: refused when the headers end */
   char *path;
   char ct[64];
   char method[16];
@@ -285,9 +286,17 @@ static void stop_receiving(embps__h2conn_t *conn, stream_t *s) {
 #define NV(n, v, vlen)                                                                             \
   { (uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vlen), NGHTTP2_NV_FLAG_NONE }
 
-/* Submits a trailers-only response (one HEADERS with END_STREAM) carrying status and message. */
-static int submit_status(embps__h2conn_t *conn, int32_t id, int http_status, embps_status_t status,
-                         const char *message) {
+/* The RST_STREAM code for a stream that cannot be answered because nghttp2 failed with rv:
+ * ENHANCE_YOUR_CALM when it ran out of memory (gRPC clients read it as RESOURCE_EXHAUSTED),
+ * INTERNAL_ERROR otherwise. */
+static uint32_t rst_code_of(int rv) {
+  return rv == NGHTTP2_ERR_NOMEM ? NGHTTP2_ENHANCE_YOUR_CALM : NGHTTP2_INTERNAL_ERROR;
+}
+
+/* Submits a trailers-only response (one HEADERS with END_STREAM) carrying status and message;
+ * when nghttp2 cannot take it, resets the stream instead. */
+static void submit_status(embps__h2conn_t *conn, int32_t id, int http_status, embps_status_t status,
+                          const char *message) {
   char http[8], code[8], clipped[MESSAGE_MAX + 1];
   snprintf(http, sizeof(http), "%d", http_status);
   snprintf(code, sizeof(code), "%d", embps_status_grpc_code(status));
@@ -301,9 +310,10 @@ static int submit_status(embps__h2conn_t *conn, int32_t id, int http_status, emb
   };
   int rv = nghttp2_submit_response(conn->session, id, nva, sizeof(nva) / sizeof(nva[0]), NULL);
   embps_free(enc);
-  if (rv < 0)
+  if (rv < 0) {
     EMBPS_ERROR("nghttp2_submit_response(stream %d): %s", id, nghttp2_strerror(rv));
-  return rv;
+    nghttp2_submit_rst_stream(conn->session, NGHTTP2_FLAG_NONE, id, rst_code_of(rv));
+  }
 }
 
 /* Drops a stream's half-received message and its share of the connection's budget. */
@@ -326,8 +336,7 @@ static void fail_stream(embps__h2conn_t *conn, stream_t *s, int http_status, emb
   /* The reset must wait until the HEADERS are out: nghttp2 drops frames queued for a stream
    * after a RST_STREAM. See on_frame_send. */
   s->rst_after_answer = was_receiving;
-  if (submit_status(conn, s->id, http_status, status, message) < 0)
-    nghttp2_submit_rst_stream(conn->session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
+  submit_status(conn, s->id, http_status, status, message);
 }
 
 static void stream_free(stream_t *s) {
@@ -344,8 +353,14 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
   if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
     return 0;
   stream_t *s = embps_calloc(1, sizeof(*s));
-  if (!s)
-    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  if (!s) {
+    /* No stream to answer on: refuse it as gRPC reads "out of resources". Later callbacks for
+     * the stream find no user data and ignore it. */
+    if (nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
+                                  NGHTTP2_ENHANCE_YOUR_CALM) != 0)
+      return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* resets it with INTERNAL_ERROR */
+    return 0;
+  }
   s->id = frame->hd.stream_id;
   s->state = ST_RECEIVING;
   s->receiving = 1;
@@ -374,8 +389,10 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
   } else if (namelen == 5 && memcmp(name, ":path", 5) == 0) {
     embps_free(s->path);
     s->path = embps_malloc(valuelen + 1);
-    if (!s->path)
-      return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    if (!s->path) {
+      s->headers_out_of_memory = 1;
+      return 0;
+    }
     memcpy(s->path, value, valuelen);
     s->path[valuelen] = '\0';
   } else if (namelen == 12 && memcmp(name, "content-type", 12) == 0) {
@@ -390,7 +407,10 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
 /* The request headers are complete: refuse what is not a gRPC call (as grpc-go does). */
 static void check_request(embps__h2conn_t *conn, stream_t *s) {
   char msg[160];
-  if (!s->method_post) {
+  if (s->headers_out_of_memory) {
+    fail_stream(conn, s, 200, EMBPS_RESOURCE_EXHAUSTED,
+                "out of memory reading the request headers");
+  } else if (!s->method_post) {
     snprintf(msg, sizeof(msg), "method must be POST for gRPC, got '%s'", s->method);
     fail_stream(conn, s, 405, EMBPS_INTERNAL, msg);
   } else if (!s->ct_ok) {
@@ -832,7 +852,7 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
   int rv = nghttp2_submit_response(conn->session, s->id, nva, 2, &prd);
   if (rv < 0) {
     EMBPS_ERROR("nghttp2_submit_response(stream %d): %s", s->id, nghttp2_strerror(rv));
-    nghttp2_submit_rst_stream(conn->session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
+    nghttp2_submit_rst_stream(conn->session, NGHTTP2_FLAG_NONE, s->id, rst_code_of(rv));
   }
   notify_output(conn);
 }
@@ -846,8 +866,7 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
     status = EMBPS_UNKNOWN; /* the contract forbids OK here; never send a bodiless success */
   s->state = ST_ANSWERED;
   count_error(conn);
-  if (submit_status(conn, s->id, 200, status, message) < 0)
-    nghttp2_submit_rst_stream(conn->session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
+  submit_status(conn, s->id, 200, status, message);
   notify_output(conn);
 }
 
