@@ -24,7 +24,7 @@ typedef struct embps__seg {
 /** Called when the body is complete and grpc-status is OK; returns the final status. */
 typedef embps_status_t (*embps__sink_finish)(void *arg, embps_error_t *err);
 
-/** One gRPC call on one connection. The owner (client.c) fills the request part, submits it
+/** One gRPC call on one connection. The owner (call.c) fills the request part, submits it
  * with embps__conn_submit(), learns of completion through on_done, and gives it up with
  * embps__stream_release(), which frees it now or, while the HTTP/2 stream is still open,
  * resets the stream and lets the connection free it when it closes. */
