@@ -634,11 +634,9 @@ static embps_status_t session_start(embps__conn_t *c, embps_error_t *err) {
   rc = nghttp2_submit_settings(c->session, NGHTTP2_FLAG_NONE, iv, sizeof(iv) / sizeof(iv[0]));
   if (rc == 0)
     rc = nghttp2_session_set_local_window_size(c->session, NGHTTP2_FLAG_NONE, 0, LOCAL_WINDOW);
-  if (rc != 0) {
+  if (rc != 0)
     ret = embps_error_set(err, rc == NGHTTP2_ERR_NOMEM ? EMBPS_RESOURCE_EXHAUSTED : EMBPS_INTERNAL,
                           "nghttp2: %s", nghttp2_strerror(rc));
-    conn_close_socket(c);
-  }
   return ret;
 }
 
@@ -651,8 +649,10 @@ static embps_status_t conn_connect(embps__conn_t *c, int64_t timeout_ms, embps_e
   if (ret != EMBPS_OK)
     return ret;
   ret = session_start(c, err);
-  if (ret != EMBPS_OK)
+  if (ret != EMBPS_OK) {
+    conn_close_socket(c); /* the socket, and the session when it was made */
     return ret;
+  }
   conn_flush(c); /* the preface and SETTINGS leave now */
   if (c->broken) {
     ret = embps_error_set(err, c->why.status != EMBPS_OK ? c->why.status : EMBPS_UNAVAILABLE,
