@@ -110,8 +110,11 @@ static embps_status_t check_all_reduce(const embps_comm_t *c, const void *buf, s
 
 /* ---- dispatch ---- */
 
-/* Counts a call the backend finished with ret; payload is what crossed each way per peer. */
+/* Counts a call that passed the checks and that the backend finished with ret (backends never
+ * read the stats, so counting it after the call is counting it as it starts), and the payload
+ * that crossed each way per peer when it succeeded. */
 static embps_status_t counted(embps_comm_t *c, embps_status_t ret, size_t payload) {
+  c->stats.calls++;
   if (ret == EMBPS_OK) {
     uint64_t moved = (uint64_t)(c->size - 1) * payload;
     c->stats.bytes_sent += moved;
@@ -123,44 +126,34 @@ static embps_status_t counted(embps_comm_t *c, embps_status_t ret, size_t payloa
 embps_status_t embps_comm_all_gather(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                      embps_error_t *err) {
   embps_status_t ret = check_usable(c, "all_gather", err);
-  if (ret == EMBPS_OK)
-    ret = check_all_gather(c, send, bytes, recv, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
-  return counted(c, c->ops->all_gather(c, send, bytes, recv, err), bytes);
+  if (ret == EMBPS_OK && (ret = check_all_gather(c, send, bytes, recv, err)) == EMBPS_OK)
+    ret = counted(c, c->ops->all_gather(c, send, bytes, recv, err), bytes);
+  return ret;
 }
 
 embps_status_t embps_comm_all_to_all(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                      embps_error_t *err) {
   embps_status_t ret = check_usable(c, "all_to_all", err);
-  if (ret == EMBPS_OK)
-    ret = check_all_to_all(c, send, bytes, recv, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
-  return counted(c, c->ops->all_to_all(c, send, bytes, recv, err), bytes);
+  if (ret == EMBPS_OK && (ret = check_all_to_all(c, send, bytes, recv, err)) == EMBPS_OK)
+    ret = counted(c, c->ops->all_to_all(c, send, bytes, recv, err), bytes);
+  return ret;
 }
 
 embps_status_t embps_comm_all_reduce(embps_comm_t *c, void *buf, size_t count,
                                      embps_comm_type_t type, embps_comm_op_t op,
                                      embps_error_t *err) {
   embps_status_t ret = check_usable(c, "all_reduce", err);
-  if (ret == EMBPS_OK)
-    ret = check_all_reduce(c, buf, count, type, op, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
-  return counted(c, c->ops->all_reduce(c, buf, count, type, op, err),
-                 count * embps_comm_type_size(type));
+  if (ret == EMBPS_OK && (ret = check_all_reduce(c, buf, count, type, op, err)) == EMBPS_OK)
+    ret = counted(c, c->ops->all_reduce(c, buf, count, type, op, err),
+                  count * embps_comm_type_size(type));
+  return ret;
 }
 
 embps_status_t embps_comm_barrier(embps_comm_t *c, embps_error_t *err) {
   embps_status_t ret = check_usable(c, "barrier", err);
-  if (ret != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
-  return counted(c, c->ops->barrier(c, err), 0);
+  if (ret == EMBPS_OK)
+    ret = counted(c, c->ops->barrier(c, err), 0);
+  return ret;
 }
 
 void embps_comm_free(embps_comm_t *c) {

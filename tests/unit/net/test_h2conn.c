@@ -71,6 +71,14 @@ static void server_init(server_t *sv, size_t max_message) {
   assert_int_equal(embps__h2conn_new(&sv->conn, max_message, &hooks), EMBPS_OK);
 }
 
+/* A server that answers every request at once with its own message, and a client with large
+ * windows. */
+static void start_echo(server_t *sv, h2c_t *c) {
+  server_init(sv, 1 << 20);
+  sv->answer_inline = 1;
+  h2c_init(c, 1);
+}
+
 static void server_fini(server_t *sv) {
   embps__h2conn_free(sv->conn);
   for (int i = 0; i < sv->ncalls; i++)
@@ -142,9 +150,7 @@ static void test_unary_round_trip(void **state) {
   server_t sv;
   h2c_t c;
   size_t plen;
-  server_init(&sv, 1 << 20);
-  sv.answer_inline = 1;
-  h2c_init(&c, 1);
+  start_echo(&sv, &c);
   uint8_t *p = h2c_frame(0, "hello", 5, &plen);
   h2c_stream_t *st = h2c_request(&c, PATH, "application/grpc+proto", p, plen, 0, plen);
   pump(&c, &sv);
@@ -618,9 +624,7 @@ static void test_out_of_memory_refuses_the_call(void **state) {
     server_t sv;
     h2c_t c;
     size_t plen;
-    server_init(&sv, 1 << 20);
-    sv.answer_inline = 1;
-    h2c_init(&c, 1);
+    start_echo(&sv, &c);
     pump(&c, &sv); /* prefaces and SETTINGS, with memory */
     uint8_t *p = h2c_frame(0, "hello", 5, &plen);
     h2c_stream_t *st = h2c_request(&c, PATH, CT, p, plen, 0, plen);
