@@ -24,7 +24,7 @@ typedef struct embps__seg {
 /** Called when the body is complete and grpc-status is OK; returns the final status. */
 typedef embps_status_t (*embps__sink_finish)(void *arg, embps_error_t *err);
 
-/** One gRPC call on one connection. The owner (client.c) fills the request part, submits it
+/** One gRPC call on one connection. The owner (call.c) fills the request part, submits it
  * with embps__conn_submit(), learns of completion through on_done, and gives it up with
  * embps__stream_release(), which frees it now or, while the HTTP/2 stream is still open,
  * resets the stream and lets the connection free it when it closes. */
@@ -77,8 +77,8 @@ void embps__conn_free(embps__conn_t *c);
 const embps__addr_t *embps__conn_addr(const embps__conn_t *c);
 
 /** Submits s (its request fields set) on c, reconnecting first (within timeout_ms) if the
- * connection was lost. On failure s is not attached: UNAVAILABLE; RESOURCE_EXHAUSTED;
- * INTERNAL. */
+ * connection was lost. On failure s is not attached: UNAVAILABLE; DEADLINE_EXCEEDED (the
+ * reconnection); RESOURCE_EXHAUSTED (out of memory). */
 embps_status_t embps__conn_submit(embps__conn_t *c, embps__stream_t *s, int64_t timeout_ms,
                                   embps_error_t *err);
 
@@ -95,8 +95,10 @@ void embps__stream_release(embps__stream_t *s);
 
 /** Moves I/O on conns for at most timeout_ms (0: do not block; -1: until something
  * happens): sends what can be sent, waits with poll(), reads and dispatches replies. Streams
- * finish through their on_done. A broken connection finishes its streams with UNAVAILABLE.
- * Returns the number of connections that made progress, or -1 if poll() failed. */
+ * finish through their on_done. A broken connection finishes its streams with UNAVAILABLE, or
+ * RESOURCE_EXHAUSTED when it broke for want of memory. Returns the number of connections that
+ * made progress, or -1 with errno set if poll() failed (ENOMEM also when the poll set could not
+ * be allocated). */
 int embps__conns_pump(embps__conn_t **conns, size_t n, int timeout_ms);
 
 #endif

@@ -23,8 +23,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/dtype.h"  /* embps_dtype_t: EMBPS_DTYPE_F32, EMBPS_DTYPE_BF16 */
-#include "common/status.h" /* embps_status_t: EMBPS_OK, EMBPS_INVALID_ARGUMENT, ... */
+#include "common/dtype.h"     /* embps_dtype_t: EMBPS_DTYPE_F32, EMBPS_DTYPE_BF16 */
+#include "common/optimizer.h" /* embps_optimizer_t: EMBPS_OPTIMIZER_DEFAULT, _SGD, ... */
+#include "common/status.h"    /* embps_status_t: EMBPS_OK, EMBPS_INVALID_ARGUMENT, ... */
 
 #ifdef __cplusplus
 extern "C" {
@@ -40,15 +41,6 @@ extern "C" {
 typedef struct embps_client embps_client_t;
 /** A call in flight, returned by the *_start functions and finished by embps_call_wait(). */
 typedef struct embps_call embps_call_t;
-
-/** Optimizer kinds; values equal embps.v1.OptimizerKind. */
-typedef enum embps_optimizer {
-  EMBPS_OPTIMIZER_DEFAULT = 0, /* the server's default: rowwise_adagrad */
-  EMBPS_OPTIMIZER_SGD = 1,
-  EMBPS_OPTIMIZER_ADAGRAD = 2,
-  EMBPS_OPTIMIZER_ROWWISE_ADAGRAD = 3,
-  EMBPS_OPTIMIZER_ADAM = 4,
-} embps_optimizer_t;
 
 /** Push modes; values equal embps.v1.UpdateMode. */
 typedef enum embps_push_mode {

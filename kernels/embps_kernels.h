@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "common/dtype.h"
+#include "common/optimizer.h"
 
 /* ---- prefetch (for the kernels' own use) ----------------------------------------------------- */
 
@@ -114,12 +115,7 @@ size_t embps_row_combine_cpu(const float *partials, size_t slices, size_t n, siz
 
 /* ---- fused optimizer updates ---------------------------------------------------------------- */
 
-typedef enum embps_optimizer {
-  EMBPS_OPT_SGD = 1,
-  EMBPS_OPT_ADAGRAD = 2,
-  EMBPS_OPT_ROWWISE_ADAGRAD = 3,
-  EMBPS_OPT_ADAM = 4,
-} embps_optimizer_t;
+/* The optimizer kinds are common/optimizer.h's embps_optimizer_t. */
 
 /** Hyper-parameters, resolved (no zero-means-default here). */
 typedef struct embps_opt_params {

@@ -258,11 +258,20 @@ int main(int argc, char **argv) {
     fprintf(stderr, "embps-server: cannot create the event loop\n");
     return 1;
   }
-  if (embps_store_new(&s.store, rank, group_size, set.max_tables) != EMBPS_OK ||
-      embps_group_new(&s.group, &s.loop, &gcfg, s.store) != EMBPS_OK ||
-      embps_service_new(&s.service, s.group, s.store, &scfg) != EMBPS_OK ||
-      embps_net_new(&s.net, &s.loop, &ncfg, embps_service_on_request, s.service) != EMBPS_OK) {
-    fprintf(stderr, "embps-server: out of memory at startup\n");
+  /* Say which step failed and how: not every failure here is running out of memory. */
+  const char *step = NULL;
+  embps_status_t st;
+  if ((st = embps_store_new(&s.store, rank, group_size, set.max_tables)) != EMBPS_OK)
+    step = "the table store";
+  else if ((st = embps_group_new(&s.group, &s.loop, &gcfg, s.store)) != EMBPS_OK)
+    step = "the group";
+  else if ((st = embps_service_new(&s.service, s.group, s.store, &scfg)) != EMBPS_OK)
+    step = "the service";
+  else if ((st = embps_net_new(&s.net, &s.loop, &ncfg, embps_service_on_request, s.service)) !=
+           EMBPS_OK)
+    step = "the network layer";
+  if (step) {
+    fprintf(stderr, "embps-server: cannot create %s: %s\n", step, embps_status_str(st));
     return 1;
   }
   embps_service_set_net(s.service, s.net);

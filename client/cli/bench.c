@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "client/cli/zipf.h"
+#include "common/clock.h"
 
 typedef struct lat_vec {
   double *v;
@@ -44,11 +45,7 @@ typedef struct worker {
 static atomic_uint_fast64_t g_lookups, g_pushes, g_rows;
 static atomic_int g_stop;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return (double)embps_now_ns() * 1e-9; }
 
 static int lat_push(lat_vec_t *l, double v) {
   if (l->n == l->cap) {

@@ -200,12 +200,13 @@ static int call_failed(const char *cmd, embps_client_t *c, embps_status_t st) {
 }
 
 static const char *optimizer_name(embps_optimizer_t o) {
+  if (o == EMBPS_OPTIMIZER_DEFAULT)
+    return "rowwise_adagrad";
   switch (o) {
   case EMBPS_OPTIMIZER_SGD:
     return "sgd";
   case EMBPS_OPTIMIZER_ADAGRAD:
     return "adagrad";
-  case EMBPS_OPTIMIZER_DEFAULT:
   case EMBPS_OPTIMIZER_ROWWISE_ADAGRAD:
     return "rowwise_adagrad";
   case EMBPS_OPTIMIZER_ADAM:

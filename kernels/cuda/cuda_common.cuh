@@ -1,7 +1,8 @@
 /* Internals shared by the CUDA kernels (not part of the public face, embps_kernels_cuda.h).
  *
- * - EMBPS_CUDA_CHECK_GOTO: every CUDA runtime call and every launch goes through it; a CUDA
- *   error is logged with file:line and becomes EMBPS_INTERNAL.
+ * - Every CUDA runtime call and every launch goes through common/cuda_check.h's
+ *   EMBPS_CUDA_CHECK_GOTO (a launcher has no embps_error_t, so it passes NULL): a CUDA error is
+ *   logged with file:line and becomes EMBPS_INTERNAL.
  * - The row mapping used by the row kernels: `tpr` threads (a power of two, at most a warp)
  *   work on one row, so narrow rows (width 1 or 7) do not leave 31 of 32 lanes idle, and a
  *   warp never straddles a row group. Each thread handles V consecutive elements per step
@@ -25,24 +26,10 @@
 
 #include "kernels/cuda/embps_kernels_cuda.h" /* first: opens C linkage for common/status.h */
 
-extern "C" {
-#include "common/log.h"
-}
-
-/* Calls a CUDA runtime function returning cudaError_t; on failure logs file:line and the
- * error, sets `ret` (an embps_status_t in scope) to EMBPS_INTERNAL and jumps to `label`. */
-#define EMBPS_CUDA_CHECK_GOTO(call, label)                                                         \
-  do {                                                                                             \
-    cudaError_t cuda_rc_ = (call);                                                                 \
-    if (cuda_rc_ != cudaSuccess) {                                                                 \
-      EMBPS_ERROR("%s: %s (%s)", #call, cudaGetErrorName(cuda_rc_), cudaGetErrorString(cuda_rc_)); \
-      ret = EMBPS_INTERNAL;                                                                        \
-      goto label;                                                                                  \
-    }                                                                                              \
-  } while (0)
+#include "common/cuda_check.h"
 
 /* Checks the launch just made (configuration errors, and any error left by earlier work). */
-#define EMBPS_CUDA_CHECK_LAUNCH_GOTO(label) EMBPS_CUDA_CHECK_GOTO(cudaGetLastError(), label)
+#define EMBPS_CUDA_CHECK_LAUNCH_GOTO(label) EMBPS_CUDA_CHECK_GOTO(cudaGetLastError(), NULL, label)
 
 /* Threads per block for every row kernel: 8 warps, enough to hide latency at any width. */
 #define EMBPS_CUDA_BLOCK 256

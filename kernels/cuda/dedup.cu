@@ -121,8 +121,9 @@ extern "C" embps_status_t embps_dedup_cuda(const int64_t *tokens, size_t n, int6
     return EMBPS_INVALID_ARGUMENT;
   }
   if (n == 0) {
-    EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(num_unique, 0, sizeof(uint32_t), stream), fail);
-    EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(segment_offsets, 0, sizeof(uint32_t), stream), fail);
+    EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(num_unique, 0, sizeof(uint32_t), stream), NULL, fail);
+    EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(segment_offsets, 0, sizeof(uint32_t), stream), NULL,
+                          fail);
     return EMBPS_OK;
   }
   if (n > UINT32_MAX || !tokens || !unique || !segment_ids || !sorted_positions || !workspace ||
@@ -133,7 +134,7 @@ extern "C" embps_status_t embps_dedup_cuda(const int64_t *tokens, size_t n, int6
     return EMBPS_INVALID_ARGUMENT;
   }
   nn = (uint32_t)n;
-  EMBPS_CUDA_CHECK_GOTO(cub_bytes(nn, &scratch), fail);
+  EMBPS_CUDA_CHECK_GOTO(cub_bytes(nn, &scratch), NULL, fail);
   if (make_layout(n, scratch, &l) > workspace_bytes) {
     EMBPS_ERROR("dedup: workspace of %zu bytes, %zu needed", workspace_bytes, l.total);
     return EMBPS_INVALID_ARGUMENT;
@@ -147,13 +148,13 @@ extern "C" embps_status_t embps_dedup_cuda(const int64_t *tokens, size_t n, int6
   EMBPS_CUDA_CHECK_GOTO(cub::DeviceRadixSort::SortPairs(ws + l.cub, sort_bytes, tokens, sorted,
                                                         (const uint32_t *)positions,
                                                         sorted_positions, nn, 0, 64, stream),
-                        fail);
+                        NULL, fail);
   /* positions is free again: it holds the flags, then their inclusive sum. */
   flag_kernel<<<blocks_for(n), EMBPS_CUDA_BLOCK, 0, stream>>>(sorted, nn, positions);
   EMBPS_CUDA_CHECK_LAUNCH_GOTO(fail);
   scan_bytes = scratch;
   EMBPS_CUDA_CHECK_GOTO(
-      cub::DeviceScan::InclusiveSum(ws + l.cub, scan_bytes, positions, nn, stream), fail);
+      cub::DeviceScan::InclusiveSum(ws + l.cub, scan_bytes, positions, nn, stream), NULL, fail);
   scatter_kernel<<<blocks_for(n), EMBPS_CUDA_BLOCK, 0, stream>>>(
       sorted, sorted_positions, positions, nn, unique, segment_ids, segment_offsets, num_unique);
   EMBPS_CUDA_CHECK_LAUNCH_GOTO(fail);

@@ -25,24 +25,39 @@ typedef enum embps_comm_op {
   EMBPS_COMM_MAX = 2,
 } embps_comm_op_t;
 
-/** Bytes a rank sent and received through collectives since creation. */
+/**
+ * What a rank moved through collectives since creation, counted by the dispatcher (comm.c), not
+ * by the backends, so every backend counts alike. calls: the collectives that passed the argument
+ * checks and reached the backend, failed ones included. bytes_sent and bytes_received: the
+ * payload that crosses to and from the other ranks in calls that succeeded, (size-1)*bytes each
+ * way for all_gather, all_to_all and all_reduce (not the rank's own block), none for barrier.
+ */
 typedef struct embps_comm_stats {
   uint64_t bytes_sent;
   uint64_t bytes_received;
   uint64_t calls;
 } embps_comm_stats_t;
 
-/** A backend's functions. Buffers are host memory for "tcp", device memory for "nccl". */
+/**
+ * A backend's functions. Buffers are host memory for "tcp", device memory for "nccl".
+ *
+ * The dispatcher (embps_comm_all_gather and the others below) has already refused what every
+ * backend would refuse: a communicator broken by an earlier failure, missing buffers, sizes that
+ * overflow, overlapping buffers, an unknown element type or reduction, an all_reduce buffer not
+ * aligned to its elements. It also counts the call and its payload in stats. A backend only
+ * moves the bytes, and breaks the communicator (embps__comm_break) when it cannot.
+ */
 typedef struct embps_comm_ops {
   const char *name;
-  /** recv[r*bytes .. (r+1)*bytes) = rank r's send[0..bytes). recv holds size*bytes. */
+  /** recv[r*bytes .. (r+1)*bytes) = rank r's send[0..bytes). recv holds size*bytes. send may be
+   * recv + rank*bytes (in place). */
   embps_status_t (*all_gather)(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                embps_error_t *err);
   /** recv[r*bytes ..) = rank r's send[me*bytes ..): equal blocks of `bytes` per rank pair. */
   embps_status_t (*all_to_all)(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                embps_error_t *err);
-  /** buf[i] = op over ranks of buf[i], for count elements; every rank gets bitwise the same
-   * result (reductions run in rank order). */
+  /** buf[i] = op over ranks of buf[i], for count elements of embps_comm_type_size(type) bytes;
+   * every rank gets bitwise the same result (reductions run in rank order). */
   embps_status_t (*all_reduce)(embps_comm_t *c, void *buf, size_t count, embps_comm_type_t type,
                                embps_comm_op_t op, embps_error_t *err);
   embps_status_t (*barrier)(embps_comm_t *c, embps_error_t *err);
@@ -54,27 +69,32 @@ struct embps_comm {
   const embps_comm_ops_t *ops;
   uint32_t rank;
   uint32_t size;
-  embps_comm_stats_t stats;
-  embps_status_t broken; /* EMBPS_OK while usable; see embps__comm_break */
+  embps_comm_stats_t stats; /* kept by the dispatcher */
+  embps_status_t broken;    /* EMBPS_OK while usable; see embps__comm_break */
   char broken_msg[400];
 };
 
+/** Bytes per element of type: 4 for f32, 8 for f64 and u64, 0 for anything else. */
+static inline size_t embps_comm_type_size(embps_comm_type_t type) {
+  switch (type) {
+  case EMBPS_COMM_F32:
+    return 4;
+  case EMBPS_COMM_F64:
+  case EMBPS_COMM_U64:
+    return 8;
+  default:
+    return 0;
+  }
+}
+
 /**
  * For backends: marks c broken with status and the formatted message, logs it at file:line as
- * "comm <backend> rank R/N: message", and sets err. Every later call then fails at once through
- * embps__comm_check_usable. Returns status.
+ * "comm <backend> rank R/N: message", and sets err. Every later call then fails at once in the
+ * dispatcher, with the same status. Returns status.
  */
 embps_status_t embps__comm_break(embps_comm_t *c, embps_error_t *err, embps_status_t status,
                                  const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
-
-/** For backends, first in every call: EMBPS_OK, or the failure that broke c. */
-static inline embps_status_t embps__comm_check_usable(const embps_comm_t *c, embps_error_t *err) {
-  if (c->broken == EMBPS_OK)
-    return EMBPS_OK;
-  return embps_error_set(err, c->broken, "communicator unusable after an earlier failure: %s",
-                         c->broken_msg);
-}
 
 /**
  * The TCP backend over already connected stream sockets: fds[r] is a connected socket to rank
@@ -129,110 +149,34 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
                                    void *stream, uint64_t timeout_ms, embps_error_t *err);
 #endif
 
-/* Whether [a, a+alen) and [b, b+blen) share a byte. */
-static inline int embps_comm_overlaps(const void *a, size_t alen, const void *b, size_t blen) {
-  uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-  return alen && blen && pa < pb + blen && pb < pa + alen;
-}
+/* The collectives. The engine calls these, never a backend directly. Each checks its arguments
+ * and whether c is still usable before the backend sees the call, then counts it in c->stats.
+ * Every one returns EMBPS_OK; EMBPS_INVALID_ARGUMENT for the arguments described in
+ * embps_comm_ops_t (nothing moved, c stays usable); the status that broke c, at once, when an
+ * earlier call broke it; EMBPS_UNAVAILABLE when a peer goes away or the call times out (c is then
+ * broken); EMBPS_RESOURCE_EXHAUSTED when scratch memory runs out; EMBPS_INTERNAL for a mismatch
+ * between ranks or a device error (c is then broken). err says why. */
 
-/**
- * The argument checks every backend's all_gather makes: a receive size that does not overflow,
- * buffers for bytes > 0, and send either apart from recv or exactly in place at
- * recv + rank*bytes. Returns EMBPS_OK or EMBPS_INVALID_ARGUMENT (err says which).
- */
-static inline embps_status_t embps_comm_check_all_gather(const embps_comm_t *c, const void *send,
-                                                         size_t bytes, const void *recv,
-                                                         embps_error_t *err) {
-  const uint8_t *own;
-  if (bytes > SIZE_MAX / c->size)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_gather of %zu bytes per rank overflows the receive size", bytes);
-  if (bytes > 0 && (!send || !recv))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_gather of %zu bytes needs send and recv buffers", bytes);
-  own = bytes ? (const uint8_t *)recv + (size_t)c->rank * bytes : NULL;
-  if ((const uint8_t *)send != own && embps_comm_overlaps(send, bytes, recv, bytes * c->size))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_gather send buffer overlaps recv other than in place at "
-                           "recv + rank*bytes");
-  return EMBPS_OK;
-}
+/** recv[r*bytes .. (r+1)*bytes) = rank r's send[0..bytes). recv holds size*bytes; send is either
+ * apart from recv or exactly in place at recv + rank*bytes. */
+embps_status_t embps_comm_all_gather(embps_comm_t *c, const void *send, size_t bytes, void *recv,
+                                     embps_error_t *err);
 
-/**
- * The argument checks every backend's all_to_all makes: a buffer size that does not overflow,
- * buffers for bytes > 0, and send apart from recv. Returns EMBPS_OK or EMBPS_INVALID_ARGUMENT.
- */
-static inline embps_status_t embps_comm_check_all_to_all(const embps_comm_t *c, const void *send,
-                                                         size_t bytes, const void *recv,
-                                                         embps_error_t *err) {
-  if (bytes > SIZE_MAX / c->size)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_to_all of %zu bytes per rank pair overflows the buffer size",
-                           bytes);
-  if (bytes > 0 && (!send || !recv))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_to_all of %zu bytes needs send and recv buffers", bytes);
-  if (embps_comm_overlaps(send, bytes * c->size, recv, bytes * c->size))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_to_all send and recv buffers overlap (in place is not supported)");
-  return EMBPS_OK;
-}
+/** recv[r*bytes ..) = rank r's send[rank*bytes ..). send and recv hold size*bytes each and do
+ * not overlap. */
+embps_status_t embps_comm_all_to_all(embps_comm_t *c, const void *send, size_t bytes, void *recv,
+                                     embps_error_t *err);
 
-/**
- * The argument checks every backend's all_reduce makes, in one place so that they refuse the
- * same calls with the same words: a known type and reduction, a buffer for count > 0, and a
- * size that does not overflow over the group. Sets *elem to the element size. Returns EMBPS_OK
- * or EMBPS_INVALID_ARGUMENT (err says which).
- */
-static inline embps_status_t embps_comm_check_reduce(const embps_comm_t *c, const void *buf,
-                                                     size_t count, embps_comm_type_t type,
-                                                     embps_comm_op_t op, size_t *elem,
-                                                     embps_error_t *err) {
-  switch (type) {
-  case EMBPS_COMM_F32:
-    *elem = sizeof(float);
-    break;
-  case EMBPS_COMM_F64:
-  case EMBPS_COMM_U64:
-    *elem = 8;
-    break;
-  default:
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce: unknown element type %d",
-                           (int)type);
-  }
-  if (op != EMBPS_COMM_SUM && op != EMBPS_COMM_MAX)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce: unknown reduction %d",
-                           (int)op);
-  if (count > SIZE_MAX / *elem / c->size)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_reduce of %zu elements overflows the buffer size", count);
-  if (count > 0 && !buf)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "all_reduce of %zu elements needs a buffer",
-                           count);
-  return EMBPS_OK;
-}
+/** buf[i] = op over the ranks' buf[i] for count elements, bitwise the same on every rank. buf is
+ * aligned to its elements. */
+embps_status_t embps_comm_all_reduce(embps_comm_t *c, void *buf, size_t count,
+                                     embps_comm_type_t type, embps_comm_op_t op,
+                                     embps_error_t *err);
 
-/* Dispatch helpers: the engine calls these, never a backend directly. */
-static inline embps_status_t embps_comm_all_gather(embps_comm_t *c, const void *send, size_t bytes,
-                                                   void *recv, embps_error_t *err) {
-  return c->ops->all_gather(c, send, bytes, recv, err);
-}
-static inline embps_status_t embps_comm_all_to_all(embps_comm_t *c, const void *send, size_t bytes,
-                                                   void *recv, embps_error_t *err) {
-  return c->ops->all_to_all(c, send, bytes, recv, err);
-}
-static inline embps_status_t embps_comm_all_reduce(embps_comm_t *c, void *buf, size_t count,
-                                                   embps_comm_type_t type, embps_comm_op_t op,
-                                                   embps_error_t *err) {
-  return c->ops->all_reduce(c, buf, count, type, op, err);
-}
-static inline embps_status_t embps_comm_barrier(embps_comm_t *c, embps_error_t *err) {
-  return c->ops->barrier(c, err);
-}
+/** Returns once every rank has entered the barrier. */
+embps_status_t embps_comm_barrier(embps_comm_t *c, embps_error_t *err);
+
 /** Frees the communicator. NULL is a no-op. */
-static inline void embps_comm_free(embps_comm_t *c) {
-  if (c)
-    c->ops->destroy(c);
-}
+void embps_comm_free(embps_comm_t *c);
 
 #endif

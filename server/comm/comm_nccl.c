@@ -25,9 +25,8 @@
  * (size-1)·bytes each way instead of a ring's 2·(size-1)/size·bytes; shard groups are small and
  * determinism is the point.
  *
- * Stats count payload bytes as the TCP backend does: (size-1)·bytes each way for all_gather,
- * all_to_all and all_reduce (what crosses to peers, not the own block), none for barrier;
- * counted when the call succeeds. */
+ * The dispatcher (comm.c) checks every call's arguments (alignment of the reduction buffer
+ * included) before it gets here, and counts the calls and their payload. */
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <sched.h>
@@ -38,6 +37,8 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
+#include "common/cuda_check.h"
 #include "common/log.h"
 #include "server/comm/comm.h"
 #include "server/comm/comm_nccl_reduce.h"
@@ -64,15 +65,9 @@ typedef struct nccl_comm {
   uint8_t *token; /* device: the barrier's one byte (always 0) */
 } nccl_comm_t;
 
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* 0: no bound, also for a timeout so large that the deadline would wrap. */
 static uint64_t deadline_of(const nccl_comm_t *t) {
-  uint64_t now = now_ms();
+  uint64_t now = embps_now_ms();
   return t->timeout_ms && t->timeout_ms <= UINT64_MAX - now ? now + t->timeout_ms : 0;
 }
 
@@ -144,10 +139,12 @@ static embps_status_t status_of_nccl(ncclResult_t rc) {
   }
 }
 
-/* The check macros of this file (NCCL's NCCLCHECKGOTO/CUDACHECKGOTO): a failed call logs
- * file:line with the call and the error, breaks the communicator, reports through `err`, sets
- * `ret` and jumps to `label`. ncclInProgress is not a failure: the call was taken and finishes
- * in the background (see wait_for). */
+/* The check macro for NCCL calls (NCCL's NCCLCHECKGOTO): a failed call logs file:line with the
+ * call and the error, breaks the communicator, reports through `err`, sets `ret` and jumps to
+ * `label`. ncclInProgress is not a failure: the call was taken and finishes in the background
+ * (see wait_for). CUDA calls go through common/cuda_check.h's EMBPS_CUDA_CHECK_GOTO into a
+ * local embps_error_t and jump to a fail_cuda label, where cuda_broke() breaks the
+ * communicator with what it says. */
 #define NCCL_CHECK_GOTO(t, call, label)                                                            \
   do {                                                                                             \
     ncclResult_t nccl_rc_ = (call);                                                                \
@@ -158,15 +155,12 @@ static embps_status_t status_of_nccl(ncclResult_t rc) {
     }                                                                                              \
   } while (0)
 
-#define CUDA_CHECK_GOTO(t, call, label)                                                            \
-  do {                                                                                             \
-    cudaError_t cuda_rc_ = (call);                                                                 \
-    if (cuda_rc_ != cudaSuccess) {                                                                 \
-      ret = BREAK(t, err, EMBPS_INTERNAL, "%s: %s (%s)", #call, cudaGetErrorName(cuda_rc_),        \
-                  cudaGetErrorString(cuda_rc_));                                                   \
-      goto label;                                                                                  \
-    }                                                                                              \
-  } while (0)
+/* A CUDA call failed (EMBPS_CUDA_CHECK_GOTO logged it and said so in *why): a device error
+ * leaves the stream and the NCCL communicator in an unknown state, so it breaks the
+ * communicator. Returns why's status. */
+static embps_status_t cuda_broke(nccl_comm_t *t, embps_error_t *err, const embps_error_t *why) {
+  return BREAK(t, err, why->status, "%s", why->message);
+}
 
 /* Waits until NCCL has taken every operation enqueued so far (its state leaves ncclInProgress)
  * and, when `drain`, until the stream is idle; breaks the communicator on an NCCL error, a CUDA
@@ -197,7 +191,7 @@ static embps_status_t wait_for(nccl_comm_t *t, const char *what, uint64_t deadli
         goto fail;
       }
     }
-    if (deadline && now_ms() >= deadline) {
+    if (deadline && embps_now_ms() >= deadline) {
       describe_peers(t, peers, sizeof peers);
       ret = BREAK(t, err, EMBPS_UNAVAILABLE, "%s timed out after %llu ms waiting for %s", what,
                   (unsigned long long)t->timeout_ms, peers);
@@ -214,42 +208,30 @@ fail:
 /* Makes the communicator's device current on the calling thread (a no-op when it is). */
 static embps_status_t enter(nccl_comm_t *t, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
+  embps_error_t cuda_err;
   int current = -1;
-  CUDA_CHECK_GOTO(t, cudaGetDevice(&current), fail);
+  EMBPS_CUDA_CHECK_GOTO(cudaGetDevice(&current), &cuda_err, fail_cuda);
   if (current != t->device)
-    CUDA_CHECK_GOTO(t, cudaSetDevice(t->device), fail);
+    EMBPS_CUDA_CHECK_GOTO(cudaSetDevice(t->device), &cuda_err, fail_cuda);
 exit:
   return ret;
-fail:
+fail_cuda:
+  ret = cuda_broke(t, err, &cuda_err);
   goto exit;
-}
-
-static void count_payload(nccl_comm_t *t, size_t bytes) {
-  uint64_t moved = (uint64_t)(t->base.size - 1) * bytes;
-  t->base.stats.bytes_sent += moved;
-  t->base.stats.bytes_received += moved;
 }
 
 static embps_status_t nccl_all_gather(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                       embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  if ((ret = embps_comm_check_all_gather(c, send, bytes, recv, err)) != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
   if (bytes == 0)
     return EMBPS_OK; /* NCCL moves nothing for a count of 0 either */
   uint64_t deadline = deadline_of(t);
-  ret = enter(t, err);
+  embps_status_t ret = enter(t, err);
   if (ret != EMBPS_OK)
     return ret;
   /* In place (send == own) is NCCL's in-place all-gather. */
   NCCL_CHECK_GOTO(t, ncclAllGather(send, recv, bytes, ncclUint8, t->comm, t->stream), fail);
   ret = wait_for(t, "all_gather", deadline, true, err);
-  if (ret == EMBPS_OK)
-    count_payload(t, bytes);
 exit:
   return ret;
 fail:
@@ -260,24 +242,18 @@ static embps_status_t nccl_all_to_all(embps_comm_t *c, const void *send, size_t 
                                       embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
   uint32_t me = c->rank, size = c->size;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  if ((ret = embps_comm_check_all_to_all(c, send, bytes, recv, err)) != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
   if (bytes == 0)
     return EMBPS_OK;
   uint64_t deadline = deadline_of(t);
-  ret = enter(t, err);
+  embps_status_t ret = enter(t, err);
   if (ret != EMBPS_OK)
     return ret;
   const uint8_t *s = send;
   uint8_t *r = recv;
-  CUDA_CHECK_GOTO(t,
-                  cudaMemcpyAsync(r + (size_t)me * bytes, s + (size_t)me * bytes, bytes,
-                                  cudaMemcpyDeviceToDevice, t->stream),
-                  fail);
+  embps_error_t cuda_err;
+  EMBPS_CUDA_CHECK_GOTO(cudaMemcpyAsync(r + (size_t)me * bytes, s + (size_t)me * bytes, bytes,
+                                        cudaMemcpyDeviceToDevice, t->stream),
+                        &cuda_err, fail_cuda);
   /* One group, so every pair's send and receive progress together: no rank waits on a peer
    * that is itself waiting to send elsewhere. With one rank the group is empty. A failed send
    * or receive still closes the group before the communicator is aborted: the open group holds
@@ -306,10 +282,10 @@ static embps_status_t nccl_all_to_all(embps_comm_t *c, const void *send, size_t 
     goto fail;
   }
   ret = wait_for(t, "all_to_all", deadline, true, err);
-  if (ret == EMBPS_OK)
-    count_payload(t, bytes);
 exit:
   return ret;
+fail_cuda:
+  ret = cuda_broke(t, err, &cuda_err);
 fail:
   goto exit;
 }
@@ -319,32 +295,20 @@ static embps_status_t nccl_all_reduce(embps_comm_t *c, void *buf, size_t count,
                                       embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
   uint32_t size = c->size;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  size_t elem = 0;
-  if ((ret = embps_comm_check_reduce(c, buf, count, type, op, &elem, err)) != EMBPS_OK)
-    return ret;
-  /* The reduction kernel loads whole elements from the device. */
-  if ((uintptr_t)buf % elem != 0)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "all_reduce buffer %p is not aligned to its %zu-byte elements", buf,
-                           elem);
-  size_t bytes = count * elem;
-  if (bytes == 0) {
-    c->stats.calls++;
+  size_t bytes = count * embps_comm_type_size(type);
+  if (bytes == 0)
     return EMBPS_OK;
-  }
   uint64_t deadline = deadline_of(t);
-  ret = enter(t, err);
+  embps_status_t ret = enter(t, err);
   if (ret != EMBPS_OK)
     return ret;
+  embps_error_t cuda_err;
   if (bytes * size > t->scratch_cap) {
     /* Grown, never shrunk: the engine's all-reduces are the same few sizes every round. The
      * previous call waited for its stream, so the old buffer is idle. Running out of device
      * memory fails this call only (as the TCP backend's scratch allocation does); peers then
      * time out waiting for this rank. */
-    CUDA_CHECK_GOTO(t, cudaFree(t->scratch), fail);
+    EMBPS_CUDA_CHECK_GOTO(cudaFree(t->scratch), &cuda_err, fail_cuda);
     t->scratch = NULL;
     t->scratch_cap = 0;
     void *grown = NULL;
@@ -355,35 +319,30 @@ static embps_status_t nccl_all_reduce(embps_comm_t *c, void *buf, size_t count,
                              "all_reduce: cannot allocate %zu bytes of device scratch",
                              bytes * size);
     }
-    CUDA_CHECK_GOTO(t, rc, fail);
+    EMBPS_CUDA_CHECK_GOTO(rc, &cuda_err, fail_cuda);
     t->scratch = grown;
     t->scratch_cap = bytes * size;
   }
-  c->stats.calls++;
   NCCL_CHECK_GOTO(t, ncclAllGather(buf, t->scratch, bytes, ncclUint8, t->comm, t->stream), fail);
   /* Nothing else may go on the stream while NCCL still holds the call (ncclInProgress). */
   ret = wait_for(t, "all_reduce", deadline, false, err);
   if (ret != EMBPS_OK)
     goto fail;
-  CUDA_CHECK_GOTO(t, embps__comm_nccl_reduce(buf, t->scratch, count, size, type, op, t->stream),
-                  fail);
+  EMBPS_CUDA_CHECK_GOTO(embps__comm_nccl_reduce(buf, t->scratch, count, size, type, op, t->stream),
+                        &cuda_err, fail_cuda);
   ret = wait_for(t, "all_reduce", deadline, true, err);
-  if (ret == EMBPS_OK)
-    count_payload(t, bytes);
 exit:
   return ret;
+fail_cuda:
+  ret = cuda_broke(t, err, &cuda_err);
 fail:
   goto exit;
 }
 
 static embps_status_t nccl_barrier(embps_comm_t *c, embps_error_t *err) {
   nccl_comm_t *t = (nccl_comm_t *)c;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
   uint64_t deadline = deadline_of(t);
-  ret = enter(t, err);
+  embps_status_t ret = enter(t, err);
   if (ret != EMBPS_OK)
     return ret;
   /* A one-byte all-reduce: no rank's stream passes it before every rank has enqueued it. The
@@ -413,7 +372,7 @@ static void release(nccl_comm_t *t) {
         break;
       if (state != ncclInProgress)
         break;
-      if (deadline && now_ms() >= deadline)
+      if (deadline && embps_now_ms() >= deadline)
         break;
       back_off(&polls);
     }
@@ -470,6 +429,7 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
                                    const uint8_t unique_id[EMBPS_NCCL_UNIQUE_ID_BYTES],
                                    void *stream, uint64_t timeout_ms, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
+  embps_error_t cuda_err;
   nccl_comm_t *t = NULL;
   if (!out || !unique_id || size == 0 || rank >= size || size > (uint32_t)INT32_MAX) {
     EMBPS_ERROR("embps_comm_nccl_new: bad arguments (rank %u, size %u)", rank, size);
@@ -488,7 +448,7 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
   t->stream = (cudaStream_t)stream;
   t->timeout_ms = timeout_ms;
   uint64_t deadline = deadline_of(t);
-  CUDA_CHECK_GOTO(t, cudaGetDevice(&t->device), fail);
+  EMBPS_CUDA_CHECK_GOTO(cudaGetDevice(&t->device), &cuda_err, fail_cuda);
   void *token = NULL;
   cudaError_t crc = cudaMalloc(&token, 1);
   if (crc == cudaErrorMemoryAllocation) {
@@ -497,10 +457,10 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
                 "embps_comm_nccl_new: cannot allocate device memory");
     goto fail;
   }
-  CUDA_CHECK_GOTO(t, crc, fail);
+  EMBPS_CUDA_CHECK_GOTO(crc, &cuda_err, fail_cuda);
   t->token = token;
-  CUDA_CHECK_GOTO(t, cudaMemsetAsync(t->token, 0, 1, t->stream), fail);
-  CUDA_CHECK_GOTO(t, cudaStreamSynchronize(t->stream), fail);
+  EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(t->token, 0, 1, t->stream), &cuda_err, fail_cuda);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(t->stream), &cuda_err, fail_cuda);
 
   ncclUniqueId id;
   memcpy(id.internal, unique_id, EMBPS_NCCL_UNIQUE_ID_BYTES);
@@ -519,6 +479,8 @@ embps_status_t embps_comm_nccl_new(embps_comm_t **out, uint32_t rank, uint32_t s
   *out = &t->base;
 exit:
   return ret;
+fail_cuda:
+  ret = cuda_broke(t, err, &cuda_err);
 fail:
   abort_nccl(t); /* a communicator NCCL handed out before failing */
   release(t);

@@ -19,6 +19,9 @@
  * result and so does the NCCL backend's reference. It moves (size-1)·bytes each way, against the
  * 2·(size-1)/size·bytes of a ring; shard groups are small and determinism is the point.
  *
+ * The dispatcher (comm.c) has checked every call's arguments before it gets here and counts
+ * the calls and their payload; this file only moves the bytes.
+ *
  * Any failure (peer closed or reset, timeout, mismatch, poll error) breaks the communicator:
  * later calls fail at once with the same status. A dead or silent peer does not make this rank
  * shut its own connections: in a full mesh every rank exchanges with every peer on every call,
@@ -40,10 +43,11 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/byteorder.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "server/comm/comm.h"
 
@@ -114,33 +118,6 @@ static const char *kind_name(uint32_t kind) {
   }
 }
 
-static void put_u32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get_u32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++)
-    v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
-static uint64_t get_u64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++)
-    v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
-
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 /* Marks the communicator broken (see embps__comm_break). */
 #define break_comm(t, err, status, ...)                                                            \
   embps__comm_break(&(t)->base, err, status, __FILE__, __LINE__, __VA_ARGS__)
@@ -179,11 +156,7 @@ static int pump_send(tcp_comm_t *t, uint32_t r, size_t bytes) {
         return 0;
       return -1;
     }
-    size_t before = x->sent;
     x->sent += (size_t)k;
-    size_t payload_before = before > HEADER_BYTES ? before - HEADER_BYTES : 0;
-    size_t payload_after = x->sent > HEADER_BYTES ? x->sent - HEADER_BYTES : 0;
-    t->base.stats.bytes_sent += payload_after - payload_before;
   }
   return 1;
 }
@@ -218,12 +191,11 @@ static int pump_recv(tcp_comm_t *t, uint32_t r, uint32_t kind, size_t bytes, boo
     if (k == 0)
       return RECV_EOF;
     bool header_before = x->received < HEADER_BYTES;
-    if (!header_before)
-      t->base.stats.bytes_received += (size_t)k;
     x->received += (size_t)k;
     if (header_before && x->received >= HEADER_BYTES) {
-      if (get_u32(x->header_in) != FRAME_MAGIC || get_u32(x->header_in + 4) != kind ||
-          get_u64(x->header_in + 8) != t->seq || get_u64(x->header_in + 16) != (uint64_t)bytes)
+      if (embps_get_le32(x->header_in) != FRAME_MAGIC || embps_get_le32(x->header_in + 4) != kind ||
+          embps_get_le64(x->header_in + 8) != t->seq ||
+          embps_get_le64(x->header_in + 16) != (uint64_t)bytes)
         return RECV_MISMATCH;
     }
   }
@@ -244,15 +216,15 @@ static embps_status_t mismatch(tcp_comm_t *t, uint32_t r, uint32_t kind, size_t 
                                embps_error_t *err) {
   const uint8_t *h = t->xfers[r].header_in;
   shutdown_all(t);
-  if (get_u32(h) != FRAME_MAGIC)
+  if (embps_get_le32(h) != FRAME_MAGIC)
     return break_comm(
         t, err, EMBPS_INTERNAL,
         "rank %u sent a frame with bad magic 0x%08x during %s (call %llu): the stream "
         "is out of step or not an embps peer",
-        r, get_u32(h), kind_name(kind), (unsigned long long)t->seq);
-  uint32_t pkind = get_u32(h + 4);
-  uint64_t pseq = get_u64(h + 8);
-  uint64_t pbytes = get_u64(h + 16);
+        r, embps_get_le32(h), kind_name(kind), (unsigned long long)t->seq);
+  uint32_t pkind = embps_get_le32(h + 4);
+  uint64_t pseq = embps_get_le64(h + 8);
+  uint64_t pbytes = embps_get_le64(h + 16);
   if (pseq != t->seq)
     return break_comm(
         t, err, EMBPS_INTERNAL,
@@ -286,17 +258,17 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
     if (r == me)
       continue;
     peer_xfer_t *x = &t->xfers[r];
-    put_u32(x->header_out, FRAME_MAGIC);
-    put_u32(x->header_out + 4, kind);
-    put_u64(x->header_out + 8, t->seq);
-    put_u64(x->header_out + 16, (uint64_t)bytes);
+    embps_put_le32(x->header_out, FRAME_MAGIC);
+    embps_put_le32(x->header_out + 4, kind);
+    embps_put_le64(x->header_out + 8, t->seq);
+    embps_put_le64(x->header_out + 16, (uint64_t)bytes);
     x->send = send_base ? send_base + (size_t)r * send_stride : NULL;
     x->recv = recv_base ? recv_base + (size_t)r * recv_stride : NULL;
     x->sent = 0;
     x->received = 0;
   }
   size_t total = HEADER_BYTES + bytes;
-  uint64_t deadline = t->timeout_ms ? now_ms() + t->timeout_ms : 0;
+  uint64_t deadline = t->timeout_ms ? embps_now_ms() + t->timeout_ms : 0;
   for (;;) {
     /* Move what the sockets take without waiting, then wait for the ones that are stuck. All
      * sends go first, so every peer has this call's header (socket space permitting) before
@@ -358,7 +330,7 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
       return EMBPS_OK;
     int wait_ms = -1;
     if (deadline) {
-      uint64_t now = now_ms();
+      uint64_t now = embps_now_ms();
       if (now >= deadline) {
         /* Name the lowest rank still owing us data, else the lowest not taking ours. */
         uint32_t who = t->pfd_rank[0];
@@ -385,14 +357,7 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
 static embps_status_t tcp_all_gather(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                      embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
-  uint32_t me = c->rank;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  if ((ret = embps_comm_check_all_gather(c, send, bytes, recv, err)) != EMBPS_OK)
-    return ret;
-  uint8_t *own = bytes ? (uint8_t *)recv + (size_t)me * bytes : NULL;
-  c->stats.calls++;
+  uint8_t *own = bytes ? (uint8_t *)recv + (size_t)c->rank * bytes : NULL;
   t->seq++;
   if (bytes && send != own)
     memcpy(own, send, bytes);
@@ -405,12 +370,6 @@ static embps_status_t tcp_all_to_all(embps_comm_t *c, const void *send, size_t b
                                      embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
   uint32_t me = c->rank;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  if ((ret = embps_comm_check_all_to_all(c, send, bytes, recv, err)) != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
   t->seq++;
   if (bytes)
     memcpy((uint8_t *)recv + (size_t)me * bytes, (const uint8_t *)send + (size_t)me * bytes, bytes);
@@ -451,13 +410,7 @@ static embps_status_t tcp_all_reduce(embps_comm_t *c, void *buf, size_t count,
                                      embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
   uint32_t me = c->rank, size = c->size;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  size_t elem = 0;
-  if ((ret = embps_comm_check_reduce(c, buf, count, type, op, &elem, err)) != EMBPS_OK)
-    return ret;
-  size_t bytes = count * elem;
+  size_t bytes = count * embps_comm_type_size(type);
   if (size > 1 && bytes * size > t->scratch_cap) {
     /* Grown, never shrunk: the engine's all-reduces are the same few sizes every round. */
     uint8_t *grown = embps_aligned_alloc(bytes * size);
@@ -468,14 +421,13 @@ static embps_status_t tcp_all_reduce(embps_comm_t *c, void *buf, size_t count,
     t->scratch = grown;
     t->scratch_cap = bytes * size;
   }
-  c->stats.calls++;
   t->seq++;
   if (size == 1 || count == 0) {
     if (size == 1)
       return EMBPS_OK;
     return exchange(t, reduce_kind(type, op), NULL, 0, NULL, 0, 0, err);
   }
-  ret = exchange(t, reduce_kind(type, op), buf, 0, t->scratch, bytes, bytes, err);
+  embps_status_t ret = exchange(t, reduce_kind(type, op), buf, 0, t->scratch, bytes, bytes, err);
   if (ret != EMBPS_OK)
     return ret;
   memcpy(t->scratch + (size_t)me * bytes, buf, bytes);
@@ -504,10 +456,6 @@ static embps_status_t tcp_all_reduce(embps_comm_t *c, void *buf, size_t count,
 
 static embps_status_t tcp_barrier(embps_comm_t *c, embps_error_t *err) {
   tcp_comm_t *t = (tcp_comm_t *)c;
-  embps_status_t ret = embps__comm_check_usable(c, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  c->stats.calls++;
   t->seq++;
   if (c->size == 1)
     return EMBPS_OK;

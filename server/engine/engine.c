@@ -244,7 +244,7 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   embps_table_counters_t *counters = embps_table_counters(t);
   const uint32_t N = sh->group_size;
   const size_t n = sh->n, T = sh->T, w = sh->w, W = sh->W, ds = sh->ds, block = n * w * ds;
-  const int rowwise = c->optimizer == EMBPS_OPT_ROWWISE_ADAGRAD;
+  const int rowwise = c->optimizer == EMBPS_OPTIMIZER_ROWWISE_ADAGRAD;
   embps__engine_scratch_t s;
   const void *tokens, *grads;
   const int64_t *unique, *rows;

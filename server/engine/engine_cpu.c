@@ -208,17 +208,17 @@ static embps_status_t cpu_update(embps__engine_backend_t *be, embps_table_t *t, 
   const size_t w = embps_table_shard_width(t);
   (void)be;
   switch (c->optimizer) {
-  case EMBPS_OPT_SGD:
+  case EMBPS_OPTIMIZER_SGD:
     embps_update_sgd_cpu(a.data, c->dtype, w, rows, m, g, p);
     return EMBPS_OK;
-  case EMBPS_OPT_ADAGRAD:
+  case EMBPS_OPTIMIZER_ADAGRAD:
     embps_update_adagrad_cpu(a.data, c->dtype, w, rows, m, g, a.state0, p);
     return EMBPS_OK;
-  case EMBPS_OPT_ROWWISE_ADAGRAD:
+  case EMBPS_OPTIMIZER_ROWWISE_ADAGRAD:
     embps_update_rowwise_adagrad_cpu(a.data, c->dtype, w, rows, m, g, row_sumsq, c->emb_width,
                                      a.state0, p);
     return EMBPS_OK;
-  case EMBPS_OPT_ADAM:
+  case EMBPS_OPTIMIZER_ADAM:
     embps_update_adam_cpu(a.data, c->dtype, w, rows, m, g, a.state0, a.state1, p);
     return EMBPS_OK;
   }

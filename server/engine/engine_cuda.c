@@ -23,21 +23,10 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/cuda_check.h"
 #include "common/log.h"
 #include "kernels/cuda/embps_kernels_cuda.h"
 #include "server/engine/engine_ops.h"
-
-/* Every CUDA runtime call goes through this: it logs file:line, sets err and jumps to the label
- * (NCCL's CUDACHECKGOTO). `ret` and `err` must be in scope. */
-#define CUDA_CHECK_GOTO(call, label)                                                               \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      EMBPS_ERROR("%s: %s", #call, cudaGetErrorString(e_));                                        \
-      ret = embps_error_set(err, EMBPS_INTERNAL, "CUDA: %s: %s", #call, cudaGetErrorString(e_));   \
-      goto label;                                                                                  \
-    }                                                                                              \
-  } while (0)
 
 typedef struct buf {
   void *p;
@@ -84,9 +73,9 @@ embps_status_t embps_cuda_open(int device, void **stream, char *bus_id, size_t c
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "CUDA device %d does not exist: this process sees %d device(s)", device,
                            n);
-  CUDA_CHECK_GOTO(cudaSetDevice(device), fail);
-  CUDA_CHECK_GOTO(cudaDeviceGetPCIBusId(bus_id, (int)cap, device), fail);
-  CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), fail);
+  EMBPS_CUDA_CHECK_GOTO(cudaSetDevice(device), err, fail);
+  EMBPS_CUDA_CHECK_GOTO(cudaDeviceGetPCIBusId(bus_id, (int)cap, device), err, fail);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), err, fail);
   *stream = s;
   return EMBPS_OK;
 fail:
@@ -170,34 +159,35 @@ static embps_status_t cuda_reserve(embps__engine_backend_t *c, const embps__engi
   if (dedup && T > 0 && dedup_ws == 0)
     return embps_error_set(err, EMBPS_INTERNAL, "cannot size the dedup workspace for %zu tokens",
                            T);
-  CUDA_CHECK_GOTO(dgrow(&c->figures, 4 * sizeof(uint64_t)), fail);
-  CUDA_CHECK_GOTO(hgrow(&c->h_small, 4 * sizeof(uint64_t)), fail);
-  CUDA_CHECK_GOTO(dgrow(&c->in[EMBPS__IN_TOKENS], n * sizeof(int64_t)), fail);
+  EMBPS_CUDA_CHECK_GOTO(dgrow(&c->figures, 4 * sizeof(uint64_t)), err, fail);
+  EMBPS_CUDA_CHECK_GOTO(hgrow(&c->h_small, 4 * sizeof(uint64_t)), err, fail);
+  EMBPS_CUDA_CHECK_GOTO(dgrow(&c->in[EMBPS__IN_TOKENS], n * sizeof(int64_t)), err, fail);
   if (exchange) {
-    CUDA_CHECK_GOTO(dgrow(&c->all_tokens, T * sizeof(int64_t)), fail);
-    CUDA_CHECK_GOTO(dgrow(&c->send, T * w * ds), fail);
-    CUDA_CHECK_GOTO(dgrow(&c->recv, T * w * ds), fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->all_tokens, T * sizeof(int64_t)), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->send, T * w * ds), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->recv, T * w * ds), err, fail);
   }
   if (dedup) {
-    CUDA_CHECK_GOTO(dgrow(&c->unique, T * sizeof(int64_t)), fail);
-    CUDA_CHECK_GOTO(dgrow(&c->seg, T * sizeof(uint32_t)), fail);
-    CUDA_CHECK_GOTO(dgrow(&c->sorted_pos, T * sizeof(uint32_t)), fail);
-    CUDA_CHECK_GOTO(dgrow(&c->seg_off, (T + 1) * sizeof(uint32_t)), fail);
-    CUDA_CHECK_GOTO(dgrow(&c->num_unique, sizeof(uint32_t)), fail);
-    CUDA_CHECK_GOTO(dgrow(&c->dedup_ws, dedup_ws), fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->unique, T * sizeof(int64_t)), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->seg, T * sizeof(uint32_t)), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->sorted_pos, T * sizeof(uint32_t)), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->seg_off, (T + 1) * sizeof(uint32_t)), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->num_unique, sizeof(uint32_t)), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->dedup_ws, dedup_ws), err, fail);
   }
   if (push) {
-    CUDA_CHECK_GOTO(dgrow(&c->in[EMBPS__IN_GRADS], n * sh->W * ds), fail);
-    CUDA_CHECK_GOTO(dgrow(&c->summed, T * w * sizeof(float)), fail);
-    CUDA_CHECK_GOTO(dgrow(&c->row_sumsq, T * sizeof(float)), fail);
-    CUDA_CHECK_GOTO(dgrow(&c->partials, T * sh->nb * sizeof(float)), fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->in[EMBPS__IN_GRADS], n * sh->W * ds), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->summed, T * w * sizeof(float)), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->row_sumsq, T * sizeof(float)), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->partials, T * sh->nb * sizeof(float)), err, fail);
     if (exchange)
-      CUDA_CHECK_GOTO(dgrow(&c->gathered, sh->group_size * T * sh->nb * sizeof(float)), fail);
-    CUDA_CHECK_GOTO(dgrow(&c->comb_ws, embps_row_combine_cuda_workspace_bytes(T)), fail);
+      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->gathered, sh->group_size * T * sh->nb * sizeof(float)), err,
+                            fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->comb_ws, embps_row_combine_cuda_workspace_bytes(T)), err, fail);
   } else {
-    CUDA_CHECK_GOTO(dgrow(&c->out, n * sh->W * ds), fail);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->out, n * sh->W * ds), err, fail);
     if (exchange)
-      CUDA_CHECK_GOTO(dgrow(&c->rows, T * w * ds), fail); /* the unique rows, U <= T */
+      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->rows, T * w * ds), err, fail); /* the unique rows, U <= T */
   }
   s->all_tokens = c->all_tokens.p;
   s->rows = c->rows.p;
@@ -244,12 +234,14 @@ embps_status_t embps__engine_cuda_new(embps__engine_backend_t **out, embps_comm_
     return EMBPS_RESOURCE_EXHAUSTED;
   c->comm = comm;
   c->stream = (cudaStream_t)stream;
-  CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking), fail);
-  CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking), fail);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->h2d, cudaStreamNonBlocking), err, fail);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamCreateWithFlags(&c->d2h, cudaStreamNonBlocking), err, fail);
   for (int i = 0; i < 2; i++)
-    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->in_done[i], cudaEventDisableTiming), fail);
+    EMBPS_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->in_done[i], cudaEventDisableTiming), err,
+                          fail);
   for (int i = 0; i < MAX_CHUNKS; i++)
-    CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->chunk_ready[i], cudaEventDisableTiming), fail);
+    EMBPS_CUDA_CHECK_GOTO(cudaEventCreateWithFlags(&c->chunk_ready[i], cudaEventDisableTiming), err,
+                          fail);
   *out = c;
   return EMBPS_OK;
 fail:
@@ -283,18 +275,19 @@ static embps_status_t fill_floats(embps__engine_backend_t *c, float *dst, size_t
   const size_t chunk = (size_t)1 << 20;
   float *h = NULL;
   if (v == 0.0f) {
-    CUDA_CHECK_GOTO(cudaMemsetAsync(dst, 0, n * sizeof(float), c->stream), exit);
+    EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(dst, 0, n * sizeof(float), c->stream), err, exit);
     return EMBPS_OK;
   }
-  CUDA_CHECK_GOTO(cudaMallocHost((void **)&h, chunk * sizeof(float)), exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaMallocHost((void **)&h, chunk * sizeof(float)), err, exit);
   for (size_t i = 0; i < chunk; i++)
     h[i] = v;
   for (size_t off = 0; off < n; off += chunk) {
     size_t k = n - off < chunk ? n - off : chunk;
-    CUDA_CHECK_GOTO(
-        cudaMemcpyAsync(dst + off, h, k * sizeof(float), cudaMemcpyHostToDevice, c->stream), exit);
+    EMBPS_CUDA_CHECK_GOTO(
+        cudaMemcpyAsync(dst + off, h, k * sizeof(float), cudaMemcpyHostToDevice, c->stream), err,
+        exit);
   }
-  CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), err, exit);
 exit:
   cudaFreeHost(h);
   return ret;
@@ -330,18 +323,20 @@ static embps_status_t cuda_table_new(embps__engine_backend_t *c, const embps_tab
 static embps_status_t cuda_agree_max(embps__engine_backend_t *c, uint64_t *v, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
   uint64_t *h;
-  CUDA_CHECK_GOTO(dgrow(&c->figures, 4 * sizeof(uint64_t)), exit);
-  CUDA_CHECK_GOTO(hgrow(&c->h_small, 4 * sizeof(uint64_t)), exit);
+  EMBPS_CUDA_CHECK_GOTO(dgrow(&c->figures, 4 * sizeof(uint64_t)), err, exit);
+  EMBPS_CUDA_CHECK_GOTO(hgrow(&c->h_small, 4 * sizeof(uint64_t)), err, exit);
   h = c->h_small.p;
   h[0] = *v;
-  CUDA_CHECK_GOTO(
-      cudaMemcpyAsync(c->figures.p, h, sizeof(uint64_t), cudaMemcpyHostToDevice, c->stream), exit);
+  EMBPS_CUDA_CHECK_GOTO(
+      cudaMemcpyAsync(c->figures.p, h, sizeof(uint64_t), cudaMemcpyHostToDevice, c->stream), err,
+      exit);
   if ((ret = embps_comm_all_reduce(c->comm, c->figures.p, 1, EMBPS_COMM_U64, EMBPS_COMM_MAX,
                                    err)) != EMBPS_OK)
     goto exit;
-  CUDA_CHECK_GOTO(
-      cudaMemcpyAsync(h, c->figures.p, sizeof(uint64_t), cudaMemcpyDeviceToHost, c->stream), exit);
-  CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), exit);
+  EMBPS_CUDA_CHECK_GOTO(
+      cudaMemcpyAsync(h, c->figures.p, sizeof(uint64_t), cudaMemcpyDeviceToHost, c->stream), err,
+      exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), err, exit);
   *v = h[0];
 exit:
   return ret;
@@ -357,14 +352,14 @@ static embps_status_t cuda_input(embps__engine_backend_t *c, embps__engine_input
   embps_status_t ret = EMBPS_OK;
   if (bytes > 0) {
     if (!is_pinned(host)) {
-      CUDA_CHECK_GOTO(hgrow(&c->h_in[which], bytes), exit);
+      EMBPS_CUDA_CHECK_GOTO(hgrow(&c->h_in[which], bytes), err, exit);
       memcpy(c->h_in[which].p, host, bytes);
       host = c->h_in[which].p;
     }
-    CUDA_CHECK_GOTO(cudaMemcpyAsync(c->in[which].p, host, bytes, cudaMemcpyHostToDevice, c->h2d),
-                    exit);
+    EMBPS_CUDA_CHECK_GOTO(
+        cudaMemcpyAsync(c->in[which].p, host, bytes, cudaMemcpyHostToDevice, c->h2d), err, exit);
   }
-  CUDA_CHECK_GOTO(cudaEventRecord(c->in_done[which], c->h2d), exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaEventRecord(c->in_done[which], c->h2d), err, exit);
   *dev = c->in[which].p;
 exit:
   return ret;
@@ -373,7 +368,7 @@ exit:
 static embps_status_t cuda_input_wait(embps__engine_backend_t *c, embps__engine_input_t which,
                                       embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
-  CUDA_CHECK_GOTO(cudaStreamWaitEvent(c->stream, c->in_done[which], 0), exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamWaitEvent(c->stream, c->in_done[which], 0), err, exit);
 exit:
   return ret;
 }
@@ -390,13 +385,13 @@ static embps_status_t cuda_unique(embps__engine_backend_t *c, size_t *num_unique
   embps_status_t ret = EMBPS_OK;
   uint64_t *small = c->h_small.p;
   uint32_t U;
-  CUDA_CHECK_GOTO(cudaMemcpyAsync(&small[0], c->num_unique.p, sizeof(uint32_t),
-                                  cudaMemcpyDeviceToHost, c->stream),
-                  exit);
-  CUDA_CHECK_GOTO(
+  EMBPS_CUDA_CHECK_GOTO(cudaMemcpyAsync(&small[0], c->num_unique.p, sizeof(uint32_t),
+                                        cudaMemcpyDeviceToHost, c->stream),
+                        err, exit);
+  EMBPS_CUDA_CHECK_GOTO(
       cudaMemcpyAsync(&small[1], c->unique.p, sizeof(int64_t), cudaMemcpyDeviceToHost, c->stream),
-      exit);
-  CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), exit);
+      err, exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), err, exit);
   memcpy(&U, &small[0], sizeof(U));
   *num_unique = U;
   if (U > 0)
@@ -426,9 +421,9 @@ static embps_status_t cuda_copy2d(embps__engine_backend_t *c, void *dst, size_t 
                                   embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
   if (height > 0)
-    CUDA_CHECK_GOTO(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
-                                      cudaMemcpyDeviceToDevice, c->stream),
-                    exit);
+    EMBPS_CUDA_CHECK_GOTO(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
+                                            cudaMemcpyDeviceToDevice, c->stream),
+                          err, exit);
 exit:
   return ret;
 }
@@ -456,14 +451,14 @@ static embps_status_t cuda_row_combine(embps__engine_backend_t *c, const float *
   if (!bad || !total)
     return embps_row_combine_cuda(partials, slices, m, nb, row_sumsq, NULL, NULL, NULL, c->stream);
   /* figures[0] (f64): the total sum of squares; figures[1] (u64): rows that are not finite. */
-  CUDA_CHECK_GOTO(cudaMemsetAsync(figures, 0, 2 * sizeof(uint64_t), c->stream), exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(figures, 0, 2 * sizeof(uint64_t), c->stream), err, exit);
   if ((ret = embps_row_combine_cuda(partials, slices, m, nb, row_sumsq, (double *)figures,
                                     figures + 1, c->comb_ws.p, c->stream)) != EMBPS_OK)
     goto exit;
-  CUDA_CHECK_GOTO(
-      cudaMemcpyAsync(small, figures, 2 * sizeof(uint64_t), cudaMemcpyDeviceToHost, c->stream),
+  EMBPS_CUDA_CHECK_GOTO(
+      cudaMemcpyAsync(small, figures, 2 * sizeof(uint64_t), cudaMemcpyDeviceToHost, c->stream), err,
       exit);
-  CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), err, exit);
   memcpy(total, &small[0], sizeof(*total));
   *bad = small[1];
 exit:
@@ -487,14 +482,14 @@ static embps_status_t cuda_update(embps__engine_backend_t *c, embps_table_t *t, 
   const embps_table_arrays_t a = embps_table_arrays(t);
   const size_t w = embps_table_shard_width(t);
   switch (cfg->optimizer) {
-  case EMBPS_OPT_SGD:
+  case EMBPS_OPTIMIZER_SGD:
     return embps_update_sgd_cuda(a.data, cfg->dtype, w, rows, m, g, p, c->stream);
-  case EMBPS_OPT_ADAGRAD:
+  case EMBPS_OPTIMIZER_ADAGRAD:
     return embps_update_adagrad_cuda(a.data, cfg->dtype, w, rows, m, g, a.state0, p, c->stream);
-  case EMBPS_OPT_ROWWISE_ADAGRAD:
+  case EMBPS_OPTIMIZER_ROWWISE_ADAGRAD:
     return embps_update_rowwise_adagrad_cuda(a.data, cfg->dtype, w, rows, m, g, row_sumsq,
                                              cfg->emb_width, a.state0, p, c->stream);
-  case EMBPS_OPT_ADAM:
+  case EMBPS_OPTIMIZER_ADAM:
     return embps_update_adam_cuda(a.data, cfg->dtype, w, rows, m, g, a.state0, a.state1, p,
                                   c->stream);
   }
@@ -511,7 +506,7 @@ static embps_status_t cuda_output_begin(embps__engine_backend_t *c, void *host, 
   if (is_pinned(host)) {
     c->out_host = host;
   } else {
-    CUDA_CHECK_GOTO(hgrow(&c->h_out, n * row_bytes), exit);
+    EMBPS_CUDA_CHECK_GOTO(hgrow(&c->h_out, n * row_bytes), err, exit);
     c->out_host = c->h_out.p;
   }
   c->reply = host;
@@ -529,19 +524,19 @@ static embps_status_t cuda_output(embps__engine_backend_t *c, size_t chunk, size
                                   size_t count, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
   const size_t off = first * c->out_row_bytes;
-  CUDA_CHECK_GOTO(cudaEventRecord(c->chunk_ready[chunk], c->stream), exit);
-  CUDA_CHECK_GOTO(cudaStreamWaitEvent(c->d2h, c->chunk_ready[chunk], 0), exit);
-  CUDA_CHECK_GOTO(cudaMemcpyAsync(c->out_host + off, (uint8_t *)c->out.p + off,
-                                  count * c->out_row_bytes, cudaMemcpyDeviceToHost, c->d2h),
-                  exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaEventRecord(c->chunk_ready[chunk], c->stream), err, exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamWaitEvent(c->d2h, c->chunk_ready[chunk], 0), err, exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaMemcpyAsync(c->out_host + off, (uint8_t *)c->out.p + off,
+                                        count * c->out_row_bytes, cudaMemcpyDeviceToHost, c->d2h),
+                        err, exit);
 exit:
   return ret;
 }
 
 static embps_status_t cuda_finish(embps__engine_backend_t *c, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
-  CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), exit);
-  CUDA_CHECK_GOTO(cudaStreamSynchronize(c->d2h), exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), err, exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->d2h), err, exit);
   if (c->reply && c->out_host != c->reply)
     memcpy(c->reply, c->out_host, c->out_rows * c->out_row_bytes);
 exit:

@@ -17,9 +17,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/shape.h"
@@ -48,7 +48,7 @@ struct embps_service {
   ProtobufCAllocator pb;
   int unpack_out_of_memory; /* an allocation of the last failed unpack failed */
   uint64_t inflight;
-  struct timespec started;
+  uint64_t started_ns; /* embps_now_ns() at creation */
   /* Names of tables being created (leader only), so a second create of a name fails at once. */
   char pending_creates[MAX_PENDING_CREATES][EMBPS_TABLE_NAME_MAX];
   size_t num_pending_creates;
@@ -563,10 +563,7 @@ fail:
 }
 
 static double uptime_s(const embps_service_t *svc) {
-  struct timespec now;
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return (double)(now.tv_sec - svc->started.tv_sec) +
-         (double)(now.tv_nsec - svc->started.tv_nsec) * 1e-9;
+  return (double)(embps_now_ns() - svc->started_ns) * 1e-9;
 }
 
 static uint64_t load(atomic_uint_fast64_t *v) {
@@ -745,7 +742,7 @@ embps_status_t embps_service_new(embps_service_t **out, embps_group_t *group, em
   svc->pb.alloc = pb_alloc;
   svc->pb.free = pb_free;
   svc->pb.allocator_data = svc;
-  clock_gettime(CLOCK_MONOTONIC, &svc->started);
+  svc->started_ns = embps_now_ns();
   *out = svc;
   return EMBPS_OK;
 }

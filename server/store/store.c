@@ -24,10 +24,10 @@ struct embps_store {
 };
 
 static const embps_optimizer_info_t optimizer_registry[] = {
-    {EMBPS_OPT_SGD, "sgd", 0, 0, 1, 1},
-    {EMBPS_OPT_ADAGRAD, "adagrad", 1, 0, 1, 1},
-    {EMBPS_OPT_ROWWISE_ADAGRAD, "rowwise_adagrad", 0, 1, 1, 1},
-    {EMBPS_OPT_ADAM, "adam", 2, 0, 1, 1},
+    {EMBPS_OPTIMIZER_SGD, "sgd", 0, 0, 1, 1},
+    {EMBPS_OPTIMIZER_ADAGRAD, "adagrad", 1, 0, 1, 1},
+    {EMBPS_OPTIMIZER_ROWWISE_ADAGRAD, "rowwise_adagrad", 0, 1, 1, 1},
+    {EMBPS_OPTIMIZER_ADAM, "adam", 2, 0, 1, 1},
 };
 
 const embps_optimizer_info_t *embps_optimizer_info(embps_optimizer_t opt) {
@@ -97,7 +97,7 @@ embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t gr
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "dtype %d is not f32 or bf16",
                            (int)cfg->dtype);
   if ((int)cfg->optimizer == 0)
-    cfg->optimizer = EMBPS_OPT_ROWWISE_ADAGRAD;
+    cfg->optimizer = EMBPS_OPTIMIZER_ROWWISE_ADAGRAD;
   if (!embps_optimizer_info(cfg->optimizer))
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "optimizer %d is not one of sgd, adagrad, rowwise_adagrad, adam",
@@ -186,7 +186,7 @@ void embps_table_initial_state(const embps_table_t *t, float *state0_value, size
   const embps_optimizer_info_t *info = embps_optimizer_info(t->config.optimizer);
   const size_t elems = (size_t)t->config.rows * t->shard_width;
   /* Adagrad accumulators start at initial_accumulator; adam moments at 0. */
-  *state0_value = t->config.optimizer == EMBPS_OPT_ADAM ? 0.0f : t->config.initial_accumulator;
+  *state0_value = t->config.optimizer == EMBPS_OPTIMIZER_ADAM ? 0.0f : t->config.initial_accumulator;
   *state0_elems =
       info->state_per_row ? (size_t)t->config.rows : (info->state_per_element >= 1 ? elems : 0);
   *state1_elems = info->state_per_element >= 2 ? elems : 0;

@@ -37,6 +37,7 @@
 #include <cmocka.h>
 
 #include "client/embps.h"
+#include "common/alloc.h"
 #include "server_proc.h"
 
 #define DEADLINE_MS 30000
@@ -1343,6 +1344,85 @@ static void test_still_serving(void **state) {
   embps_client_free(c);
 }
 
+/* ---- out of memory in the client --------------------------------------------------------- */
+
+enum oom_call { OOM_CONNECT, OOM_LOOKUP, OOM_PUSH, OOM_LIST, OOM_STATS, OOM_HEALTH, OOM_CALLS };
+static const char *const oom_call_names[] = {"connect",     "lookup", "push",
+                                             "list tables", "stats",  "health"};
+
+static embps_status_t oom_call(embps_client_t *c, enum oom_call which) {
+  const int64_t tok[4] = {0, 1, 2, 1};
+  float rows[4 * 8] = {0};
+  embps_push_result_t res;
+  embps_table_spec_t *tables = NULL;
+  embps_rank_stats_t *stats = NULL;
+  size_t n = 0;
+  int serving = 0;
+  embps_status_t st = EMBPS_OK;
+  switch (which) {
+  case OOM_CONNECT: {
+    embps_client_t *other = NULL;
+    embps_client_options_t o;
+    embps_error_t err;
+    embps_client_options_init(&o);
+    o.deadline_ms = DEADLINE_MS;
+    st = embps_client_connect(&other, g_main.address, &o, &err);
+    if (st != EMBPS_OK && st != EMBPS_RESOURCE_EXHAUSTED)
+      print_error("connect: %s\n", err.message);
+    embps_alloc_fail_after(0);
+    embps_client_free(other);
+    return st;
+  }
+  case OOM_LOOKUP:
+    st = embps_lookup(c, "oom_t", tok, 4, rows, sizeof rows);
+    break;
+  case OOM_PUSH:
+    st = embps_push(c, "oom_t", tok, 4, rows, sizeof rows, EMBPS_DTYPE_F32, EMBPS_PUSH_SYNC, &res);
+    break;
+  case OOM_LIST:
+    st = embps_list_tables(c, &tables, &n);
+    break;
+  case OOM_STATS:
+    st = embps_stats(c, &stats, &n);
+    break;
+  default:
+    st = embps_health(c, "", &serving);
+    break;
+  }
+  embps_alloc_fail_after(0);
+  if (st != EMBPS_OK && st != EMBPS_RESOURCE_EXHAUSTED)
+    print_error("%s: %s\n", oom_call_names[which], embps_client_last_error(c));
+  if (st == EMBPS_OK && tables)
+    embps_tables_free(tables, n);
+  if (st == EMBPS_OK && stats)
+    embps_stats_free(stats, n);
+  return st;
+}
+
+/* Every allocation the client makes in a call fails in turn (with every one after it): the call
+ * fails with RESOURCE_EXHAUSTED, whatever it was doing (sending, reading the reply, decoding it),
+ * never with another status, and the client's next call works. */
+static void test_client_out_of_memory(void **state) {
+  (void)state;
+  embps_client_t *c = connect_to(g_main.address);
+  create_table(c, "oom_t", 4, 8, EMBPS_DTYPE_F32, EMBPS_OPTIMIZER_SGD, 0.0f, 1);
+  for (int which = 0; which < OOM_CALLS; which++) {
+    int refused = 0;
+    embps_status_t st = EMBPS_RESOURCE_EXHAUSTED;
+    for (long k = 1; k < 1000 && st != EMBPS_OK; k++) {
+      embps_alloc_fail_after(k);
+      st = oom_call(c, (enum oom_call)which);
+      if (st != EMBPS_OK && st != EMBPS_RESOURCE_EXHAUSTED)
+        fail_msg("%s with allocation %ld failing: %s", oom_call_names[which], k,
+                 embps_status_string(st));
+      refused += st != EMBPS_OK;
+    }
+    assert_int_equal(st, EMBPS_OK);
+    assert_true(refused > 0);
+  }
+  embps_client_free(c);
+}
+
 static void test_main_server_exits_cleanly(void **state) {
   (void)state;
   free(g_victim);
@@ -1562,6 +1642,7 @@ int main(void) {
       cmocka_unit_test(test_oversized_messages),
       cmocka_unit_test(test_checkpoint_unimplemented),
       cmocka_unit_test(test_still_serving),
+      cmocka_unit_test(test_client_out_of_memory),
       cmocka_unit_test(test_main_server_exits_cleanly),
       cmocka_unit_test(test_garbage_and_stalled_connections),
       cmocka_unit_test(test_max_tables),

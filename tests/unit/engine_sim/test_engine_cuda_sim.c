@@ -331,7 +331,7 @@ static embps_table_config_t table_config(const scenario_t *sc) {
   c.emb_width = sc->width;
   c.dtype = sc->dtype;
   c.optimizer = sc->opt;
-  c.lr = sc->opt == EMBPS_OPT_ADAM ? 0.05f : 0.5f;
+  c.lr = sc->opt == EMBPS_OPTIMIZER_ADAM ? 0.05f : 0.5f;
   c.seed = 3;
   c.half_life = 7.0f;
   c.weight_decay = sc->weight_decay ? 0.01f : 0.0f;
@@ -670,8 +670,8 @@ static void check_scenario(scenario_t sc) {
 }
 
 static void run_size(uint32_t size) {
-  static const embps_optimizer_t opts[] = {EMBPS_OPT_SGD, EMBPS_OPT_ADAGRAD,
-                                           EMBPS_OPT_ROWWISE_ADAGRAD, EMBPS_OPT_ADAM};
+  static const embps_optimizer_t opts[] = {EMBPS_OPTIMIZER_SGD, EMBPS_OPTIMIZER_ADAGRAD,
+                                           EMBPS_OPTIMIZER_ROWWISE_ADAGRAD, EMBPS_OPTIMIZER_ADAM};
   static const embps_dtype_t dtypes[] = {EMBPS_DTYPE_F32, EMBPS_DTYPE_BF16};
   for (size_t o = 0; o < 4; o++)
     for (size_t d = 0; d < 2; d++)
@@ -708,7 +708,7 @@ static void test_large_lookup(void **state) {
   for (uint32_t size = 1; size <= MAX_RANKS; size++)
     for (size_t d = 0; d < 2; d++) {
       scenario_t sc = {size,
-                       EMBPS_OPT_ROWWISE_ADAGRAD,
+                       EMBPS_OPTIMIZER_ROWWISE_ADAGRAD,
                        d ? EMBPS_DTYPE_BF16 : EMBPS_DTYPE_F32,
                        1,
                        EMBPS_BACKEND_CPU,
@@ -736,7 +736,7 @@ static void *oom_rank(void *p) {
   embps_engine_t *engine;
   embps_error_t err;
   embps_op_t op;
-  scenario_t sc = {a->size, EMBPS_OPT_ADAM, EMBPS_DTYPE_F32, 1, EMBPS_BACKEND_CUDA, 0, WIDTH, 0};
+  scenario_t sc = {a->size, EMBPS_OPTIMIZER_ADAM, EMBPS_DTYPE_F32, 1, EMBPS_BACKEND_CUDA, 0, WIDTH, 0};
   void *stream;
   char bus[64];
   size_t dev_allocs, pinned, streams, events;

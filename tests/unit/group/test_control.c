@@ -174,7 +174,7 @@ static embps_table_config_t sample_config(void) {
   c.dtype = EMBPS_DTYPE_BF16;
   c.seed = UINT64_C(0xdeadbeefcafef00d);
   c.init_scale = 0.01f;
-  c.optimizer = EMBPS_OPT_ADAM;
+  c.optimizer = EMBPS_OPTIMIZER_ADAM;
   c.lr = 1e-3f;
   c.eps = 1e-8f;
   c.half_life = -0.0f; /* a sign bit must survive */

@@ -92,9 +92,9 @@ static void run(cfg_t c) {
   const uint64_t seed = 77;
 
   embps_opt_params_t p = {
-      .lr = c.opt == EMBPS_OPT_SGD    ? 0.01f
-            : c.opt == EMBPS_OPT_ADAM ? 0.005f
-                                      : 0.02f,
+      .lr = c.opt == EMBPS_OPTIMIZER_SGD    ? 0.01f
+            : c.opt == EMBPS_OPTIMIZER_ADAM ? 0.005f
+                                            : 0.02f,
       .eps = 0.05f, /* large enough that where eps enters the formula shows */
       .decay = embps_opt_decay_from_half_life(c.half_life),
       .beta1 = 0.9f,
@@ -164,17 +164,17 @@ static void run(cfg_t c) {
     free(parts);
     for (size_t r = 0; r < c.ranks; r++) {
       switch (c.opt) {
-      case EMBPS_OPT_SGD:
+      case EMBPS_OPTIMIZER_SGD:
         embps_update_sgd_cpu(rs[r].table, c.dtype, sw, rows, n, gr[r], &p);
         break;
-      case EMBPS_OPT_ADAGRAD:
+      case EMBPS_OPTIMIZER_ADAGRAD:
         embps_update_adagrad_cpu(rs[r].table, c.dtype, sw, rows, n, gr[r], rs[r].accum, &p);
         break;
-      case EMBPS_OPT_ROWWISE_ADAGRAD:
+      case EMBPS_OPTIMIZER_ROWWISE_ADAGRAD:
         embps_update_rowwise_adagrad_cpu(rs[r].table, c.dtype, sw, rows, n, gr[r], row_sumsq, FULL,
                                          rs[r].accum, &p);
         break;
-      case EMBPS_OPT_ADAM:
+      case EMBPS_OPTIMIZER_ADAM:
         embps_update_adam_cpu(rs[r].table, c.dtype, sw, rows, n, gr[r], rs[r].m, rs[r].v, &p);
         break;
       }
@@ -216,22 +216,22 @@ static void run(cfg_t c) {
         g[row][j] = handed;
         sumsq += handed * handed;
       }
-      if (c.opt == EMBPS_OPT_ROWWISE_ADAGRAD)
+      if (c.opt == EMBPS_OPTIMIZER_ROWWISE_ADAGRAD)
         ref->racc[row] = ref->racc[row] * decay + sumsq / FULL;
       for (size_t j = 0; j < FULL; j++) {
         double gj = g[row][j], delta = 0.0;
         switch (c.opt) {
-        case EMBPS_OPT_SGD:
+        case EMBPS_OPTIMIZER_SGD:
           delta = lr * gj;
           break;
-        case EMBPS_OPT_ADAGRAD:
+        case EMBPS_OPTIMIZER_ADAGRAD:
           ref->acc[row][j] = ref->acc[row][j] * decay + gj * gj;
           delta = lr * gj / (sqrt(ref->acc[row][j]) + eps);
           break;
-        case EMBPS_OPT_ROWWISE_ADAGRAD:
+        case EMBPS_OPTIMIZER_ROWWISE_ADAGRAD:
           delta = lr * gj / (sqrt(ref->racc[row]) + eps);
           break;
-        case EMBPS_OPT_ADAM: {
+        case EMBPS_OPTIMIZER_ADAM: {
           ref->m[row][j] = b1 * ref->m[row][j] + (1.0 - b1) * gj;
           ref->v[row][j] = b2 * ref->v[row][j] + (1.0 - b2) * gj * gj;
           double mhat = ref->m[row][j] / (1.0 - pow(b1, (double)step));
@@ -279,17 +279,17 @@ static void run(cfg_t c) {
         size_t kj = row * sw + j % sw;
         if (!touched[row] && kernel_w(k, c.dtype, sw, row, j % sw) != prev[row][j])
           fail_msg("untouched w[%zu][%zu] step %zu changed", row, j, (size_t)step);
-        if (c.opt == EMBPS_OPT_ADAGRAD)
+        if (c.opt == EMBPS_OPTIMIZER_ADAGRAD)
           check_state(k->accum[kj], &ref->acc[row][j], ref->acc[row][j] + 1e-30, "accum",
                       (size_t)step);
-        if (c.opt == EMBPS_OPT_ADAM) {
+        if (c.opt == EMBPS_OPTIMIZER_ADAM) {
           double vs = sqrt(ref->v[row][j]);
           check_state(k->m[kj], &ref->m[row][j], fabs(ref->m[row][j]) + vs + 1e-30, "m",
                       (size_t)step);
           check_state(k->v[kj], &ref->v[row][j], ref->v[row][j] + 1e-30, "v", (size_t)step);
         }
       }
-      if (c.opt == EMBPS_OPT_ROWWISE_ADAGRAD) {
+      if (c.opt == EMBPS_OPTIMIZER_ROWWISE_ADAGRAD) {
         check_state(rs[0].accum[row], &ref->racc[row], ref->racc[row] + 1e-30, "row accum",
                     (size_t)step);
         for (size_t r = 1; r < c.ranks; r++)
@@ -330,22 +330,22 @@ static void run_all(embps_optimizer_t opt) {
 
 static void test_sgd(void **state) {
   (void)state;
-  run_all(EMBPS_OPT_SGD);
+  run_all(EMBPS_OPTIMIZER_SGD);
 }
 
 static void test_adagrad(void **state) {
   (void)state;
-  run_all(EMBPS_OPT_ADAGRAD);
+  run_all(EMBPS_OPTIMIZER_ADAGRAD);
 }
 
 static void test_rowwise_adagrad(void **state) {
   (void)state;
-  run_all(EMBPS_OPT_ROWWISE_ADAGRAD);
+  run_all(EMBPS_OPTIMIZER_ROWWISE_ADAGRAD);
 }
 
 static void test_adam(void **state) {
   (void)state;
-  run_all(EMBPS_OPT_ADAM);
+  run_all(EMBPS_OPTIMIZER_ADAM);
 }
 
 static void test_decay_from_half_life(void **state) {

@@ -71,6 +71,14 @@ static void server_init(server_t *sv, size_t max_message) {
   assert_int_equal(embps__h2conn_new(&sv->conn, max_message, &hooks), EMBPS_OK);
 }
 
+/* A server that answers every request at once with its own message, and a client with large
+ * windows. */
+static void start_echo(server_t *sv, h2c_t *c) {
+  server_init(sv, 1 << 20);
+  sv->answer_inline = 1;
+  h2c_init(c, 1);
+}
+
 static void server_fini(server_t *sv) {
   embps__h2conn_free(sv->conn);
   for (int i = 0; i < sv->ncalls; i++)
@@ -142,9 +150,7 @@ static void test_unary_round_trip(void **state) {
   server_t sv;
   h2c_t c;
   size_t plen;
-  server_init(&sv, 1 << 20);
-  sv.answer_inline = 1;
-  h2c_init(&c, 1);
+  start_echo(&sv, &c);
   uint8_t *p = h2c_frame(0, "hello", 5, &plen);
   h2c_stream_t *st = h2c_request(&c, PATH, "application/grpc+proto", p, plen, 0, plen);
   pump(&c, &sv);
@@ -607,6 +613,56 @@ static void test_new_fails_cleanly(void **state) {
   assert_ptr_equal(conn, (embps__h2conn_t *)&hooks);
 }
 
+/* Every allocation the core makes for one request fails in turn (with every one after it, while
+ * the client's bytes are fed): the call is refused as out of resources, by a RESOURCE_EXHAUSTED
+ * trailers-only answer or, when there is no stream object to answer on, by
+ * RST_STREAM(ENHANCE_YOUR_CALM), which gRPC clients read as RESOURCE_EXHAUSTED; never as an
+ * internal error. The connection then serves the next request. */
+static void test_out_of_memory_refuses_the_call(void **state) {
+  int refused = 0;
+  for (long k = 1; k < 64; k++) {
+    server_t sv;
+    h2c_t c;
+    size_t plen;
+    start_echo(&sv, &c);
+    pump(&c, &sv); /* prefaces and SETTINGS, with memory */
+    uint8_t *p = h2c_frame(0, "hello", 5, &plen);
+    h2c_stream_t *st = h2c_request(&c, PATH, CT, p, plen, 0, plen);
+    embps_alloc_fail_after(k);
+    for (;;) {
+      const uint8_t *d;
+      ssize_t n = nghttp2_session_mem_send(c.session, &d);
+      assert_true(n >= 0);
+      if (n == 0)
+        break;
+      assert_int_equal(embps__h2conn_feed(sv.conn, d, (size_t)n), EMBPS_OK);
+    }
+    embps_alloc_fail_after(0);
+    pump(&c, &sv);
+    int done = st->grpc_status == 0;
+    if (done) {
+      assert_ok_reply(st, "hello", 5);
+    } else {
+      refused++;
+      assert_true(st->closed);
+      if (st->grpc_status < 0)
+        assert_int_equal(st->close_error, NGHTTP2_ENHANCE_YOUR_CALM);
+      else
+        assert_int_equal(st->grpc_status, EMBPS_RESOURCE_EXHAUSTED);
+      h2c_stream_t *again = h2c_request(&c, PATH, CT, p, plen, 0, plen);
+      pump(&c, &sv);
+      assert_ok_reply(again, "hello", 5);
+    }
+    free(p);
+    h2c_free(&c);
+    server_fini(&sv);
+    if (done)
+      break;
+  }
+  /* The stream, its :path, its message, its delivery queue entry, its call, the reply. */
+  assert_true(refused >= 6);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_unary_round_trip),
@@ -623,6 +679,7 @@ int main(void) {
       cmocka_unit_test(test_batch_outlives_connection),
       cmocka_unit_test(test_phases),
       cmocka_unit_test(test_new_fails_cleanly),
+      cmocka_unit_test(test_out_of_memory_refuses_the_call),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

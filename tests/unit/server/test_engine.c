@@ -85,7 +85,7 @@ static embps_op_t batch_op(embps_op_kind_t kind, embps_table_t *t, const int64_t
 static void test_single_rank(void **state) {
   rank_ctx_t r;
   int fds[1] = {-1};
-  embps_table_config_t c = table_config(EMBPS_OPT_SGD);
+  embps_table_config_t c = table_config(EMBPS_OPTIMIZER_SGD);
   embps_table_t *t;
   int64_t tokens[] = {5, 0, 7, 5};
   float g[4 * WIDTH], before[ROWS * WIDTH], out[4 * WIDTH];
@@ -253,8 +253,9 @@ static void run_group(uint32_t size, const embps_table_config_t *c, uint8_t *fin
   memcpy(norms, args[0].norms, sizeof(args[0].norms));
 }
 
-static const embps_optimizer_t all_optimizers[] = {EMBPS_OPT_SGD, EMBPS_OPT_ADAGRAD,
-                                                   EMBPS_OPT_ROWWISE_ADAGRAD, EMBPS_OPT_ADAM};
+static const embps_optimizer_t all_optimizers[] = {EMBPS_OPTIMIZER_SGD, EMBPS_OPTIMIZER_ADAGRAD,
+                                                   EMBPS_OPTIMIZER_ROWWISE_ADAGRAD,
+                                                   EMBPS_OPTIMIZER_ADAM};
 
 /* The workload moved the pushed rows (so comparisons mean something) and the padding row
  * stayed zero. */

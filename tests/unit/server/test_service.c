@@ -289,9 +289,9 @@ static void test_async_needs_fused_update(void **state) {
   int64_t tokens[] = {1, 2};
   float g[8] = {0};
   (void)state;
-  assert_true(embps_optimizer_has_fused_update(EMBPS_OPT_ADAM, "cpu"));
-  assert_true(embps_optimizer_has_fused_update(EMBPS_OPT_ROWWISE_ADAGRAD, "cuda"));
-  assert_false(embps_optimizer_has_fused_update(EMBPS_OPT_ADAM, "abacus"));
+  assert_true(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ADAM, "cpu"));
+  assert_true(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ROWWISE_ADAGRAD, "cuda"));
+  assert_false(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ADAM, "abacus"));
   create(&c, "fused", 10, 4);
   release_call(&c);
   req.table = "fused";

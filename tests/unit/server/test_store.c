@@ -27,7 +27,7 @@ static void test_resolve_defaults(void **state) {
   (void)state;
   assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
   assert_int_equal(c.dtype, EMBPS_DTYPE_F32);
-  assert_int_equal(c.optimizer, EMBPS_OPT_ROWWISE_ADAGRAD);
+  assert_int_equal(c.optimizer, EMBPS_OPTIMIZER_ROWWISE_ADAGRAD);
   assert_true(fabsf(c.lr - 0.01f) < 1e-9f);
   assert_true(fabsf(c.init_scale - 0.125f) < 1e-9f);
   /* 100 rows x 64 f32 + one accumulator per row */
@@ -130,7 +130,7 @@ static void test_allocation_failure(void **state) {
   embps_table_config_t c = config("adam", 10, 8);
   embps_error_t err;
   (void)state;
-  c.optimizer = EMBPS_OPT_ADAM;
+  c.optimizer = EMBPS_OPTIMIZER_ADAM;
   assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
   /* fail the table, the data, the m and the v allocation in turn: nothing comes back, and the
    * sanitizer build proves nothing leaks */

@@ -1,0 +1,220 @@
+/* Lookups and pushes: a batch of tokens split into one contiguous token shard per rank
+ * (group.c plans it, padding it when the client pads), every shard sent with the same batch id
+ * on its rank's connection as one stream of the call.
+ *
+ * Lookup replies never pass through protobuf-c: each rank's LookupResponse is parsed as it
+ * arrives and its rows land directly at that shard's offset in the caller's buffer (rows of
+ * padding tokens fall past the caller's n rows and are dropped by the parser's capacity).
+ * Requests are sent from the caller's token and gradient arrays; padding is sent as zero
+ * segments, so padding a batch allocates nothing. A push's replies are joined into one result
+ * when the call is waited for. */
+#include <string.h>
+
+#include "client/client_internal.h"
+#include "embps/v1/embps.pb-c.h"
+
+enum batch_kind { LOOKUP, PUSH };
+
+/* ---- lookup ---- */
+
+static embps_status_t lookup_sink(void *arg, const uint8_t *p, size_t n, embps_error_t *err) {
+  embps__shard_t *sh = arg;
+  return embps__lookup_parser_feed(&sh->parser, p, n, err);
+}
+
+static embps_status_t lookup_finish(void *arg, embps_error_t *err) {
+  embps__shard_t *sh = arg;
+  embps_status_t st = embps__lookup_parser_finish(&sh->parser, err);
+  if (st != EMBPS_OK)
+    return st;
+  if (sh->parser.batch_id != sh->call->batch_id || sh->parser.shard_index != sh->rank)
+    return embps_error_set(err, EMBPS_INTERNAL,
+                           "lookup reply is for batch %llu shard %u, the request was batch "
+                           "%llu shard %u",
+                           (unsigned long long)sh->parser.batch_id, sh->parser.shard_index,
+                           (unsigned long long)sh->call->batch_id, sh->rank);
+  return EMBPS_OK;
+}
+
+/* Joins the ranks' PushGradientsResponses into call->push_result. */
+static embps_status_t push_join(embps_call_t *call) {
+  embps_client_t *c = call->client;
+  embps_push_result_t res;
+  memset(&res, 0, sizeof(res));
+  res.applied = res.ordered = 1;
+  for (uint32_t i = 0; i < call->nshards; i++) {
+    embps__stream_t *s = call->shards[i].stream;
+    Embps__V1__PushGradientsResponse *m = (Embps__V1__PushGradientsResponse *)embps__reply_unpack(
+        c, &embps__v1__push_gradients_response__descriptor, s, i);
+    if (!m)
+      return c->last.status;
+    if (m->batch_id != call->batch_id || m->shard_index != i) {
+      embps__reply_free(&m->base);
+      return embps__client_fail(
+          c, EMBPS_INTERNAL,
+          "push reply from rank %u is for batch %llu shard %u, the request was batch "
+          "%llu shard %u",
+          i, (unsigned long long)m->batch_id, m->shard_index, (unsigned long long)call->batch_id,
+          i);
+    }
+    res.applied &= m->applied != 0;
+    res.ordered &= m->ordered != 0;
+    res.skipped |= m->skipped != 0;
+    if (i == 0) {
+      res.grad_norm = m->grad_norm;
+      res.num_unique = m->num_unique;
+    }
+    embps__reply_free(&m->base);
+  }
+  if (call->push_result)
+    *call->push_result = res;
+  return EMBPS_OK;
+}
+
+/* Checks a batch's common arguments and plans it. */
+static embps_status_t batch_check(embps_client_t *c, const char *what, const char *table,
+                                  const int64_t *tokens, size_t n, const void *buf, size_t bytes,
+                                  embps__batch_plan_t *plan, uint64_t *row_bytes) {
+  embps_error_t err;
+  if (!table || !table[0])
+    return embps__client_fail(c, EMBPS_INVALID_ARGUMENT, "%s: no table name", what);
+  if (n > 0 && (!tokens || !buf))
+    return embps__client_fail(c, EMBPS_INVALID_ARGUMENT, "%s: NULL tokens or buffer", what);
+  if (n == 0 ? bytes != 0 : (bytes == 0 || bytes % n != 0))
+    return embps__client_fail(
+        c, EMBPS_INVALID_ARGUMENT,
+        "%s: buffer of %zu bytes does not hold %zu whole rows (n x emb_width x dtype "
+        "size bytes)",
+        what, bytes, n);
+  *row_bytes = n ? bytes / n : 0;
+  embps_error_clear(&err);
+  if (embps__batch_plan(plan, n, c->group_size, c->pad, &err) != EMBPS_OK)
+    return embps__client_fail_err(c, &err);
+  return EMBPS_OK;
+}
+
+/* Starts a lookup or push: one stream per rank with that rank's token shard. */
+static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const char *table,
+                                  const int64_t *tokens, size_t n, void *out, const void *grads,
+                                  size_t bytes, int dtype, int mode, embps_push_result_t *result,
+                                  embps_call_t **out_call) {
+  const char *what = kind == LOOKUP ? "lookup" : "push";
+  embps__batch_plan_t plan;
+  uint64_t row_bytes = 0;
+  embps_status_t st;
+  embps_call_t *call;
+  embps_error_t err;
+
+  st = batch_check(c, what, table, tokens, n, kind == LOOKUP ? out : grads, bytes, &plan,
+                   &row_bytes);
+  if (st != EMBPS_OK)
+    return st;
+  if (kind == PUSH && embps_dtype_size(dtype) == 0)
+    return embps__client_fail(c, EMBPS_INVALID_ARGUMENT, "push: dtype %d is neither f32 nor bf16",
+                              dtype);
+  if (kind == PUSH && row_bytes % embps_dtype_size(dtype) != 0)
+    return embps__client_fail(
+        c, EMBPS_INVALID_ARGUMENT,
+        "push: %llu gradient bytes per token is not a whole number of %s values",
+        (unsigned long long)row_bytes, embps_dtype_name(dtype));
+  call = embps__call_new(c, c->group_size);
+  if (!call)
+    return embps__client_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  call->batch_id = c->next_batch_id++;
+  call->push_result = result;
+  if (kind == PUSH)
+    call->join = push_join;
+  for (uint32_t r = 0; r < c->group_size; r++) {
+    embps__shard_t *sh = &call->shards[r];
+    embps__batch_fields_t f;
+    embps__seg_t segs[EMBPS__MAX_SEGS];
+    uint64_t first, real, pad;
+    int ns = 0;
+
+    embps__shard_range(&plan, r, &first, &real, &pad);
+    memset(&f, 0, sizeof(f));
+    f.table = table;
+    f.batch_id = call->batch_id;
+    f.shard_index = r;
+    f.shard_count = c->group_size;
+    f.tokens_per_batch = (uint32_t)plan.tokens_per_batch;
+    f.tokens_bytes = plan.shard_tokens * sizeof(int64_t);
+    f.is_push = kind == PUSH;
+    f.dtype = kind == PUSH ? dtype : 0;
+    f.grads_bytes = plan.shard_tokens * row_bytes;
+    f.mode = mode;
+    embps_error_clear(&err);
+    st = embps__batch_frame_build(&sh->frame, &f, &err);
+    if (st != EMBPS_OK) {
+      embps__client_fail_err(c, &err);
+      goto fail;
+    }
+    segs[ns++] = (embps__seg_t){sh->frame.head, sh->frame.head_len};
+    if (real)
+      segs[ns++] = (embps__seg_t){(const uint8_t *)(tokens + first), real * sizeof(int64_t)};
+    if (pad)
+      segs[ns++] = (embps__seg_t){NULL, pad * sizeof(int64_t)};
+    if (sh->frame.mid_len)
+      segs[ns++] = (embps__seg_t){sh->frame.mid, sh->frame.mid_len};
+    if (kind == PUSH) {
+      if (real)
+        segs[ns++] = (embps__seg_t){(const uint8_t *)grads + first * row_bytes, real * row_bytes};
+      if (pad)
+        segs[ns++] = (embps__seg_t){NULL, pad * row_bytes};
+      if (sh->frame.tail_len)
+        segs[ns++] = (embps__seg_t){sh->frame.tail, sh->frame.tail_len};
+    } else {
+      embps__lookup_parser_init(&sh->parser, (uint8_t *)out + first * row_bytes,
+                                (size_t)(real * row_bytes), plan.shard_tokens * row_bytes,
+                                row_bytes);
+    }
+    st = embps__shard_submit(
+        call, sh, kind == LOOKUP ? EMBPS__PATH_PREFIX "Lookup" : EMBPS__PATH_PREFIX "PushGradients",
+        segs, ns);
+    if (st != EMBPS_OK)
+      goto fail;
+    if (kind == LOOKUP) {
+      sh->stream->sink = lookup_sink;
+      sh->stream->sink_arg = sh;
+      sh->stream->sink_finish = lookup_finish;
+    }
+  }
+  embps__call_kick(call);
+  *out_call = call;
+  return EMBPS_OK;
+fail:
+  embps__call_free(call); /* resets the shards already sent */
+  return st;
+}
+
+embps_status_t embps_lookup_start(embps_client_t *client, const char *table, const int64_t *tokens,
+                                  size_t n, void *out, size_t out_bytes, embps_call_t **call) {
+  return batch_start(client, LOOKUP, table, tokens, n, out, NULL, out_bytes, 0, 0, NULL, call);
+}
+
+embps_status_t embps_push_start(embps_client_t *client, const char *table, const int64_t *tokens,
+                                size_t n, const void *grads, size_t grad_bytes, embps_dtype_t dtype,
+                                embps_push_mode_t mode, embps_push_result_t *result,
+                                embps_call_t **call) {
+  if (mode != EMBPS_PUSH_SYNC && mode != EMBPS_PUSH_ASYNC)
+    return embps__client_fail(client, EMBPS_INVALID_ARGUMENT,
+                              "push: mode %d is neither sync nor async", (int)mode);
+  return batch_start(client, PUSH, table, tokens, n, NULL, grads, grad_bytes, (int)dtype, (int)mode,
+                     result, call);
+}
+
+embps_status_t embps_lookup(embps_client_t *client, const char *table, const int64_t *tokens,
+                            size_t n, void *out, size_t out_bytes) {
+  embps_call_t *call;
+  embps_status_t st = embps_lookup_start(client, table, tokens, n, out, out_bytes, &call);
+  return st != EMBPS_OK ? st : embps_call_wait(call);
+}
+
+embps_status_t embps_push(embps_client_t *client, const char *table, const int64_t *tokens,
+                          size_t n, const void *grads, size_t grad_bytes, embps_dtype_t dtype,
+                          embps_push_mode_t mode, embps_push_result_t *result) {
+  embps_call_t *call;
+  embps_status_t st =
+      embps_push_start(client, table, tokens, n, grads, grad_bytes, dtype, mode, result, &call);
+  return st != EMBPS_OK ? st : embps_call_wait(call);
+}

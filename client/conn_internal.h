@@ -1,0 +1,49 @@
+/* What conn.c (the socket, its buffers and the poll loop) and session.c (the HTTP/2 session
+ * over it and the streams it settles) share: the connection struct and the functions one offers
+ * the other. Internal to libembps. */
+#ifndef EMBPS_CLIENT_CONN_INTERNAL_H
+#define EMBPS_CLIENT_CONN_INTERNAL_H
+
+#include <nghttp2/nghttp2.h>
+#include <sys/types.h>
+
+#include "client/conn.h"
+
+struct embps__conn {
+  embps__addr_t addr;
+  int fd;
+  nghttp2_session *session;
+  int broken;
+  embps_error_t why; /* why it broke (status and message), set inside callbacks and acted on
+                        after them */
+  uint8_t *rbuf;
+  uint8_t *wbuf;
+  size_t wlen, woff, wcap;
+  embps__stream_t *streams;   /* attached streams */
+  embps__stream_t *send_head; /* bodies not yet fully sent, in submission order */
+  embps__stream_t *send_tail;
+  int resume_head; /* the new send_head was deferred: resume it */
+};
+
+/* ---- session.c ---- */
+
+/** Creates c->session with the client callbacks, and queues SETTINGS (large windows, push
+ * off) and the connection window. On failure the session may exist (the caller closes it with
+ * the socket): RESOURCE_EXHAUSTED or INTERNAL. */
+embps_status_t embps__session_start(embps__conn_t *c, embps_error_t *err);
+
+/** Finishes s with st and the formatted message (first result wins) and tells its owner. */
+void embps__stream_finish(embps__stream_t *s, embps_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/** The HTTP/2 stream no longer refers to s: takes it off c's lists, and frees it when its owner
+ * has released it. */
+void embps__stream_detach(embps__conn_t *c, embps__stream_t *s);
+
+/** The data source read callback of a request body (source->ptr is the stream): sends the
+ * body's segments, deferring it until the bodies submitted before it are sent. */
+ssize_t embps__stream_read_body(nghttp2_session *session, int32_t stream_id, uint8_t *buf,
+                                size_t length, uint32_t *data_flags, nghttp2_data_source *source,
+                                void *user_data);
+
+#endif

@@ -1,0 +1,140 @@
+/* What the files of the server's HTTP/2 core share (internal to server/net; the face is
+ * h2conn.h): the connection, stream and call objects, and the functions one file offers the
+ * others.
+ *
+ *   h2conn.c      the connection and its streams: receiving requests, delivering calls,
+ *                 answering them
+ *   grpc_frame.c  gRPC's framing on a stream: the length-prefixed request message in, the
+ *                 length-prefixed reply and the status trailers out
+ *   h2out.c       output batches: the bytes nghttp2 sends, as segments that point into reply
+ *                 bodies instead of copying them */
+#ifndef EMBPS_SERVER_NET_H2CONN_INTERNAL_H
+#define EMBPS_SERVER_NET_H2CONN_INTERNAL_H
+
+#include <nghttp2/nghttp2.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server/net/h2conn.h"
+
+/* The gRPC message prefix: a flags byte and a 4-byte big-endian length. */
+#define EMBPS__GRPC_PREFIX_LEN 5
+
+/* A header field for nghttp2_submit_*: name a string literal, value vlen bytes at v. */
+#define EMBPS__H2_NV(n, v, vlen)                                                                   \
+  { (uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vlen), NGHTTP2_NV_FLAG_NONE }
+
+/* A reply body, refcounted: the stream holds one reference and every output batch that points
+ * into it holds one, so release runs once the last byte is written or dropped. */
+typedef struct embps__h2body {
+  int refs;
+  uint8_t prefix[EMBPS__GRPC_PREFIX_LEN];
+  const uint8_t *data;
+  size_t len;
+  void (*release)(void *);
+  void *release_arg;
+} embps__h2body_t;
+
+typedef enum embps__h2stream_state {
+  EMBPS__H2S_RECEIVING = 0, /* headers or message still arriving */
+  EMBPS__H2S_QUEUED,        /* complete, waiting for delivery at the end of feed */
+  EMBPS__H2S_CALLED,        /* delivered, the handler owes an answer */
+  EMBPS__H2S_ANSWERED,      /* an answer (or an error) is submitted */
+} embps__h2stream_state_t;
+
+typedef struct embps__h2stream {
+  struct embps__h2stream *prev, *next;
+  embps_net_call_t *call;
+  int32_t id;
+  embps__h2stream_state_t state;
+  int receiving; /* counted in conn->receiving */
+  int method_seen, method_post, ct_ok;
+  int headers_out_of_memory; /* a header could not be kept: refused when the headers end */
+  char *path;
+  char ct[64];
+  char method[16];
+  uint8_t hdr[EMBPS__GRPC_PREFIX_LEN];
+  size_t hdr_got;
+  int in_msg;
+  int nmsgs;
+  int rst_after_answer; /* answered early while the client may still be sending */
+  uint8_t *msg;
+  size_t msg_len, msg_got;
+  embps__h2body_t *body;
+  size_t read_off, sent_off;
+} embps__h2stream_t;
+
+struct embps_net_call {
+  embps__h2conn_t *conn;     /* NULL once the connection is gone */
+  embps__h2stream_t *stream; /* NULL once the stream is gone */
+  struct embps_net_call *prev, *next;
+  int cancelled;
+};
+
+typedef struct embps__h2idq {
+  int32_t *ids;
+  size_t n, cap;
+} embps__h2idq_t;
+
+struct embps__h2conn {
+  nghttp2_session *session;
+  embps__h2conn_hooks_t hooks;
+  size_t max_message_bytes;
+  size_t receiving_bytes; /* buffers of messages being received on this connection */
+  embps__h2stream_t *streams;
+  size_t nstreams;
+  size_t receiving;
+  embps_net_call_t *calls;
+  embps__h2idq_t deliver; /* streams complete during this feed */
+  embps__h2out_t *out;    /* the batch nghttp2_session_send is filling */
+  int in_feed;
+  int got_preface;
+  int fatal;
+};
+
+/* ---- h2conn.c ---- */
+
+/** Answers s early with an error (a trailers-only response), on behalf of the network layer;
+ * resets it after the answer when the client may still be sending. */
+void embps__h2_fail_stream(embps__h2conn_t *conn, embps__h2stream_t *s, int http_status,
+                           embps_status_t status, const char *message);
+
+/* ---- grpc_frame.c ---- */
+
+/** The on_data_chunk_recv callback: reads a request stream's one length-prefixed message out
+ * of its DATA, refusing compressed, oversized and second messages. */
+int embps__grpc_on_data_chunk_recv(nghttp2_session *session, uint8_t flags, int32_t stream_id,
+                                   const uint8_t *data, size_t len, void *user);
+
+/** A reply body of len bytes at data (borrowed until release(release_arg) runs) with its
+ * message prefix, holding the stream's reference. NULL when out of memory. */
+embps__h2body_t *embps__grpc_body_new(const uint8_t *data, size_t len, void (*release)(void *),
+                                      void *release_arg);
+
+/** The data source read callback of a reply (source->ptr is the stream): its prefix and body,
+ * without copying them, then the trailers with grpc-status 0. */
+ssize_t embps__grpc_reply_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t *buf,
+                                  size_t length, uint32_t *data_flags, nghttp2_data_source *source,
+                                  void *user);
+
+/** Submits a trailers-only response carrying status and message (percent-encoded); when nghttp2
+ * cannot take it, resets the stream instead. */
+void embps__grpc_submit_status(embps__h2conn_t *conn, int32_t id, int http_status,
+                               embps_status_t status, const char *message);
+
+/** The RST_STREAM code for a stream that cannot be answered because nghttp2 failed with rv. */
+uint32_t embps__h2_rst_code_of(int rv);
+
+/* ---- h2out.c ---- */
+
+/** An empty output batch, or NULL when out of memory. */
+embps__h2out_t *embps__h2out_new(void);
+
+/** Drops a reference to b, releasing the body and freeing b with the last one. NULL is a
+ * no-op. */
+void embps__h2body_unref(embps__h2body_t *b);
+
+/** Registers the callbacks that fill conn->out when nghttp2_session_send runs. */
+void embps__h2out_set_send_callbacks(nghttp2_session_callbacks *cbs);
+
+#endif
