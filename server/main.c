@@ -15,10 +15,7 @@
 #include "common/hostport.h"
 #include "common/log.h"
 #include "server/engine/engine.h"
-#include "server/group/agreement.h"
-#include "server/group/bootstrap.h"
 #include "server/group/group.h"
-#include "server/group/mesh.h"
 #include "server/net/net.h"
 #include "server/service/service.h"
 #include "server/settings.h"
@@ -225,8 +222,8 @@ int main(int argc, char **argv) {
   embps_mesh_format(&mesh, mesh_text, sizeof(mesh_text));
   embps_mesh_format_axes(&mesh, 0, ta, sizeof(ta));
   embps_mesh_format_axes(&mesh, 1, da, sizeof(da));
-  if (embps__identity_format(identity, sizeof(identity), EMBPS_VERSION, mesh_text, ta, da,
-                             set.peers) != EMBPS_OK) {
+  if (embps_group_identity_format(identity, sizeof(identity), EMBPS_VERSION, mesh_text, ta, da,
+                                  set.peers) != EMBPS_OK) {
     fprintf(stderr, "embps-server: the group's configuration does not fit in %zu bytes\n",
             sizeof(identity));
     return 2;

@@ -11,13 +11,14 @@
 #include <string.h>
 
 #include "server/group/bootstrap.h"
+#include "server/group/group.h"
 
 /* Values quoted in a mismatch message are clipped to this many bytes. */
 #define MAX_QUOTED 120
 
-embps_status_t embps__identity_format(char *out, size_t cap, const char *version, const char *mesh,
-                                      const char *table_axis, const char *data_axis,
-                                      const char *peers) {
+embps_status_t embps_group_identity_format(char *out, size_t cap, const char *version,
+                                           const char *mesh, const char *table_axis,
+                                           const char *data_axis, const char *peers) {
   int n = snprintf(out, cap, "version=%s\nmesh=%s\ntable_axis=%s\ndata_axis=%s\npeers=%s\n",
                    version, mesh, table_axis, data_axis, peers);
   return n < 0 || (size_t)n >= cap ? EMBPS_INVALID_ARGUMENT : EMBPS_OK;

@@ -12,13 +12,6 @@
 #include "common/status.h"
 #include "server/group/control.h"
 
-/** Writes a rank's configuration identity to out (cap bytes, NUL-terminated): "key=value\n"
- * lines for the version, the mesh, the table and data axes and the peer list, in that order.
- * Arguments are borrowed. Returns EMBPS_OK, or EMBPS_INVALID_ARGUMENT when it does not fit. */
-embps_status_t embps__identity_format(char *out, size_t cap, const char *version, const char *mesh,
-                                      const char *table_axis, const char *data_axis,
-                                      const char *peers);
-
 /**
  * Compares the identity of rank there_rank with this rank's (here, here_rank): the same keys
  * with the same values, in any order, blank lines ignored; for a key given twice the first

@@ -26,6 +26,7 @@
  * sockets handed back are made blocking again. The module runs before any event loop exists,
  * so it uses plain poll() rather than libuv. */
 #include "server/group/bootstrap.h"
+#include "server/group/group.h"
 
 #include <errno.h>
 #include <fcntl.h>

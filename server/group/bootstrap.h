@@ -51,12 +51,4 @@ embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *c
                                      int bind_any, const char *identity, uint64_t timeout_ms,
                                      int *control_fds, int *data_fds, embps_error_t *err);
 
-/** Derives a rank's peer address from its client address: the same host, port + port_offset.
- * client_addr is "host:port" as common/hostport.h parses it ("[v6]" kept in brackets).
- * Writes the NUL-terminated result to out (cap bytes, caller-owned). Returns EMBPS_OK, or
- * EMBPS_INVALID_ARGUMENT when the address does not parse, the port is not 1..65535, the
- * derived port falls outside 1..65535, or out is too small; out is then left untouched. */
-embps_status_t embps_group_peer_addr(const char *client_addr, int port_offset, char *out,
-                                     size_t cap, embps_error_t *err);
-
 #endif

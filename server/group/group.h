@@ -12,9 +12,25 @@
 #include "common/status.h"
 #include "server/comm/comm.h"
 #include "server/engine/engine.h"
+#include "server/group/mesh.h"
 #include "server/store/store.h"
 
 typedef struct embps_group embps_group_t;
+
+/** Writes a rank's configuration identity to out (cap bytes, NUL-terminated): "key=value\n"
+ * lines for the version, the mesh, the table and data axes and the peer list, in that order.
+ * Arguments are borrowed. Returns EMBPS_OK, or EMBPS_INVALID_ARGUMENT when it does not fit. */
+embps_status_t embps_group_identity_format(char *out, size_t cap, const char *version,
+                                           const char *mesh, const char *table_axis,
+                                           const char *data_axis, const char *peers);
+
+/** Derives a rank's peer address from its client address: the same host, port + port_offset.
+ * client_addr is "host:port" as common/hostport.h parses it ("[v6]" kept in brackets).
+ * Writes the NUL-terminated result to out (cap bytes, caller-owned). Returns EMBPS_OK, or
+ * EMBPS_INVALID_ARGUMENT when the address does not parse, the port is not 1..65535, the
+ * derived port falls outside 1..65535, or out is too small; out is then left untouched. */
+embps_status_t embps_group_peer_addr(const char *client_addr, int port_offset, char *out,
+                                     size_t cap, embps_error_t *err);
 
 typedef struct embps_group_config {
   uint32_t rank;

@@ -12,6 +12,7 @@
 
 #include "server/group/agreement.h"
 #include "server/group/bootstrap.h"
+#include "server/group/group.h"
 
 #define HERE "version=0.1.0\nmesh=shard=4\ntable_axis=shard\ndata_axis=shard\npeers=a:1,b:1\n"
 
@@ -23,12 +24,13 @@ static void assert_contains(const char *msg, const char *part) {
 static void test_identity_format(void **state) {
   char out[256];
   (void)state;
-  assert_int_equal(
-      embps__identity_format(out, sizeof(out), "0.1.0", "shard=4", "shard", "shard", "a:1,b:1"),
-      EMBPS_OK);
+  assert_int_equal(embps_group_identity_format(out, sizeof(out), "0.1.0", "shard=4", "shard",
+                                               "shard", "a:1,b:1"),
+                   EMBPS_OK);
   assert_string_equal(out, HERE);
-  assert_int_equal(embps__identity_format(out, 10, "0.1.0", "shard=4", "shard", "shard", "a:1"),
-                   EMBPS_INVALID_ARGUMENT);
+  assert_int_equal(
+      embps_group_identity_format(out, 10, "0.1.0", "shard=4", "shard", "shard", "a:1"),
+      EMBPS_INVALID_ARGUMENT);
 }
 
 static void test_identity_agrees(void **state) {

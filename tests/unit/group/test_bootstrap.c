@@ -28,6 +28,7 @@
 
 #include "common/log.h"
 #include "server/group/bootstrap.h"
+#include "server/group/group.h"
 
 #define MAX_RANKS 4
 #define TIMEOUT_MS 1500
