@@ -186,7 +186,8 @@ void embps_table_initial_state(const embps_table_t *t, float *state0_value, size
   const embps_optimizer_info_t *info = embps_optimizer_info(t->config.optimizer);
   const size_t elems = (size_t)t->config.rows * t->shard_width;
   /* Adagrad accumulators start at initial_accumulator; adam moments at 0. */
-  *state0_value = t->config.optimizer == EMBPS_OPTIMIZER_ADAM ? 0.0f : t->config.initial_accumulator;
+  *state0_value =
+      t->config.optimizer == EMBPS_OPTIMIZER_ADAM ? 0.0f : t->config.initial_accumulator;
   *state0_elems =
       info->state_per_row ? (size_t)t->config.rows : (info->state_per_element >= 1 ? elems : 0);
   *state1_elems = info->state_per_element >= 2 ? elems : 0;

@@ -736,7 +736,8 @@ static void *oom_rank(void *p) {
   embps_engine_t *engine;
   embps_error_t err;
   embps_op_t op;
-  scenario_t sc = {a->size, EMBPS_OPTIMIZER_ADAM, EMBPS_DTYPE_F32, 1, EMBPS_BACKEND_CUDA, 0, WIDTH, 0};
+  scenario_t sc = {a->size, EMBPS_OPTIMIZER_ADAM, EMBPS_DTYPE_F32, 1, EMBPS_BACKEND_CUDA, 0, WIDTH,
+                   0};
   void *stream;
   char bus[64];
   size_t dev_allocs, pinned, streams, events;
