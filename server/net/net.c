@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/hostport.h"
 #include "common/log.h"
 #include "server/net/h2conn.h"
 
@@ -324,49 +325,29 @@ fail:
 }
 
 /* Parses "host:port", "[v6]:port" (and "localhost:port") into addr. */
-static int parse_addr(const char *host_port, struct sockaddr_storage *addr) {
-  char host[INET6_ADDRSTRLEN + 1];
-  const char *colon, *hstart = host_port;
-  size_t hlen;
-  int v6 = 0;
-  if (host_port[0] == '[') {
-    const char *close = strchr(host_port, ']');
-    if (!close || close[1] != ':')
-      return -1;
-    hstart = host_port + 1;
-    hlen = (size_t)(close - hstart);
-    colon = close + 1;
-    v6 = 1;
-  } else {
-    colon = strrchr(host_port, ':');
-    if (!colon)
-      return -1;
-    hlen = (size_t)(colon - host_port);
-    if (memchr(host_port, ':', hlen))
-      return -1; /* a bare IPv6 address needs brackets */
-  }
-  if (hlen >= sizeof(host))
-    return -1;
-  memcpy(host, hstart, hlen);
-  host[hlen] = '\0';
-  const char *p = colon + 1;
-  if (*p == '\0' || strlen(p) > 5)
-    return -1;
-  long port = 0;
-  for (; *p; p++) {
-    if (*p < '0' || *p > '9')
-      return -1;
-    port = port * 10 + (*p - '0');
-  }
-  if (port > 65535)
-    return -1;
-  if (v6)
-    return uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)addr) == 0 ? 0 : -1;
-  if (hlen == 0)
-    snprintf(host, sizeof(host), "0.0.0.0");
+/* A listen address through the project's one host:port parser. The network layer never blocks
+ * its loop on a DNS lookup, so the host must be an IP literal, "localhost" or empty (every IPv4
+ * interface): main() resolves names before it gets here. */
+static embps_status_t listen_addr(const char *host_port, struct sockaddr_storage *addr,
+                                  embps_error_t *err) {
+  embps_hostport_t hp;
+  embps_status_t ret = embps_hostport_parse(&hp, host_port, strlen(host_port), "listen address",
+                                            EMBPS_HOSTPORT_LISTEN, err);
+  const char *host = hp.host;
+  if (ret != EMBPS_OK)
+    return ret;
+  if (hp.ipv6 && uv_ip6_addr(host, hp.port, (struct sockaddr_in6 *)addr) == 0)
+    return EMBPS_OK;
+  if (host[0] == '\0')
+    host = "0.0.0.0";
   else if (strcmp(host, "localhost") == 0)
-    snprintf(host, sizeof(host), "127.0.0.1");
-  return uv_ip4_addr(host, (int)port, (struct sockaddr_in *)addr) == 0 ? 0 : -1;
+    host = "127.0.0.1";
+  if (!hp.ipv6 && uv_ip4_addr(host, hp.port, (struct sockaddr_in *)addr) == 0)
+    return EMBPS_OK;
+  return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                         "listen address '%s': the host must be an IP address (names are "
+                         "resolved before the network layer listens)",
+                         host_port);
 }
 
 static void listener_closed(uv_handle_t *h) {
@@ -379,10 +360,10 @@ embps_status_t embps_net_listen(embps_net_t *net, const char *host_port, embps_e
   embps_status_t ret = EMBPS_OK;
   struct sockaddr_storage addr;
   memset(&addr, 0, sizeof(addr));
-  if (!host_port || parse_addr(host_port, &addr) < 0)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "cannot parse listen address '%s': expected host:port or [v6]:port",
-                           host_port ? host_port : "(null)");
+  if (!host_port)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "no listen address");
+  if ((ret = listen_addr(host_port, &addr, err)) != EMBPS_OK)
+    return ret;
   if (net->listener || net->closing)
     return embps_error_set(err, EMBPS_FAILED_PRECONDITION, "the network layer is already %s",
                            net->closing ? "closed" : "listening");
