@@ -50,6 +50,19 @@ __global__ void partials_kernel(const float *__restrict__ g, size_t n, size_t wi
   }
 }
 
+/* Sums the block's EMBPS_CUDA_BLOCK entries of sums and bads into entry 0 by a fixed tree.
+ * Every thread of the block calls it, after writing its own entries. */
+static __device__ void block_tree(double *sums, unsigned long long *bads) {
+  __syncthreads();
+  for (unsigned stride = EMBPS_CUDA_BLOCK / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      sums[threadIdx.x] += sums[threadIdx.x + stride];
+      bads[threadIdx.x] += bads[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+}
+
 __global__ void combine_kernel(const float *__restrict__ partials, size_t slices, size_t n,
                                size_t nb, float *__restrict__ row_sumsq,
                                double *__restrict__ part_sum,
@@ -71,14 +84,7 @@ __global__ void combine_kernel(const float *__restrict__ partials, size_t slices
     return; /* uniform over the grid: no __syncthreads skipped by part of a block */
   sums[threadIdx.x] = i < n ? s : 0.0;
   bads[threadIdx.x] = i < n && !isfinite(s);
-  __syncthreads();
-  for (unsigned stride = EMBPS_CUDA_BLOCK / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      sums[threadIdx.x] += sums[threadIdx.x + stride];
-      bads[threadIdx.x] += bads[threadIdx.x + stride];
-    }
-    __syncthreads();
-  }
+  block_tree(sums, bads);
   if (threadIdx.x == 0) {
     part_sum[blockIdx.x] = sums[0];
     part_bad[blockIdx.x] = bads[0];
@@ -98,14 +104,7 @@ __global__ void total_kernel(const double *__restrict__ part_sum,
   }
   sums[threadIdx.x] = s;
   bads[threadIdx.x] = bad;
-  __syncthreads();
-  for (unsigned stride = EMBPS_CUDA_BLOCK / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      sums[threadIdx.x] += sums[threadIdx.x + stride];
-      bads[threadIdx.x] += bads[threadIdx.x + stride];
-    }
-    __syncthreads();
-  }
+  block_tree(sums, bads);
   if (threadIdx.x == 0) {
     if (total_sumsq)
       *total_sumsq += sums[0];
