@@ -259,14 +259,14 @@ def next_batch_id():
         return next(_batch_ids)
 
 
-def table_spec(name, rows, width, opt="rowwise_adagrad", seed=7, **kw):
+def table_spec(name, rows, width, opt="rowwise_adagrad", seed=7, dtype=None, **kw):
     o = pb.OptimizerConfig(kind=OPT[opt], lr=kw.get("lr", 0.05), eps=kw.get("eps", 1e-6),
                            half_life=kw.get("half_life", 0.0),
                            initial_accumulator=kw.get("init_acc", 0.0),
                            weight_decay=kw.get("wd", 0.0), beta1=kw.get("b1", 0.0),
                            beta2=kw.get("b2", 0.0))
-    return pb.TableSpec(name=name, rows=rows, emb_width=width, dtype=pb.DTYPE_F32, seed=seed,
-                        optimizer=o)
+    return pb.TableSpec(name=name, rows=rows, emb_width=width,
+                        dtype=pb.DTYPE_F32 if dtype is None else dtype, seed=seed, optimizer=o)
 
 
 class RawClient:
@@ -316,10 +316,17 @@ class RawClient:
         _, futs = self.lookup_async(table, tokens, order=order)
         return self.rows_of(futs, width)
 
+    def lookup_bytes(self, table, tokens):
+        """The batch's rows as the ranks sent them (any dtype), joined in rank order."""
+        _, futs = self.lookup_async(table, tokens)
+        return b"".join(f.result().rows for f in futs)
+
     def push_async(self, table, tokens, grads, mode=pb.UPDATE_MODE_SYNC, batch_id=None,
                    order=None, timeout=CALL_TIMEOUT):
         tok = np.asarray(tokens, dtype="<i8")
-        g = np.asarray(grads, dtype="<f4")
+        # bf16 gradients travel as their uint16 bit patterns; anything else as f32.
+        bf16 = getattr(grads, "dtype", None) == np.uint16
+        g = np.asarray(grads, dtype="<u2" if bf16 else "<f4")
         T = len(tok)
         assert T % self.n == 0 and g.shape[0] == T
         s = T // self.n
@@ -328,7 +335,8 @@ class RawClient:
         for r in self._order(order):
             futs[r] = self.stubs[r].PushGradients.future(pb.PushGradientsRequest(
                 table=table, batch_id=bid, shard_index=r, shard_count=self.n,
-                tokens_per_batch=T, tokens=tok[r * s:(r + 1) * s].tobytes(), dtype=pb.DTYPE_F32,
+                tokens_per_batch=T, tokens=tok[r * s:(r + 1) * s].tobytes(),
+                dtype=pb.DTYPE_BF16 if bf16 else pb.DTYPE_F32,
                 gradients=g[r * s:(r + 1) * s].tobytes(), mode=mode), timeout=timeout)
         return bid, futs
 

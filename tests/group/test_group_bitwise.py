@@ -1,0 +1,123 @@
+"""Bitwise independence of the group size, through real server processes: one deterministic
+sequence of sync pushes (duplicates, padding token 0, weight decay) and lookups, for every
+optimizer in f32 and bf16, on a table of 256 columns (a shard width that is a multiple of the
+32-column row-statistics block on 1, 2, 4 and 8 ranks). Every lookup, the final rows and every
+push reply's grad_norm and num_unique must be bitwise those of the 1-rank group, and a second
+1-rank run must repeat the first bit for bit. (test_group_consistency covers widths that do not
+split into whole blocks, where results agree to rounding.)"""
+import struct
+import unittest
+
+import numpy as np
+
+import grouplib as gl
+from grouplib import pb
+
+ROWS, WIDTH, STEPS = 48, 256, 8
+SIZES = (1, 2, 4, 8)
+BATCHES = (16, 32, 48)  # divisible by every size
+OPTS = {
+    "sgd": dict(lr=0.05, wd=0.01),
+    "adagrad": dict(lr=0.05, half_life=10.0, init_acc=0.1, wd=0.01),
+    "rowwise_adagrad": dict(lr=0.05, half_life=5.0, wd=0.001),
+    "adam": dict(lr=0.01, b1=0.9, b2=0.999, wd=0.01),
+}
+DTYPES = {"f32": pb.DTYPE_F32, "bf16": pb.DTYPE_BF16}
+
+
+def to_bf16_bits(a):
+    """Round-to-nearest-even f32 -> bf16 bit patterns (finite inputs)."""
+    u = np.asarray(a, dtype="<f4").view("<u4").astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def script(opt, dtype):
+    rng = np.random.default_rng(sorted(OPTS).index(opt) * 7 + len(dtype))
+    ops = []
+    for step in range(STEPS):
+        T = BATCHES[step % len(BATCHES)]
+        tokens = rng.integers(0, 24, size=T)
+        tokens[step % T] = 0
+        tokens[(step + 3) % T] = tokens[(step + 4) % T]
+        grads = rng.normal(size=(T, WIDTH)).astype(np.float32)
+        grads[:, ::9] *= 40.0  # uneven magnitudes, so the order of additions matters
+        ops.append(("push", tokens, to_bf16_bits(grads) if dtype == "bf16" else grads))
+        if step % 2 == 1:
+            ops.append(("lookup", rng.integers(0, 32, size=16)))
+    return ops
+
+
+def run_group(n):
+    group = gl.Group(n)
+    client = gl.RawClient(group.addresses)
+    out = {}
+    try:
+        for dtype, dt in DTYPES.items():
+            for opt, kw in OPTS.items():
+                name = "t_%s_%s" % (opt, dtype)
+                client.create(name, ROWS, WIDTH, opt, seed=99, dtype=dt, **kw)
+                seen = out[name] = []
+                for op in script(opt, dtype):
+                    if op[0] == "push":
+                        for resp in client.push(name, op[1], op[2]):
+                            seen.append(("reply", resp.applied, resp.num_unique,
+                                         struct.pack("<d", resp.grad_norm)))
+                    else:
+                        seen.append(("rows", client.lookup_bytes(name, op[1])))
+                seen.append(("final", client.lookup_bytes(name, np.arange(ROWS))))
+    finally:
+        client.close()
+        codes = group.close()
+    out["exit_codes"] = codes
+    out["logs"] = group.last_logs
+    return out
+
+
+class BitwiseTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.results = {n: run_group(n) for n in SIZES}
+        cls.again = run_group(1)
+
+    def test_exit_codes(self):
+        for n, res in list(self.results.items()) + [(1, self.again)]:
+            for r, c in res["exit_codes"].items():
+                self.assertEqual(c, 0, "%d-rank group, rank %d exited %s\n%s" %
+                                 (n, r, c, res["logs"]))
+
+    def test_every_push_applied(self):
+        one = self.results[1]
+        for name, seen in one.items():
+            if name.startswith("t_"):
+                replies = [s for s in seen if s[0] == "reply"]
+                self.assertEqual(len(replies), STEPS, name)
+                self.assertTrue(all(s[1] for s in replies), name)
+
+    def test_bitwise_across_sizes(self):
+        one = self.results[1]
+        for n in SIZES[1:]:
+            got = self.results[n]
+            for name, seen in one.items():
+                if not name.startswith("t_"):
+                    continue
+                # Each push answers once per rank: compare each rank's reply with the 1-rank one.
+                expect = []
+                for s in seen:
+                    expect.extend([s] * n if s[0] == "reply" else [s])
+                self.assertEqual(len(got[name]), len(expect), name)
+                for i, (a, b) in enumerate(zip(got[name], expect)):
+                    self.assertEqual(a, b, "%s, %d ranks: item %d (%s) differs from 1 rank's" %
+                                     (name, n, i, b[0]))
+            # The sequence did move rows (the comparison means something).
+            for name in one:
+                if name.startswith("t_"):
+                    self.assertNotEqual(one[name][-1][1], b"\0" * len(one[name][-1][1]))
+
+    def test_bitwise_run_to_run(self):
+        for name, seen in self.results[1].items():
+            if name.startswith("t_"):
+                self.assertEqual(self.again[name], seen, "%s: a second 1-rank run differs" % name)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
