@@ -58,6 +58,10 @@ static void on_signal(uv_signal_t *handle, int signum) {
 
 static void on_group_fatal(void *arg, embps_status_t status, const char *message) {
   server_t *s = arg;
+  if (status == EMBPS_CANCELLED && s->closing) { /* a signal stopped the bootstrap: clean exit */
+    EMBPS_INFO("%s", message);
+    return;
+  }
   fprintf(stderr, "embps-server: %s: %s\n", embps_status_name(status), message);
   s->exit_code = 1;
   shut_down(s);

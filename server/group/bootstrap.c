@@ -71,8 +71,21 @@ typedef struct boot {
   embps_hostport_t *addrs; /* size entries, owned */
   int *control_fds;        /* the caller's arrays */
   int *data_fds;
+  int cancel_fd; /* readable once the server shuts down: stop waiting (-1: never) */
   char last_refusal[sizeof(((embps_error_t *)0)->message)];
 } boot_t;
+
+/* Whether the server asked the bootstrap to stop (its cancel descriptor is readable); sets err
+ * when it did. Every wait below also polls the descriptor, so a SIGTERM during bootstrap is
+ * seen at once rather than when the bootstrap timeout passes. */
+static int cancelled(const boot_t *b, embps_error_t *err) {
+  struct pollfd pfd = {.fd = b->cancel_fd, .events = POLLIN};
+  if (b->cancel_fd < 0 || poll(&pfd, 1, 0) <= 0)
+    return 0;
+  embps_error_set(err, EMBPS_CANCELLED,
+                  "rank %u stopped waiting for the group: the server is shutting down", b->rank);
+  return 1;
+}
 
 static const char *kind_name(unsigned kind) { return kind == 0 ? "control" : "data"; }
 
@@ -208,9 +221,14 @@ static int dial(const boot_t *b, const embps_hostport_t *a, char *why, size_t ca
     int so_err = errno, prc = 0;
     socklen_t so_len = sizeof(so_err);
     if (so_err == EINPROGRESS) {
-      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      prc = poll(&pfd, 1, embps__remaining_ms(b->deadline));
+      struct pollfd pfd[2] = {{.fd = fd, .events = POLLOUT},
+                              {.fd = b->cancel_fd, .events = POLLIN}};
+      prc = poll(pfd, 2, embps__remaining_ms(b->deadline));
       so_err = prc < 0 ? errno : 0;
+      if (cancelled(b, err)) {
+        close(fd);
+        return -2;
+      }
       if (prc > 0 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_err, &so_len) != 0)
         so_err = errno;
     }
@@ -286,9 +304,14 @@ static embps_status_t connect_peer(boot_t *b, uint32_t peer, uint8_t kind, int *
       embps_free(msg);
       msg = NULL;
       int left = embps__remaining_ms(b->deadline);
+      struct pollfd cancel = {.fd = b->cancel_fd, .events = POLLIN};
       if (left == 0)
         break;
-      poll(NULL, 0, left < RETRY_MS ? left : RETRY_MS);
+      poll(&cancel, 1, left < RETRY_MS ? left : RETRY_MS);
+      if (cancelled(b, err)) {
+        ret = err->status;
+        goto fail;
+      }
     }
     if (embps__remaining_ms(b->deadline) == 0)
       break;
@@ -425,7 +448,7 @@ static embps_status_t accept_peers(boot_t *b, int listen_fd, embps_error_t *err)
   if (expected == 0)
     return EMBPS_OK;
   pend = embps_calloc(MAX_PENDING, sizeof(*pend));
-  pfds = embps_calloc(MAX_PENDING + 1, sizeof(*pfds));
+  pfds = embps_calloc(MAX_PENDING + 2, sizeof(*pfds)); /* + the listener, + cancel_fd */
   if (!pend || !pfds) {
     ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for pending connections");
     goto fail;
@@ -438,7 +461,12 @@ static embps_status_t accept_peers(boot_t *b, int listen_fd, embps_error_t *err)
     for (size_t i = 0; i < npend; i++)
       pfds[i + 1] = (struct pollfd){.fd = pend[i].fd, .events = POLLIN};
     size_t npoll = npend + 1;
-    int prc = poll(pfds, npoll, left);
+    pfds[npoll] = (struct pollfd){.fd = b->cancel_fd, .events = POLLIN};
+    int prc = poll(pfds, npoll + 1, left);
+    if (cancelled(b, err)) {
+      ret = err->status;
+      goto fail;
+    }
     if (prc < 0 && errno != EINTR) {
       ret = embps_error_set(err, EMBPS_INTERNAL, "poll: %s", strerror(errno));
       goto fail;
@@ -496,7 +524,7 @@ static embps_status_t ready_exchange(boot_t *b, embps_error_t *err) {
   uint32_t n = 0, waiting;
   const uint8_t ready = EMBPS__READY_BYTE;
 
-  pfds = embps_calloc(b->size, sizeof(*pfds));
+  pfds = embps_calloc(b->size + 1, sizeof(*pfds)); /* + cancel_fd */
   ranks = embps_calloc(b->size, sizeof(*ranks));
   if (!pfds || !ranks) {
     ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for the ready exchange");
@@ -530,9 +558,14 @@ static embps_status_t ready_exchange(boot_t *b, embps_error_t *err) {
                             b->rank, (unsigned long long)b->timeout_ms, missing);
       goto fail;
     }
-    int prc = poll(pfds, n, left);
+    pfds[n] = (struct pollfd){.fd = b->cancel_fd, .events = POLLIN};
+    int prc = poll(pfds, n + 1, left);
     if (prc < 0 && errno != EINTR) {
       ret = embps_error_set(err, EMBPS_INTERNAL, "poll: %s", strerror(errno));
+      goto fail;
+    }
+    if (cancelled(b, err)) {
+      ret = err->status;
       goto fail;
     }
     for (uint32_t i = 0; prc > 0 && i < n; i++) {
@@ -563,7 +596,8 @@ fail:
 
 embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *const *peer_addrs,
                                      int bind_any, const char *identity, uint64_t timeout_ms,
-                                     int *control_fds, int *data_fds, embps_error_t *err) {
+                                     int cancel_fd, int *control_fds, int *data_fds,
+                                     embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
   embps_error_t local_err;
   boot_t b;
@@ -606,6 +640,7 @@ embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *c
   b.deadline = embps_now_ms() + timeout_ms;
   b.control_fds = control_fds;
   b.data_fds = data_fds;
+  b.cancel_fd = cancel_fd;
 
   ret = open_listener(&b, bind_any, &listen_fd, err);
   if (ret != EMBPS_OK)

@@ -45,10 +45,13 @@
  *   the deadline passes.
  * - EMBPS_DEADLINE_EXCEEDED: not every rank joined within timeout_ms; err names the missing
  *   ranks.
+ * - EMBPS_CANCELLED: cancel_fd (a descriptor the caller makes readable to stop the wait, as on
+ *   SIGTERM; -1 for none) became readable; every connection made so far is closed.
  * - EMBPS_RESOURCE_EXHAUSTED: out of memory.
  * - EMBPS_INTERNAL: a socket call failed unexpectedly (out of descriptors, say). */
 embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *const *peer_addrs,
                                      int bind_any, const char *identity, uint64_t timeout_ms,
-                                     int *control_fds, int *data_fds, embps_error_t *err);
+                                     int cancel_fd, int *control_fds, int *data_fds,
+                                     embps_error_t *err);
 
 #endif

@@ -181,8 +181,8 @@ static embps_status_t join_nccl(former_t *f, embps_error_t *err) {
 }
 #endif
 
-embps_status_t embps__group_form(const embps_group_config_t *cfg, embps__formed_t *out,
-                                 embps_error_t *err) {
+embps_status_t embps__group_form(const embps_group_config_t *cfg, int cancel_fd,
+                                 embps__formed_t *out, embps_error_t *err) {
   const uint32_t N = cfg->size;
   former_t f;
   embps_status_t ret = EMBPS_OK;
@@ -200,8 +200,9 @@ embps_status_t embps__group_form(const embps_group_config_t *cfg, embps__formed_
   if (N > 1) {
     EMBPS_INFO("rank %u of %u: waiting for the group (peer address %s)", cfg->rank, N,
                cfg->peer_addrs[cfg->rank]);
-    ret = embps_group_bootstrap(cfg->rank, N, cfg->peer_addrs, cfg->bind_any, cfg->identity,
-                                cfg->bootstrap_timeout_ms, f.control_fds, f.data_fds, err);
+    ret =
+        embps_group_bootstrap(cfg->rank, N, cfg->peer_addrs, cfg->bind_any, cfg->identity,
+                              cfg->bootstrap_timeout_ms, cancel_fd, f.control_fds, f.data_fds, err);
     if (ret != EMBPS_OK)
       goto fail;
     /* Only the leader's control connections carry traffic. */

@@ -21,7 +21,8 @@ typedef struct embps__formed {
 
 /**
  * Forms the group as rank cfg->rank of cfg->size (cfg->peer_addrs and cfg->identity must be
- * set; everything is borrowed). With the cuda backend the leader refuses a group in which two
+ * set; everything is borrowed). The bootstrap stops with EMBPS_CANCELLED once cancel_fd (-1:
+ * none) is readable. With the cuda backend the leader refuses a group in which two
  * ranks on one host claim the same device, and tells the other ranks why. On EMBPS_OK *out is
  * filled; on failure *out is untouched and nothing stays open. Returns what
  * embps_group_bootstrap returns, or EMBPS_FAILED_PRECONDITION (devices claimed twice, a build
@@ -29,7 +30,7 @@ typedef struct embps__formed {
  * rank stopped answering during formation), EMBPS_RESOURCE_EXHAUSTED, or the device's and
  * communicator's own errors; err says why.
  */
-embps_status_t embps__group_form(const embps_group_config_t *cfg, embps__formed_t *out,
-                                 embps_error_t *err);
+embps_status_t embps__group_form(const embps_group_config_t *cfg, int cancel_fd,
+                                 embps__formed_t *out, embps_error_t *err);
 
 #endif

@@ -55,6 +55,7 @@ struct embps_group {
   pthread_t thread;
   int thread_started;
   int wake_fd;
+  int cancel_fd; /* eventfd made readable by embps_group_close: stops a bootstrap in progress */
 
   pthread_mutex_t mu;
   embps_op_t *in_head, *in_tail;     /* guarded by mu */
@@ -383,7 +384,7 @@ static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory forming the group");
   cfg.peer_addrs = (const char *const *)g->peer_addrs;
   cfg.identity = g->identity;
-  if ((ret = embps__group_form(&cfg, &formed, err)) != EMBPS_OK)
+  if ((ret = embps__group_form(&cfg, g->cancel_fd, &formed, err)) != EMBPS_OK)
     return ret;
   g->control_fds = formed.control_fds;
   g->comm = formed.comm;
@@ -486,7 +487,7 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
   g->cfg = *cfg;
   g->loop = loop;
   g->store = store;
-  g->wake_fd = -1;
+  g->wake_fd = g->cancel_fd = -1;
   atomic_init(&g->host_device, -1);
   if (cfg->size > 1) {
     g->peer_addrs = embps_calloc(cfg->size, sizeof(char *));
@@ -500,7 +501,8 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
     goto fail;
   g->cfg.peer_addrs = NULL;
   g->cfg.identity = NULL;
-  if ((g->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+  if ((g->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0 ||
+      (g->cancel_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
     goto fail;
   pthread_mutex_init(&g->mu, NULL);
   atomic_store(&g->state, EMBPS_GROUP_STARTING);
@@ -521,6 +523,8 @@ fail_mutex:
 fail:
   if (g->wake_fd >= 0)
     close(g->wake_fd);
+  if (g->cancel_fd >= 0)
+    close(g->cancel_fd);
   if (g->peer_addrs)
     for (uint32_t r = 0; r < cfg->size; r++)
       embps_free(g->peer_addrs[r]);
@@ -573,6 +577,10 @@ void embps_group_close(embps_group_t *g) {
   pthread_mutex_lock(&g->mu);
   g->stopping = 1;
   pthread_mutex_unlock(&g->mu);
+  /* A thread still forming the group stops waiting for its peers; one that formed it never
+   * looks at cancel_fd again. */
+  if (write(g->cancel_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    EMBPS_ERROR("cannot cancel the group's bootstrap: %s", strerror(errno));
   if (write(g->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
     EMBPS_ERROR("cannot wake the group thread: %s", strerror(errno));
   pthread_join(g->thread, NULL);
@@ -604,6 +612,7 @@ void embps_group_free(embps_group_t *g) {
   embps_free(g->peer_addrs);
   embps_free(g->identity);
   close(g->wake_fd);
+  close(g->cancel_fd);
   pthread_mutex_destroy(&g->mu);
   embps_free(g);
 }

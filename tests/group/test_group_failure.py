@@ -229,6 +229,26 @@ class StartupTest(unittest.TestCase):
         finally:
             p.cleanup()
 
+    def test_sigterm_while_forming(self):
+        """A rank still waiting for its group (here rank 1 of 2, rank 0 never started, with the
+        default 120 s bootstrap timeout) exits 0 within a second of SIGTERM."""
+        ports, offset = gl.pick_ports(2)
+        addrs = ["127.0.0.1:%d" % q for q in ports]
+        p = gl.Proc(["--rank", "1", "--peers", ",".join(addrs), "--peer-port-offset",
+                     str(offset)])
+        try:
+            self.assertTrue(gl.wait_for(lambda: "waiting for the group" in p.text(), 20),
+                            p.text())
+            time.sleep(0.3)  # well inside the bootstrap's retry loop
+            t0 = time.time()
+            rc = p.stop(timeout=5.0)
+            took = time.time() - t0
+            self.assertEqual(rc, 0, p.text())
+            self.assertLess(took, 1.0, p.text())
+            self.assertIn("shutting down", p.text())
+        finally:
+            p.cleanup()
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -19,6 +19,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +45,8 @@ typedef struct rank_run {
   int bind_any;
   uint64_t timeout_ms;
   unsigned delay_ms;
-  int present; /* 0: this rank is never started */
+  int present;   /* 0: this rank is never started */
+  int cancel_fd; /* passed to the bootstrap; -1 by default */
   int control_fds[MAX_RANKS], data_fds[MAX_RANKS];
   embps_status_t status;
   embps_error_t err;
@@ -82,8 +84,9 @@ static void *rank_main(void *arg) {
   rank_run_t *r = arg;
   sleep_ms(r->delay_ms);
   uint64_t t0 = now_ms();
-  r->status = embps_group_bootstrap(r->rank, r->size, r->addrs, r->bind_any, r->identity,
-                                    r->timeout_ms, r->control_fds, r->data_fds, &r->err);
+  r->status =
+      embps_group_bootstrap(r->rank, r->size, r->addrs, r->bind_any, r->identity, r->timeout_ms,
+                            r->cancel_fd, r->control_fds, r->data_fds, &r->err);
   r->elapsed_ms = now_ms() - t0;
   return NULL;
 }
@@ -111,6 +114,7 @@ static void setup_group(rank_run_t *runs, uint32_t n, unsigned max_delay_ms) {
     r->timeout_ms = TIMEOUT_MS;
     r->delay_ms = max_delay_ms ? (unsigned)rand() % max_delay_ms : 0;
     r->present = 1;
+    r->cancel_fd = -1;
     for (uint32_t j = 0; j < MAX_RANKS; j++)
       r->control_fds[j] = r->data_fds[j] = -2;
   }
@@ -433,6 +437,44 @@ static void test_missing_rank(void **state) {
   }
 }
 
+/* ---- cancellation (SIGTERM while the group forms) ---- */
+
+static int cancel_efd = -1;
+
+static void rank2_absent_cancellable(rank_run_t *runs, uint32_t n) {
+  runs[2].present = 0;
+  for (uint32_t i = 0; i < n; i++)
+    runs[i].cancel_fd = cancel_efd;
+}
+
+static void *cancel_later(void *arg) {
+  uint64_t one = 1;
+  (void)arg;
+  sleep_ms(300);
+  assert_int_equal(write(cancel_efd, &one, sizeof(one)), (ssize_t)sizeof(one));
+  return NULL;
+}
+
+/* Ranks waiting for a rank that never comes stop at once when their cancel descriptor becomes
+ * readable, with EMBPS_CANCELLED and nothing left open, instead of waiting out the timeout. */
+static void test_cancelled(void **state) {
+  rank_run_t runs[MAX_RANKS];
+  pthread_t canceller;
+  (void)state;
+  cancel_efd = eventfd(0, EFD_CLOEXEC);
+  assert_true(cancel_efd >= 0);
+  assert_int_equal(pthread_create(&canceller, NULL, cancel_later, NULL), 0);
+  run_failing(runs, 3, rank2_absent_cancellable);
+  assert_int_equal(pthread_join(canceller, NULL), 0);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(runs[i].status, EMBPS_CANCELLED);
+    assert_contains(runs[i].err.message, "shutting down");
+    assert_true(runs[i].elapsed_ms < TIMEOUT_MS - 500);
+  }
+  close(cancel_efd);
+  cancel_efd = -1;
+}
+
 /* Returns 1 when the server closed fd (EOF or reset) within ms. */
 static int closed_within(int fd, int ms) {
   struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -533,18 +575,18 @@ static void test_invalid_arguments(void **state) {
   (void)state;
   setup_group(runs, 2, 0);
   const char *const *addrs = runs[0].addrs;
-  assert_int_equal(embps_group_bootstrap(2, 2, addrs, 0, "x=1\n", 100, cfd, dfd, &err),
+  assert_int_equal(embps_group_bootstrap(2, 2, addrs, 0, "x=1\n", 100, -1, cfd, dfd, &err),
                    EMBPS_INVALID_ARGUMENT);
-  assert_int_equal(embps_group_bootstrap(0, 0, addrs, 0, "x=1\n", 100, cfd, dfd, &err),
+  assert_int_equal(embps_group_bootstrap(0, 0, addrs, 0, "x=1\n", 100, -1, cfd, dfd, &err),
                    EMBPS_INVALID_ARGUMENT);
-  assert_int_equal(embps_group_bootstrap(0, 2, addrs, 0, NULL, 100, cfd, dfd, &err),
+  assert_int_equal(embps_group_bootstrap(0, 2, addrs, 0, NULL, 100, -1, cfd, dfd, &err),
                    EMBPS_INVALID_ARGUMENT);
-  assert_int_equal(embps_group_bootstrap(0, 2, NULL, 0, "x=1\n", 100, cfd, dfd, &err),
+  assert_int_equal(embps_group_bootstrap(0, 2, NULL, 0, "x=1\n", 100, -1, cfd, dfd, &err),
                    EMBPS_INVALID_ARGUMENT);
   for (size_t i = 0; i < sizeof(bad_addrs) / sizeof(bad_addrs[0]); i++) {
     const char *list[2] = {runs[0].addrs[0], bad_addrs[i]};
     cfd[0] = cfd[1] = dfd[0] = dfd[1] = 5;
-    assert_int_equal(embps_group_bootstrap(0, 2, list, 0, "x=1\n", 100, cfd, dfd, &err),
+    assert_int_equal(embps_group_bootstrap(0, 2, list, 0, "x=1\n", 100, -1, cfd, dfd, &err),
                      EMBPS_INVALID_ARGUMENT);
     assert_contains(err.message, "rank 1");
     assert_int_equal(cfd[0], -1);
@@ -611,6 +653,7 @@ int main(void) {
       cmocka_unit_test(test_identity_key_missing),
       cmocka_unit_test(test_size_mismatch),
       cmocka_unit_test(test_missing_rank),
+      cmocka_unit_test(test_cancelled),
       cmocka_unit_test(test_garbage_ignored),
       cmocka_unit_test(test_bind_failure),
       cmocka_unit_test(test_invalid_arguments),
