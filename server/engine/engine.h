@@ -51,8 +51,14 @@ struct embps_op {
 
   /** Called on the loop thread once the op is complete. */
   void (*done)(embps_op_t *op);
+  /** When not NULL: called on the loop thread once the leader has ordered the op's batch into a
+   * round (before done, which always follows). An async push answers its client here, so that
+   * "ordered" is true when it is said; a batch that fails before it is ordered only gets done,
+   * with the error. */
+  void (*ordered)(embps_op_t *op);
   void *user;
-  embps_op_t *next; /* queue link, owned by whoever holds the op */
+  embps_op_t *next;         /* queue link, owned by whoever holds the op */
+  embps_op_t *ordered_next; /* the group's queue of ordered notifications */
 };
 
 typedef struct embps_engine embps_engine_t;

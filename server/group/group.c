@@ -58,10 +58,11 @@ struct embps_group {
   int cancel_fd; /* eventfd made readable by embps_group_close: stops a bootstrap in progress */
 
   pthread_mutex_t mu;
-  embps_op_t *in_head, *in_tail;     /* guarded by mu */
-  embps_op_t *done_head, *done_tail; /* guarded by mu */
-  int stopping;                      /* guarded by mu */
-  char state_msg[400];               /* guarded by mu */
+  embps_op_t *in_head, *in_tail;           /* guarded by mu */
+  embps_op_t *done_head, *done_tail;       /* guarded by mu */
+  embps_op_t *ordered_head, *ordered_tail; /* ops whose `ordered` is due; guarded by mu */
+  int stopping;                            /* guarded by mu */
+  char state_msg[400];                     /* guarded by mu */
   atomic_int state;
   atomic_int fatal_pending;
   embps_status_t fatal_status;
@@ -100,6 +101,21 @@ static void complete(embps_group_t *g, embps_op_t *op) {
   uv_async_send(&g->async);
 }
 
+/* Tells the loop that op's batch is ordered (op->ordered runs there, before op->done). */
+static void announce_ordered(embps_group_t *g, embps_op_t *op) {
+  if (!op->ordered)
+    return;
+  op->ordered_next = NULL;
+  pthread_mutex_lock(&g->mu);
+  if (g->ordered_tail)
+    g->ordered_tail->ordered_next = op;
+  else
+    g->ordered_head = op;
+  g->ordered_tail = op;
+  pthread_mutex_unlock(&g->mu);
+  uv_async_send(&g->async);
+}
+
 static void fail_op(embps_group_t *g, embps_op_t *op, embps_status_t status, const char *msg) {
   embps_error_set(&op->error, status, "%s", msg);
   complete(g, op);
@@ -107,16 +123,26 @@ static void fail_op(embps_group_t *g, embps_op_t *op, embps_status_t status, con
 
 static void on_async(uv_async_t *handle) {
   embps_group_t *g = handle->data;
-  embps_op_t *op;
+  embps_op_t *op, *ordered;
   if (atomic_exchange(&g->fatal_pending, 0) && g->cfg.on_fatal) {
     char msg[400];
     embps_group_state(g, msg, sizeof(msg));
     g->cfg.on_fatal(g->cfg.on_fatal_arg, g->fatal_status, msg);
   }
   pthread_mutex_lock(&g->mu);
+  ordered = g->ordered_head;
+  g->ordered_head = g->ordered_tail = NULL;
   op = g->done_head;
   g->done_head = g->done_tail = NULL;
   pthread_mutex_unlock(&g->mu);
+  /* Every op's ordered notice was queued before its completion: taking both queues at once and
+   * running the notices first keeps that order. */
+  while (ordered) {
+    embps_op_t *next = ordered->ordered_next;
+    ordered->ordered_next = NULL;
+    ordered->ordered(ordered);
+    ordered = next;
+  }
   while (op) {
     embps_op_t *next = op->next;
     op->next = NULL;
@@ -257,6 +283,12 @@ static embps_status_t read_frames(embps_group_t *g, uint32_t peer, frame_fn hand
 
 static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n,
                         const embps_table_config_t *configs) {
+  /* The round is ordered: every async push in it may say so before any of it runs. */
+  for (size_t i = 0; i < n; i++) {
+    embps_op_t *op = e[i].action == EMBPS_ROUND_RUN ? find_parked(g, e[i].batch_id, 0) : NULL;
+    if (op)
+      announce_ordered(g, op);
+  }
   for (size_t i = 0; i < n && atomic_load(&g->state) != EMBPS_GROUP_BROKEN; i++) {
     embps_op_t *op = find_parked(g, e[i].batch_id, 1), tmp;
     embps_error_t err;

@@ -218,12 +218,28 @@ static void request_free(request_t *r) {
   embps_free(r);
 }
 
+/* An async push is answered once the leader has ordered its round: every rank then runs it
+ * before any batch ordered later, so every later lookup sees it. Answering any earlier would
+ * promise an update that a batch failing before it is ordered (a shard that never arrives, a
+ * broken peer) never makes. */
+static void on_push_ordered(embps_op_t *op) {
+  request_t *r = op->user;
+  Embps__V1__PushGradientsResponse resp = EMBPS__V1__PUSH_GRADIENTS_RESPONSE__INIT;
+  if (!r->call)
+    return;
+  resp.batch_id = op->batch_id;
+  resp.shard_index = r->shard_index;
+  resp.ordered = 1;
+  reply_message(r->call, &resp.base);
+  r->call = NULL;
+}
+
 static void on_op_done(embps_op_t *op) {
   request_t *r = op->user;
   embps_service_t *svc = r->svc;
 
   svc->inflight--;
-  if (!r->call) { /* async push, answered when it was ordered */
+  if (!r->call) { /* async push, answered when it was ordered (on_push_ordered) */
     if (op->error.status != EMBPS_OK)
       EMBPS_WARN("async push to '%s' failed: %s", embps_table_config(op->table)->name,
                  op->error.message);
@@ -545,17 +561,9 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
   }
   set_batch(r, EMBPS_OP_PUSH, req->batch_id, req->shard_index, t, &req->tokens);
   r->op.grads = req->gradients.data;
+  if (async)
+    r->op.ordered = on_push_ordered;
   submit(r);
-  if (async) {
-    /* Ordered: the group runs this connection's batches in arrival order on every rank, so
-     * every later lookup sees it. */
-    Embps__V1__PushGradientsResponse resp = EMBPS__V1__PUSH_GRADIENTS_RESPONSE__INIT;
-    resp.batch_id = r->op.batch_id;
-    resp.shard_index = r->shard_index;
-    resp.ordered = 1;
-    r->call = NULL;
-    reply_message(call, &resp.base);
-  }
   return;
 fail:
   fail_call(call, &err);

@@ -85,12 +85,13 @@ class TwoRankErrorsTest(unittest.TestCase):
             shard_index=rank if shard_index is None else shard_index, shard_count=shard_count,
             tokens_per_batch=T, tokens=np.asarray(tokens, "<i8").tobytes()), timeout=timeout)
 
-    def raw_push(self, rank, table, tokens, T, batch_id=None, timeout=10):
+    def raw_push(self, rank, table, tokens, T, batch_id=None, timeout=10,
+                 mode=pb.UPDATE_MODE_SYNC):
         tok = np.asarray(tokens, "<i8")
         return self.client.stubs[rank].PushGradients(pb.PushGradientsRequest(
             table=table, batch_id=gl.next_batch_id() if batch_id is None else batch_id,
             shard_index=rank, shard_count=2, tokens_per_batch=T, tokens=tok.tobytes(),
-            dtype=pb.DTYPE_F32, gradients=np.ones((len(tok), 8), "<f4").tobytes()),
+            dtype=pb.DTYPE_F32, gradients=np.ones((len(tok), 8), "<f4").tobytes(), mode=mode),
             timeout=timeout)
 
     # ---- T % N ------------------------------------------------------------------------------------
@@ -204,6 +205,22 @@ class TwoRankErrorsTest(unittest.TestCase):
         # Normal batches, pushes included, still work afterwards.
         rs = self.client.push("e2", [1, 2, 0, 1], np.ones((4, 8), np.float32))
         self.assertTrue(all(r.applied for r in rs))
+
+    def test_async_push_is_answered_once_ordered(self):
+        """An async push says "ordered" only once the leader has ordered its round: a batch whose
+        other shard never comes gets the deadline's error, not a promise of an update that never
+        happens; a whole batch is answered ordered, and a later lookup sees it."""
+        t0 = time.time()
+        e = expect(self, lambda: self.raw_push(0, "e2", [5, 6], 4, mode=pb.UPDATE_MODE_ASYNC),
+                   SC.DEADLINE_EXCEEDED, "rank(s) 1")
+        self.assertGreaterEqual(time.time() - t0, 0.4, e.details())
+        before = self.client.lookup("e2", [7, 8, 9, 10], 8)
+        rs = self.client.push("e2", [7, 8, 9, 10], np.ones((4, 8), np.float32),
+                              mode=pb.UPDATE_MODE_ASYNC)
+        self.assertTrue(all(r.ordered and not r.applied for r in rs), rs)
+        after = self.client.lookup("e2", [7, 8, 9, 10], 8)
+        np.testing.assert_allclose(after, before - 0.1, rtol=1e-6)
+        self.assertServing()
 
 
 class FourRankErrorsTest(unittest.TestCase):

@@ -104,6 +104,22 @@ void embps_group_comm_stats(embps_group_t *group, embps_comm_stats_t *out) {
   memset(out, 0, sizeof(*out));
 }
 
+/* The leader orders every queued op: the ordered notices, as the group gives them. */
+static void order_queued(void) {
+  for (int i = 0; i < num_queued; i++)
+    if (queued[i]->ordered)
+      queued[i]->ordered(queued[i]);
+}
+
+/* Fails every queued op before it is ordered (a shard that never arrived). */
+static void fail_queued(embps_status_t status, const char *msg) {
+  for (int i = 0; i < num_queued; i++) {
+    embps_error_set(&queued[i]->error, status, "%s", msg);
+    queued[i]->done(queued[i]);
+  }
+  num_queued = 0;
+}
+
 static void run_engine(void) {
   for (int i = 0; i < num_queued; i++) {
     embps_op_t *op = queued[i];
@@ -269,14 +285,26 @@ static void test_async_push_answered_when_ordered(void **state) {
   req.gradients.len = sizeof(g);
   req.mode = EMBPS__V1__UPDATE_MODE__UPDATE_MODE_ASYNC;
   call(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base);
-  assert_true(c.answered); /* before the engine ran it */
+  assert_false(c.answered); /* not before the leader ordered it */
   assert_int_equal(num_queued, 1);
+  order_queued();
+  assert_true(c.answered); /* once ordered, before the engine ran it */
   resp = embps__v1__push_gradients_response__unpack(NULL, c.len, c.body);
   assert_true(resp->ordered);
   assert_false(resp->applied);
   embps__v1__push_gradients_response__free_unpacked(resp, NULL);
   release_call(&c);
   run_engine(); /* frees the request */
+  assert_int_equal(embps_service_inflight(svc), 0);
+
+  /* A batch that fails before it is ordered was never promised: the client gets the error. */
+  call(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base);
+  assert_false(c.answered);
+  fail_queued(EMBPS_DEADLINE_EXCEEDED, "batch 7: shard 1 did not arrive");
+  assert_true(c.answered);
+  assert_int_equal(c.status, EMBPS_DEADLINE_EXCEEDED);
+  assert_non_null(strstr(c.message, "did not arrive"));
+  release_call(&c);
   assert_int_equal(embps_service_inflight(svc), 0);
 }
 
