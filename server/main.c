@@ -12,6 +12,7 @@
 #include <uv.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/hostport.h"
 #include "common/log.h"
 #include "server/engine/engine.h"
@@ -30,6 +31,10 @@
 typedef struct server {
   uv_loop_t loop;
   uv_signal_t sigint, sigterm;
+  uv_timer_t drain_timer; /* watches a drain until the calls taken are answered */
+  int draining;
+  uint64_t drain_deadline_ms;
+  uint64_t drain_timeout_ms;
   embps_store_t *store;
   embps_group_t *group;
   embps_service_t *service;
@@ -47,13 +52,44 @@ static void shut_down(server_t *s) {
   uv_signal_stop(&s->sigterm);
   uv_close((uv_handle_t *)&s->sigint, NULL);
   uv_close((uv_handle_t *)&s->sigterm, NULL);
+  uv_timer_stop(&s->drain_timer);
+  uv_close((uv_handle_t *)&s->drain_timer, NULL);
   embps_group_close(s->group);
 }
 
+static void on_drain_tick(uv_timer_t *timer) {
+  server_t *s = timer->data;
+  uint64_t left = embps_service_inflight(s->service);
+  if (left == 0) {
+    EMBPS_INFO("drained: every call taken is answered; shutting down");
+    shut_down(s);
+  } else if (embps_now_ms() >= s->drain_deadline_ms) {
+    EMBPS_WARN("the drain timeout (%llu ms) passed with %llu call(s) unanswered; shutting down",
+               (unsigned long long)s->drain_timeout_ms, (unsigned long long)left);
+    shut_down(s);
+  }
+}
+
+/* The first SIGTERM or SIGINT drains: no new connections or calls (health says NOT_SERVING, so
+ * Kubernetes stops routing here), the calls already taken run to their answers, then the server
+ * shuts down; within --drain-timeout-ms. A group that is not serving has nothing to drain, and
+ * a second signal stops at once. */
 static void on_signal(uv_signal_t *handle, int signum) {
   server_t *s = handle->data;
-  EMBPS_INFO("signal %d: shutting down", signum);
-  shut_down(s);
+  if (s->draining || s->drain_timeout_ms == 0 ||
+      embps_group_state(s->group, NULL, 0) != EMBPS_GROUP_READY) {
+    EMBPS_INFO("signal %d: shutting down", signum);
+    shut_down(s);
+    return;
+  }
+  s->draining = 1;
+  s->drain_deadline_ms = embps_now_ms() + s->drain_timeout_ms;
+  EMBPS_INFO("signal %d: draining %llu call(s) in flight (at most %llu ms)", signum,
+             (unsigned long long)embps_service_inflight(s->service),
+             (unsigned long long)s->drain_timeout_ms);
+  embps_service_drain(s->service);
+  embps_net_stop_listening(s->net);
+  uv_timer_start(&s->drain_timer, on_drain_tick, 0, 10);
 }
 
 static void on_group_fatal(void *arg, embps_status_t status, const char *message) {
@@ -288,7 +324,9 @@ int main(int argc, char **argv) {
   }
   uv_signal_init(&s.loop, &s.sigint);
   uv_signal_init(&s.loop, &s.sigterm);
-  s.sigint.data = s.sigterm.data = &s;
+  uv_timer_init(&s.loop, &s.drain_timer);
+  s.drain_timeout_ms = set.drain_timeout_ms;
+  s.sigint.data = s.sigterm.data = s.drain_timer.data = &s;
   uv_signal_start(&s.sigint, on_signal, SIGINT);
   uv_signal_start(&s.sigterm, on_signal, SIGTERM);
   EMBPS_INFO("embps-server %s: rank %u of a %u-rank group, mesh %s, backend %s, max table "

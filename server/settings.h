@@ -45,6 +45,9 @@
     "close a connection that stops sending in the middle of a request for this long")              \
   X(idle_timeout_ms, U64, "idle-timeout-ms", "0",                                                  \
     "close a connection with no calls that stays silent this long; 0 = never")                     \
+  X(drain_timeout_ms, U64, "drain-timeout-ms", "20000",                                            \
+    "on SIGTERM, how long to finish the calls already taken (new ones are refused) before "        \
+    "exiting; a second signal exits at once")                                                      \
   X(backend, STR, "backend", "auto",                                                               \
     "compute backend: cuda (tables in GPU memory, NCCL between ranks), cpu, or auto (cuda "        \
     "when a GPU is visible)")                                                                      \

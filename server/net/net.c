@@ -412,14 +412,18 @@ int embps_net_port(const embps_net_t *net) { return net->port; }
 
 void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) { *out = net->stats; }
 
-void embps_net_close(embps_net_t *net) {
-  if (net->closing)
-    return;
-  net->closing = 1;
+void embps_net_stop_listening(embps_net_t *net) {
   if (net->listener) {
     uv_close((uv_handle_t *)net->listener, listener_closed);
     net->listener = NULL;
   }
+}
+
+void embps_net_close(embps_net_t *net) {
+  if (net->closing)
+    return;
+  net->closing = 1;
+  embps_net_stop_listening(net);
   while (net->conns)
     conn_close(net->conns);
 }

@@ -73,6 +73,10 @@ void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out);
  */
 void embps_net_close(embps_net_t *net);
 
+/** Stops accepting connections (closes the listener); the connections already open keep being
+ * served until embps_net_close. */
+void embps_net_stop_listening(embps_net_t *net);
+
 /** Frees the network layer after embps_net_close and a turn of the loop. NULL is a no-op. */
 void embps_net_free(embps_net_t *net);
 

@@ -48,6 +48,7 @@ struct embps_service {
   ProtobufCAllocator pb;
   int unpack_out_of_memory; /* an allocation of the last failed unpack failed */
   uint64_t inflight;
+  int draining;        /* embps_service_drain: new calls are refused */
   uint64_t started_ns; /* embps_now_ns() at creation */
   /* Names of tables being created (leader only), so a second create of a name fails at once. */
   char pending_creates[MAX_PENDING_CREATES][EMBPS_TABLE_NAME_MAX];
@@ -659,7 +660,7 @@ static void handle_health(embps_service_t *svc, embps_net_call_t *call, const ui
   if (req->service && req->service[0] && strcmp(req->service, "embps.v1.EmbeddingService") != 0) {
     embps_net_call_fail(call, EMBPS_NOT_FOUND, "unknown service");
   } else {
-    resp.status = embps_group_state(svc->group, NULL, 0) == EMBPS_GROUP_READY
+    resp.status = !svc->draining && embps_group_state(svc->group, NULL, 0) == EMBPS_GROUP_READY
                       ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
                       : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
     reply_message(call, &resp.base);
@@ -679,7 +680,11 @@ void embps_service_on_request(void *user, embps_net_call_t *call, const char *me
   static const uint8_t empty[1];
   const uint8_t *m = msg ? msg : empty;
 
-  if (strncmp(method, SERVICE_PREFIX, strlen(SERVICE_PREFIX)) == 0) {
+  if (svc->draining && strncmp(method, SERVICE_PREFIX, strlen(SERVICE_PREFIX)) == 0) {
+    embps_net_call_fail(call, EMBPS_UNAVAILABLE,
+                        "this server is shutting down (it finishes the calls it has taken): "
+                        "retry once it is back");
+  } else if (strncmp(method, SERVICE_PREFIX, strlen(SERVICE_PREFIX)) == 0) {
     const char *name = method + strlen(SERVICE_PREFIX);
     if (strcmp(name, "Lookup") == 0)
       handle_lookup(svc, call, m, len);
@@ -758,6 +763,8 @@ embps_status_t embps_service_new(embps_service_t **out, embps_group_t *group, em
 void embps_service_set_net(embps_service_t *svc, embps_net_t *net) { svc->net = net; }
 
 uint64_t embps_service_inflight(const embps_service_t *svc) { return svc->inflight; }
+
+void embps_service_drain(embps_service_t *svc) { svc->draining = 1; }
 
 void embps_service_free(embps_service_t *svc) {
   if (!svc)

@@ -37,6 +37,11 @@ void embps_service_on_request(void *user, embps_net_call_t *call, const char *me
 /** Requests the service has handed to the group and not yet answered. */
 uint64_t embps_service_inflight(const embps_service_t *svc);
 
+/** Starts a drain (SIGTERM): from now on every EmbeddingService call is refused with
+ * UNAVAILABLE and health answers NOT_SERVING, while the calls already taken run to their
+ * answers (embps_service_inflight counts them down). */
+void embps_service_drain(embps_service_t *svc);
+
 /** Frees the service; every op must have completed. NULL is a no-op. */
 void embps_service_free(embps_service_t *svc);
 

@@ -4,6 +4,8 @@ sent), and rank 1 gets SIGKILL. Calls pending on the survivors fail with UNAVAIL
 seconds (not at the 10 s batch deadline, not at the 30 s peer timeout, not never); later calls
 fail at once with UNAVAILABLE saying the group is broken; health says NOT_SERVING and stats
 ready=false; the survivors still exit 0 on SIGTERM."""
+import os
+import signal
 import threading
 import time
 import unittest
@@ -248,6 +250,49 @@ class StartupTest(unittest.TestCase):
             self.assertIn("shutting down", p.text())
         finally:
             p.cleanup()
+
+
+class DrainTest(unittest.TestCase):
+    def test_sigterm_drains(self):
+        """SIGTERM on a serving rank: calls it has taken run to their answers, new calls are
+        refused with UNAVAILABLE, health says NOT_SERVING, and it exits 0 once drained. Here a
+        sync push's shard waits on rank 0 for rank 1's shard, which is sent after the SIGTERM:
+        both answer applied, with the batch's two distinct tokens."""
+        group = gl.Group(2, "--batch-deadline-ms", "20000")
+        client = gl.RawClient(group.addresses)
+        try:
+            client.create("d", 16, 8, "sgd", lr=0.5)
+            bid = gl.next_batch_id()
+            tok = np.array([4, 5], "<i8")
+            g = np.ones((2, 8), "<f4")
+
+            def shard(r):
+                return client.stubs[r].PushGradients.future(pb.PushGradientsRequest(
+                    table="d", batch_id=bid, shard_index=r, shard_count=2, tokens_per_batch=2,
+                    tokens=tok[r:r + 1].tobytes(), dtype=pb.DTYPE_F32,
+                    gradients=g[r:r + 1].tobytes()), timeout=30)
+
+            first = shard(0)
+            time.sleep(0.3)  # parked on rank 0
+            p0 = group.procs[0]
+            os.kill(p0.pid, signal.SIGTERM)
+            self.assertTrue(gl.wait_for(lambda: "draining 1 call" in p0.text(), 5), p0.text())
+            self.assertTrue(p0.alive(), p0.text())
+            self.assertEqual(gl.health(group.addresses[0]), gl.NOT_SERVING)
+            e = gl.rpc_error(lambda: client.stubs[0].ListTables(pb.ListTablesRequest(),
+                                                                timeout=10))
+            self.assertIsNotNone(e)
+            self.assertEqual(e.code(), SC.UNAVAILABLE)
+            self.assertIn("shutting down", e.details())
+            second = shard(1)
+            for f in (first, second):
+                self.assertTrue(f.result().applied)
+                self.assertEqual(f.result().num_unique, 2)
+            self.assertEqual(p0.wait(5), 0, p0.text())
+            self.assertIn("drained", p0.text())
+        finally:
+            client.close()
+            group.close()
 
 
 if __name__ == "__main__":
