@@ -8,7 +8,8 @@
 #   hub:    namespace embps-<pid>-hub, bridge br0 at 198.18.0.254/24
 #
 # Only namespaces and links this test creates are touched, and all of them go away on exit.
-# Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN); without it prints "SKIP: ..." and exits 0.
+# Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN); without it prints "SKIP: ..." and exits 77 (ctest
+# counts that as skipped, not passed).
 #
 # Environment: EMBPS_SERVER_BIN, EMBPS_CLI_BIN (the binaries under test);
 #              NETNS_GROUP_SIZES (default "2 3": the group sizes to run).
@@ -47,7 +48,7 @@ on_exit() { cleanup; rm -rf "$work"; }
 trap on_exit EXIT
 trap 'exit 130' INT TERM
 
-skip() { echo "SKIP: $*"; exit 0; }
+skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; failed=1; }
 
 [ -x "$server_bin" ] || { echo "FAIL: no server binary at $server_bin"; exit 1; }
