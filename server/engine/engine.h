@@ -2,12 +2,13 @@
  * all-gathers the batch's tokens, dedups them, gathers this rank's column slice of the unique
  * rows and hands every rank its tokens' slices with one all-to-all; a push moves gradient
  * column slices the other way, sums duplicates, combines the row figures (finite check, norm,
- * rowwise mean square) with all-reduces so that every rank takes the same decision, and runs
- * the optimizer's fused update on its slice. CreateTable allocates this rank's slices and
- * agrees with the group that every rank could.
+ * rowwise mean square) from every rank's column-block partials in column order, so that every
+ * rank takes the same decision whatever the group's size, and runs the optimizer's fused update
+ * on its slice. CreateTable allocates this rank's slices and agrees with the group that every
+ * rank could. The steps are written once (engine.c) over each backend's operations.
  *
  * The engine has no thread of its own: the group's thread (server/group) calls it, in round
- * order, and owns the communicator and the scratch memory it passes in. */
+ * order, and owns the communicator; each backend keeps its own scratch. */
 #ifndef EMBPS_ENGINE_H
 #define EMBPS_ENGINE_H
 
