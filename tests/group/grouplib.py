@@ -248,6 +248,21 @@ class Group:
                                  (r, c, self.last_logs))
 
 
+def run_on_group(n, body, *flags):
+    """Starts an n-rank group (with flags), calls body(client, out) with a RawClient to it and a
+    dict to fill, stops the group and returns out with "exit_codes" ({rank: code}) and "logs"."""
+    group = Group(n, *flags)
+    client = RawClient(group.addresses)
+    out = {}
+    try:
+        body(client, out)
+    finally:
+        client.close()
+        out["exit_codes"] = group.close()
+        out["logs"] = group.last_logs
+    return out
+
+
 # ---- raw gRPC clients -----------------------------------------------------------------------------
 
 _batch_ids = itertools.count(1000)

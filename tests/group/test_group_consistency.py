@@ -44,10 +44,8 @@ def script(opt):
 def run_group(n):
     """Runs every optimizer's script through an n-rank group; returns
     {opt: {"initial", "lookups", "final", "replies"}}."""
-    group = gl.Group(n)
-    client = gl.RawClient(group.addresses)
-    out = {}
-    try:
+
+    def body(client, out):
         for opt, kw in OPTS.items():
             client.create("t_" + opt, ROWS, WIDTH, opt, seed=1234, **kw)
         for opt in OPTS:
@@ -60,12 +58,8 @@ def run_group(n):
                 else:
                     res["lookups"].append(client.lookup(name, op[1], WIDTH))
             res["final"] = client.lookup(name, ALL, WIDTH)
-    finally:
-        client.close()
-        codes = group.close()
-    out["exit_codes"] = codes
-    out["logs"] = group.last_logs
-    return out
+
+    return gl.run_on_group(n, body)
 
 
 class ConsistencyTest(unittest.TestCase):
