@@ -49,10 +49,10 @@ typedef struct embps_ckpt_slice {
   /** Incremental: bit (r % 64) of dirty[r / 64] is set for each row r to write; NULL: full (every
    * row). */
   const uint64_t *dirty;
-  const void *data;     /* config.rows x shard_width of config.dtype */
-  const float *state0;  /* adagrad's accumulators / adam's m: rows x shard_width; rowwise_adagrad:
-                           rows (one per row, the same on every rank); sgd: NULL */
-  const float *state1;  /* adam's v: rows x shard_width; otherwise NULL */
+  const void *data;    /* config.rows x shard_width of config.dtype */
+  const float *state0; /* adagrad's accumulators / adam's m: rows x shard_width; rowwise_adagrad:
+                          rows (one per row, the same on every rank); sgd: NULL */
+  const float *state1; /* adam's v: rows x shard_width; otherwise NULL */
 } embps_ckpt_slice_t;
 
 /** Writes the file name of rank's slice of table ("r<rank>-<table>.embps") to out. */

@@ -163,6 +163,7 @@ struct embps_table {
   uint64_t bytes;           /* data and state bytes */
   embps_table_memory_t mem; /* where the arrays live (alloc NULL: host memory) */
   embps_table_counters_t counters;
+  uint64_t *dirty; /* rows written since the last capture (tracking on), else NULL */
 };
 
 static void release(const embps_table_memory_t *mem, void *p) {
@@ -178,6 +179,7 @@ void embps_table_free(embps_table_t *t) {
   release(&t->mem, t->a.data);
   release(&t->mem, t->a.state0);
   release(&t->mem, t->a.state1);
+  embps_free(t->dirty);
   embps_free(t);
 }
 
@@ -191,6 +193,15 @@ void embps_table_initial_state(const embps_table_t *t, float *state0_value, size
   *state0_elems =
       info->state_per_row ? (size_t)t->config.rows : (info->state_per_element >= 1 ? elems : 0);
   *state1_elems = info->state_per_element >= 2 ? elems : 0;
+}
+
+void embps_table_array_bytes(const embps_table_t *t, size_t bytes[3]) {
+  size_t s0, s1;
+  float v0;
+  embps_table_initial_state(t, &v0, &s0, &s1);
+  bytes[0] = (size_t)t->config.rows * t->shard_width * embps_dtype_size(t->config.dtype);
+  bytes[1] = s0 * sizeof(float);
+  bytes[2] = s1 * sizeof(float);
 }
 
 embps_status_t embps_table_new_in(embps_table_t **out, const embps_table_config_t *cfg,
@@ -233,6 +244,26 @@ uint64_t embps_table_bytes(const embps_table_t *t) { return t->bytes; }
 embps_table_counters_t *embps_table_counters(embps_table_t *t) { return &t->counters; }
 embps_table_arrays_t embps_table_arrays(const embps_table_t *t) { return t->a; }
 uint64_t embps_table_next_step(embps_table_t *t) { return ++t->step; }
+uint64_t embps_table_step(const embps_table_t *t) { return t->step; }
+void embps_table_set_step(embps_table_t *t, uint64_t step) { t->step = step; }
+
+size_t embps_dirty_words(uint64_t rows) { return (size_t)((rows + 63) / 64); }
+
+embps_status_t embps_table_track_dirty(embps_table_t *t) {
+  if (t->dirty)
+    return EMBPS_OK;
+  t->dirty = embps_calloc(embps_dirty_words(t->config.rows), sizeof(uint64_t));
+  return t->dirty ? EMBPS_OK : EMBPS_RESOURCE_EXHAUSTED;
+}
+
+uint64_t *embps_table_dirty(embps_table_t *t) { return t->dirty; }
+
+void embps_table_mark_dirty(embps_table_t *t, const int64_t *rows, size_t n) {
+  if (!t->dirty)
+    return;
+  for (size_t i = 0; i < n; i++)
+    t->dirty[(uint64_t)rows[i] >> 6] |= UINT64_C(1) << ((uint64_t)rows[i] & 63);
+}
 
 void embps_store_free(embps_store_t *store) {
   if (!store)

@@ -117,6 +117,9 @@ embps_status_t embps_table_new_in(embps_table_t **out, const embps_table_config_
 void embps_table_initial_state(const embps_table_t *table, float *state0_value,
                                size_t *state0_elems, size_t *state1_elems);
 
+/** Bytes of each of the slice's arrays: data, state0, state1 (0 where it has none). */
+void embps_table_array_bytes(const embps_table_t *table, size_t bytes[3]);
+
 /** The table's configuration (resolved). */
 const embps_table_config_t *embps_table_config(const embps_table_t *table);
 /** This rank's slice: its first column and its width. */
@@ -130,6 +133,23 @@ embps_table_counters_t *embps_table_counters(embps_table_t *table);
 embps_table_arrays_t embps_table_arrays(const embps_table_t *table);
 /** Counts one more applied optimizer step and returns the count (adam's bias correction). */
 uint64_t embps_table_next_step(embps_table_t *table);
+/** The steps applied so far, and setting them (a restored table continues its count). */
+uint64_t embps_table_step(const embps_table_t *table);
+void embps_table_set_step(embps_table_t *table, uint64_t step);
+
+/* Dirty rows, for incremental checkpoints: once tracking is on, the engine marks every row it
+ * writes, and a checkpoint takes the marks (and clears them) when it captures the table. The
+ * bitmap is host memory of ceil(rows / 64) words, bit (r % 64) of word r / 64 for row r; the
+ * group's thread alone touches it. */
+
+/** Turns tracking on with every row clean. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED. */
+embps_status_t embps_table_track_dirty(embps_table_t *table);
+/** The bitmap; NULL while tracking is off. */
+uint64_t *embps_table_dirty(embps_table_t *table);
+/** Marks rows[0..n) (host memory) dirty; a no-op while tracking is off. */
+void embps_table_mark_dirty(embps_table_t *table, const int64_t *rows, size_t n);
+/** Words in the bitmap of a table of `rows` rows. */
+size_t embps_dirty_words(uint64_t rows);
 
 /** Frees a table that was never registered. NULL is a no-op. */
 void embps_table_free(embps_table_t *table);
