@@ -303,6 +303,8 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   }
   p = embps__engine_next_step(t);
   STEP(ops->update(be, t, rows, m, g, s.row_sumsq, &p, err));
+  if (embps_table_dirty(t))
+    STEP(ops->mark_dirty(be, t, rows, m, err));
   /* A sync push answers after the update is applied. */
   STEP(ops->finish(be, err));
   op->applied = 1;
@@ -311,6 +313,22 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
 fail:
   ops->abort(be);
   return ret;
+}
+
+/* ---- whole tables (checkpoints) -------------------------------------------------------------- */
+
+embps_status_t embps_engine_agree_max(embps_engine_t *e, uint64_t *v, embps_error_t *err) {
+  return e->ops->agree_max(e->be, v, err);
+}
+
+embps_status_t embps_engine_table_export(embps_engine_t *e, embps_table_t *t,
+                                         const embps_table_arrays_t *host, embps_error_t *err) {
+  return e->ops->table_copy(e->be, t, host, 1, err);
+}
+
+embps_status_t embps_engine_table_import(embps_engine_t *e, embps_table_t *t,
+                                         const embps_table_arrays_t *host, embps_error_t *err) {
+  return e->ops->table_copy(e->be, t, host, 0, err);
 }
 
 embps_opt_params_t embps__engine_next_step(embps_table_t *t) {

@@ -22,7 +22,11 @@ typedef enum embps_op_kind {
   EMBPS_OP_LOOKUP = 1, /* values equal embps_batch_kind_t's (server/group/sequencer.h) */
   EMBPS_OP_PUSH = 2,
   EMBPS_OP_CREATE_TABLE = 3,
+  EMBPS_OP_CHECKPOINT = 4, /* run by the group (server/group/checkpointer.h), not the engine */
 } embps_op_kind_t;
+
+/** Longest checkpoint path an op reports. */
+#define EMBPS_OP_PATH_MAX 1100
 
 typedef struct embps_op embps_op_t;
 
@@ -49,6 +53,12 @@ struct embps_op {
   double grad_norm;       /* push: L2 norm of the summed gradients of non-padding rows */
   uint64_t num_unique;    /* push: distinct non-padding tokens in the batch */
   embps_table_t *created; /* create: the registered table */
+  /* checkpoint: its scope ("" every table) and, once complete, what it is */
+  char ckpt_table[EMBPS_TABLE_NAME_MAX];
+  uint64_t ckpt_round, ckpt_bytes;
+  char ckpt_path[EMBPS_OP_PATH_MAX];
+  uint64_t ckpt_seq; /* the group's number for it */
+  int ckpt_final;    /* the rank is shutting down: the group serves no batch after it */
 
   /** Called on the loop thread once the op is complete. */
   void (*done)(embps_op_t *op);
@@ -91,6 +101,21 @@ void embps_engine_free(embps_engine_t *engine);
  * is then broken.
  */
 embps_status_t embps_engine_run(embps_engine_t *engine, embps_op_t *op, embps_error_t *err);
+
+/** Collectively (every rank calls it in step): *v becomes the largest *v of any rank. Returns
+ * EMBPS_OK, or EMBPS_UNAVAILABLE / EMBPS_INTERNAL when the communicator failed. */
+embps_status_t embps_engine_agree_max(embps_engine_t *engine, uint64_t *v, embps_error_t *err);
+
+/**
+ * Copies the whole of a table's arrays (data and optimizer state, as embps_table_arrays_t says)
+ * to host memory (export: a checkpoint's capture) or from it (import: a restore), on the group's
+ * thread between rounds; host's arrays are sized as embps_table_initial_state and the slice
+ * say. Waits for the copy. Returns EMBPS_OK or EMBPS_INTERNAL (a device error, in err).
+ */
+embps_status_t embps_engine_table_export(embps_engine_t *engine, embps_table_t *table,
+                                         const embps_table_arrays_t *host, embps_error_t *err);
+embps_status_t embps_engine_table_import(embps_engine_t *engine, embps_table_t *table,
+                                         const embps_table_arrays_t *host, embps_error_t *err);
 
 /** The engine's backend. */
 embps_backend_t embps_engine_backend(const embps_engine_t *engine);

@@ -225,6 +225,28 @@ static embps_status_t cpu_update(embps__engine_backend_t *be, embps_table_t *t, 
   return embps_error_set(err, EMBPS_INTERNAL, "unknown optimizer %d", (int)c->optimizer);
 }
 
+static embps_status_t cpu_mark_dirty(embps__engine_backend_t *be, embps_table_t *t,
+                                     const int64_t *rows, size_t m, embps_error_t *err) {
+  (void)be, (void)err;
+  embps_table_mark_dirty(t, rows, m);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_table_copy(embps__engine_backend_t *be, embps_table_t *t,
+                                     const embps_table_arrays_t *host, int to_host,
+                                     embps_error_t *err) {
+  const embps_table_arrays_t a = embps_table_arrays(t);
+  void *const mine[3] = {a.data, a.state0, a.state1};
+  void *const theirs[3] = {host->data, host->state0, host->state1};
+  size_t bytes[3];
+  (void)be, (void)err;
+  embps_table_array_bytes(t, bytes);
+  for (int i = 0; i < 3; i++)
+    if (bytes[i])
+      memcpy(to_host ? theirs[i] : mine[i], to_host ? mine[i] : theirs[i], bytes[i]);
+  return EMBPS_OK;
+}
+
 static embps_status_t cpu_output_begin(embps__engine_backend_t *be, void *host, size_t n,
                                        size_t row_bytes, void **out, size_t *chunk_rows,
                                        embps_error_t *err) {
@@ -261,6 +283,8 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .row_combine = cpu_row_combine,
     .weight_decay = cpu_weight_decay,
     .update = cpu_update,
+    .mark_dirty = cpu_mark_dirty,
+    .table_copy = cpu_table_copy,
     .output_begin = cpu_output_begin,
     .output = cpu_output,
     .finish = cpu_nothing_to_wait,

@@ -47,7 +47,7 @@ struct embps__engine_backend {
   buf_t row_sumsq, summed, partials, gathered, send, recv, rows, out, figures;
   /* pinned host staging: h_small for figures; the rest only for requests and replies that are
    * not pinned themselves */
-  buf_t h_in[2], h_out, h_small;
+  buf_t h_in[2], h_out, h_small, h_dirty;
   /* the lookup in flight: its reply (host), where the rows are copied to, their size */
   void *reply;
   uint8_t *out_host;
@@ -206,7 +206,7 @@ static void cuda_destroy(embps__engine_backend_t *c) {
                   &c->sorted_pos, &c->seg_off, &c->num_unique, &c->dedup_ws, &c->comb_ws,
                   &c->row_sumsq,  &c->summed,  &c->partials,   &c->gathered, &c->send,
                   &c->recv,       &c->rows,    &c->out,        &c->figures};
-  buf_t *host[] = {&c->h_in[0], &c->h_in[1], &c->h_out, &c->h_small};
+  buf_t *host[] = {&c->h_in[0], &c->h_in[1], &c->h_out, &c->h_small, &c->h_dirty};
   for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
     cudaFree(dev[i]->p);
   for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
@@ -496,6 +496,44 @@ static embps_status_t cuda_update(embps__engine_backend_t *c, embps_table_t *t, 
   return embps_error_set(err, EMBPS_INTERNAL, "unknown optimizer %d", (int)cfg->optimizer);
 }
 
+/* The rows a push wrote come to the host (they are few next to the gradients) to be marked in
+ * the table's bitmap. */
+static embps_status_t cuda_mark_dirty(embps__engine_backend_t *c, embps_table_t *t,
+                                      const int64_t *rows, size_t m, embps_error_t *err) {
+  embps_status_t ret = EMBPS_OK;
+  if (m == 0)
+    return EMBPS_OK;
+  EMBPS_CUDA_CHECK_GOTO(hgrow(&c->h_dirty, m * sizeof(int64_t)), err, exit);
+  EMBPS_CUDA_CHECK_GOTO(
+      cudaMemcpyAsync(c->h_dirty.p, rows, m * sizeof(int64_t), cudaMemcpyDeviceToHost, c->stream),
+      err, exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), err, exit);
+  embps_table_mark_dirty(t, c->h_dirty.p, m);
+exit:
+  return ret;
+}
+
+/* A checkpoint's capture and a restore: whole arrays between GPU and host memory. */
+static embps_status_t cuda_table_copy(embps__engine_backend_t *c, embps_table_t *t,
+                                      const embps_table_arrays_t *host, int to_host,
+                                      embps_error_t *err) {
+  const embps_table_arrays_t a = embps_table_arrays(t);
+  void *const mine[3] = {a.data, a.state0, a.state1};
+  void *const theirs[3] = {host->data, host->state0, host->state1};
+  embps_status_t ret = EMBPS_OK;
+  size_t bytes[3];
+  embps_table_array_bytes(t, bytes);
+  for (int i = 0; i < 3; i++)
+    if (bytes[i])
+      EMBPS_CUDA_CHECK_GOTO(
+          cudaMemcpyAsync(to_host ? theirs[i] : mine[i], to_host ? mine[i] : theirs[i], bytes[i],
+                          to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, c->stream),
+          err, exit);
+  EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), err, exit);
+exit:
+  return ret;
+}
+
 /* A lookup's rows are assembled in device memory and go back in up to MAX_CHUNKS chunks of at
  * least CHUNK_MIN_BYTES, straight into a pinned reply or through h_out. */
 static embps_status_t cuda_output_begin(embps__engine_backend_t *c, void *host, size_t n,
@@ -573,6 +611,8 @@ const embps__engine_ops_t embps__engine_cuda_ops = {
     .row_combine = cuda_row_combine,
     .weight_decay = cuda_weight_decay,
     .update = cuda_update,
+    .mark_dirty = cuda_mark_dirty,
+    .table_copy = cuda_table_copy,
     .output_begin = cuda_output_begin,
     .output = cuda_output,
     .finish = cuda_finish,

@@ -107,6 +107,15 @@ typedef struct embps__engine_ops {
                            size_t m, const float *g, const float *row_sumsq,
                            const embps_opt_params_t *p, embps_error_t *err);
 
+  /** Marks rows[0..m) dirty in the table's bitmap (embps_table_mark_dirty), for incremental
+   * checkpoints; called only for tables that track them. */
+  embps_status_t (*mark_dirty)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
+                               size_t m, embps_error_t *err);
+  /** Copies every array the table has, whole, to the host arrays of `host` (to_host) or from
+   * them; waits for the copy. */
+  embps_status_t (*table_copy)(embps__engine_backend_t *be, embps_table_t *t,
+                               const embps_table_arrays_t *host, int to_host, embps_error_t *err);
+
   /** Where a lookup's n rows of row_bytes are assembled before they reach `host` (the reply),
    * and how many rows go back per chunk (output() takes chunks in order). */
   embps_status_t (*output_begin)(embps__engine_backend_t *be, void *host, size_t n,
@@ -121,6 +130,9 @@ typedef struct embps__engine_ops {
   /** After a failure: waits until nothing enqueued for the op can still touch its buffers. */
   void (*abort)(embps__engine_backend_t *be);
 } embps__engine_ops_t;
+
+/** Bytes of each of the table's arrays (data, state0, state1; 0 where it has none). */
+void embps__engine_table_sizes(const embps_table_t *t, size_t bytes[3]);
 
 /** The optimizer parameters of the table's next step (advances its step count). */
 embps_opt_params_t embps__engine_next_step(embps_table_t *table);
