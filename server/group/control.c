@@ -22,7 +22,8 @@
 #define ENTRY_FIXED_LEN (8 + 4 + 4 + 4 + 2)
 
 static const char *frame_name(unsigned type) {
-  static const char *const names[] = {"?", "NOTICE", "ROUND", "BROKEN", "DEVICE", "NCCL_ID"};
+  static const char *const names[] = {"?",      "NOTICE",  "ROUND",     "BROKEN",
+                                      "DEVICE", "NCCL_ID", "CHECKPOINT"};
   return type < sizeof(names) / sizeof(names[0]) ? names[type] : "unknown";
 }
 
@@ -230,7 +231,7 @@ embps_status_t embps__frame_header(const uint8_t *p, uint8_t *type, size_t *payl
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "malformed control frame: length %u outside 1..%u", len,
                            EMBPS__FRAME_MAX + 1);
-  if (p[4] < EMBPS__FRAME_NOTICE || p[4] > EMBPS__FRAME_NCCL_ID)
+  if (p[4] < EMBPS__FRAME_NOTICE || p[4] > EMBPS__FRAME_CHECKPOINT)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "malformed control frame: unknown type %u",
                            p[4]);
   *type = p[4];
@@ -288,9 +289,16 @@ static int runs_create(const embps_round_entry_t *e) {
   return e->action == EMBPS_ROUND_RUN && e->kind == EMBPS_BATCH_CREATE_TABLE;
 }
 
+static int runs_checkpoint(const embps_round_entry_t *e) {
+  return e->action == EMBPS_ROUND_RUN && e->kind == EMBPS_BATCH_CHECKPOINT;
+}
+
+/* Bytes of a checkpoint order on the wire besides its scope: round and base_round. */
+#define CKPT_ORDER_FIXED_LEN (8 + 8)
+
 embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *entries,
-                                  const embps_table_config_t *configs, size_t n,
-                                  embps_error_t *err) {
+                                  const embps_table_config_t *configs,
+                                  const embps__ckpt_order_t *ckpts, size_t n, embps_error_t *err) {
   size_t len = 4;
   uint8_t *p = NULL;
   embps_status_t ret;
@@ -303,6 +311,12 @@ embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *en
       if (!configs)
         return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "a create in a round without configs");
       len += 1 + strnlen(configs[i].name, EMBPS_TABLE_NAME_MAX - 1) + CONFIG_FIXED_LEN;
+    }
+    if (runs_checkpoint(&entries[i])) {
+      if (!ckpts)
+        return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                               "a checkpoint in a round without its order");
+      len += 1 + strnlen(ckpts[i].scope, EMBPS_TABLE_NAME_MAX - 1) + CKPT_ORDER_FIXED_LEN;
     }
   }
   if ((ret = frame_begin(b, EMBPS__FRAME_ROUND, len, &p, err)) != EMBPS_OK)
@@ -336,6 +350,13 @@ embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *en
       putf(&p, c->beta1);
       putf(&p, c->beta2);
     }
+    if (runs_checkpoint(e)) {
+      size_t sl = strnlen(ckpts[i].scope, EMBPS_TABLE_NAME_MAX - 1);
+      put8(&p, (uint8_t)sl);
+      put_bytes(&p, ckpts[i].scope, sl);
+      put64(&p, ckpts[i].round);
+      put64(&p, ckpts[i].base_round);
+    }
   }
   return EMBPS_OK;
 }
@@ -362,8 +383,8 @@ static embps_status_t parse_config(reader_t *r, embps_table_config_t *c, embps_e
 }
 
 embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entry_t *entries,
-                                  embps_table_config_t *configs, size_t max, size_t *n,
-                                  embps_error_t *err) {
+                                  embps_table_config_t *configs, embps__ckpt_order_t *ckpts,
+                                  size_t max, size_t *n, embps_error_t *err) {
   reader_t r = {p, len, 0};
   embps_status_t ret;
   uint32_t count = get32(&r);
@@ -381,7 +402,7 @@ embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entr
       break;
     if (e->action != EMBPS_ROUND_RUN && e->action != EMBPS_ROUND_FAIL)
       return malformed(err, EMBPS__FRAME_ROUND, "action", e->action);
-    if (e->kind < EMBPS_BATCH_LOOKUP || e->kind > EMBPS_BATCH_CREATE_TABLE)
+    if (e->kind < EMBPS_BATCH_LOOKUP || e->kind > EMBPS_BATCH_CHECKPOINT)
       return malformed(err, EMBPS__FRAME_ROUND, "batch kind", e->kind);
     if (status > EMBPS_UNAUTHENTICATED)
       return malformed(err, EMBPS__FRAME_ROUND, "status", status);
@@ -390,6 +411,13 @@ embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entr
       return malformed(err, EMBPS__FRAME_ROUND, "message length", ml);
     if (runs_create(e) && (ret = parse_config(&r, &configs[i], err)) != EMBPS_OK)
       return ret;
+    if (runs_checkpoint(e)) {
+      size_t sl = get8(&r);
+      if (get_string(&r, sl, ckpts[i].scope, sizeof(ckpts[i].scope)) != 0)
+        return malformed(err, EMBPS__FRAME_ROUND, "checkpoint scope length", sl);
+      ckpts[i].round = get64(&r);
+      ckpts[i].base_round = get64(&r);
+    }
   }
   *n = count;
   return finish(&r, EMBPS__FRAME_ROUND, err);
@@ -453,4 +481,58 @@ embps_status_t embps__parse_nccl_id(const uint8_t *p, size_t len, uint8_t *id, e
     return malformed(err, EMBPS__FRAME_NCCL_ID, "length", len);
   memcpy(id, p, len);
   return EMBPS_OK;
+}
+
+/* A checkpoint message carries every field whatever its kind: they are few and small. */
+embps_status_t embps__frame_checkpoint(embps__buf_t *b, const embps__ckpt_msg_t *m,
+                                       embps_error_t *err) {
+  size_t sl = strnlen(m->scope, sizeof(m->scope) - 1), pl = strnlen(m->path, sizeof(m->path) - 1),
+         ml = strnlen(m->message, sizeof(m->message) - 1);
+  uint8_t *p = NULL;
+  embps_status_t ret = frame_begin(b, EMBPS__FRAME_CHECKPOINT,
+                                   1 + 8 + 8 + 4 + 8 + 1 + 1 + sl + 2 + pl + 2 + ml, &p, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  put8(&p, m->what);
+  put64(&p, m->seq);
+  put64(&p, m->round);
+  put32(&p, m->status);
+  put64(&p, m->bytes);
+  put8(&p, m->final);
+  put8(&p, (uint8_t)sl);
+  put_bytes(&p, m->scope, sl);
+  put16(&p, (uint16_t)pl);
+  put_bytes(&p, m->path, pl);
+  put16(&p, (uint16_t)ml);
+  put_bytes(&p, m->message, ml);
+  return EMBPS_OK;
+}
+
+embps_status_t embps__parse_checkpoint(const uint8_t *p, size_t len, embps__ckpt_msg_t *m,
+                                       embps_error_t *err) {
+  reader_t r = {p, len, 0};
+  size_t n;
+  memset(m, 0, sizeof(*m));
+  m->what = get8(&r);
+  if (m->what < EMBPS__CKPT_REQUEST || m->what > EMBPS__CKPT_COMPLETE)
+    return malformed(err, EMBPS__FRAME_CHECKPOINT, "kind", m->what);
+  m->seq = get64(&r);
+  m->round = get64(&r);
+  m->status = get32(&r);
+  if (m->status > EMBPS_UNAUTHENTICATED)
+    return malformed(err, EMBPS__FRAME_CHECKPOINT, "status", m->status);
+  m->bytes = get64(&r);
+  m->final = get8(&r);
+  if (m->final > 1)
+    return malformed(err, EMBPS__FRAME_CHECKPOINT, "final flag", m->final);
+  n = get8(&r);
+  if (get_string(&r, n, m->scope, sizeof(m->scope)) != 0)
+    return malformed(err, EMBPS__FRAME_CHECKPOINT, "scope length", n);
+  n = get16(&r);
+  if (get_string(&r, n, m->path, sizeof(m->path)) != 0)
+    return malformed(err, EMBPS__FRAME_CHECKPOINT, "path length", n);
+  n = get16(&r);
+  if (get_string(&r, n, m->message, sizeof(m->message)) != 0)
+    return malformed(err, EMBPS__FRAME_CHECKPOINT, "message length", n);
+  return finish(&r, EMBPS__FRAME_CHECKPOINT, err);
 }

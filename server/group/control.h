@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "server/engine/engine.h"
 #include "server/group/sequencer.h"
 #include "server/store/store.h"
 
@@ -95,6 +96,9 @@ typedef enum embps__frame_type {
   EMBPS__FRAME_DEVICE = 4,
   /** leader -> every rank at formation (cuda): NCCL's unique id. */
   EMBPS__FRAME_NCCL_ID = 5,
+  /** about a checkpoint (an embps__ckpt_msg_t): a rank asks the leader for one, a rank tells the
+   * leader its files are durable (or why not), the leader tells every rank it is complete. */
+  EMBPS__FRAME_CHECKPOINT = 6,
 } embps__frame_type_t;
 
 /** Bytes of a frame's header (length and type). */
@@ -107,6 +111,37 @@ typedef enum embps__frame_type {
 #define EMBPS__BROKEN_MAX 300
 /** Bytes of NCCL's unique id (EMBPS_NCCL_UNIQUE_ID_BYTES; formation.c checks they agree). */
 #define EMBPS__NCCL_ID_BYTES 128
+
+/** What a round entry that runs a checkpoint tells every rank. */
+typedef struct embps__ckpt_order {
+  char scope[EMBPS_TABLE_NAME_MAX]; /* "": every table; else the one table */
+  uint64_t round;                   /* the checkpoint's round: what it is named after */
+  uint64_t base_round;              /* incremental: the checkpoint it applies on; 0 when full */
+} embps__ckpt_order_t;
+
+/** The kinds of checkpoint message. */
+typedef enum embps__ckpt_what {
+  EMBPS__CKPT_REQUEST = 1,  /* rank -> leader: take a checkpoint of `scope` (request `seq`) */
+  EMBPS__CKPT_DONE = 2,     /* rank -> leader: my files of checkpoint `round` are durable
+                               (`bytes`), or not (`status`, `message`) */
+  EMBPS__CKPT_COMPLETE = 3, /* leader -> rank: checkpoint `round` is complete at `path`
+                               (`bytes` in all) or failed; it answers your requests up to `seq` */
+} embps__ckpt_what_t;
+
+/** Longest checkpoint path a message carries. */
+#define EMBPS__CKPT_PATH_MAX EMBPS_OP_PATH_MAX
+
+typedef struct embps__ckpt_msg {
+  uint8_t what; /* embps__ckpt_what_t */
+  uint64_t seq; /* request: the rank's request number (from 1); complete: 0 for none */
+  uint64_t round;
+  uint32_t status; /* embps_status_t */
+  uint64_t bytes;
+  uint8_t final; /* request: the rank is shutting down, and the group with it */
+  char scope[EMBPS_TABLE_NAME_MAX];
+  char path[EMBPS__CKPT_PATH_MAX];
+  char message[sizeof(((embps_error_t *)0)->message)];
+} embps__ckpt_msg_t;
 
 /** A rank's claim on a CUDA device: which host, which device by PCI bus id and by number. */
 typedef struct embps__device_claim {
@@ -137,10 +172,15 @@ embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
                                    embps_error_t *err);
 
 /** ROUND: n (at most EMBPS__ROUND_MAX) entries; configs[i] is sent for entries that run a
- * CreateTable (configs may be NULL when none does). */
+ * CreateTable, ckpts[i] for entries that run a checkpoint (either may be NULL when no entry
+ * needs it). */
 embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *entries,
-                                  const embps_table_config_t *configs, size_t n,
-                                  embps_error_t *err);
+                                  const embps_table_config_t *configs,
+                                  const embps__ckpt_order_t *ckpts, size_t n, embps_error_t *err);
+
+/** CHECKPOINT: a checkpoint message. */
+embps_status_t embps__frame_checkpoint(embps__buf_t *b, const embps__ckpt_msg_t *m,
+                                       embps_error_t *err);
 
 /** BROKEN: why (NUL-terminated), clipped to EMBPS__BROKEN_MAX bytes. */
 embps_status_t embps__frame_broken(embps__buf_t *b, const char *why, embps_error_t *err);
@@ -160,11 +200,16 @@ embps_status_t embps__frame_nccl_id(embps__buf_t *b, const uint8_t *id, embps_er
 embps_status_t embps__parse_notice(const uint8_t *p, size_t len, embps_batch_desc_t *d,
                                    embps_error_t *err);
 
-/** ROUND into entries[0..*n) and, for entries that run a CreateTable, configs[i]; both arrays
- * hold max entries (a round of more is malformed). */
+/** ROUND into entries[0..*n) and, for entries that run a CreateTable, configs[i], for entries
+ * that run a checkpoint, ckpts[i]; the arrays hold max entries (a round of more is
+ * malformed). */
 embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entry_t *entries,
-                                  embps_table_config_t *configs, size_t max, size_t *n,
-                                  embps_error_t *err);
+                                  embps_table_config_t *configs, embps__ckpt_order_t *ckpts,
+                                  size_t max, size_t *n, embps_error_t *err);
+
+/** CHECKPOINT into *m. */
+embps_status_t embps__parse_checkpoint(const uint8_t *p, size_t len, embps__ckpt_msg_t *m,
+                                       embps_error_t *err);
 
 /** BROKEN into why (cap bytes, NUL-terminated; clipped). */
 embps_status_t embps__parse_broken(const uint8_t *p, size_t len, char *why, size_t cap,

@@ -185,10 +185,15 @@ static embps_table_config_t sample_config(void) {
   return c;
 }
 
-/* A round with every kind of entry: runs of a lookup, a push and a create, and a failure. */
+/* A round with every kind of entry: runs of a lookup, a push, a create and a checkpoint, and a
+ * failure. */
+#define SAMPLE_ROUND_LEN 5
+static embps__ckpt_order_t sample_ckpts[SAMPLE_ROUND_LEN];
+
 static size_t sample_round(embps_round_entry_t *e, embps_table_config_t *c) {
-  memset(e, 0, 4 * sizeof(*e));
-  memset(c, 0, 4 * sizeof(*c));
+  memset(e, 0, SAMPLE_ROUND_LEN * sizeof(*e));
+  memset(c, 0, SAMPLE_ROUND_LEN * sizeof(*c));
+  memset(sample_ckpts, 0, sizeof(sample_ckpts));
   e[0] =
       (embps_round_entry_t){.batch_id = 7, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_LOOKUP};
   e[1] = (embps_round_entry_t){.batch_id = UINT64_C(1) << 63 | 2,
@@ -201,22 +206,28 @@ static size_t sample_round(embps_round_entry_t *e, embps_table_config_t *c) {
                                .status = EMBPS_DEADLINE_EXCEEDED};
   snprintf(e[2].message, sizeof(e[2].message), "batch 9 missed its deadline");
   e[3] = (embps_round_entry_t){.batch_id = 10, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_PUSH};
-  return 4;
+  e[4] = (embps_round_entry_t){
+      .batch_id = UINT64_C(3) << 62 | 5, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_CHECKPOINT};
+  snprintf(sample_ckpts[4].scope, sizeof(sample_ckpts[4].scope), "users.v2");
+  sample_ckpts[4].round = UINT64_C(0x0123456789abcdef);
+  sample_ckpts[4].base_round = 77;
+  return SAMPLE_ROUND_LEN;
 }
 
 static void test_round_round_trip(void **state) {
-  embps_round_entry_t e[4], got[EMBPS__ROUND_MAX];
-  embps_table_config_t c[4], got_c[EMBPS__ROUND_MAX];
+  embps_round_entry_t e[SAMPLE_ROUND_LEN], got[EMBPS__ROUND_MAX];
+  embps_table_config_t c[SAMPLE_ROUND_LEN], got_c[EMBPS__ROUND_MAX];
+  embps__ckpt_order_t got_k[EMBPS__ROUND_MAX];
   embps__buf_t b = {0};
   embps_error_t err;
   frame_t f;
   size_t n = sample_round(e, c), got_n = 0;
   (void)state;
-  assert_int_equal(embps__frame_round(&b, e, c, n, &err), EMBPS_OK);
+  assert_int_equal(embps__frame_round(&b, e, c, sample_ckpts, n, &err), EMBPS_OK);
   f = split_frame(&b);
   assert_int_equal(f.type, EMBPS__FRAME_ROUND);
-  assert_int_equal(embps__parse_round(f.p, f.len, got, got_c, EMBPS__ROUND_MAX, &got_n, &err),
-                   EMBPS_OK);
+  assert_int_equal(
+      embps__parse_round(f.p, f.len, got, got_c, got_k, EMBPS__ROUND_MAX, &got_n, &err), EMBPS_OK);
   assert_int_equal(got_n, n);
   for (size_t i = 0; i < n; i++) {
     assert_int_equal(got[i].batch_id, e[i].batch_id);
@@ -227,22 +238,27 @@ static void test_round_round_trip(void **state) {
   }
   /* The create's config comes back bit for bit (floats included). */
   assert_memory_equal(&got_c[1], &c[1], sizeof(c[1]));
+  /* And the checkpoint's order. */
+  assert_string_equal(got_k[4].scope, "users.v2");
+  assert_int_equal(got_k[4].round, sample_ckpts[4].round);
+  assert_int_equal(got_k[4].base_round, 77);
   /* A round of nothing, and a round too long to send. */
   b.len = 0;
-  assert_int_equal(embps__frame_round(&b, e, NULL, 0, &err), EMBPS_OK);
+  assert_int_equal(embps__frame_round(&b, e, NULL, NULL, 0, &err), EMBPS_OK);
   f = split_frame(&b);
-  assert_int_equal(embps__parse_round(f.p, f.len, got, got_c, 4, &got_n, &err), EMBPS_OK);
+  assert_int_equal(embps__parse_round(f.p, f.len, got, got_c, got_k, 4, &got_n, &err), EMBPS_OK);
   assert_int_equal(got_n, 0);
-  assert_int_equal(embps__frame_round(&b, got, got_c, EMBPS__ROUND_MAX + 1, &err),
+  assert_int_equal(embps__frame_round(&b, got, got_c, got_k, EMBPS__ROUND_MAX + 1, &err),
                    EMBPS_INVALID_ARGUMENT);
-  assert_int_equal(embps__frame_round(&b, e, NULL, n, &err), EMBPS_INVALID_ARGUMENT);
+  assert_int_equal(embps__frame_round(&b, e, NULL, sample_ckpts, n, &err), EMBPS_INVALID_ARGUMENT);
+  assert_int_equal(embps__frame_round(&b, e, c, NULL, n, &err), EMBPS_INVALID_ARGUMENT);
   /* More entries than the reader has room for is malformed. */
   b.len = 0;
-  assert_int_equal(embps__frame_round(&b, e, c, n, &err), EMBPS_OK);
+  assert_int_equal(embps__frame_round(&b, e, c, sample_ckpts, n, &err), EMBPS_OK);
   f = split_frame(&b);
-  assert_int_equal(embps__parse_round(f.p, f.len, got, got_c, n - 1, &got_n, &err),
+  assert_int_equal(embps__parse_round(f.p, f.len, got, got_c, got_k, n - 1, &got_n, &err),
                    EMBPS_INVALID_ARGUMENT);
-  assert_contains(err.message, "entry count 4");
+  assert_contains(err.message, "entry count 5");
   embps__buf_free(&b);
 }
 
@@ -292,12 +308,53 @@ static void test_broken_device_nccl_round_trip(void **state) {
   embps__buf_free(&b);
 }
 
+static void expect_field_refused_ckpt(const embps__buf_t *b);
+
+static void test_checkpoint_round_trip(void **state) {
+  embps__ckpt_msg_t m, got;
+  embps__buf_t b = {0};
+  embps_error_t err;
+  frame_t f;
+  (void)state;
+  memset(&m, 0, sizeof(m));
+  m.what = EMBPS__CKPT_DONE;
+  m.seq = UINT64_MAX;
+  m.round = 123456789012345ull;
+  m.status = EMBPS_RESOURCE_EXHAUSTED;
+  m.bytes = UINT64_C(5) << 40;
+  m.final = 1;
+  snprintf(m.scope, sizeof(m.scope), "items");
+  snprintf(m.path, sizeof(m.path), "/data/ckpt/ckpt-00000000123456789012345");
+  snprintf(
+      m.message, sizeof(m.message),
+      "no space left on device writing /data/ckpt/ckpt-00000000123456789012345/r1-items.embps");
+  assert_int_equal(embps__frame_checkpoint(&b, &m, &err), EMBPS_OK);
+  f = split_frame(&b);
+  assert_int_equal(f.type, EMBPS__FRAME_CHECKPOINT);
+  memset(&got, 0x5a, sizeof(got));
+  assert_int_equal(embps__parse_checkpoint(f.p, f.len, &got, &err), EMBPS_OK);
+  assert_int_equal(got.what, m.what);
+  assert_int_equal(got.seq, m.seq);
+  assert_int_equal(got.round, m.round);
+  assert_int_equal(got.status, m.status);
+  assert_int_equal(got.bytes, m.bytes);
+  assert_int_equal(got.final, 1);
+  assert_string_equal(got.scope, m.scope);
+  assert_string_equal(got.path, m.path);
+  assert_string_equal(got.message, m.message);
+  /* A kind or status outside the protocol is refused. */
+  expect_field_refused_ckpt(&b);
+  embps__buf_free(&b);
+}
+
 /* ---- malformed input ---- */
 
 /* Parses payload p of a frame of type with the matching decoder. */
 static embps_status_t parse_any(uint8_t type, const uint8_t *p, size_t len, embps_error_t *err) {
   static embps_round_entry_t entries[EMBPS__ROUND_MAX];
   static embps_table_config_t configs[EMBPS__ROUND_MAX];
+  static embps__ckpt_order_t ckpts[EMBPS__ROUND_MAX];
+  embps__ckpt_msg_t m;
   embps_batch_desc_t d;
   embps__device_claim_t c;
   uint8_t id[EMBPS__NCCL_ID_BYTES];
@@ -307,7 +364,9 @@ static embps_status_t parse_any(uint8_t type, const uint8_t *p, size_t len, embp
   case EMBPS__FRAME_NOTICE:
     return embps__parse_notice(p, len, &d, err);
   case EMBPS__FRAME_ROUND:
-    return embps__parse_round(p, len, entries, configs, EMBPS__ROUND_MAX, &n, err);
+    return embps__parse_round(p, len, entries, configs, ckpts, EMBPS__ROUND_MAX, &n, err);
+  case EMBPS__FRAME_CHECKPOINT:
+    return embps__parse_checkpoint(p, len, &m, err);
   case EMBPS__FRAME_BROKEN:
     return embps__parse_broken(p, len, why, sizeof(why), err);
   case EMBPS__FRAME_DEVICE:
@@ -319,25 +378,28 @@ static embps_status_t parse_any(uint8_t type, const uint8_t *p, size_t len, embp
 
 /* One valid frame of each kind with a fixed-size payload (BROKEN takes any length). */
 static void all_frames(embps__buf_t *frames) {
-  embps_round_entry_t e[4];
-  embps_table_config_t c[4];
+  embps_round_entry_t e[SAMPLE_ROUND_LEN];
+  embps_table_config_t c[SAMPLE_ROUND_LEN];
   embps_batch_desc_t d = sample_notice();
   embps__device_claim_t claim = {.host = "h", .bus_id = "b", .device = 0};
   uint8_t id[EMBPS__NCCL_ID_BYTES] = {1};
+  embps__ckpt_msg_t m = {.what = EMBPS__CKPT_COMPLETE, .seq = 3, .round = 9, .bytes = 1 << 20};
   size_t n = sample_round(e, c);
+  snprintf(m.path, sizeof(m.path), "/ckpt/ckpt-00000000000000000009");
   assert_int_equal(embps__frame_notice(&frames[0], &d, NULL), EMBPS_OK);
-  assert_int_equal(embps__frame_round(&frames[1], e, c, n, NULL), EMBPS_OK);
+  assert_int_equal(embps__frame_round(&frames[1], e, c, sample_ckpts, n, NULL), EMBPS_OK);
   assert_int_equal(embps__frame_device(&frames[2], &claim, NULL), EMBPS_OK);
   assert_int_equal(embps__frame_nccl_id(&frames[3], id, NULL), EMBPS_OK);
+  assert_int_equal(embps__frame_checkpoint(&frames[4], &m, NULL), EMBPS_OK);
 }
 
 static void test_truncated_and_oversized_payloads(void **state) {
-  embps__buf_t frames[4] = {{0}};
+  embps__buf_t frames[5] = {{0}};
   uint8_t bigger[4096];
   embps_error_t err;
   (void)state;
   all_frames(frames);
-  for (int k = 0; k < 4; k++) {
+  for (int k = 0; k < 5; k++) {
     frame_t f = split_frame(&frames[k]);
     assert_int_equal(parse_any(f.type, f.p, f.len, &err), EMBPS_OK);
     for (size_t cut = 0; cut < f.len; cut++) {
@@ -369,8 +431,8 @@ static void expect_field_refused(const embps__buf_t *b, size_t off, size_t n, ui
 }
 
 static void test_bad_fields(void **state) {
-  embps_round_entry_t e[4];
-  embps_table_config_t c[4];
+  embps_round_entry_t e[SAMPLE_ROUND_LEN];
+  embps_table_config_t c[SAMPLE_ROUND_LEN];
   embps_batch_desc_t d = sample_notice();
   embps__device_claim_t claim = {.host = "h", .bus_id = "b", .device = 0};
   embps__buf_t b = {0};
@@ -379,17 +441,24 @@ static void test_bad_fields(void **state) {
   expect_field_refused(&b, 16, 1, 200, "table name length 200"); /* beyond the payload */
   expect_field_refused(&b, 16, 1, 2, "bytes after its last field");
   b.len = 0;
-  assert_int_equal(embps__frame_round(&b, e, c, sample_round(e, c), NULL), EMBPS_OK);
+  assert_int_equal(embps__frame_round(&b, e, c, sample_ckpts, sample_round(e, c), NULL), EMBPS_OK);
   /* entry 0 starts at 4: batch_id 8, action 4, kind 4, status 4, message length 2 */
   expect_field_refused(&b, 12, 4, 7, "action 7");
   expect_field_refused(&b, 16, 4, 9, "batch kind 9");
   expect_field_refused(&b, 20, 4, 99, "status 99");
   expect_field_refused(&b, 24, 2, 400, "message length 400");
-  expect_field_refused(&b, 0, 4, 5, "cut short"); /* more entries than sent */
+  expect_field_refused(&b, 0, 4, SAMPLE_ROUND_LEN + 1, "cut short"); /* more entries than sent */
   b.len = 0;
   assert_int_equal(embps__frame_device(&b, &claim, NULL), EMBPS_OK);
   expect_field_refused(&b, 0, 1, 2, "malformed DEVICE frame");
   embps__buf_free(&b);
+}
+
+static void expect_field_refused_ckpt(const embps__buf_t *b) {
+  expect_field_refused(b, 0, 1, 4, "kind 4");
+  expect_field_refused(b, 0, 1, 0, "kind 0");
+  expect_field_refused(b, 17, 4, 17, "status 17");
+  expect_field_refused(b, 29, 1, 2, "final flag 2");
 }
 
 static void test_frame_headers(void **state) {
@@ -431,7 +500,7 @@ static void test_frame_headers(void **state) {
   memcpy(header, "\1\0\0\0\0", 5);
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_INVALID_ARGUMENT);
   assert_contains(err.message, "unknown type 0");
-  memcpy(header, "\1\0\0\0\6", 5);
+  memcpy(header, "\1\0\0\0\7", 5);
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_INVALID_ARGUMENT);
   memcpy(header, "\1\0\0\0\3", 5); /* an empty BROKEN frame is fine */
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_OK);
@@ -454,7 +523,7 @@ static void test_garbage(void **state) {
       junk[0] = (uint8_t)(rand_r(&seed) % 4);
       junk[1] = junk[2] = junk[3] = 0;
     }
-    for (uint8_t type = EMBPS__FRAME_NOTICE; type <= EMBPS__FRAME_NCCL_ID; type++) {
+    for (uint8_t type = EMBPS__FRAME_NOTICE; type <= EMBPS__FRAME_CHECKPOINT; type++) {
       embps_status_t st = parse_any(type, junk, len, &err);
       assert_true(st == EMBPS_OK || st == EMBPS_INVALID_ARGUMENT);
     }
@@ -471,8 +540,8 @@ static void test_garbage(void **state) {
 
 /* An allocation that fails leaves the buffer as it was, and says so. */
 static void test_allocation_failure(void **state) {
-  embps_round_entry_t e[4];
-  embps_table_config_t c[4];
+  embps_round_entry_t e[SAMPLE_ROUND_LEN];
+  embps_table_config_t c[SAMPLE_ROUND_LEN];
   embps_batch_desc_t d = sample_notice();
   embps__buf_t b = {0};
   embps_error_t err;
@@ -491,7 +560,7 @@ static void test_allocation_failure(void **state) {
   memset(e, 0, sizeof(e));
   for (int i = 0; i < 4; i++)
     memset(e[i].message, 'm', sizeof(e[i].message) - 1);
-  embps_status_t st = embps__frame_round(&b, e, c, 4, &err);
+  embps_status_t st = embps__frame_round(&b, e, c, NULL, 4, &err);
   embps_alloc_fail_after(0);
   if (cap - before < 4 * sizeof(e[0].message)) {
     assert_int_equal(st, EMBPS_RESOURCE_EXHAUSTED);
@@ -512,6 +581,7 @@ int main(void) {
       cmocka_unit_test(test_verdict_round_trip),
       cmocka_unit_test(test_notice_round_trip_and_bytes),
       cmocka_unit_test(test_round_round_trip),
+      cmocka_unit_test(test_checkpoint_round_trip),
       cmocka_unit_test(test_broken_device_nccl_round_trip),
       cmocka_unit_test(test_truncated_and_oversized_payloads),
       cmocka_unit_test(test_bad_fields),
