@@ -20,6 +20,7 @@
 #include "server/net/net.h"
 #include "server/service/service.h"
 #include "server/settings.h"
+#include "server/store/checkpoint.h"
 #include "server/store/store.h"
 
 #ifdef EMBPS_HAVE_CUDA
@@ -41,6 +42,9 @@ typedef struct server {
   embps_net_t *net;
   int closing;
   int exit_code;
+  int has_checkpoints;
+  int final_state; /* the drain's final checkpoint: 0 not asked, 1 in flight, 2 done */
+  embps_op_t final_op;
 } server_t;
 
 static void shut_down(server_t *s) {
@@ -57,10 +61,32 @@ static void shut_down(server_t *s) {
   embps_group_close(s->group);
 }
 
+static void on_final_checkpoint(embps_op_t *op) {
+  server_t *s = op->user;
+  if (op->error.status == EMBPS_OK)
+    EMBPS_INFO("final checkpoint complete: %s (round %llu, %llu bytes)", op->ckpt_path,
+               (unsigned long long)op->ckpt_round, (unsigned long long)op->ckpt_bytes);
+  else
+    EMBPS_ERROR("the final checkpoint failed: %s", op->error.message);
+  s->final_state = 2;
+}
+
+/* Once the calls taken are answered, the rank asks the group for a final checkpoint (when it
+ * has a checkpoint directory and tables) and leaves once it is complete. */
 static void on_drain_tick(uv_timer_t *timer) {
   server_t *s = timer->data;
   uint64_t left = embps_service_inflight(s->service);
-  if (left == 0) {
+  if (left == 0 && s->final_state == 0 && s->has_checkpoints && embps_store_count(s->store) > 0 &&
+      embps_group_state(s->group, NULL, 0) == EMBPS_GROUP_READY) {
+    EMBPS_INFO("drained: every call taken is answered; taking the final checkpoint");
+    memset(&s->final_op, 0, sizeof(s->final_op));
+    s->final_op.kind = EMBPS_OP_CHECKPOINT;
+    s->final_op.ckpt_final = 1;
+    s->final_op.done = on_final_checkpoint;
+    s->final_op.user = s;
+    s->final_state = 1;
+    embps_group_submit(s->group, &s->final_op);
+  } else if (left == 0 && s->final_state != 1) {
     EMBPS_INFO("drained: every call taken is answered; shutting down");
     shut_down(s);
   } else if (embps_now_ms() >= s->drain_deadline_ms) {
@@ -172,10 +198,92 @@ static int peer_addresses(const embps_settings_t *set, char (*bufs)[300], const 
   return ret;
 }
 
+/* Checkpoints: the directory must exist and be writable (every rank checks), the leader locks
+ * it against a second group, and --restore names the checkpoint to start from (*restore_round
+ * 0: none), which joins the identity, so that ranks that would restore different ones refuse
+ * each other. Returns 0, or -1 with the reason printed. */
+static int checkpoint_setup(const embps_settings_t *set, uint32_t rank, uint32_t size,
+                            char *identity, size_t cap, char *restore_dir, size_t rd_cap,
+                            uint64_t *restore_round) {
+  const char *dir = set->checkpoint_dir;
+  embps_error_t err;
+  size_t used = strlen(identity);
+  int lock_fd;
+  *restore_round = 0;
+  if (dir[0]) {
+    char holder[400], host[256] = "?";
+    if (strlen(dir) > 1000) {
+      fprintf(stderr, "embps-server: --checkpoint-dir: a path of at most 1000 bytes, please\n");
+      return -1;
+    }
+    if (embps_ckpt_dir_check(dir, &err) != EMBPS_OK) {
+      fprintf(stderr, "embps-server: --checkpoint-dir: %s\n", err.message);
+      return -1;
+    }
+    gethostname(host, sizeof(host) - 1);
+    snprintf(holder, sizeof(holder), "pid %d on host %s, the leader of a %u-rank group",
+             (int)getpid(), host, size);
+    /* The lock lives as long as the process: its descriptor is never closed. */
+    if (rank == 0 && embps_ckpt_dir_lock(dir, holder, &lock_fd, &err) != EMBPS_OK) {
+      fprintf(stderr, "embps-server: %s\n", err.message);
+      return -1;
+    }
+  }
+  if (strcmp(set->restore, "none") == 0) {
+  } else if (strcmp(set->restore, "auto") == 0) {
+    embps_ckpt_manifest_t *list = NULL;
+    size_t n = 0;
+    if (dir[0]) {
+      if (embps_ckpt_list(dir, &list, &n, &err) != EMBPS_OK) {
+        fprintf(stderr, "embps-server: --restore auto: %s\n", err.message);
+        return -1;
+      }
+      for (size_t i = n; i-- > 0 && !*restore_round;)
+        if (!list[i].scope[0])
+          *restore_round = list[i].round;
+      embps_ckpt_list_free(list, n);
+      snprintf(restore_dir, rd_cap, "%s", dir);
+    }
+  } else {
+    char path[EMBPS_CKPT_PATH_MAX], *slash;
+    embps_ckpt_manifest_t m;
+    size_t len;
+    snprintf(path, sizeof(path), "%s", set->restore);
+    while ((len = strlen(path)) > 1 && path[len - 1] == '/')
+      path[len - 1] = '\0';
+    if (embps_ckpt_read_manifest(path, &m, &err) != EMBPS_OK) {
+      fprintf(stderr, "embps-server: --restore %s: %s\n", set->restore, err.message);
+      return -1;
+    }
+    *restore_round = m.round;
+    embps_ckpt_manifest_free(&m);
+    slash = strrchr(path, '/');
+    if (slash == path)
+      snprintf(restore_dir, rd_cap, "/");
+    else if (slash)
+      snprintf(restore_dir, rd_cap, "%.*s", (int)(slash - path), path);
+    else
+      snprintf(restore_dir, rd_cap, ".");
+  }
+  if (*restore_round)
+    EMBPS_INFO("restoring the checkpoint of round %llu from %s", (unsigned long long)*restore_round,
+               restore_dir);
+  if ((size_t)snprintf(identity + used, cap - used,
+                       "checkpoints=%s\nincremental=%d\nrestore=%llu\n", dir[0] ? "on" : "off",
+                       (int)set->checkpoint_incremental,
+                       (unsigned long long)*restore_round) >= cap - used) {
+    fprintf(stderr, "embps-server: the group's configuration does not fit in %zu bytes\n", cap);
+    return -1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static char peer_addrs_buf[EMBPS_SETTINGS_MAX_PEERS][300];
   const char *peer_addrs[EMBPS_SETTINGS_MAX_PEERS];
   char identity[4096], mesh_text[256], ta[256], da[256], listen_addr[300];
+  char restore_dir[EMBPS_CKPT_PATH_MAX] = "";
+  uint64_t restore_round;
   embps_hostport_t mine, shown;
   size_t num_peers = 0;
   embps_settings_t set;
@@ -268,10 +376,14 @@ int main(int argc, char **argv) {
             sizeof(identity));
     return 2;
   }
+  if (checkpoint_setup(&set, rank, group_size, identity, sizeof(identity), restore_dir,
+                       sizeof(restore_dir), &restore_round) != 0)
+    return 2;
 
   memset(&scfg, 0, sizeof(scfg));
   scfg.max_table_bytes = set.max_table_bytes ? set.max_table_bytes : default_max_table_bytes();
   snprintf(scfg.mesh, sizeof(scfg.mesh), "%s", mesh_text);
+  scfg.loop = &s.loop;
   memset(&ncfg, 0, sizeof(ncfg));
   ncfg.max_message_bytes = set.max_message_bytes;
   ncfg.stall_timeout_ms = set.stall_timeout_ms;
@@ -288,6 +400,15 @@ int main(int argc, char **argv) {
   gcfg.batch_deadline_ms = set.batch_deadline_ms;
   gcfg.backend = backend;
   gcfg.device = device;
+  gcfg.checkpoint_dir = set.checkpoint_dir;
+  gcfg.checkpoint_keep = (uint32_t)set.checkpoint_keep;
+  gcfg.checkpoint_interval_ms = set.checkpoint_interval_s * 1000u;
+  gcfg.checkpoint_incremental = (int)set.checkpoint_incremental;
+  gcfg.checkpoint_full_every = set.checkpoint_full_every ? (uint32_t)set.checkpoint_full_every : 1;
+  gcfg.restore_dir = restore_dir;
+  gcfg.restore_round = restore_round;
+  gcfg.max_table_bytes = scfg.max_table_bytes;
+  s.has_checkpoints = set.checkpoint_dir[0] != '\0';
   gcfg.on_fatal = on_group_fatal;
   gcfg.on_fatal_arg = &s;
 

@@ -11,7 +11,7 @@
 #include "common/alloc.h"
 #include "common/hostport.h"
 
-typedef enum { TYPE_STR, TYPE_SIZE, TYPE_U64, TYPE_ADDR, TYPE_ADDRS } setting_type_t;
+typedef enum { TYPE_STR, TYPE_SIZE, TYPE_U64, TYPE_ADDR, TYPE_ADDRS, TYPE_BOOL } setting_type_t;
 
 typedef struct setting_desc {
   const char *flag;
@@ -132,6 +132,15 @@ static embps_status_t set_value(embps_settings_t *s, const setting_desc_t *d, co
                              value);
     break;
   }
+  case TYPE_BOOL:
+    if (strcmp(value, "1") == 0 || strcmp(value, "true") == 0)
+      v = 1;
+    else if (strcmp(value, "0") == 0 || strcmp(value, "false") == 0)
+      v = 0;
+    else
+      return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "%s: '%s' is not true, false, 1 or 0",
+                             source, value);
+    break;
   default:
     return EMBPS_INTERNAL;
   }
@@ -178,6 +187,8 @@ embps_status_t embps_settings_load(embps_settings_t *s, int argc, char **argv, i
                              argv[i]);
     if (eq)
       value = eq + 1;
+    else if (d->type == TYPE_BOOL) /* a bare boolean flag turns it on */
+      value = "true";
     else if (i + 1 < argc)
       value = argv[++i];
     else

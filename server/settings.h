@@ -14,7 +14,8 @@
  * Types: STR (a string), SIZE (an unsigned count that takes K/M/G/T suffixes, powers of 1024),
  * U64 (a plain unsigned count), ADDR (empty, or a listen address as common/hostport.h parses
  * it: HOST:PORT, [V6]:PORT, port 0 allowed), ADDRS (empty, or a comma-separated list of at most
- * EMBPS_SETTINGS_MAX_PEERS HOST:PORT addresses). Hosts are IP literals or DNS names. */
+ * EMBPS_SETTINGS_MAX_PEERS HOST:PORT addresses), BOOL (true, false, 1 or 0; the bare flag means
+ * true). Hosts are IP literals or DNS names. */
 #define EMBPS_SERVER_SETTINGS(X)                                                                   \
   X(listen, ADDR, "listen", "",                                                                    \
     "address to serve gRPC clients on (HOST:PORT); default: this rank's entry of --peers, "        \
@@ -53,6 +54,21 @@
     "when a GPU is visible)")                                                                      \
   X(device, STR, "device", "auto",                                                                 \
     "cuda: the CUDA device this rank uses; auto = rank modulo the devices visible")                \
+  X(checkpoint_dir, STR, "checkpoint-dir", "",                                                     \
+    "directory for checkpoints, one filesystem shared by every rank; empty: tables live in "       \
+    "memory only")                                                                                 \
+  X(checkpoint_keep, U64, "checkpoint-keep", "3",                                                  \
+    "complete checkpoints kept (of every table, and of each single table); older ones are "        \
+    "removed once a newer one is complete; 0 keeps all")                                           \
+  X(checkpoint_interval_s, U64, "checkpoint-interval-s", "0",                                      \
+    "take a checkpoint of every table this often; 0: only when asked (Checkpoint, SIGTERM)")       \
+  X(checkpoint_incremental, BOOL, "checkpoint-incremental", "false",                               \
+    "write only the rows changed since the previous checkpoint, chained to a full one")            \
+  X(checkpoint_full_every, U64, "checkpoint-full-every", "8",                                      \
+    "with --checkpoint-incremental: every this many checkpoints, a full one")                      \
+  X(restore, STR, "restore", "auto",                                                               \
+    "at startup: auto (the latest complete checkpoint of every table in --checkpoint-dir, if "     \
+    "any), none, or the path of a checkpoint")                                                     \
   X(log_level, STR, "log-level", "info", "debug, info, warn or error")
 
 /** Most entries --peers takes (the largest group). */
@@ -64,6 +80,7 @@ typedef struct embps_settings {
 #define EMBPS_SETTING_FIELD_ADDRS(name) char name[1024];
 #define EMBPS_SETTING_FIELD_SIZE(name) uint64_t name;
 #define EMBPS_SETTING_FIELD_U64(name) uint64_t name;
+#define EMBPS_SETTING_FIELD_BOOL(name) uint64_t name;
 #define EMBPS_SETTING_FIELD(name, type, flag, def, help) EMBPS_SETTING_FIELD_##type(name)
   EMBPS_SERVER_SETTINGS(EMBPS_SETTING_FIELD)
 #undef EMBPS_SETTING_FIELD

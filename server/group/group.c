@@ -33,6 +33,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "server/group/checkpointer.h"
 #include "server/group/control.h"
 #include "server/group/control_io.h"
 #include "server/group/formation.h"
@@ -44,6 +45,16 @@ _Static_assert((int)EMBPS_OP_LOOKUP == (int)EMBPS_BATCH_LOOKUP &&
                "op kinds travel as batch kinds");
 
 #define CREATE_ID_BIT (UINT64_C(1) << 63) /* the leader's own ids for creates */
+#define CKPT_ID_BIT (UINT64_C(3) << 62)   /* and for checkpoints (with the round) */
+
+/* Leader: a checkpoint asked for and not yet ordered. */
+typedef struct ckpt_request {
+  uint32_t rank;
+  int final;
+  uint64_t seq; /* the rank's request number; 0 for the leader's periodic ones */
+  char scope[EMBPS_TABLE_NAME_MAX];
+  struct ckpt_request *next;
+} ckpt_request_t;
 
 struct embps_group {
   embps_group_config_t cfg;
@@ -83,6 +94,32 @@ struct embps_group {
   embps_op_t *parked; /* ops waiting for their round, arrival order */
   uint64_t next_create_id;
   embps_comm_stats_t comm_stats; /* copy for other threads, guarded by mu */
+
+  /* Checkpoints (group thread only). */
+  char *ckpt_dir;                                    /* NULL: off */
+  embps__ckpt_t *ckpt;                               /* capture, writer, restore */
+  int ckpt_fd;                                       /* the writer's eventfd */
+  embps__ckpt_order_t round_ckpts[EMBPS__ROUND_MAX]; /* the orders of the round being applied */
+  embps_op_t *ckpt_ops, *ckpt_ops_tail;              /* this rank's, waiting, by seq */
+  uint64_t ckpt_seq;                                 /* the last this rank asked for */
+  /* Leader only, but for final_done and final_msg, which every rank keeps. */
+  uint64_t round_no;                   /* entries run so far (with the restored checkpoint's) */
+  ckpt_request_t *req_head, *req_tail; /* asked for, not yet ordered */
+  int ckpt_inflight;                   /* cur is ordered and not yet complete */
+  embps__ckpt_order_t cur;
+  uint32_t cur_reported;  /* ranks that reported on cur */
+  embps_error_t cur_err;  /* the first failure reported */
+  uint64_t *cur_attached; /* size entries: the highest request seq of each rank cur answers */
+  uint64_t chain_base;    /* the last complete checkpoint of every table an incremental one may
+                             apply on; 0: the next is full */
+  uint32_t since_full;    /* incremental checkpoints since the chain's full one */
+  uint64_t next_periodic_ms;
+  int cur_final;  /* cur answers a rank that is shutting down */
+  int closing;    /* a final checkpoint was ordered: every later batch fails */
+  int final_done; /* ... and is complete (every rank hears of it): final_msg
+                     answers the requests of ranks shutting down */
+  embps__ckpt_msg_t final_msg;
+  char *restore_dir;
 };
 
 static int is_leader(const embps_group_t *g) { return g->cfg.rank == 0; }
@@ -161,6 +198,16 @@ static void set_state(embps_group_t *g, embps_group_state_t state, const char *m
   atomic_store(&g->state, (int)state);
 }
 
+/* Answers a shutting-down rank's checkpoint op with the group's final checkpoint, which is
+ * complete: every rank heard of it when it was. */
+static void complete_final(embps_group_t *g, embps_op_t *op) {
+  op->next = NULL;
+  op->ckpt_round = g->final_msg.round;
+  op->ckpt_bytes = g->final_msg.bytes;
+  snprintf(op->ckpt_path, sizeof(op->ckpt_path), "%s", g->final_msg.path);
+  complete(g, op);
+}
+
 /* Breaks the group: every parked op fails, and so will every later one. */
 static void fail_all(embps_group_t *g, const char *msg) {
   set_state(g, EMBPS_GROUP_BROKEN, msg);
@@ -169,6 +216,15 @@ static void fail_all(embps_group_t *g, const char *msg) {
     g->parked = op->next;
     fail_op(g, op, EMBPS_UNAVAILABLE, msg);
   }
+  while (g->ckpt_ops) {
+    embps_op_t *op = g->ckpt_ops;
+    g->ckpt_ops = op->next;
+    if (op->ckpt_final && g->final_done) /* the group's final checkpoint is complete */
+      complete_final(g, op);
+    else
+      fail_op(g, op, EMBPS_UNAVAILABLE, msg);
+  }
+  g->ckpt_ops_tail = NULL;
 }
 
 /* Breaks the group on this rank and makes sure every other rank hears of it: a non-leader
@@ -233,8 +289,10 @@ static embps_op_t *find_parked(embps_group_t *g, uint64_t batch_id, int unlink) 
   return NULL;
 }
 
-/* Leader: sends round entries e[0..n) to every rank, with the config of each create it runs. */
-static embps_status_t send_round(embps_group_t *g, const embps_round_entry_t *e, size_t n) {
+/* Leader: sends round entries e[0..n) to every rank, with the config of each create it runs
+ * (and, for a checkpoint, its order in ckpts). */
+static embps_status_t send_round(embps_group_t *g, const embps_round_entry_t *e,
+                                 const embps__ckpt_order_t *ckpts, size_t n) {
   embps_status_t ret;
   for (size_t i = 0; i < n; i++) {
     embps_op_t *op = e[i].action == EMBPS_ROUND_RUN && e[i].kind == EMBPS_OP_CREATE_TABLE
@@ -246,7 +304,7 @@ static embps_status_t send_round(embps_group_t *g, const embps_round_entry_t *e,
       memset(&g->round_configs[i], 0, sizeof(g->round_configs[i]));
   }
   g->out.len = 0;
-  if ((ret = embps__frame_round(&g->out, e, g->round_configs, n, NULL)) != EMBPS_OK)
+  if ((ret = embps__frame_round(&g->out, e, g->round_configs, ckpts, n, NULL)) != EMBPS_OK)
     return ret;
   for (uint32_t r = 1; r < g->cfg.size && ret == EMBPS_OK; r++)
     ret = send_out(g, r);
@@ -279,10 +337,260 @@ static embps_status_t read_frames(embps_group_t *g, uint32_t peer, frame_fn hand
   return EMBPS_OK;
 }
 
+/* ---- checkpoints ----------------------------------------------------------------------------- */
+
+static embps_status_t send_ckpt(embps_group_t *g, uint32_t peer, const embps__ckpt_msg_t *m) {
+  embps_status_t ret;
+  g->out.len = 0;
+  if ((ret = embps__frame_checkpoint(&g->out, m, NULL)) != EMBPS_OK)
+    return ret;
+  return send_out(g, peer);
+}
+
+/* Answers this rank's checkpoint ops up to m->seq with checkpoint m's outcome. */
+static void complete_ckpt_ops(embps_group_t *g, const embps__ckpt_msg_t *m) {
+  while (g->ckpt_ops && m->seq && g->ckpt_ops->ckpt_seq <= m->seq) {
+    embps_op_t *op = g->ckpt_ops;
+    g->ckpt_ops = op->next;
+    if (!g->ckpt_ops)
+      g->ckpt_ops_tail = NULL;
+    op->next = NULL;
+    if (m->status != EMBPS_OK) {
+      fail_op(g, op, (embps_status_t)m->status, m->message);
+      continue;
+    }
+    op->ckpt_round = m->round;
+    op->ckpt_bytes = m->bytes;
+    snprintf(op->ckpt_path, sizeof(op->ckpt_path), "%s", m->path);
+    complete(g, op);
+  }
+}
+
+/* Leader: rank `rank` asks for a checkpoint of scope (its request seq; 0: the leader's own
+ * periodic one, which answers nobody). */
+static void leader_request(embps_group_t *g, uint32_t rank, uint64_t seq, const char *scope,
+                           int final) {
+  ckpt_request_t *q = embps_calloc(1, sizeof(*q));
+  if (!q) {
+    embps__ckpt_msg_t m = {
+        .what = EMBPS__CKPT_COMPLETE, .seq = seq, .status = EMBPS_RESOURCE_EXHAUSTED};
+    snprintf(m.message, sizeof(m.message), "the leader is out of memory for a checkpoint request");
+    if (rank == 0)
+      complete_ckpt_ops(g, &m);
+    else if (send_ckpt(g, rank, &m) != EMBPS_OK)
+      break_group(g, "the leader could not answer a checkpoint request");
+    return;
+  }
+  q->rank = rank;
+  q->final = final;
+  q->seq = seq;
+  snprintf(q->scope, sizeof(q->scope), "%s", scope);
+  if (g->req_tail)
+    g->req_tail->next = q;
+  else
+    g->req_head = q;
+  g->req_tail = q;
+}
+
+/* Leader: rank `rank` has written its files of checkpoint `round` (or failed to); once every
+ * rank has, the manifest is written or what was written removed. */
+static void leader_report(embps_group_t *g, uint32_t rank, uint64_t round,
+                          const embps_error_t *err) {
+  if (!g->ckpt_inflight || round != g->cur.round)
+    return;
+  g->cur_reported++;
+  if (err->status != EMBPS_OK && g->cur_err.status == EMBPS_OK)
+    embps_error_set(&g->cur_err, err->status, "rank %u: %.400s", rank, err->message);
+  if (g->cur_reported == g->cfg.size)
+    embps__ckpt_finish(g->ckpt, &g->cur, g->cur_err.status == EMBPS_OK, &g->cur_err);
+}
+
+/* This rank's files of checkpoint `round` are durable, or not: the leader hears of it. */
+static void report_ckpt_done(embps_group_t *g, uint64_t round, const embps_error_t *err,
+                             uint64_t bytes) {
+  embps__ckpt_msg_t m = {.what = EMBPS__CKPT_DONE, .round = round, .bytes = bytes};
+  if (is_leader(g)) {
+    leader_report(g, 0, round, err);
+    return;
+  }
+  m.status = (uint32_t)err->status;
+  snprintf(m.message, sizeof(m.message), "%s", err->message);
+  if (send_ckpt(g, 0, &m) != EMBPS_OK)
+    break_group(g, "this rank lost its connection to the leader (rank 0)");
+}
+
+/* Every rank, applying a checkpoint's round entry: the capture; the writer does the rest. */
+static void run_ckpt_entry(embps_group_t *g, const embps__ckpt_order_t *o) {
+  embps_error_t err;
+  embps_error_clear(&err);
+  if (!g->ckpt)
+    embps_error_set(&err, EMBPS_FAILED_PRECONDITION,
+                    "rank %u has no --checkpoint-dir, and every rank of a group needs the same one",
+                    g->cfg.rank);
+  else if (embps__ckpt_capture(g->ckpt, g->engine, g->store, o, &err) == EMBPS_OK)
+    return;
+  report_ckpt_done(g, o->round, &err, 0);
+}
+
+/* Leader: the checkpoint in flight is complete (or failed). Every rank whose requests it
+ * answers hears of it, and the next checkpoint may be ordered. */
+static void leader_complete(embps_group_t *g, const embps__ckpt_result_t *r) {
+  embps__ckpt_msg_t m = {.what = EMBPS__CKPT_COMPLETE, .round = r->round, .bytes = r->bytes};
+  const int whole = g->cur.scope[0] == '\0';
+  m.status = (uint32_t)r->error.status;
+  snprintf(m.path, sizeof(m.path), "%s", r->path);
+  snprintf(m.message, sizeof(m.message), "%s", r->error.message);
+  if (r->error.status == EMBPS_OK)
+    EMBPS_INFO("checkpoint of round %llu complete: %s (%s, %llu bytes)",
+               (unsigned long long)r->round, r->path, g->cur.base_round ? "incremental" : "full",
+               (unsigned long long)r->bytes);
+  /* Every rank hears of a final checkpoint (those that did not ask for it will, as they shut
+   * down too, and may find the leader gone by then). */
+  m.final = (uint8_t)(g->cur_final && r->error.status == EMBPS_OK);
+  for (uint32_t rank = 1; rank < g->cfg.size; rank++) {
+    if (!(m.seq = g->cur_attached[rank]) && !m.final)
+      continue;
+    if (send_ckpt(g, rank, &m) != EMBPS_OK) {
+      break_group(g, "the leader could not tell a rank that its checkpoint is complete");
+      return;
+    }
+  }
+  m.seq = g->cur_attached[0];
+  complete_ckpt_ops(g, &m);
+  if (whole) { /* a checkpoint of every table moves the incremental chain on, or breaks it */
+    g->since_full = r->error.status == EMBPS_OK && g->cur.base_round ? g->since_full + 1 : 0;
+    g->chain_base = r->error.status == EMBPS_OK ? r->round : 0;
+  }
+  g->ckpt_inflight = 0;
+  g->next_periodic_ms = embps_now_ms() + g->cfg.checkpoint_interval_ms;
+  if (g->cur_final && r->error.status == EMBPS_OK) {
+    g->final_done = 1;
+    g->final_msg = m;
+  }
+}
+
+/* Whatever the writer finished. */
+static void on_ckpt_results(embps_group_t *g) {
+  embps__ckpt_result_t r;
+  uint64_t v;
+  while (read(g->ckpt_fd, &v, sizeof(v)) > 0) {
+  }
+  while (embps__ckpt_take(g->ckpt, &r)) {
+    if (atomic_load(&g->state) != EMBPS_GROUP_READY)
+      continue;
+    if (r.manifest)
+      leader_complete(g, &r);
+    else
+      report_ckpt_done(g, r.round, &r.error, r.bytes);
+  }
+}
+
+static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n,
+                        const embps_table_config_t *configs, const embps__ckpt_order_t *ckpts);
+
+/* Leader: orders the next checkpoint asked for (or due), once none is in flight. Requests of
+ * the same scope waiting in a row are answered by one checkpoint. */
+static void leader_order_ckpt(embps_group_t *g) {
+  const char *scope;
+  if (!g->ckpt || g->ckpt_inflight || atomic_load(&g->state) != EMBPS_GROUP_READY)
+    return;
+  if (!g->req_head && !g->closing && g->cfg.checkpoint_interval_ms &&
+      embps_now_ms() >= g->next_periodic_ms) {
+    if (embps_store_count(g->store) > 0)
+      leader_request(g, 0, 0, "", 0);
+    else
+      g->next_periodic_ms = embps_now_ms() + g->cfg.checkpoint_interval_ms;
+  }
+  if (!g->req_head)
+    return;
+  if (g->final_done) { /* the group is going down and its final checkpoint is on disk */
+    while (g->req_head) {
+      ckpt_request_t *q = g->req_head;
+      g->req_head = q->next;
+      g->final_msg.seq = q->seq;
+      if (q->rank == 0)
+        complete_ckpt_ops(g, &g->final_msg);
+      else if (q->seq && send_ckpt(g, q->rank, &g->final_msg) != EMBPS_OK)
+        break_group(g, "the leader could not tell a rank that its checkpoint is complete");
+      embps_free(q);
+    }
+    g->req_tail = NULL;
+    return;
+  }
+  memset(&g->cur, 0, sizeof(g->cur));
+  g->cur_final = 0;
+  memset(g->cur_attached, 0, g->cfg.size * sizeof(*g->cur_attached));
+  scope = g->req_head->scope;
+  snprintf(g->cur.scope, sizeof(g->cur.scope), "%s", scope);
+  while (g->req_head && strcmp(g->req_head->scope, g->cur.scope) == 0) {
+    ckpt_request_t *q = g->req_head;
+    g->req_head = q->next;
+    if (q->seq > g->cur_attached[q->rank])
+      g->cur_attached[q->rank] = q->seq;
+    g->cur_final |= q->final;
+    embps_free(q);
+  }
+  if (!g->req_head)
+    g->req_tail = NULL;
+  g->cur.round = ++g->round_no;
+  if (!g->cur.scope[0] && g->cfg.checkpoint_incremental && g->chain_base &&
+      g->since_full + 1 < g->cfg.checkpoint_full_every)
+    g->cur.base_round = g->chain_base;
+  g->ckpt_inflight = 1;
+  g->cur_reported = 0;
+  embps_error_clear(&g->cur_err);
+  memset(&g->round[0], 0, sizeof(g->round[0]));
+  g->round[0].batch_id = CKPT_ID_BIT | g->cur.round;
+  g->round[0].action = EMBPS_ROUND_RUN;
+  g->round[0].kind = EMBPS_BATCH_CHECKPOINT;
+  g->round_ckpts[0] = g->cur;
+  if (g->cur_final) {
+    g->closing = 1;
+    EMBPS_INFO("a rank is shutting down: the final checkpoint is round %llu, and the group "
+               "serves no batch after it",
+               (unsigned long long)g->cur.round);
+  }
+  if (g->cfg.size > 1 && send_round(g, g->round, g->round_ckpts, 1) != EMBPS_OK) {
+    break_group(g, "the leader could not send a round to every rank");
+    return;
+  }
+  apply_round(g, g->round, 1, NULL, g->round_ckpts);
+}
+
+/* A checkpoint op from the loop thread: asks the leader, waits for its answer. */
+static void admit_ckpt(embps_group_t *g, embps_op_t *op) {
+  embps__ckpt_msg_t m = {.what = EMBPS__CKPT_REQUEST};
+  if (!g->ckpt) {
+    fail_op(g, op, EMBPS_FAILED_PRECONDITION,
+            "checkpoints are off: start every rank with --checkpoint-dir (EMBPS_CHECKPOINT_DIR)");
+    return;
+  }
+  if (op->ckpt_final && g->final_done) {
+    complete_final(g, op);
+    return;
+  }
+  op->ckpt_seq = ++g->ckpt_seq;
+  op->next = NULL;
+  if (g->ckpt_ops_tail)
+    g->ckpt_ops_tail->next = op;
+  else
+    g->ckpt_ops = op;
+  g->ckpt_ops_tail = op;
+  if (is_leader(g)) {
+    leader_request(g, 0, op->ckpt_seq, op->ckpt_table, op->ckpt_final);
+    return;
+  }
+  m.seq = op->ckpt_seq;
+  m.final = (uint8_t)op->ckpt_final;
+  snprintf(m.scope, sizeof(m.scope), "%s", op->ckpt_table);
+  if (send_ckpt(g, 0, &m) != EMBPS_OK)
+    break_group(g, "this rank lost its connection to the leader (rank 0)");
+}
+
 /* ---- rounds ---------------------------------------------------------------------------------- */
 
 static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n,
-                        const embps_table_config_t *configs) {
+                        const embps_table_config_t *configs, const embps__ckpt_order_t *ckpts) {
   /* The round is ordered: every async push in it may say so before any of it runs. */
   for (size_t i = 0; i < n; i++) {
     embps_op_t *op = e[i].action == EMBPS_ROUND_RUN ? find_parked(g, e[i].batch_id, 0) : NULL;
@@ -298,6 +606,12 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
         fail_op(g, op, e[i].status, e[i].message);
       continue;
     }
+    if (e[i].kind == EMBPS_BATCH_CHECKPOINT) {
+      run_ckpt_entry(g, &ckpts[i]);
+      continue;
+    }
+    if (is_leader(g))
+      g->round_no++;
     if (!op && e[i].kind == EMBPS_OP_CREATE_TABLE && !is_leader(g)) {
       memset(&tmp, 0, sizeof(tmp)); /* a create runs on every rank, answered by the leader */
       tmp.kind = EMBPS_OP_CREATE_TABLE;
@@ -317,6 +631,10 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
         fail_op(g, op, EMBPS_UNAVAILABLE, err.message);
       break_group(g, err.message);
       return;
+    }
+    if (op->kind == EMBPS_OP_CREATE_TABLE && op->created && g->ckpt) {
+      embps__ckpt_prepare(g->ckpt, op->created);
+      g->chain_base = 0; /* the chain's full checkpoint lacks the new table */
     }
     if (op != &tmp)
       complete(g, op);
@@ -339,9 +657,29 @@ static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_
       embps_sequencer_arrive(g->seq, peer, &d, embps_now_ms());
   } else if (type == EMBPS__FRAME_ROUND && !is_leader(g)) {
     size_t n;
-    if ((ret = embps__parse_round(p, len, g->round, g->round_configs, EMBPS__ROUND_MAX, &n,
-                                  &err)) == EMBPS_OK)
-      apply_round(g, g->round, n, g->round_configs);
+    if ((ret = embps__parse_round(p, len, g->round, g->round_configs, g->round_ckpts,
+                                  EMBPS__ROUND_MAX, &n, &err)) == EMBPS_OK)
+      apply_round(g, g->round, n, g->round_configs, g->round_ckpts);
+  } else if (type == EMBPS__FRAME_CHECKPOINT) {
+    embps__ckpt_msg_t m;
+    if ((ret = embps__parse_checkpoint(p, len, &m, &err)) != EMBPS_OK) {
+    } else if (is_leader(g) && m.what == EMBPS__CKPT_REQUEST) {
+      leader_request(g, peer, m.seq, m.scope, m.final);
+    } else if (is_leader(g) && m.what == EMBPS__CKPT_DONE) {
+      embps_error_t done;
+      done.status = (embps_status_t)m.status;
+      snprintf(done.message, sizeof(done.message), "%s", m.message);
+      leader_report(g, peer, m.round, &done);
+    } else if (!is_leader(g) && m.what == EMBPS__CKPT_COMPLETE) {
+      if (m.final) {
+        g->final_done = 1;
+        g->final_msg = m;
+      }
+      complete_ckpt_ops(g, &m);
+    } else {
+      ret =
+          embps_error_set(&err, EMBPS_INVALID_ARGUMENT, "a checkpoint message of kind %u", m.what);
+    }
   }
   if (ret != EMBPS_OK) {
     snprintf(why, sizeof(why), "rank %u sent a control frame this rank cannot read (%.300s)", peer,
@@ -350,16 +688,26 @@ static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_
   }
 }
 
-/* Leader: hands out every round the sequencer has ready, and runs it here too. */
+/* Leader: hands out every round the sequencer has ready, and runs it here too. Once a final
+ * checkpoint is ordered, every batch fails instead: what the group acknowledges is in it. */
 static void lead_rounds(embps_group_t *g) {
   size_t n;
   while (atomic_load(&g->state) != EMBPS_GROUP_BROKEN &&
          (n = embps_sequencer_next_round(g->seq, embps_now_ms(), g->round, EMBPS__ROUND_MAX)) > 0) {
-    if (g->cfg.size > 1 && send_round(g, g->round, n) != EMBPS_OK) {
+    for (size_t i = 0; i < n && g->closing; i++) {
+      if (g->round[i].action != EMBPS_ROUND_RUN)
+        continue;
+      g->round[i].action = EMBPS_ROUND_FAIL;
+      g->round[i].status = EMBPS_UNAVAILABLE;
+      snprintf(g->round[i].message, sizeof(g->round[i].message),
+               "the shard group is shutting down (a rank got SIGTERM and its final checkpoint "
+               "is taken); retry once the group is back");
+    }
+    if (g->cfg.size > 1 && send_round(g, g->round, NULL, n) != EMBPS_OK) {
       break_group(g, "the leader could not send a round to every rank");
       return;
     }
-    apply_round(g, g->round, n, NULL);
+    apply_round(g, g->round, n, NULL, NULL);
   }
 }
 
@@ -371,6 +719,10 @@ static void admit(embps_group_t *g, embps_op_t *op) {
 
   if (embps_group_state(g, msg, sizeof(msg)) != EMBPS_GROUP_READY) {
     fail_op(g, op, EMBPS_UNAVAILABLE, msg);
+    return;
+  }
+  if (op->kind == EMBPS_OP_CHECKPOINT) {
+    admit_ckpt(g, op);
     return;
   }
   if (op->kind == EMBPS_OP_CREATE_TABLE)
@@ -404,6 +756,44 @@ static void admit(embps_group_t *g, embps_op_t *op) {
 
 /* ---- the thread ------------------------------------------------------------------------------ */
 
+/* Starts this rank's checkpointer: its writer thread and the eventfd it wakes us with. */
+static embps_status_t start_checkpoints(embps_group_t *g, embps_error_t *err) {
+  embps__ckpt_config_t cc = {.dir = g->ckpt_dir,
+                             .rank = g->cfg.rank,
+                             .size = g->cfg.size,
+                             .keep = g->cfg.checkpoint_keep,
+                             .track_dirty = g->cfg.checkpoint_incremental,
+                             .wake_fd = -1};
+  embps_status_t ret;
+  if ((g->ckpt_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+    return embps_error_set(err, EMBPS_INTERNAL, "cannot make an eventfd: %s", strerror(errno));
+  cc.wake_fd = g->ckpt_fd;
+  if (!(g->cur_attached = embps_calloc(g->cfg.size, sizeof(*g->cur_attached))) ||
+      (ret = embps__ckpt_new(&g->ckpt, &cc)) != EMBPS_OK)
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "cannot start the checkpoint writer");
+  return EMBPS_OK;
+}
+
+/* Restores the checkpoint the group agreed on (every rank in step); the leader's round numbers
+ * go on from it. */
+static embps_status_t restore(embps_group_t *g, embps_error_t *err) {
+  embps_ckpt_manifest_t m;
+  embps_status_t ret;
+  memset(&m, 0, sizeof(m));
+  if ((ret = embps__ckpt_restore(g->ckpt, g->engine, g->store, g->restore_dir, g->cfg.restore_round,
+                                 g->cfg.rank, g->cfg.size, g->cfg.max_table_bytes, &m, err)) !=
+      EMBPS_OK)
+    return ret;
+  g->round_no = m.round;
+  /* A restored checkpoint of every table is the table, row for row: the chain goes on from it
+   * (a full one next if it was itself incremental, to keep chains short). */
+  g->chain_base =
+      !m.scope[0] && g->ckpt_dir && strcmp(g->ckpt_dir, g->restore_dir) == 0 ? m.round : 0;
+  g->since_full = m.base_round ? g->cfg.checkpoint_full_every : 0;
+  embps_ckpt_manifest_free(&m);
+  return EMBPS_OK;
+}
+
 /* Forms the group (formation.h), then starts the engine and the sequencer over its
  * communicator. */
 static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
@@ -427,6 +817,10 @@ static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
                     embps_backend_name(cfg.backend));
   else if (cfg.backend == EMBPS_BACKEND_CUDA)
     atomic_store(&g->host_device, cfg.device);
+  if (ret == EMBPS_OK && g->ckpt_dir)
+    ret = start_checkpoints(g, err);
+  if (ret == EMBPS_OK && g->cfg.restore_round)
+    ret = restore(g, err);
   return ret;
 }
 
@@ -453,7 +847,7 @@ static void drain_incoming(embps_group_t *g, int *stopping) {
 static void *group_main(void *arg) {
   embps_group_t *g = arg;
   const uint32_t N = g->cfg.size;
-  struct pollfd *pfds = embps_calloc(N + 1, sizeof(*pfds));
+  struct pollfd *pfds = embps_calloc(N + 2, sizeof(*pfds));
   embps_error_t err;
   int stopping = 0;
 
@@ -468,6 +862,7 @@ static void *group_main(void *arg) {
     uv_async_send(&g->async);
   } else {
     set_state(g, EMBPS_GROUP_READY, NULL);
+    g->next_periodic_ms = embps_now_ms() + g->cfg.checkpoint_interval_ms;
     EMBPS_INFO("rank %u of %u: the group is ready", g->cfg.rank, N);
   }
 
@@ -475,6 +870,8 @@ static void *group_main(void *arg) {
     nfds_t n = 0;
     int timeout = 1000;
     pfds[n++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
+    if (g->ckpt_fd >= 0)
+      pfds[n++] = (struct pollfd){.fd = g->ckpt_fd, .events = POLLIN};
     if (g->control_fds && atomic_load(&g->state) == EMBPS_GROUP_READY)
       for (uint32_t r = 0; r < N; r++)
         if (g->control_fds[r] >= 0)
@@ -483,15 +880,23 @@ static void *group_main(void *arg) {
       uint64_t left = embps_sequencer_next_deadline(g->seq, embps_now_ms());
       if (left < (uint64_t)timeout)
         timeout = (int)left + 1;
+      if (g->ckpt && g->cfg.checkpoint_interval_ms && !g->ckpt_inflight && !g->closing) {
+        uint64_t now = embps_now_ms();
+        left = g->next_periodic_ms > now ? g->next_periodic_ms - now : 0;
+        if (left < (uint64_t)timeout)
+          timeout = (int)left + 1;
+      }
     }
     if (poll(pfds, n, timeout) < 0 && errno != EINTR)
       break;
     drain_incoming(g, &stopping);
+    if (g->ckpt)
+      on_ckpt_results(g); /* drops them when the group is not ready */
     if (atomic_load(&g->state) != EMBPS_GROUP_READY)
       continue;
     for (nfds_t i = 1; i < n; i++) {
       uint32_t peer = 0;
-      if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+      if (pfds[i].fd == g->ckpt_fd || !(pfds[i].revents & (POLLIN | POLLHUP | POLLERR)))
         continue;
       for (uint32_t r = 0; r < N; r++)
         if (g->control_fds[r] == pfds[i].fd)
@@ -501,8 +906,10 @@ static void *group_main(void *arg) {
         break;
       }
     }
-    if (is_leader(g))
+    if (is_leader(g)) {
       lead_rounds(g);
+      leader_order_ckpt(g);
+    }
   }
   fail_all(g, "this server is shutting down");
   embps_free(pfds);
@@ -519,7 +926,7 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
   g->cfg = *cfg;
   g->loop = loop;
   g->store = store;
-  g->wake_fd = g->cancel_fd = -1;
+  g->wake_fd = g->cancel_fd = g->ckpt_fd = -1;
   atomic_init(&g->host_device, -1);
   if (cfg->size > 1) {
     g->peer_addrs = embps_calloc(cfg->size, sizeof(char *));
@@ -531,8 +938,15 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
   }
   if (!(g->identity = embps_strdup(cfg->identity ? cfg->identity : "")))
     goto fail;
+  if (cfg->checkpoint_dir && cfg->checkpoint_dir[0] &&
+      !(g->ckpt_dir = embps_strdup(cfg->checkpoint_dir)))
+    goto fail;
   g->cfg.peer_addrs = NULL;
   g->cfg.identity = NULL;
+  if (cfg->restore_round && !(g->restore_dir = embps_strdup(cfg->restore_dir)))
+    goto fail;
+  g->cfg.checkpoint_dir = NULL;
+  g->cfg.restore_dir = NULL;
   if ((g->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0 ||
       (g->cancel_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
     goto fail;
@@ -562,6 +976,8 @@ fail:
       embps_free(g->peer_addrs[r]);
   embps_free(g->peer_addrs);
   embps_free(g->identity);
+  embps_free(g->ckpt_dir);
+  embps_free(g->restore_dir);
   embps_free(g);
   return EMBPS_RESOURCE_EXHAUSTED;
 }
@@ -598,6 +1014,8 @@ void embps_group_comm_stats(embps_group_t *g, embps_comm_stats_t *out) {
     memset(out, 0, sizeof(*out));
 }
 
+const char *embps_group_checkpoint_dir(const embps_group_t *g) { return g->ckpt_dir; }
+
 uint64_t embps_group_pending(const embps_group_t *g) {
   return atomic_load_explicit(&((embps_group_t *)g)->pending, memory_order_relaxed);
 }
@@ -624,6 +1042,17 @@ void embps_group_close(embps_group_t *g) {
 void embps_group_free(embps_group_t *g) {
   if (!g)
     return;
+  embps__ckpt_free(g->ckpt); /* finishes the file being written */
+  if (g->ckpt_fd >= 0)
+    close(g->ckpt_fd);
+  while (g->req_head) {
+    ckpt_request_t *q = g->req_head;
+    g->req_head = q->next;
+    embps_free(q);
+  }
+  embps_free(g->cur_attached);
+  embps_free(g->ckpt_dir);
+  embps_free(g->restore_dir);
   embps_engine_free(g->engine);
   embps_sequencer_free(g->seq);
   embps_comm_free(g->comm);

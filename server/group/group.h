@@ -44,7 +44,18 @@ typedef struct embps_group_config {
   uint64_t batch_deadline_ms;    /* a batch whose shards do not all arrive in time fails */
   embps_backend_t backend;       /* cpu, or cuda (tables on `device`, NCCL between ranks) */
   int device;                    /* cuda: the CUDA device this rank uses */
-  /** Called on the loop thread if the group cannot form (bootstrap failed). */
+  /* Checkpoints (DESIGN.md, Durability); all off without checkpoint_dir. */
+  const char *checkpoint_dir;      /* NULL or "": no checkpoints; else a directory every rank
+                                      shares (checked and, on the leader, locked by the caller) */
+  uint32_t checkpoint_keep;        /* complete checkpoints kept per scope; 0: all */
+  uint64_t checkpoint_interval_ms; /* the leader takes one this often; 0: on demand only */
+  int checkpoint_incremental;      /* write only the rows changed since the previous one */
+  uint32_t checkpoint_full_every;  /* with incremental: every this many, a full one */
+  const char *restore_dir;         /* with restore_round: the directory that holds it */
+  uint64_t restore_round;          /* 0: start empty; else restore restore_dir's checkpoint of
+                                      this round before serving */
+  uint64_t max_table_bytes;        /* what a restored table may take on this rank */
+  /** Called on the loop thread if the group cannot form (bootstrap or restore failed). */
   void (*on_fatal)(void *arg, embps_status_t status, const char *message);
   void *on_fatal_arg;
 } embps_group_config_t;
@@ -65,8 +76,11 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
 
 /**
  * Queues op (loop thread). Lookups and pushes wait for their batch's other shards; a create
- * (leader only) is ordered like a batch. op->done runs on the loop thread when it is complete,
- * with op->error set on failure (UNAVAILABLE when the group is not ready or broken).
+ * (leader only) is ordered like a batch; a checkpoint (any rank) asks the leader, which orders
+ * it as a round once the checkpoint before it is complete, and is done once its manifest is
+ * durable (op->ckpt_round, ckpt_path, ckpt_bytes say what was written). op->done runs on the
+ * loop thread when it is complete, with op->error set on failure (UNAVAILABLE when the group
+ * is not ready or broken).
  */
 void embps_group_submit(embps_group_t *group, embps_op_t *op);
 
@@ -84,6 +98,9 @@ int embps_group_host_device(embps_group_t *group);
 
 /** Collective traffic so far (payload bytes), for stats and benchmarks. */
 void embps_group_comm_stats(embps_group_t *group, embps_comm_stats_t *out);
+
+/** The checkpoint directory; NULL when checkpoints are off. */
+const char *embps_group_checkpoint_dir(const embps_group_t *group);
 
 /** Ops submitted and not yet completed. */
 uint64_t embps_group_pending(const embps_group_t *group);

@@ -22,6 +22,7 @@ typedef enum embps_batch_kind {
   EMBPS_BATCH_LOOKUP = 1,
   EMBPS_BATCH_PUSH = 2,
   EMBPS_BATCH_CREATE_TABLE = 3, /* arrives at the leader only; runnable at once */
+  EMBPS_BATCH_CHECKPOINT = 4,   /* ordered by the leader itself, never through the sequencer */
 } embps_batch_kind_t;
 
 typedef struct embps_batch_desc {

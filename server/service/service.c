@@ -25,6 +25,7 @@
 #include "common/shape.h"
 #include "common/varint.h"
 #include "server/service/bufpool.h"
+#include "server/store/checkpoint.h"
 #include "embps/v1/embps.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -55,7 +56,7 @@ struct embps_service {
   size_t num_pending_creates;
 };
 
-typedef enum { REQ_CREATE, REQ_LOOKUP, REQ_PUSH } request_kind_t;
+typedef enum { REQ_CREATE, REQ_LOOKUP, REQ_PUSH, REQ_CHECKPOINT } request_kind_t;
 
 /* One call handed to the engine. Owns the unpacked request (tokens and gradients point into
  * it) and, for a lookup, the reply buffer the engine fills. */
@@ -276,6 +277,14 @@ static void on_op_done(embps_op_t *op) {
     embps_net_call_reply(r->call, buf, r->reply_len, embps__bufpool_put, buf);
     break;
   }
+  case REQ_CHECKPOINT: {
+    Embps__V1__CheckpointResponse resp = EMBPS__V1__CHECKPOINT_RESPONSE__INIT;
+    resp.bytes = op->ckpt_bytes;
+    resp.round = op->ckpt_round;
+    resp.path = op->ckpt_path;
+    reply_message(r->call, &resp.base);
+    break;
+  }
   case REQ_PUSH: {
     Embps__V1__PushGradientsResponse resp = EMBPS__V1__PUSH_GRADIENTS_RESPONSE__INIT;
     resp.batch_id = r->op.batch_id;
@@ -420,6 +429,154 @@ static void spec_from_table(const embps_table_t *t, Embps__V1__TableSpec *spec,
   o->beta1 = c->beta1;
   o->beta2 = c->beta2;
   spec->optimizer = o;
+}
+
+/* Checkpoint: any rank takes it to the leader, which orders it; answered once it is complete. */
+static void handle_checkpoint(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
+                              size_t len) {
+  Embps__V1__CheckpointRequest *req = embps__v1__checkpoint_request__unpack(&svc->pb, len, msg);
+  embps_error_t err;
+  request_t *r;
+
+  if (!req) {
+    fail_unpack(svc, call, "CheckpointRequest");
+    return;
+  }
+  if (check_group(svc, &err) != EMBPS_OK) {
+    fail_call(call, &err);
+  } else if (!embps_group_checkpoint_dir(svc->group)) {
+    embps_net_call_fail(call, EMBPS_FAILED_PRECONDITION,
+                        "checkpoints are off: start every rank with --checkpoint-dir "
+                        "(EMBPS_CHECKPOINT_DIR)");
+  } else if (req->path && req->path[0]) {
+    embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT,
+                        "checkpoints go to the servers' --checkpoint-dir; leave path empty");
+  } else if (req->table && req->table[0] && !find_ready_table(svc, req->table, &err)) {
+    fail_call(call, &err);
+  } else if (embps_store_count(svc->store) == 0) {
+    embps_net_call_fail(call, EMBPS_FAILED_PRECONDITION,
+                        "there are no tables to checkpoint: create one first");
+  } else if (!(r = request_new(svc, call, REQ_CHECKPOINT, &req->base))) {
+    embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  } else {
+    r->op.kind = EMBPS_OP_CHECKPOINT;
+    snprintf(r->op.ckpt_table, sizeof(r->op.ckpt_table), "%s", req->table ? req->table : "");
+    submit(r);
+    return;
+  }
+  embps__v1__checkpoint_request__free_unpacked(req, &svc->pb);
+}
+
+/* ListCheckpoints reads the manifests in the directory on libuv's thread pool (a disk, or a
+ * network filesystem, may be slow), then answers on the loop thread. */
+typedef struct list_job {
+  uv_work_t work;
+  embps_net_call_t *call;
+  char dir[EMBPS_CKPT_PATH_MAX];
+  embps_ckpt_manifest_t *list;
+  size_t n;
+  embps_error_t err;
+} list_job_t;
+
+static void list_read(uv_work_t *w) {
+  list_job_t *j = w->data;
+  embps_error_clear(&j->err);
+  if (embps_ckpt_list(j->dir, &j->list, &j->n, &j->err) != EMBPS_OK) {
+    j->list = NULL;
+    j->n = 0;
+  }
+}
+
+static void list_answer(list_job_t *j) {
+  Embps__V1__ListCheckpointsResponse resp = EMBPS__V1__LIST_CHECKPOINTS_RESPONSE__INIT;
+  Embps__V1__CheckpointInfo *infos = NULL, **ptrs = NULL;
+  char paths[64][EMBPS_CKPT_PATH_MAX];
+  char **names = NULL;
+  size_t total_tables = 0, k = 0, n = j->n;
+
+  if (j->err.status != EMBPS_OK) {
+    fail_call(j->call, &j->err);
+    goto exit;
+  }
+  /* The newest 64 are plenty for an operator; older ones are listed on disk. */
+  if (n > 64) {
+    embps_ckpt_manifest_t *keep = j->list + (n - 64);
+    for (size_t i = 0; i < n - 64; i++)
+      embps_ckpt_manifest_free(&j->list[i]);
+    memmove(j->list, keep, 64 * sizeof(*j->list));
+    j->n = n = 64;
+  }
+  for (size_t i = 0; i < n; i++)
+    total_tables += j->list[i].num_tables;
+  infos = embps_calloc(n ? n : 1, sizeof(*infos));
+  ptrs = embps_calloc(n ? n : 1, sizeof(*ptrs));
+  names = embps_calloc(total_tables ? total_tables : 1, sizeof(*names));
+  if (!infos || !ptrs || !names) {
+    embps_net_call_fail(j->call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+    goto exit;
+  }
+  for (size_t i = 0; i < n; i++) {
+    embps_ckpt_manifest_t *m = &j->list[i];
+    embps__v1__checkpoint_info__init(&infos[i]);
+    infos[i].round = m->round;
+    infos[i].time_unix_ms = m->time_ms;
+    infos[i].group_size = m->group_size;
+    infos[i].bytes = m->bytes;
+    infos[i].base_round = m->base_round;
+    infos[i].scope = m->scope;
+    embps_ckpt_path(paths[i], sizeof(paths[i]), j->dir, m->round);
+    infos[i].path = paths[i];
+    infos[i].tables = names + k;
+    infos[i].n_tables = m->num_tables;
+    for (size_t t = 0; t < m->num_tables; t++)
+      names[k++] = m->tables[t].name;
+    ptrs[i] = &infos[i];
+  }
+  resp.dir = j->dir;
+  resp.n_checkpoints = n;
+  resp.checkpoints = ptrs;
+  reply_message(j->call, &resp.base);
+exit:
+  embps_free(infos);
+  embps_free(ptrs);
+  embps_free(names);
+  embps_ckpt_list_free(j->list, j->n);
+  embps_free(j);
+}
+
+static void list_done(uv_work_t *w, int status) {
+  (void)status;
+  list_answer(w->data);
+}
+
+static void handle_list_checkpoints(embps_service_t *svc, embps_net_call_t *call,
+                                    const uint8_t *msg, size_t len) {
+  Embps__V1__ListCheckpointsRequest *req =
+      embps__v1__list_checkpoints_request__unpack(&svc->pb, len, msg);
+  const char *dir = embps_group_checkpoint_dir(svc->group);
+  list_job_t *j;
+  if (!req) {
+    fail_unpack(svc, call, "ListCheckpointsRequest");
+    return;
+  }
+  embps__v1__list_checkpoints_request__free_unpacked(req, &svc->pb);
+  if (!dir) {
+    embps_net_call_fail(call, EMBPS_FAILED_PRECONDITION,
+                        "checkpoints are off: start every rank with --checkpoint-dir "
+                        "(EMBPS_CHECKPOINT_DIR)");
+    return;
+  }
+  if (!(j = embps_calloc(1, sizeof(*j)))) {
+    embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+    return;
+  }
+  j->call = call;
+  snprintf(j->dir, sizeof(j->dir), "%s", dir);
+  j->work.data = j;
+  if (!svc->cfg.loop || uv_queue_work(svc->cfg.loop, &j->work, list_read, list_done) != 0) {
+    list_read(&j->work);
+    list_answer(j);
+  }
 }
 
 static void handle_list_tables(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
@@ -697,8 +854,9 @@ void embps_service_on_request(void *user, embps_net_call_t *call, const char *me
     else if (strcmp(name, "GetStats") == 0)
       handle_stats(svc, call, m, len);
     else if (strcmp(name, "Checkpoint") == 0)
-      embps_net_call_fail(call, EMBPS_UNIMPLEMENTED,
-                          "Checkpoint is not implemented yet: tables live in memory only");
+      handle_checkpoint(svc, call, m, len);
+    else if (strcmp(name, "ListCheckpoints") == 0)
+      handle_list_checkpoints(svc, call, m, len);
     else
       unknown_method(call, method);
   } else if (strcmp(method, HEALTH_CHECK) == 0) {

@@ -1,0 +1,579 @@
+/* A rank's part in checkpoints (checkpointer.h): snapshots, the writer thread, restore.
+ *
+ * Threads. The group's thread owns the snapshot list and calls everything but the writer's
+ * loop; it queues jobs (mutex + condition variable) and the writer posts them back finished
+ * (same mutex, then a write to the group's eventfd). A job's slices point into snapshot
+ * buffers, which the group's thread does not touch again until that checkpoint is complete. */
+#include "server/group/checkpointer.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+
+/* One table's snapshot buffers, as long as the table lives. */
+typedef struct snap {
+  embps_table_t *table;
+  embps_table_arrays_t host;
+  size_t bytes[3];
+  uint64_t *dirty; /* the rows written since the previous capture, taken at this capture */
+  struct snap *next;
+} snap_t;
+
+typedef enum { JOB_SLICES = 1, JOB_MANIFEST, JOB_DISCARD } job_kind_t;
+
+typedef struct job {
+  job_kind_t kind;
+  embps__ckpt_order_t order;
+  size_t n;
+  embps_ckpt_slice_t *slices;   /* JOB_SLICES: what this rank writes */
+  embps_table_config_t *tables; /* JOB_MANIFEST: the checkpoint's tables (n of them) */
+  embps__ckpt_result_t result;
+  struct job *next;
+} job_t;
+
+struct embps__ckpt {
+  char dir[EMBPS__CKPT_PATH_MAX];
+  uint32_t rank, size, keep;
+  int track_dirty;
+  int wake_fd;
+  snap_t *snaps; /* group thread only */
+  /* The leader's last capture: the tables its manifest lists (group thread only). */
+  embps_table_config_t *last_tables;
+  size_t last_n;
+  uint64_t last_round;
+
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  job_t *todo_head, *todo_tail; /* guarded by mu */
+  job_t *done_head, *done_tail; /* guarded by mu */
+  int stopping;                 /* guarded by mu */
+};
+
+static void job_free(job_t *j) {
+  if (!j)
+    return;
+  embps_free(j->slices);
+  embps_free(j->tables);
+  embps_free(j);
+}
+
+/* ---- the writer ------------------------------------------------------------------------------ */
+
+/* Creates the checkpoint's directory (every rank may be first) and makes its entry durable. */
+static embps_status_t make_ckpt_dir(embps__ckpt_t *c, const char *path, embps_error_t *err) {
+  if (mkdir(path, 0755) != 0 && errno != EEXIST)
+    return embps_error_set(
+        err, errno == ENOSPC || errno == EDQUOT ? EMBPS_RESOURCE_EXHAUSTED : EMBPS_INTERNAL,
+        "cannot create checkpoint directory %s: %s", path, strerror(errno));
+  return embps_ckpt_sync_dir(c->dir, err);
+}
+
+static void write_slices(embps__ckpt_t *c, job_t *j) {
+  embps__ckpt_result_t *r = &j->result;
+  char file[EMBPS__CKPT_PATH_MAX + 160], name[160];
+  uint64_t bytes;
+  if (make_ckpt_dir(c, r->path, &r->error) != EMBPS_OK)
+    return;
+  for (size_t i = 0; i < j->n; i++) {
+    embps_ckpt_slice_name(name, sizeof(name), c->rank, j->slices[i].config.name);
+    snprintf(file, sizeof(file), "%s/%s", r->path, name);
+    if (embps_ckpt_write_slice(file, &j->slices[i], &bytes, &r->error) != EMBPS_OK)
+      return;
+    r->bytes += bytes;
+  }
+  embps_ckpt_sync_dir(r->path, &r->error);
+}
+
+static uint64_t now_unix_ms(void) {
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  return (uint64_t)tv.tv_sec * 1000u + (uint64_t)tv.tv_usec / 1000u;
+}
+
+/* The leader's manifest: every rank's file of every table, as they lie in the (shared)
+ * directory, then the manifest itself, then retention. */
+static void write_manifest(embps__ckpt_t *c, job_t *j) {
+  embps__ckpt_result_t *r = &j->result;
+  embps_ckpt_manifest_t m;
+  char file[EMBPS__CKPT_PATH_MAX + 160], name[160];
+  struct stat st;
+
+  memset(&m, 0, sizeof(m));
+  m.round = j->order.round;
+  m.base_round = j->order.base_round;
+  m.time_ms = now_unix_ms();
+  m.group_size = c->size;
+  snprintf(m.scope, sizeof(m.scope), "%s", j->order.scope);
+  m.num_tables = j->n;
+  m.tables = j->tables;
+  m.num_files = j->n * c->size;
+  m.files = embps_calloc(m.num_files ? m.num_files : 1, sizeof(*m.files));
+  if (!m.files) {
+    embps_error_set(&r->error, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a manifest");
+    return;
+  }
+  for (size_t t = 0; t < j->n; t++) {
+    for (uint32_t rank = 0; rank < c->size; rank++) {
+      embps_ckpt_file_t *f = &m.files[t * c->size + rank];
+      embps_ckpt_slice_name(name, sizeof(name), rank, j->tables[t].name);
+      snprintf(file, sizeof(file), "%s/%s", r->path, name);
+      if (stat(file, &st) != 0) {
+        embps_error_set(&r->error, EMBPS_INTERNAL,
+                        "rank %u reported its files durable, but %s is not there (%s): is "
+                        "--checkpoint-dir one filesystem that every rank shares?",
+                        rank, file, strerror(errno));
+        goto exit;
+      }
+      f->rank = rank;
+      snprintf(f->table, sizeof(f->table), "%s", j->tables[t].name);
+      f->bytes = (uint64_t)st.st_size;
+      m.bytes += f->bytes;
+    }
+  }
+  if (embps_ckpt_write_manifest(r->path, &m, &r->error) != EMBPS_OK ||
+      embps_ckpt_sync_dir(c->dir, &r->error) != EMBPS_OK)
+    goto exit;
+  r->bytes = m.bytes;
+  {
+    embps_error_t perr;
+    if (embps_ckpt_prune(c->dir, c->keep, &perr) != EMBPS_OK)
+      EMBPS_WARN("checkpoint retention: %s", perr.message);
+  }
+exit:
+  embps_free(m.files);
+}
+
+static void *writer_main(void *arg) {
+  embps__ckpt_t *c = arg;
+  uint64_t one = 1;
+  for (;;) {
+    job_t *j;
+    pthread_mutex_lock(&c->mu);
+    while (!c->todo_head && !c->stopping)
+      pthread_cond_wait(&c->cv, &c->mu);
+    if (c->stopping) {
+      pthread_mutex_unlock(&c->mu);
+      return NULL;
+    }
+    j = c->todo_head;
+    c->todo_head = j->next;
+    if (!c->todo_head)
+      c->todo_tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+
+    if (j->kind == JOB_SLICES) {
+      write_slices(c, j);
+    } else if (j->kind == JOB_MANIFEST) {
+      write_manifest(c, j);
+    } else {
+      embps_error_t rerr;
+      if (embps_ckpt_remove(j->result.path, &rerr) != EMBPS_OK)
+        EMBPS_WARN("cannot remove the failed checkpoint: %s", rerr.message);
+    }
+    if (j->result.error.status != EMBPS_OK && j->kind != JOB_DISCARD)
+      EMBPS_ERROR("rank %u: checkpoint of round %llu: %s", c->rank,
+                  (unsigned long long)j->order.round, j->result.error.message);
+
+    j->next = NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->done_tail)
+      c->done_tail->next = j;
+    else
+      c->done_head = j;
+    c->done_tail = j;
+    pthread_mutex_unlock(&c->mu);
+    if (write(c->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+      EMBPS_ERROR("cannot wake the group thread: %s", strerror(errno));
+  }
+}
+
+static void submit(embps__ckpt_t *c, job_t *j) {
+  j->next = NULL;
+  pthread_mutex_lock(&c->mu);
+  if (c->todo_tail)
+    c->todo_tail->next = j;
+  else
+    c->todo_head = j;
+  c->todo_tail = j;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- the group's side ------------------------------------------------------------------------ */
+
+embps_status_t embps__ckpt_new(embps__ckpt_t **out, const embps__ckpt_config_t *cfg) {
+  embps__ckpt_t *c = embps_calloc(1, sizeof(*c));
+  if (!c)
+    return EMBPS_RESOURCE_EXHAUSTED;
+  snprintf(c->dir, sizeof(c->dir), "%s", cfg->dir);
+  c->rank = cfg->rank;
+  c->size = cfg->size;
+  c->keep = cfg->keep;
+  c->track_dirty = cfg->track_dirty;
+  c->wake_fd = cfg->wake_fd;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  if (pthread_create(&c->thread, NULL, writer_main, c) != 0) {
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    embps_free(c);
+    return EMBPS_INTERNAL;
+  }
+  *out = c;
+  return EMBPS_OK;
+}
+
+static void snap_release(snap_t *s) {
+  embps_free(s->host.data);
+  embps_free(s->host.state0);
+  embps_free(s->host.state1);
+  embps_free(s->dirty);
+  memset(&s->host, 0, sizeof(s->host));
+  s->dirty = NULL;
+}
+
+void embps__ckpt_free(embps__ckpt_t *c) {
+  if (!c)
+    return;
+  pthread_mutex_lock(&c->mu);
+  c->stopping = 1;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  pthread_join(c->thread, NULL);
+  for (job_t *j = c->todo_head, *next; j; j = next) {
+    next = j->next;
+    job_free(j);
+  }
+  for (job_t *j = c->done_head, *next; j; j = next) {
+    next = j->next;
+    job_free(j);
+  }
+  while (c->snaps) {
+    snap_t *s = c->snaps;
+    c->snaps = s->next;
+    snap_release(s);
+    embps_free(s);
+  }
+  embps_free(c->last_tables);
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->mu);
+  embps_free(c);
+}
+
+static snap_t *find_snap(embps__ckpt_t *c, const embps_table_t *t) {
+  for (snap_t *s = c->snaps; s; s = s->next)
+    if (s->table == t)
+      return s;
+  return NULL;
+}
+
+/* Allocates s's buffers and touches every page now, so that a capture is a plain copy. */
+static embps_status_t snap_alloc(snap_t *s) {
+  void **arrays[3] = {&s->host.data, (void **)&s->host.state0, (void **)&s->host.state1};
+  if (s->host.data)
+    return EMBPS_OK;
+  embps_table_array_bytes(s->table, s->bytes);
+  for (int i = 0; i < 3; i++) {
+    if (!s->bytes[i])
+      continue;
+    if (!(*arrays[i] = embps_aligned_alloc(s->bytes[i]))) {
+      snap_release(s);
+      return EMBPS_RESOURCE_EXHAUSTED;
+    }
+    memset(*arrays[i], 0, s->bytes[i]);
+  }
+  if (embps_table_dirty(s->table) &&
+      !(s->dirty = embps_calloc(embps_dirty_words(embps_table_config(s->table)->rows),
+                                sizeof(uint64_t)))) {
+    snap_release(s);
+    return EMBPS_RESOURCE_EXHAUSTED;
+  }
+  return EMBPS_OK;
+}
+
+static snap_t *snap_for(embps__ckpt_t *c, embps_table_t *t) {
+  snap_t *s = find_snap(c, t);
+  if (s)
+    return s;
+  if (!(s = embps_calloc(1, sizeof(*s))))
+    return NULL;
+  s->table = t;
+  s->next = c->snaps;
+  c->snaps = s;
+  return s;
+}
+
+void embps__ckpt_prepare(embps__ckpt_t *c, embps_table_t *t) {
+  snap_t *s;
+  if (c->track_dirty) {
+    if (embps_table_track_dirty(t) != EMBPS_OK) {
+      EMBPS_WARN("out of memory tracking the dirty rows of table '%s': its checkpoints are full",
+                 embps_table_config(t)->name);
+    } else {
+      /* A new table is not in the chain's full checkpoint: every row of it is news. */
+      memset(embps_table_dirty(t), 0xff,
+             embps_dirty_words(embps_table_config(t)->rows) * sizeof(uint64_t));
+    }
+  }
+  if (!(s = snap_for(c, t)) || snap_alloc(s) != EMBPS_OK)
+    EMBPS_WARN("out of memory for the checkpoint buffers of table '%s' (%llu bytes); trying "
+               "again at the next checkpoint",
+               embps_table_config(t)->name, (unsigned long long)embps_table_bytes(t));
+}
+
+embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, embps_store_t *store,
+                                   const embps__ckpt_order_t *order, embps_error_t *err) {
+  const size_t count = embps_store_count(store);
+  const uint64_t t0 = embps_now_ns();
+  job_t *j = embps_calloc(1, sizeof(*j));
+  embps_status_t ret = EMBPS_OK;
+  uint64_t bytes = 0;
+
+  if (!j || !(j->slices = embps_calloc(count ? count : 1, sizeof(*j->slices))) ||
+      !(j->tables = embps_calloc(count ? count : 1, sizeof(*j->tables)))) {
+    job_free(j);
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory capturing a checkpoint");
+  }
+  j->kind = JOB_SLICES;
+  j->order = *order;
+  embps_ckpt_path(j->result.path, sizeof(j->result.path), c->dir, order->round);
+  for (size_t i = 0; i < count; i++) {
+    embps_table_t *t = embps_store_at(store, i);
+    const embps_table_config_t *cfg = embps_table_config(t);
+    embps_ckpt_slice_t *sl = &j->slices[j->n];
+    snap_t *s;
+    if (order->scope[0] && strcmp(order->scope, cfg->name) != 0)
+      continue;
+    if (!(s = snap_for(c, t)) || snap_alloc(s) != EMBPS_OK) {
+      ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                            "out of host memory for a copy of table '%s' (%llu bytes) to "
+                            "checkpoint",
+                            cfg->name, (unsigned long long)embps_table_bytes(t));
+      break;
+    }
+    if ((ret = embps_engine_table_export(engine, t, &s->host, err)) != EMBPS_OK)
+      break;
+    sl->config = *cfg;
+    sl->rank = c->rank;
+    sl->group_size = c->size;
+    sl->col_begin = embps_table_col_begin(t);
+    sl->shard_width = embps_table_shard_width(t);
+    sl->round = order->round;
+    sl->step = embps_table_step(t);
+    sl->data = s->host.data;
+    sl->state0 = s->host.state0;
+    sl->state1 = s->host.state1;
+    /* Only a checkpoint of every table moves the chain on, so only it takes the marks. */
+    if (!order->scope[0] && embps_table_dirty(t) && s->dirty) {
+      size_t words = embps_dirty_words(cfg->rows);
+      memcpy(s->dirty, embps_table_dirty(t), words * sizeof(uint64_t));
+      memset(embps_table_dirty(t), 0, words * sizeof(uint64_t));
+      if (order->base_round) {
+        sl->dirty = s->dirty;
+        sl->base_round = order->base_round;
+      }
+    }
+    j->tables[j->n] = *cfg;
+    j->n++;
+    bytes += embps_table_bytes(t);
+  }
+  if (ret != EMBPS_OK) {
+    job_free(j);
+    return ret;
+  }
+  /* The leader's manifest lists what it captured: every rank holds the same tables. */
+  if (c->rank == 0) {
+    embps_free(c->last_tables);
+    c->last_tables = j->tables;
+    c->last_n = j->n;
+    c->last_round = order->round;
+    j->tables = NULL;
+  }
+  EMBPS_INFO("rank %u: captured the checkpoint of round %llu (%zu table(s), %llu bytes) in %.1f "
+             "ms; writing it in the background",
+             c->rank, (unsigned long long)order->round, j->n, (unsigned long long)bytes,
+             (double)(embps_now_ns() - t0) / 1e6);
+  submit(c, j);
+  return EMBPS_OK;
+}
+
+void embps__ckpt_finish(embps__ckpt_t *c, const embps__ckpt_order_t *order, int ok,
+                        const embps_error_t *why) {
+  job_t *j = embps_calloc(1, sizeof(*j));
+  if (!j) {
+    EMBPS_ERROR("out of memory finishing the checkpoint of round %llu",
+                (unsigned long long)order->round);
+    return;
+  }
+  j->order = *order;
+  j->result.manifest = 1;
+  j->result.round = order->round;
+  embps_ckpt_path(j->result.path, sizeof(j->result.path), c->dir, order->round);
+  if (ok && c->last_round == order->round) {
+    j->kind = JOB_MANIFEST;
+    j->tables = c->last_tables;
+    j->n = c->last_n;
+    c->last_tables = NULL;
+    c->last_n = 0;
+  } else {
+    j->kind = JOB_DISCARD;
+    if (why && why->status != EMBPS_OK)
+      j->result.error = *why;
+    else
+      embps_error_set(&j->result.error, EMBPS_INTERNAL,
+                      "the leader lost its capture of the checkpoint of round %llu",
+                      (unsigned long long)order->round);
+  }
+  submit(c, j);
+}
+
+int embps__ckpt_take(embps__ckpt_t *c, embps__ckpt_result_t *out) {
+  job_t *j;
+  pthread_mutex_lock(&c->mu);
+  j = c->done_head;
+  if (j) {
+    c->done_head = j->next;
+    if (!c->done_head)
+      c->done_tail = NULL;
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (!j)
+    return 0;
+  *out = j->result;
+  out->round = j->order.round;
+  job_free(j);
+  return 1;
+}
+
+/* ---- restore --------------------------------------------------------------------------------- */
+
+/* Every rank learns whether any rank failed (a status code; 0 when none did). */
+static embps_status_t agree_failure(embps_engine_t *engine, embps_status_t mine,
+                                    embps_status_t *worst, embps_error_t *err) {
+  uint64_t v = (uint64_t)mine;
+  embps_status_t ret = embps_engine_agree_max(engine, &v, err);
+  *worst = (embps_status_t)v;
+  return ret;
+}
+
+/* Reads this rank's columns of table `cfg` from the checkpoint into the new table t. */
+static embps_status_t fill_table(embps_engine_t *engine, embps_table_t *t, const char *dir,
+                                 const embps_ckpt_manifest_t *m, embps_error_t *err) {
+  embps_ckpt_dest_t dst;
+  embps_table_arrays_t host;
+  size_t bytes[3];
+  embps_status_t ret = EMBPS_RESOURCE_EXHAUSTED;
+
+  memset(&dst, 0, sizeof(dst));
+  memset(&host, 0, sizeof(host));
+  embps_table_array_bytes(t, bytes);
+  if (!(host.data = embps_aligned_alloc(bytes[0] ? bytes[0] : 64)) ||
+      (bytes[1] && !(host.state0 = embps_aligned_alloc(bytes[1]))) ||
+      (bytes[2] && !(host.state1 = embps_aligned_alloc(bytes[2])))) {
+    embps_error_set(err, ret, "out of host memory restoring table '%s'",
+                    embps_table_config(t)->name);
+    goto exit;
+  }
+  dst.col_begin = embps_table_col_begin(t);
+  dst.shard_width = embps_table_shard_width(t);
+  dst.data = host.data;
+  dst.state0 = host.state0;
+  dst.state1 = host.state1;
+  if ((ret = embps_ckpt_read_columns(dir, m, embps_table_config(t)->name, &dst, err)) != EMBPS_OK ||
+      (ret = embps_engine_table_import(engine, t, &host, err)) != EMBPS_OK)
+    goto exit;
+  embps_table_set_step(t, dst.step);
+exit:
+  embps_free(host.data);
+  embps_free(host.state0);
+  embps_free(host.state1);
+  return ret;
+}
+
+embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, embps_store_t *store,
+                                   const char *dir, uint64_t round, uint32_t rank, uint32_t size,
+                                   uint64_t max_table_bytes, embps_ckpt_manifest_t *manifest_out,
+                                   embps_error_t *err) {
+  char path[EMBPS__CKPT_PATH_MAX];
+  const uint64_t t0 = embps_now_ns();
+  embps_ckpt_manifest_t m;
+  embps_error_t mine;
+  embps_status_t ret, worst;
+
+  memset(&m, 0, sizeof(m));
+  embps_error_clear(&mine);
+  embps_ckpt_path(path, sizeof(path), dir, round);
+  embps_ckpt_read_manifest(path, &m, &mine);
+  for (size_t i = 0; mine.status == EMBPS_OK && i < m.num_tables; i++) {
+    embps_table_config_t cfg = m.tables[i];
+    embps_error_t why;
+    if (embps_table_config_resolve(&cfg, size, max_table_bytes, &why) != EMBPS_OK)
+      embps_error_set(&mine, why.status, "cannot restore table '%s' of %s onto %u ranks: %s",
+                      m.tables[i].name, path, size, why.message);
+  }
+  /* Every rank has read the same manifest, or none goes on. */
+  if ((ret = agree_failure(engine, mine.status, &worst, err)) != EMBPS_OK)
+    goto exit;
+  if (worst != EMBPS_OK) {
+    if (mine.status != EMBPS_OK)
+      *err = mine;
+    else
+      embps_error_set(err, worst, "another rank could not read checkpoint %s (see its log)", path);
+    ret = err->status;
+    goto exit;
+  }
+  for (size_t i = 0; i < m.num_tables; i++) {
+    embps_op_t op;
+    memset(&op, 0, sizeof(op));
+    op.kind = EMBPS_OP_CREATE_TABLE;
+    op.create = m.tables[i];
+    embps_table_config_resolve(&op.create, size, max_table_bytes, NULL);
+    if ((ret = embps_engine_run(engine, &op, err)) != EMBPS_OK)
+      goto exit;
+    if (op.error.status != EMBPS_OK) {
+      *err = op.error; /* every rank agreed on it */
+      ret = err->status;
+      goto exit;
+    }
+    if (mine.status == EMBPS_OK) {
+      fill_table(engine, op.created, dir, &m, &mine);
+      if (c && mine.status == EMBPS_OK) {
+        embps__ckpt_prepare(c, op.created);
+        if (embps_table_dirty(op.created)) /* the restored table is the checkpoint: all clean */
+          memset(embps_table_dirty(op.created), 0,
+                 embps_dirty_words(embps_table_config(op.created)->rows) * sizeof(uint64_t));
+      }
+    }
+  }
+  if ((ret = agree_failure(engine, mine.status, &worst, err)) != EMBPS_OK)
+    goto exit;
+  if (worst != EMBPS_OK) {
+    if (mine.status != EMBPS_OK)
+      *err = mine;
+    else
+      embps_error_set(err, worst, "another rank could not restore checkpoint %s (see its log)",
+                      path);
+    ret = err->status;
+    goto exit;
+  }
+  EMBPS_INFO("rank %u: restored %zu table(s) from %s (round %llu, written by %u rank(s)) in %.1f "
+             "ms",
+             rank, m.num_tables, path, (unsigned long long)m.round, m.group_size,
+             (double)(embps_now_ns() - t0) / 1e6);
+  if (manifest_out) {
+    *manifest_out = m;
+    memset(&m, 0, sizeof(m));
+  }
+exit:
+  embps_ckpt_manifest_free(&m);
+  return ret;
+}
