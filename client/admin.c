@@ -2,6 +2,7 @@
  * Health to every rank. Each packs its request once, sends it to the ranks it concerns as one
  * call (call.c), waits, and decodes the replies into the caller's structures, which the caller
  * frees with the matching *_free function. */
+#include <stdio.h>
 #include <string.h>
 
 #include "client/client_internal.h"
@@ -282,14 +283,13 @@ embps_status_t embps_health(embps_client_t *client, const char *service, int *se
   return EMBPS_OK;
 }
 
-embps_status_t embps_checkpoint(embps_client_t *client, const char *table, const char *path,
-                                uint64_t *bytes) {
+embps_status_t embps_checkpoint(embps_client_t *client, const char *table,
+                                embps_checkpoint_info_t *info) {
   Embps__V1__CheckpointRequest req = EMBPS__V1__CHECKPOINT_REQUEST__INIT;
   Embps__V1__CheckpointResponse *m;
   embps_call_t *call;
   embps_status_t st;
   req.table = (char *)(table ? table : "");
-  req.path = (char *)(path ? path : "");
   st = unary(client, EMBPS__PATH_PREFIX "Checkpoint", &req.base, 0, 1, &call);
   if (st != EMBPS_OK)
     return st;
@@ -299,12 +299,75 @@ embps_status_t embps_checkpoint(embps_client_t *client, const char *table, const
     embps__call_free(call);
     return client->last.status;
   }
-  if (bytes)
-    *bytes = m->bytes;
+  if (info) {
+    memset(info, 0, sizeof(*info));
+    info->round = m->round;
+    info->bytes = m->bytes;
+    snprintf(info->path, sizeof(info->path), "%s", m->path ? m->path : "");
+    snprintf(info->scope, sizeof(info->scope), "%s", table ? table : "");
+  }
   embps__reply_free(&m->base);
   embps__call_free(call);
   return EMBPS_OK;
 }
+
+/* Joins names into out (cap bytes), comma-separated, ending in "..." when they do not fit. */
+static void join_names(char *out, size_t cap, char **names, size_t n) {
+  size_t used = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    size_t need = strlen(names[i]) + (i ? 1 : 0);
+    if (used + need + 4 >= cap) {
+      snprintf(out + used, cap - used, "...");
+      return;
+    }
+    used += (size_t)snprintf(out + used, cap - used, "%s%s", i ? "," : "", names[i]);
+  }
+}
+
+embps_status_t embps_list_checkpoints(embps_client_t *client, embps_checkpoint_info_t **list,
+                                      size_t *n) {
+  Embps__V1__ListCheckpointsRequest req = EMBPS__V1__LIST_CHECKPOINTS_REQUEST__INIT;
+  Embps__V1__ListCheckpointsResponse *m;
+  embps_checkpoint_info_t *out;
+  embps_call_t *call;
+  embps_status_t st;
+  *list = NULL;
+  *n = 0;
+  st = unary(client, EMBPS__PATH_PREFIX "ListCheckpoints", &req.base, 0, 1, &call);
+  if (st != EMBPS_OK)
+    return st;
+  m = (Embps__V1__ListCheckpointsResponse *)embps__reply_unpack(
+      client, &embps__v1__list_checkpoints_response__descriptor, call->shards[0].stream, 0);
+  if (!m) {
+    embps__call_free(call);
+    return client->last.status;
+  }
+  out = embps_calloc(m->n_checkpoints ? m->n_checkpoints : 1, sizeof(*out));
+  if (!out) {
+    embps__reply_free(&m->base);
+    embps__call_free(call);
+    return embps__client_fail(client, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  for (size_t i = 0; i < m->n_checkpoints; i++) {
+    const Embps__V1__CheckpointInfo *c = m->checkpoints[i];
+    out[i].round = c->round;
+    out[i].bytes = c->bytes;
+    out[i].time_unix_ms = c->time_unix_ms;
+    out[i].group_size = c->group_size;
+    out[i].base_round = c->base_round;
+    snprintf(out[i].path, sizeof(out[i].path), "%s", c->path ? c->path : "");
+    snprintf(out[i].scope, sizeof(out[i].scope), "%s", c->scope ? c->scope : "");
+    join_names(out[i].tables, sizeof(out[i].tables), c->tables, c->n_tables);
+  }
+  *list = out;
+  *n = m->n_checkpoints;
+  embps__reply_free(&m->base);
+  embps__call_free(call);
+  return EMBPS_OK;
+}
+
+void embps_checkpoints_free(embps_checkpoint_info_t *list) { embps_free(list); }
 
 /* Learns the group size from every rank's ListTables and checks it against the addresses. */
 embps_status_t embps__learn_group_size(embps_client_t *c) {

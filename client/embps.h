@@ -264,10 +264,34 @@ EMBPS_EXPORT void embps_stats_free(embps_rank_stats_t *stats, size_t n);
  * EMBPS_DEADLINE_EXCEEDED; EMBPS_NOT_FOUND (unknown service); EMBPS_INTERNAL. */
 EMBPS_EXPORT embps_status_t embps_health(embps_client_t *client, const char *service, int *serving);
 
-/** Asks rank 0 to checkpoint table (NULL or "": every table) to path on the servers.
- * *bytes, if not NULL, receives the bytes written. Returns EMBPS_OK or the server's status. */
+/** A complete checkpoint, as the servers describe it. */
+typedef struct embps_checkpoint_info {
+  uint64_t round;  /* the tables as they stood at this round */
+  uint64_t bytes;  /* every rank's files */
+  char path[1100]; /* its directory, on the servers */
+  /* embps_list_checkpoints only: */
+  uint64_t time_unix_ms; /* when it became complete */
+  uint32_t group_size;   /* ranks that wrote it; any group size restores it */
+  uint64_t base_round;   /* incremental: the checkpoint it applies on; 0 when full */
+  char scope[128];       /* "": every table; else the one table it holds */
+  char tables[1024];     /* its tables, comma-separated (clipped with "..." if longer) */
+} embps_checkpoint_info_t;
+
+/** Asks the group to take a checkpoint of table (NULL or "": every table) into the servers'
+ * --checkpoint-dir now, and waits until it is complete (every rank's files durable, the
+ * manifest written). *info (may be NULL) receives its round, path and bytes. Returns EMBPS_OK
+ * or the server's status (FAILED_PRECONDITION without --checkpoint-dir; RESOURCE_EXHAUSTED when
+ * a disk filled up, naming the file). */
 EMBPS_EXPORT embps_status_t embps_checkpoint(embps_client_t *client, const char *table,
-                                             const char *path, uint64_t *bytes);
+                                             embps_checkpoint_info_t *info);
+
+/** The complete checkpoints in the group's --checkpoint-dir, oldest first (as rank 0 sees the
+ * directory): *list (free with embps_checkpoints_free) holds *n entries. */
+EMBPS_EXPORT embps_status_t embps_list_checkpoints(embps_client_t *client,
+                                                   embps_checkpoint_info_t **list, size_t *n);
+
+/** Frees a list from embps_list_checkpoints(). NULL is a no-op. */
+EMBPS_EXPORT void embps_checkpoints_free(embps_checkpoint_info_t *list);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "client/cli/args.h"
 #include "client/cli/bench.h"
@@ -590,22 +591,52 @@ static int cmd_health(const char *cmd, flag_t *f, const char *pos) {
 
 static flag_t checkpoint_flags[] = {
     {"--table", "NAME", "table to checkpoint (default: every table)", NULL},
-    {"--path", "PATH", "where the servers write it (required)", NULL},
     {NULL, NULL, NULL, NULL}};
 
 static int cmd_checkpoint(const char *cmd, flag_t *f, const char *pos) {
+  embps_checkpoint_info_t info;
   embps_client_t *c;
-  uint64_t bytes = 0;
   embps_status_t st;
   (void)pos;
-  if (!flag(f, "--path"))
-    return usage_error(cmd, "--path is required");
   if (!(c = client(cmd, 1)))
     return 1;
-  st = embps_checkpoint(c, flag(f, "--table"), flag(f, "--path"), &bytes);
+  st = embps_checkpoint(c, flag(f, "--table"), &info);
   if (st != EMBPS_OK)
     return call_failed(cmd, c, st);
-  printf("checkpoint written: %llu bytes\n", (unsigned long long)bytes);
+  printf("checkpoint complete: round %llu, %llu bytes, %s\n", (unsigned long long)info.round,
+         (unsigned long long)info.bytes, info.path);
+  return 0;
+}
+
+static flag_t checkpoints_flags[] = {{NULL, NULL, NULL, NULL}};
+
+static int cmd_checkpoints(const char *cmd, flag_t *f, const char *pos) {
+  embps_checkpoint_info_t *list;
+  embps_client_t *c;
+  embps_status_t st;
+  size_t n;
+  (void)f, (void)pos;
+  if (!(c = client(cmd, 1)))
+    return 1;
+  st = embps_list_checkpoints(c, &list, &n);
+  if (st != EMBPS_OK)
+    return call_failed(cmd, c, st);
+  printf("%-12s %-24s %-5s %-14s %-12s %s\n", "round", "time (UTC)", "ranks", "bytes", "kind",
+         "tables");
+  for (size_t i = 0; i < n; i++) {
+    char when[32] = "?", kind[40];
+    time_t t = (time_t)(list[i].time_unix_ms / 1000);
+    struct tm tm;
+    if (gmtime_r(&t, &tm))
+      strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+    if (list[i].base_round)
+      snprintf(kind, sizeof(kind), "incr<-%llu", (unsigned long long)list[i].base_round);
+    else
+      snprintf(kind, sizeof(kind), "%s", list[i].scope[0] ? "table" : "full");
+    printf("%-12llu %-24s %-5u %-14llu %-12s %s\n", (unsigned long long)list[i].round, when,
+           list[i].group_size, (unsigned long long)list[i].bytes, kind, list[i].tables);
+  }
+  embps_checkpoints_free(list);
   return 0;
 }
 
@@ -685,7 +716,11 @@ static command_t commands[] = {
      "Ask every rank's grpc.health.v1 service; prints SERVING and exits 0 when "
      "all serve.",
      cmd_health, health_flags},
-    {"checkpoint", NULL, "Ask the group to write a checkpoint.", cmd_checkpoint, checkpoint_flags},
+    {"checkpoint", NULL,
+     "Take a checkpoint now into the servers' --checkpoint-dir; prints its round, bytes, path.",
+     cmd_checkpoint, checkpoint_flags},
+    {"checkpoints", NULL, "List the complete checkpoints: round, time, ranks, bytes, tables.",
+     cmd_checkpoints, checkpoints_flags},
     {"bench", "NAME",
      "Load test: C threads keep K lookups/pushes of T Zipf-distributed tokens in flight and "
      "report batches/s, rows/s, GB/s and latency percentiles.",

@@ -261,7 +261,9 @@ class InteropTest(unittest.TestCase):
             (lambda: self.create("bad name", rows=10, width=8), IA, ["table name"]),
             (lambda: self.stub.CreateTable(pb.CreateTableRequest()), IA, ["no spec"]),
             (lambda: self.stub.Checkpoint(pb.CheckpointRequest()),
-             lib.grpc.StatusCode.UNIMPLEMENTED, ["Checkpoint"]),
+             lib.grpc.StatusCode.FAILED_PRECONDITION, ["--checkpoint-dir"]),
+            (lambda: self.stub.ListCheckpoints(pb.ListCheckpointsRequest()),
+             lib.grpc.StatusCode.FAILED_PRECONDITION, ["--checkpoint-dir"]),
         ]
         for fn, code, frags in cases:
             self.assertStatus(fn, code, *frags)

@@ -37,7 +37,8 @@ COMMANDS = {
     "push": ["--tokens", "--grads", "--grad-value", "--async"],
     "stats": ["--json"],
     "health": ["--service"],
-    "checkpoint": ["--table", "--path"],
+    "checkpoint": ["--table"],
+    "checkpoints": [],
     "bench": ["--batch", "--duration", "--warmup", "--concurrency", "--pipeline", "--zipf",
               "--push-ratio", "--async", "--seed", "--json"],
 }
@@ -45,7 +46,9 @@ COMMANDS = {
 SERVER_FLAGS = ["listen", "rank", "peers", "peer-port-offset", "mesh", "table-axis", "data-axis",
                 "bootstrap-timeout-ms", "peer-timeout-ms", "batch-deadline-ms",
                 "max-message-bytes", "max-table-bytes", "max-tables", "max-connections",
-                "stall-timeout-ms", "idle-timeout-ms", "backend", "log-level"]
+                "stall-timeout-ms", "idle-timeout-ms", "backend", "log-level", "checkpoint-dir",
+                "checkpoint-keep", "checkpoint-interval-s", "checkpoint-incremental",
+                "checkpoint-full-every", "restore"]
 
 
 def f32(x):
@@ -368,7 +371,9 @@ class TestLookupPush(CliTestCase):
                    "--grad-value", "1")
         self.fails(1, ["INVALID_ARGUMENT", "token -3"], "push", "cli_err", "--tokens", "-3",
                    "--grad-value", "1")
-        self.fails(1, ["UNIMPLEMENTED", "not implemented"], "checkpoint", "--path", "/tmp/x")
+        self.fails(1, ["FAILED_PRECONDITION", "--checkpoint-dir"], "checkpoint")
+        self.fails(1, ["FAILED_PRECONDITION", "--checkpoint-dir"], "checkpoints")
+        self.fails(2, ["--path"], "checkpoint", "--path", "/tmp/x")
         self.fails(2, ["--tokens"], "lookup", "cli_err", "--tokens", "1,x")
         self.fails(2, ["--tokens is required"], "lookup", "cli_err")
         self.fails(2, ["exactly one of --grads and --grad-value"], "push", "cli_err",

@@ -1314,15 +1314,21 @@ static void test_oversized_messages(void **state) {
   embps_client_free(c);
 }
 
-static void test_checkpoint_unimplemented(void **state) {
+/* This server has no --checkpoint-dir: a checkpoint is refused with the remedy, and so is the
+ * listing. */
+static void test_checkpoint_without_dir(void **state) {
   (void)state;
   embps_client_t *c = connect_to(g_main.address);
-  uint64_t bytes = 77;
+  embps_checkpoint_info_t info, *list = NULL;
+  size_t n = 7;
   victim_setup(c);
-  expect_fail(c, embps_checkpoint(c, "victim", "/tmp/embps-ckpt", &bytes), EMBPS_UNIMPLEMENTED,
-              "not implemented");
-  expect_fail(c, embps_checkpoint(c, NULL, "/tmp/embps-ckpt", &bytes), EMBPS_UNIMPLEMENTED,
-              "not implemented");
+  expect_fail(c, embps_checkpoint(c, "victim", &info), EMBPS_FAILED_PRECONDITION,
+              "--checkpoint-dir");
+  expect_fail(c, embps_checkpoint(c, NULL, NULL), EMBPS_FAILED_PRECONDITION, "--checkpoint-dir");
+  expect_fail(c, embps_list_checkpoints(c, &list, &n), EMBPS_FAILED_PRECONDITION,
+              "--checkpoint-dir");
+  assert_null(list);
+  assert_int_equal(n, 0);
   assert_victims_unchanged(c);
   embps_client_free(c);
 }
@@ -1640,7 +1646,7 @@ int main(void) {
       cmocka_unit_test(test_non_finite_gradients),
       cmocka_unit_test(test_bad_create_table),
       cmocka_unit_test(test_oversized_messages),
-      cmocka_unit_test(test_checkpoint_unimplemented),
+      cmocka_unit_test(test_checkpoint_without_dir),
       cmocka_unit_test(test_still_serving),
       cmocka_unit_test(test_client_out_of_memory),
       cmocka_unit_test(test_main_server_exits_cleanly),

@@ -82,6 +82,11 @@ const char *embps_group_backend(const embps_group_t *group) {
   return fake_backend;
 }
 
+const char *embps_group_checkpoint_dir(const embps_group_t *group) {
+  (void)group;
+  return NULL;
+}
+
 int embps_group_host_device(embps_group_t *group) {
   (void)group;
   return -1;
