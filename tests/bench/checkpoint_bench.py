@@ -1,0 +1,160 @@
+"""Checkpoint benchmark (issue 9): prints figures, asserts nothing about speed.
+
+On one filesystem (--dir, default a fresh directory under /var/tmp):
+  - the disk's sequential write and read bandwidth with dd (write: conv=fsync; read: after
+    dropping the page cache when this process may, else noted as cached);
+  - a full checkpoint of a ROWS x 128 f32 rowwise_adagrad table (one rank): its bytes and GB/s,
+    median of --repeat;
+  - restore of it into a fresh server (time from start to SERVING, and the restore time the server
+    logs), GB/s, median of --repeat, with the page cache dropped first when allowed;
+  - an incremental checkpoint after --pushes pushes of 4096 zipf-distributed tokens: bytes, time;
+  - the longest pause a concurrent lookup loop sees while a checkpoint is taken, against the
+    longest it sees without one in the same run.
+
+Run: /usr/bin/python3 tests/bench/checkpoint_bench.py [--rows 1000000] [--repeat 3]
+(the build's embps-server is found as in tests/group/grouplib.py: EMBPS_SERVER_BIN or build/)."""
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "group"))
+import grouplib as gl  # noqa: E402
+from grouplib import pb  # noqa: E402
+
+WIDTH = 128
+
+
+def drop_caches():
+    try:
+        subprocess.run(["sync"], check=True)
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def dd_bandwidth(d, mib):
+    path = os.path.join(d, "dd.bin")
+    out = subprocess.run(["dd", "if=/dev/zero", "of=" + path, "bs=4M", "count=%d" % (mib // 4),
+                          "conv=fsync"], capture_output=True, text=True).stderr
+    w = parse_dd(out)
+    cold = drop_caches()
+    out = subprocess.run(["dd", "if=" + path, "of=/dev/null", "bs=4M"], capture_output=True,
+                         text=True).stderr
+    r = parse_dd(out)
+    os.unlink(path)
+    return w, r, cold
+
+
+def parse_dd(text):
+    m = re.search(r"(\d+) bytes .* copied, ([\d.]+) s", text)
+    return int(m.group(1)) / float(m.group(2)) / 1e9 if m else float("nan")
+
+
+def lookup_pauses(client, stop, out):
+    rng = np.random.default_rng(1)
+    worst = 0.0
+    while not stop.is_set():
+        tokens = rng.integers(1, 1000, size=256)
+        t0 = time.perf_counter()
+        client.lookup_bytes("bench", tokens)
+        worst = max(worst, time.perf_counter() - t0)
+    out.append(worst)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1000000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--pushes", type=int, default=1000)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+    base = args.dir or tempfile.mkdtemp(prefix="embps-ckpt-bench-", dir="/var/tmp")
+    table_bytes = args.rows * WIDTH * 4 + args.rows * 4
+    try:
+        dd_w, dd_r, cold = dd_bandwidth(base, max(256, table_bytes >> 20))
+        print("disk (dd, %s): write %.2f GB/s (conv=fsync), read %.2f GB/s (%s)" %
+              (base, dd_w, dd_r, "page cache dropped" if cold else "page cache NOT dropped"))
+        ck = os.path.join(base, "ckpt")
+        os.mkdir(ck)
+        group = gl.Group(1, "--checkpoint-dir", ck, "--checkpoint-keep", "0",
+                         "--checkpoint-incremental", "--checkpoint-full-every", "1000")
+        client = gl.RawClient(group.addresses)
+        writes, paths = [], []
+        try:
+            client.create("bench", args.rows, WIDTH, "rowwise_adagrad")
+            for _ in range(args.repeat):
+                # a new table chain each time: every checkpoint here is full
+                t0 = time.perf_counter()
+                resp = client.stubs[0].Checkpoint(pb.CheckpointRequest(table="bench"),
+                                                  timeout=600)
+                writes.append((time.perf_counter() - t0, resp.bytes))
+                paths.append(resp.path)
+            wt = statistics.median(w[0] for w in writes)
+            print("full checkpoint: %d bytes, median %.3f s of %d = %.2f GB/s (%.0f%% of dd's "
+                  "write)" % (writes[0][1], wt, len(writes), writes[0][1] / wt / 1e9,
+                              100 * writes[0][1] / wt / 1e9 / dd_w))
+            # pauses: the same lookup loop without and with a checkpoint in the middle
+            for label, take in (("no checkpoint", False), ("checkpoint", True)):
+                stop, worst = threading.Event(), []
+                th = threading.Thread(target=lookup_pauses, args=(client, stop, worst))
+                th.start()
+                time.sleep(0.5)
+                if take:
+                    client.stubs[0].Checkpoint(pb.CheckpointRequest(), timeout=600)
+                else:
+                    time.sleep(1.0)
+                time.sleep(0.3)
+                stop.set()
+                th.join()
+                print("longest lookup (256 tokens) during %s: %.1f ms" % (label, worst[0] * 1e3))
+            # incremental after pushes of 4096 zipf tokens
+            rng = np.random.default_rng(2)
+            z = np.minimum(rng.zipf(1.1, size=(args.pushes, 4096)), args.rows - 1)
+            g = np.ones((4096, WIDTH), np.float32) * 0.01
+            t0 = time.perf_counter()
+            for i in range(args.pushes):
+                client.push("bench", z[i], g)
+            tp = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            resp = client.stubs[0].Checkpoint(pb.CheckpointRequest(), timeout=600)
+            ti = time.perf_counter() - t0
+            print("incremental checkpoint after %d pushes of 4096 zipf(1.1) tokens (%.1f s of "
+                  "pushes, %d distinct rows): %d bytes in %.3f s (a full one: %d bytes)" %
+                  (args.pushes, tp, len(np.unique(z)), resp.bytes, ti, writes[0][1]))
+        finally:
+            client.close()
+            group.close()
+        restores = []
+        for _ in range(args.repeat):
+            cold = drop_caches()
+            t0 = time.perf_counter()
+            g2 = gl.Group(1, "--restore", paths[-1])
+            took = time.perf_counter() - t0
+            m = re.search(r"restored .* in ([\d.]+) ms", g2.logs())
+            restores.append((took, float(m.group(1)) / 1e3 if m else float("nan")))
+            g2.close()
+        rt = statistics.median(r[1] for r in restores)
+        print("restore (%s): median %.3f s in the server (%.2f GB/s, %.0f%% of dd's read), "
+              "%.3f s from start to SERVING" %
+              ("page cache dropped" if cold else "page cache NOT dropped", rt,
+               writes[0][1] / rt / 1e9, 100 * writes[0][1] / rt / 1e9 / dd_r,
+               statistics.median(r[0] for r in restores)))
+    finally:
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
