@@ -246,26 +246,49 @@ static int read_all(int fd, void *p, size_t n) {
 }
 
 /* A file written durably: to path.tmp, then finished by commit (fsync, close, rename) or
- * dropped by abandon (close, unlink). */
+ * dropped by abandon (close, unlink). Small writes (an incremental slice's short runs of rows)
+ * gather in a buffer, so that the file goes out in large write calls. */
 typedef struct outfile {
   int fd;
   const char *path;
   char tmp[EMBPS_CKPT_PATH_MAX + 8];
+  uint8_t *buf;
+  size_t len;
 } outfile_t;
+
+#define OUT_BUFFER (1u << 20)
 
 static embps_status_t out_open(outfile_t *f, const char *path, embps_error_t *err) {
   f->path = path;
   if (snprintf(f->tmp, sizeof(f->tmp), "%s.tmp", path) >= (int)sizeof(f->tmp))
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "checkpoint path too long: %s", path);
+  if (!(f->buf = embps_malloc(OUT_BUFFER)))
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory writing %s", path);
+  f->len = 0;
   f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (f->fd < 0)
     return io_error(err, errno, "create", f->tmp);
   return EMBPS_OK;
 }
 
-static embps_status_t out_write(outfile_t *f, const void *p, size_t n, embps_error_t *err) {
-  if (write_all(f->fd, p, n) != 0)
+static embps_status_t out_flush(outfile_t *f, embps_error_t *err) {
+  if (f->len && write_all(f->fd, f->buf, f->len) != 0)
     return io_error(err, errno, "write", f->path);
+  f->len = 0;
+  return EMBPS_OK;
+}
+
+static embps_status_t out_write(outfile_t *f, const void *p, size_t n, embps_error_t *err) {
+  embps_status_t ret;
+  if (f->len + n > OUT_BUFFER && (ret = out_flush(f, err)) != EMBPS_OK)
+    return ret;
+  if (n >= OUT_BUFFER) {
+    if (write_all(f->fd, p, n) != 0)
+      return io_error(err, errno, "write", f->path);
+    return EMBPS_OK;
+  }
+  memcpy(f->buf + f->len, p, n);
+  f->len += n;
   return EMBPS_OK;
 }
 
@@ -273,11 +296,17 @@ static void out_abandon(outfile_t *f) {
   if (f->fd >= 0)
     close(f->fd);
   f->fd = -1;
+  embps_free(f->buf);
+  f->buf = NULL;
   unlink(f->tmp);
 }
 
 static embps_status_t out_commit(outfile_t *f, embps_error_t *err) {
-  embps_status_t ret = EMBPS_OK;
+  embps_status_t ret = out_flush(f, err);
+  embps_free(f->buf);
+  f->buf = NULL;
+  if (ret != EMBPS_OK)
+    return ret; /* the caller abandons the file */
   if (fsync(f->fd) != 0)
     ret = io_error(err, errno, "fsync", f->path);
   if (close(f->fd) != 0 && ret == EMBPS_OK)
