@@ -4,6 +4,14 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+/* Large arrays (tables, snapshot buffers, scratch) start on a 2 MiB boundary and ask for
+ * transparent huge pages: a 0.5 GiB table then takes 256 page faults to fill instead of 131072,
+ * and a lookup's scattered row reads miss the TLB far less. Below this size it is not worth the
+ * alignment's slack. */
+#define HUGE_ALIGN (2u << 20)
+#define HUGE_MIN (8u << 20)
 
 static long fail_countdown;
 
@@ -32,6 +40,14 @@ void *embps_aligned_alloc(size_t size) {
   void *p = NULL;
   if (injected_failure())
     return NULL;
+  if (size >= HUGE_MIN) {
+    if (posix_memalign(&p, HUGE_ALIGN, size) != 0)
+      return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, size & ~(size_t)(HUGE_ALIGN - 1), MADV_HUGEPAGE); /* advice only */
+#endif
+    return p;
+  }
   if (posix_memalign(&p, 64, size ? size : 64) != 0)
     return NULL;
   return p;

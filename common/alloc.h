@@ -11,7 +11,8 @@ void *embps_malloc(size_t size);
 void *embps_calloc(size_t n, size_t size);
 /** realloc; NULL on failure, leaving p untouched. */
 void *embps_realloc(void *p, size_t size);
-/** 64-byte aligned allocation, freed with embps_free; NULL on failure. */
+/** 64-byte aligned allocation (large ones 2 MiB aligned, asking for huge pages), freed with
+ * embps_free; NULL on failure. */
 void *embps_aligned_alloc(size_t size);
 /** free; NULL is a no-op. */
 void embps_free(void *p);
