@@ -115,7 +115,7 @@ static embps_status_t run_create(embps_engine_t *e, embps_op_t *op, embps_error_
   embps_status_t ret;
   uint64_t local;
 
-  local = e->ops->table_new(e->be, cfg, e->comm->rank, e->comm->size, &t);
+  local = e->ops->table_new(e->be, cfg, e->comm->rank, e->comm->size, op->create_blank, &t);
   if ((ret = e->ops->agree_max(e->be, &local, err)) != EMBPS_OK) {
     embps_table_free(t);
     return ret;

@@ -41,6 +41,8 @@ struct embps_op {
   uint32_t tokens_per_batch;   /* over the whole group */
   embps_table_t *table;        /* lookup, push: validated, registered table */
   embps_table_config_t create; /* create: the resolved config */
+  int create_blank;            /* create: skip the initializer; the caller (a restore) writes
+                                  every byte of the arrays before the table is used */
   const int64_t *tokens;       /* this rank's shard, validated: every token in [0, rows) */
   size_t num_tokens;           /* tokens_per_batch / group_size */
   const void *grads;           /* push: num_tokens x emb_width of the table's dtype */

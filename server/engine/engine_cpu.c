@@ -88,9 +88,11 @@ static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engi
 /* ---- tables ---------------------------------------------------------------------------------- */
 
 static embps_status_t cpu_table_new(embps__engine_backend_t *be, const embps_table_config_t *cfg,
-                                    uint32_t rank, uint32_t group_size, embps_table_t **out) {
+                                    uint32_t rank, uint32_t group_size, int blank,
+                                    embps_table_t **out) {
   (void)be;
-  return embps_table_new(out, cfg, rank, group_size);
+  return blank ? embps_table_new_in(out, cfg, rank, group_size, NULL)
+               : embps_table_new(out, cfg, rank, group_size);
 }
 
 static embps_status_t cpu_agree_max(embps__engine_backend_t *be, uint64_t *v, embps_error_t *err) {

@@ -294,7 +294,8 @@ exit:
 }
 
 static embps_status_t cuda_table_new(embps__engine_backend_t *c, const embps_table_config_t *cfg,
-                                     uint32_t rank, uint32_t group_size, embps_table_t **out) {
+                                     uint32_t rank, uint32_t group_size, int blank,
+                                     embps_table_t **out) {
   embps_table_t *t = NULL;
   embps_table_arrays_t a;
   embps_error_t lerr;
@@ -303,6 +304,10 @@ static embps_status_t cuda_table_new(embps__engine_backend_t *c, const embps_tab
 
   if (embps_table_new_in(&t, cfg, rank, group_size, &device_memory) != EMBPS_OK)
     return EMBPS_RESOURCE_EXHAUSTED;
+  if (blank) {
+    *out = t;
+    return EMBPS_OK;
+  }
   a = embps_table_arrays(t);
   embps_table_initial_state(t, &v0, &s0, &s1);
   if (embps_init_rows_cuda(a.data, cfg->dtype, embps_table_shard_width(t), 0, cfg->rows,

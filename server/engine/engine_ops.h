@@ -54,11 +54,12 @@ typedef struct embps__engine_ops {
   /** Grows the scratch for an op of this shape (only what its path uses) and fills s. */
   embps_status_t (*reserve)(embps__engine_backend_t *be, const embps__engine_shape_t *shape,
                             embps__engine_scratch_t *s, embps_error_t *err);
-  /** Allocates and initializes this rank's slice of a table (*out untouched on failure).
-   * Returns EMBPS_OK, EMBPS_RESOURCE_EXHAUSTED (out of the backend's memory), EMBPS_INTERNAL;
-   * err is not set: every rank agrees on the outcome first. */
+  /** Allocates and initializes this rank's slice of a table (*out untouched on failure); with
+   * blank set, leaves the arrays as allocated (a restore writes every byte). Returns EMBPS_OK,
+   * EMBPS_RESOURCE_EXHAUSTED (out of the backend's memory), EMBPS_INTERNAL; err is not set: every
+   * rank agrees on the outcome first. */
   embps_status_t (*table_new)(embps__engine_backend_t *be, const embps_table_config_t *cfg,
-                              uint32_t rank, uint32_t group_size, embps_table_t **out);
+                              uint32_t rank, uint32_t group_size, int blank, embps_table_t **out);
   /** *v (host) becomes the largest *v of any rank (an all-reduce; waits for it). */
   embps_status_t (*agree_max)(embps__engine_backend_t *be, uint64_t *v, embps_error_t *err);
 

@@ -104,8 +104,9 @@ embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *
                                uint32_t group_size);
 
 /**
- * Like embps_table_new, but the arrays come from `mem` and are left uninitialized, for an engine
- * that initializes them where they live (see embps_table_initial_state). On failure *out is
+ * Like embps_table_new, but the arrays come from `mem` (NULL: host memory) and are left
+ * uninitialized, for an engine that initializes them where they live (see
+ * embps_table_initial_state) or a restore that overwrites them. On failure *out is
  * untouched. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
  */
 embps_status_t embps_table_new_in(embps_table_t **out, const embps_table_config_t *cfg,
