@@ -600,7 +600,7 @@ exit:
 }
 
 static void in_close(infile_t *f) {
-  if (f->fd > 0)
+  if (f->fd >= 0)
     close(f->fd);
   f->fd = -1;
 }
