@@ -209,6 +209,7 @@ static embps_status_t cpu_update(embps__engine_backend_t *be, embps_table_t *t, 
   const embps_table_arrays_t a = embps_table_arrays(t);
   const size_t w = embps_table_shard_width(t);
   (void)be;
+  embps_table_before_write(t, rows, m); /* an open checkpoint snapshot copies them first */
   switch (c->optimizer) {
   case EMBPS_OPTIMIZER_SGD:
     embps_update_sgd_cpu(a.data, c->dtype, w, rows, m, g, p);

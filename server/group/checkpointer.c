@@ -35,6 +35,8 @@ typedef struct job {
   embps__ckpt_order_t order;
   size_t n;
   embps_ckpt_slice_t *slices;   /* JOB_SLICES: what this rank writes */
+  embps_table_t **cow;          /* JOB_SLICES: slice i's table when its snapshot is still open
+                                   (copy-on-write: the writer completes it), else NULL */
   embps_table_config_t *tables; /* JOB_MANIFEST: the checkpoint's tables (n of them) */
   struct snap *snap;            /* JOB_PREFAULT: the buffers to touch */
   embps__ckpt_result_t result;
@@ -44,7 +46,7 @@ typedef struct job {
 struct embps__ckpt {
   char dir[EMBPS__CKPT_PATH_MAX];
   uint32_t rank, size, keep;
-  int track_dirty;
+  int track_dirty, host_tables;
   int wake_fd;
   snap_t *snaps; /* group thread only */
   /* The leader's last capture: the tables its manifest lists (group thread only). */
@@ -61,9 +63,18 @@ struct embps__ckpt {
   int stopping;                 /* guarded by mu */
 };
 
+/* Closes the snapshots of a job that will not be written (only while the writer cannot be
+ * completing them: before submit, or after the thread is joined). */
+static void job_cancel(job_t *j) {
+  for (size_t i = 0; j->cow && i < j->n; i++)
+    if (j->cow[i])
+      embps_table_snapshot_cancel(j->cow[i]);
+}
+
 static void job_free(job_t *j) {
   if (!j)
     return;
+  embps_free(j->cow);
   embps_free(j->slices);
   embps_free(j->tables);
   embps_free(j);
@@ -84,6 +95,11 @@ static void write_slices(embps__ckpt_t *c, job_t *j) {
   embps__ckpt_result_t *r = &j->result;
   char file[EMBPS__CKPT_PATH_MAX + 160], name[160];
   uint64_t bytes;
+  /* First every open snapshot, at memory speed, so that batches stop paying for copies soon;
+   * then the files, at the disk's speed. */
+  for (size_t i = 0; i < j->n; i++)
+    if (j->cow[i])
+      embps_table_snapshot_complete(j->cow[i]);
   if (make_ckpt_dir(c, r->path, &r->error) != EMBPS_OK)
     return;
   for (size_t i = 0; i < j->n; i++) {
@@ -241,6 +257,7 @@ embps_status_t embps__ckpt_new(embps__ckpt_t **out, const embps__ckpt_config_t *
   c->size = cfg->size;
   c->keep = cfg->keep;
   c->track_dirty = cfg->track_dirty;
+  c->host_tables = cfg->host_tables;
   c->wake_fd = cfg->wake_fd;
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, NULL);
@@ -275,6 +292,7 @@ void embps__ckpt_free(embps__ckpt_t *c) {
   pthread_join(c->thread, NULL);
   for (job_t *j = c->todo_head, *next; j; j = next) {
     next = j->next;
+    job_cancel(j);
     job_free(j);
   }
   for (job_t *j = c->done_head, *next; j; j = next) {
@@ -369,7 +387,9 @@ void embps__ckpt_prepare(embps__ckpt_t *c, embps_table_t *t) {
   }
   if (!fresh)
     return;
-  if (!(j = embps_calloc(1, sizeof(*j)))) { /* the capture will fault the pages in instead */
+  /* Copy-on-write captures touch the pages as they copy, mostly on the writer's thread (and a
+   * prefault would race with the engine's block copies). */
+  if (c->host_tables || !(j = embps_calloc(1, sizeof(*j)))) {
     pthread_mutex_lock(&c->mu);
     s->ready = 1;
     pthread_mutex_unlock(&c->mu);
@@ -388,7 +408,10 @@ embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, emb
   embps_status_t ret = EMBPS_OK;
   uint64_t bytes = 0;
 
+  const int cow = c->host_tables;
+
   if (!j || !(j->slices = embps_calloc(count ? count : 1, sizeof(*j->slices))) ||
+      !(j->cow = embps_calloc(count ? count : 1, sizeof(*j->cow))) ||
       !(j->tables = embps_calloc(count ? count : 1, sizeof(*j->tables)))) {
     job_free(j);
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory capturing a checkpoint");
@@ -417,7 +440,7 @@ embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, emb
       pthread_mutex_unlock(&c->mu);
     }
     wait_ready(c, s);
-    if ((ret = embps_engine_table_export(engine, t, &s->host, err)) != EMBPS_OK)
+    if (!cow && (ret = embps_engine_table_export(engine, t, &s->host, err)) != EMBPS_OK)
       break;
     sl->config = *cfg;
     sl->rank = c->rank;
@@ -439,11 +462,19 @@ embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, emb
         sl->base_round = order->base_round;
       }
     }
+    /* On host memory the copy is lazy: the writer and the engine's writes share it. */
+    if (cow && (ret = embps_table_snapshot_begin(t, &s->host, sl->dirty)) != EMBPS_OK) {
+      embps_error_set(err, ret, "cannot open a snapshot of table '%s' to checkpoint: %s", cfg->name,
+                      ret == EMBPS_RESOURCE_EXHAUSTED ? "out of memory" : "one is open already");
+      break;
+    }
+    j->cow[j->n] = cow ? t : NULL;
     j->tables[j->n] = *cfg;
     j->n++;
     bytes += embps_table_bytes(t);
   }
   if (ret != EMBPS_OK) {
+    job_cancel(j);
     job_free(j);
     return ret;
   }

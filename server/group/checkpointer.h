@@ -4,12 +4,16 @@
  * it applies it, the leader writes the manifest once every rank's files are durable); this
  * module does the work, with the bytes on disk left to server/store/checkpoint.h.
  *
- * Capture copies each table's slice (rows and optimizer state) into host snapshot buffers that
- * live as long as the table (prepared when it is created, so that a capture is one memory copy
- * and not a storm of page faults), then hands them to the writer thread; the group's thread
- * goes on serving while the files are written. Only one checkpoint is in flight at a time (the
- * leader waits for one to complete before it orders the next), so the writer is done with the
- * buffers before the next capture reuses them. */
+ * Capture fixes each table's slice (rows and optimizer state) as it is after the checkpoint's
+ * round into host snapshot buffers that live as long as the table, then hands them to the
+ * writer thread; the group's thread goes on serving while the files are written. Where tables
+ * are host memory (the CPU backend) the capture copies nothing at once: it opens a
+ * copy-on-write snapshot (store.h), which the writer completes at memory speed and the engine
+ * settles block by block before it writes a row, so no batch waits for a whole table's copy.
+ * Where they are GPU memory, the capture is one device-to-host copy into buffers that the
+ * writer touched beforehand (so the copy is not a storm of page faults). Only one checkpoint is
+ * in flight at a time (the leader waits for one to complete before it orders the next), so the
+ * writer is done with the buffers before the next capture reuses them. */
 #ifndef EMBPS_GROUP_CHECKPOINTER_H
 #define EMBPS_GROUP_CHECKPOINTER_H
 
@@ -28,6 +32,8 @@ typedef struct embps__ckpt_config {
   uint32_t rank, size;
   uint32_t keep;   /* complete checkpoints kept per scope (0: all) */
   int track_dirty; /* incremental checkpoints: tables track the rows they write */
+  int host_tables; /* the engine's tables are host memory: captures are copy-on-write
+                      (embps_table_snapshot_begin), and snapshot buffers need no prefault */
   int wake_fd;     /* an eventfd the writer makes readable when a job is finished */
 } embps__ckpt_config_t;
 

@@ -763,6 +763,7 @@ static embps_status_t start_checkpoints(embps_group_t *g, embps_error_t *err) {
                              .size = g->cfg.size,
                              .keep = g->cfg.checkpoint_keep,
                              .track_dirty = g->cfg.checkpoint_incremental,
+                             .host_tables = embps_engine_backend(g->engine) == EMBPS_BACKEND_CPU,
                              .wake_fd = -1};
   embps_status_t ret;
   if ((g->ckpt_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)

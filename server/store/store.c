@@ -9,6 +9,8 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -164,7 +166,18 @@ struct embps_table {
   embps_table_memory_t mem; /* where the arrays live (alloc NULL: host memory) */
   embps_table_counters_t counters;
   uint64_t *dirty; /* rows written since the last capture (tracking on), else NULL */
+  /* The snapshot in progress (embps_table_snapshot_begin): blocks of block_rows rows, each
+   * PENDING, BUSY (one thread is copying it) or DONE. `active` is 1 from begin until every
+   * block is DONE; the group's thread reads it before every write. */
+  struct {
+    atomic_int active;
+    embps_table_arrays_t into;
+    uint64_t block_rows, blocks;
+    atomic_uchar *state;
+  } snap;
 };
+
+enum { SNAP_PENDING = 0, SNAP_BUSY = 1, SNAP_DONE = 2 };
 
 static void release(const embps_table_memory_t *mem, void *p) {
   if (mem->release)
@@ -180,6 +193,7 @@ void embps_table_free(embps_table_t *t) {
   release(&t->mem, t->a.state0);
   release(&t->mem, t->a.state1);
   embps_free(t->dirty);
+  embps_free((void *)t->snap.state);
   embps_free(t);
 }
 
@@ -341,4 +355,103 @@ embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *
                       cfg->init_scale);
   *out = t;
   return EMBPS_OK;
+}
+
+/* ---- copy-on-write snapshots ----------------------------------------------------------------- */
+
+/* Rows of ~16 KiB per block: a batch that writes U rows copies at most U blocks first, so the
+ * pause it sees is bounded by the batch and not the table. */
+#define SNAP_BLOCK_BYTES 16384u
+
+static void row_sizes(const embps_table_t *t, size_t out[3]) {
+  size_t bytes[3];
+  embps_table_array_bytes(t, bytes);
+  for (int i = 0; i < 3; i++)
+    out[i] = bytes[i] / t->config.rows;
+}
+
+/* Copies block b of the table into the snapshot. */
+static void snap_copy_block(embps_table_t *t, uint64_t b) {
+  const uint64_t first = b * t->snap.block_rows;
+  const uint64_t n =
+      first + t->snap.block_rows > t->config.rows ? t->config.rows - first : t->snap.block_rows;
+  const void *from[3] = {t->a.data, t->a.state0, t->a.state1};
+  void *to[3] = {t->snap.into.data, t->snap.into.state0, t->snap.into.state1};
+  size_t rb[3];
+  row_sizes(t, rb);
+  for (int i = 0; i < 3; i++)
+    if (rb[i] && from[i])
+      memcpy((uint8_t *)to[i] + first * rb[i], (const uint8_t *)from[i] + first * rb[i], n * rb[i]);
+}
+
+/* Makes block b DONE: copies it if it is PENDING, waits if another thread is copying it. */
+static void snap_settle(embps_table_t *t, uint64_t b) {
+  unsigned char expect = SNAP_PENDING;
+  if (atomic_load_explicit(&t->snap.state[b], memory_order_acquire) == SNAP_DONE)
+    return;
+  if (atomic_compare_exchange_strong_explicit(&t->snap.state[b], &expect, SNAP_BUSY,
+                                              memory_order_acq_rel, memory_order_acquire)) {
+    snap_copy_block(t, b);
+    atomic_store_explicit(&t->snap.state[b], SNAP_DONE, memory_order_release);
+    return;
+  }
+  while (atomic_load_explicit(&t->snap.state[b], memory_order_acquire) != SNAP_DONE)
+    sched_yield(); /* the other thread is in the middle of one block's memcpy */
+}
+
+embps_status_t embps_table_snapshot_begin(embps_table_t *t, const embps_table_arrays_t *into,
+                                          const uint64_t *only) {
+  size_t rb[3];
+  if (atomic_load_explicit(&t->snap.active, memory_order_acquire))
+    return EMBPS_FAILED_PRECONDITION;
+  row_sizes(t, rb);
+  if (!t->snap.state) {
+    const size_t per_row = rb[0] + rb[1] + rb[2];
+    t->snap.block_rows = per_row >= SNAP_BLOCK_BYTES ? 1 : SNAP_BLOCK_BYTES / per_row;
+    t->snap.blocks = (t->config.rows + t->snap.block_rows - 1) / t->snap.block_rows;
+    if (!(t->snap.state = embps_malloc(t->snap.blocks * sizeof(*t->snap.state))))
+      return EMBPS_RESOURCE_EXHAUSTED;
+  }
+  t->snap.into = *into;
+  for (uint64_t b = 0; b < t->snap.blocks; b++) {
+    unsigned char st = SNAP_PENDING;
+    if (only) { /* a block none of whose rows the snapshot needs is done already */
+      const uint64_t first = b * t->snap.block_rows;
+      const uint64_t end =
+          first + t->snap.block_rows < t->config.rows ? first + t->snap.block_rows : t->config.rows;
+      st = SNAP_DONE;
+      for (uint64_t r = first; r < end; r++) {
+        if ((r & 63) == 0 && end - r >= 64 && only[r >> 6] == 0) {
+          r += 63;
+          continue;
+        }
+        if ((only[r >> 6] >> (r & 63)) & 1u) {
+          st = SNAP_PENDING;
+          break;
+        }
+      }
+    }
+    atomic_store_explicit(&t->snap.state[b], st, memory_order_relaxed);
+  }
+  atomic_store_explicit(&t->snap.active, 1, memory_order_release);
+  return EMBPS_OK;
+}
+
+void embps_table_before_write(embps_table_t *t, const int64_t *rows, size_t n) {
+  if (!atomic_load_explicit(&t->snap.active, memory_order_acquire))
+    return;
+  for (size_t i = 0; i < n; i++)
+    snap_settle(t, (uint64_t)rows[i] / t->snap.block_rows);
+}
+
+void embps_table_snapshot_complete(embps_table_t *t) {
+  if (!atomic_load_explicit(&t->snap.active, memory_order_acquire))
+    return;
+  for (uint64_t b = 0; b < t->snap.blocks; b++)
+    snap_settle(t, b);
+  atomic_store_explicit(&t->snap.active, 0, memory_order_release);
+}
+
+void embps_table_snapshot_cancel(embps_table_t *t) {
+  atomic_store_explicit(&t->snap.active, 0, memory_order_release);
 }

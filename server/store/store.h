@@ -152,6 +152,29 @@ void embps_table_mark_dirty(embps_table_t *table, const int64_t *rows, size_t n)
 /** Words in the bitmap of a table of `rows` rows. */
 size_t embps_dirty_words(uint64_t rows);
 
+/* Copy-on-write snapshots, for checkpoints of tables in host memory: the snapshot is the table
+ * as it is at begin, but the copying happens later, block by block, on whichever thread gets to
+ * a block first: the checkpoint writer (embps_table_snapshot_complete) or the engine just before
+ * it writes a row (embps_table_before_write). The group's thread thus pauses for no copy of the
+ * whole table, only for the blocks of the rows a batch writes while a snapshot is open. */
+
+/**
+ * Group thread: opens a snapshot of t into `into` (host arrays sized as the table's). Blocks
+ * without a row set in `only` (a dirty-row bitmap; NULL: every row) are not copied. Returns
+ * EMBPS_OK, EMBPS_RESOURCE_EXHAUSTED, or EMBPS_FAILED_PRECONDITION while one is open.
+ */
+embps_status_t embps_table_snapshot_begin(embps_table_t *table, const embps_table_arrays_t *into,
+                                          const uint64_t *only);
+/** Engine, on the group's thread, before it writes rows[0..n) (host memory): copies their blocks
+ * into the open snapshot first. Costs one atomic load when none is open. */
+void embps_table_before_write(embps_table_t *table, const int64_t *rows, size_t n);
+/** Any thread (the checkpoint writer): copies every block not yet copied and closes the
+ * snapshot; `into` then holds the table as it was at begin. A no-op when none is open. */
+void embps_table_snapshot_complete(embps_table_t *table);
+/** Closes the snapshot without finishing it (its checkpoint was dropped); only while no other
+ * thread may be completing it. */
+void embps_table_snapshot_cancel(embps_table_t *table);
+
 /** Frees a table that was never registered. NULL is a no-op. */
 void embps_table_free(embps_table_t *table);
 

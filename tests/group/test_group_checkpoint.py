@@ -4,6 +4,9 @@
   1, 2, 3 and 4: every row bitwise what was checkpointed, and the next push after the restore
   bitwise what the writing group computed (so optimizer state and step counts came back too).
 - Incremental chains: restored through the chain onto another group size, bitwise.
+- A checkpoint taken while pushes stream in is one point of the round order: each push is in it
+  whole or not at all, and the pushes in it are a prefix of those sent (the copy-on-write
+  capture copies a row block before a later push writes it).
 - kill -9 of every rank at random moments, many times, in the middle of checkpoint writes too:
   each restart restores the latest complete checkpoint, bitwise equal to a reference group that
   ran the same pushes up to that checkpoint.
@@ -533,6 +536,71 @@ class FaultTest(TmpDirs, unittest.TestCase):
         finally:
             client.close()
             group.close_checked(self)
+
+
+class CutTest(TmpDirs, unittest.TestCase):
+    """Checkpoints under a stream of pushes are consistent cuts of the round order."""
+
+    ROWS, WIDTH, P = 1 << 19, 32, 32  # 64 MiB of rows: the writer copies for a while
+
+    def counts(self, w0, w):
+        """Pushes each row has seen (sgd, lr 1, gradient 1: each subtracts exactly about 1)."""
+        k = np.rint(w0 - w).astype(np.int64)
+        self.assertTrue((k == k[:, :1]).all(), "a row was checkpointed half-updated")
+        return k[1:, 0]  # row 0 is the padding row
+
+    def rows(self, client):
+        step = 1 << 16
+        return np.concatenate([client.lookup("cut", np.arange(i, i + step), self.WIDTH)
+                               for i in range(0, self.ROWS, step)])
+
+    def test_pushes_are_in_whole_and_in_order(self):
+        d = self.tmpdir()
+        group = gl.Group(1, "--checkpoint-dir", d, "--checkpoint-keep", "0")
+        client = gl.RawClient(group.addresses)
+        rows = np.arange(self.ROWS)
+        batches = [rows[(rows % self.P == p) & (rows != 0)] for p in range(self.P)]
+        ones = np.ones((len(batches[1]), self.WIDTH), np.float32)
+        paths, asked = [], threading.Event()
+        try:
+            client.create("cut", self.ROWS, self.WIDTH, "sgd", lr=1.0, wd=0.0)
+            w0 = self.rows(client)
+
+            def take():
+                asked.wait()
+                for _ in range(3):
+                    paths.append(checkpoint(client).path)
+
+            th = threading.Thread(target=take)
+            th.start()
+            for i in range(4 * self.P):
+                if i == 2:
+                    asked.set()
+                b = batches[i % self.P]
+                client.push("cut", b, ones[:len(b)])
+                if len(paths) == 3:
+                    break
+            th.join()
+        finally:
+            client.close()
+            group.close_checked(self)
+        self.assertEqual(len(paths), 3)
+        for path in paths:
+            g2 = gl.Group(1, "--restore", path)
+            c2 = gl.RawClient(g2.addresses)
+            try:
+                k = self.counts(w0, self.rows(c2))
+            finally:
+                c2.close()
+                g2.close_checked(self)
+            per_push = [np.unique(k[(rows[1:] % self.P) == p]) for p in range(self.P)]
+            for p, u in enumerate(per_push):
+                self.assertEqual(len(u), 1, "%s: push class %d is in it only in part" % (path, p))
+            seen = np.array([u[0] for u in per_push])
+            c = int(seen.sum())  # the pushes before the cut
+            want = c // self.P + (np.arange(self.P) < c % self.P)
+            self.assertTrue((seen == want).all(),
+                            "%s: not a prefix of the pushes: %s" % (path, seen.tolist()))
 
 
 def push_all_one(client):
