@@ -1,5 +1,5 @@
-/* What the files of libembps share beyond the public face (client/embps.h): the client and call
- * objects, and the functions one file offers the others. Internal (embps__ prefix).
+/* What the files of libembps share beyond the public face (include/embps/embps.h): the client and
+ * call objects, and the functions one file offers the others. Internal (embps__ prefix).
  *
  *   client.c  the client object: connect, free, options, the last error
  *   call.c    calls in flight: one stream per shard, pipelining, waiting, decoding replies
@@ -13,9 +13,11 @@
 #include <stdint.h>
 
 #include "client/conn.h"
-#include "client/embps.h"
 #include "client/group.h"
 #include "client/wire.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "embps/embps.h"
 
 #define EMBPS__PATH_PREFIX "/embps.v1.EmbeddingService/"
 

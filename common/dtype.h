@@ -1,5 +1,6 @@
 /* Storage dtypes and the bf16 <-> f32 conversions. Header-only so that kernels, server and
- * client share one definition without linking anything. */
+ * client share one definition without linking anything. The enum is public API, declared in
+ * include/embps/dtype.h (installed as <embps/dtype.h>); the helpers here are internal. */
 #ifndef EMBPS_DTYPE_H
 #define EMBPS_DTYPE_H
 
@@ -7,11 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Values equal embps.v1.DType on the wire. */
-typedef enum embps_dtype {
-  EMBPS_DTYPE_F32 = 1,
-  EMBPS_DTYPE_BF16 = 2,
-} embps_dtype_t;
+#include "embps/dtype.h"
 
 /** Bytes per element: 4 for f32, 2 for bf16, 0 for anything else. */
 static inline size_t embps_dtype_size(int dtype) {

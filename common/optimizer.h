@@ -1,19 +1,9 @@
-/* The optimizer kinds: one enum for the client API, the kernels and the server. Header-only,
- * like dtype.h; client/embps.h includes it, so its names are part of the public API. */
+/* The optimizer kinds (embps_optimizer_t, EMBPS_OPTIMIZER_DEFAULT): public API, declared once in
+ * include/embps/optimizer.h, which the installed <embps/embps.h> includes. This header is the
+ * common layer's name for it, kept so that its users need not know where public API lives. */
 #ifndef EMBPS_OPTIMIZER_H
 #define EMBPS_OPTIMIZER_H
 
-/** The fused sparse optimizers; values equal embps.v1.OptimizerKind. */
-typedef enum embps_optimizer {
-  EMBPS_OPTIMIZER_SGD = 1,
-  EMBPS_OPTIMIZER_ADAGRAD = 2,
-  EMBPS_OPTIMIZER_ROWWISE_ADAGRAD = 3,
-  EMBPS_OPTIMIZER_ADAM = 4,
-} embps_optimizer_t;
-
-/** In a table spec: let the server choose (rowwise_adagrad); OPTIMIZER_UNSPECIFIED on the wire.
- * A request value, not an optimizer, so it stays out of the enum: a switch over the optimizers
- * needs no case for it. */
-#define EMBPS_OPTIMIZER_DEFAULT ((embps_optimizer_t)0)
+#include "embps/optimizer.h"
 
 #endif

@@ -23,6 +23,8 @@
 
 #include "client/cli/zipf.h"
 #include "common/clock.h"
+#include "common/dtype.h"
+#include "common/status.h"
 
 typedef struct lat_vec {
   double *v;

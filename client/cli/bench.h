@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "client/embps.h"
+#include "embps/embps.h"
 
 typedef struct embps_bench_opts {
   uint64_t batch;       /* tokens per op */

@@ -1,6 +1,7 @@
 /* `embps`: the command-line tool of a shard group (admin, lookup/push, load test).
  *
- * It uses only the public libembps API. The global settings are declared once in a table
+ * It uses only the public libembps API, with common/'s helpers over its types (dtype sizes and
+ * bf16 conversions, error set/clear). The global settings are declared once in a table
  * (flag, environment variable, default, help) that both reads them and prints --help; each
  * command declares its flags the same way, so `embps COMMAND --help` is generated from the
  * code that parses it. Numbers are parsed strictly (args.c). Failures print
@@ -14,7 +15,9 @@
 
 #include "client/cli/args.h"
 #include "client/cli/bench.h"
-#include "client/embps.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "embps/embps.h"
 
 #define EXIT_USAGE 2
 

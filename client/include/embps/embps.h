@@ -1,0 +1,305 @@
+/* libembps: the C client of an embps shard group. Installed as <embps/embps.h>, the library's
+ * whole public face: it and the headers it includes (<embps/status.h>, <embps/dtype.h>,
+ * <embps/optimizer.h>) compile without the source tree; `pkg-config --cflags --libs embps` or
+ * CMake's find_package(embps) with the target embps::embps give the flags.
+ *
+ * A client holds one HTTP/2 (gRPC, cleartext) connection to every server of a shard group and
+ * splits each batch of tokens into one contiguous token shard per rank. Calls are unary gRPC
+ * calls; the *_start variants return a call handle so that many calls can be in flight on the
+ * same connections (pipelining), and embps_call_wait() finishes one.
+ *
+ * Threads: the library starts no threads. All I/O happens inside the calling thread, in
+ * embps_call_wait() and the blocking calls, with poll(). One client must be used by one thread
+ * at a time; use one client per thread for parallelism (clients share nothing).
+ *
+ * Ordering: calls on one client are sent in the order they were started, with increasing
+ * batch ids, and each request's body is sent whole before the next one's starts, so a server
+ * sees them in that order on every connection.
+ *
+ * Errors: every function that can fail returns an embps_status_t (values are gRPC status
+ * codes). The message of the last failure, including the server's grpc-message, is kept by
+ * the client and read with embps_client_last_error().
+ */
+#ifndef EMBPS_H
+#define EMBPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "embps/dtype.h"     /* embps_dtype_t: EMBPS_DTYPE_F32, EMBPS_DTYPE_BF16 */
+#include "embps/optimizer.h" /* embps_optimizer_t: EMBPS_OPTIMIZER_DEFAULT, _SGD, ... */
+#include "embps/status.h"    /* embps_status_t, embps_error_t: EMBPS_OK, ... */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Marks the library's API: the library is built with hidden visibility, so that libembps.so
+ * exports these functions and nothing else. */
+#if defined(__GNUC__) || defined(__clang__)
+#define EMBPS_EXPORT __attribute__((visibility("default")))
+#else
+#define EMBPS_EXPORT
+#endif
+
+/** A connection to a shard group. Opaque; one thread at a time. */
+typedef struct embps_client embps_client_t;
+/** A call in flight, returned by the *_start functions and finished by embps_call_wait(). */
+typedef struct embps_call embps_call_t;
+
+/** Push modes; values equal embps.v1.UpdateMode. */
+typedef enum embps_push_mode {
+  EMBPS_PUSH_SYNC = 0,  /* the reply comes after the update is applied */
+  EMBPS_PUSH_ASYNC = 1, /* the reply comes once the update is ordered */
+} embps_push_mode_t;
+
+/** Client options. Initialize with embps_client_options_init() and change what you need. */
+typedef struct embps_client_options {
+  /** Deadline of every call in milliseconds (sent as grpc-timeout too); 0: none. */
+  int64_t deadline_ms;
+  /** Deadline of connecting to each server (and learning the group size); 0: 10000 ms. */
+  int64_t connect_timeout_ms;
+  /** Non-zero: pad a batch whose size is not a multiple of the group size with token 0 up to
+   * the next multiple; padded rows are dropped from lookups and padded gradients are zero.
+   * Zero (the default): such a batch fails with EMBPS_INVALID_ARGUMENT. */
+  int pad_batches;
+  /** The group size, if known. 0 (the default): learn it from the servers' ListTables at
+   * connect time and check that one address was given per rank. */
+  uint32_t group_size;
+} embps_client_options_t;
+
+/** A table's specification: what embps_create_table() takes and embps_list_tables() returns.
+ * Zero fields mean the server's defaults (see proto/embps/v1/embps.proto). */
+typedef struct embps_table_spec {
+  /** The table's name. For create: the caller's string, read during the call. In a list:
+   * owned by the list, freed by embps_tables_free(). */
+  const char *name;
+  uint64_t rows;
+  uint32_t emb_width;
+  embps_dtype_t dtype; /* 0: f32 */
+  embps_optimizer_t optimizer;
+  float lr;
+  float eps;
+  float half_life; /* accumulator half-life in steps; 0: no decay */
+  float initial_accumulator;
+  float weight_decay;
+  float beta1;
+  float beta2;
+  uint64_t seed;
+  float init_scale; /* 0: 1/sqrt(emb_width) */
+} embps_table_spec_t;
+
+/** The reply to a push, joined over the group's ranks. */
+typedef struct embps_push_result {
+  int applied;         /* 1: the update was applied (sync) */
+  int skipped;         /* 1: a non-finite gradient gated the whole step; nothing changed */
+  int ordered;         /* 1: async push ordered, not yet applied */
+  double grad_norm;    /* L2 norm of the summed gradients (sync only) */
+  uint64_t num_unique; /* distinct non-padding tokens in the batch (sync only) */
+} embps_push_result_t;
+
+/** One table's counters on one rank. */
+typedef struct embps_table_stats {
+  char *name; /* owned by the stats array */
+  uint64_t rows;
+  uint32_t emb_width;
+  uint64_t lookups;
+  uint64_t pushes;
+  uint64_t rows_looked_up;
+  uint64_t rows_pushed;
+  uint64_t steps_applied;
+  uint64_t steps_skipped;
+  uint64_t bytes;
+} embps_table_stats_t;
+
+/** One rank's statistics. */
+typedef struct embps_rank_stats {
+  uint32_t rank;
+  uint32_t group_size;
+  char *backend; /* "cpu" or "cuda"; owned by the stats array */
+  char *version; /* owned by the stats array */
+  char *address; /* the host:port this client used; owned by the stats array */
+  double uptime_s;
+  uint64_t requests;
+  uint64_t errors;
+  uint64_t bytes_in;
+  uint64_t bytes_out;
+  uint32_t connections;
+  int ready;                    /* the whole group is up */
+  char *mesh;                   /* e.g. "shard=4"; owned by the stats array */
+  uint64_t peer_bytes_sent;     /* collective payload sent to the other ranks */
+  uint64_t peer_bytes_received; /* and received from them */
+  uint64_t collective_calls;
+  size_t num_tables;
+  embps_table_stats_t *tables; /* num_tables entries, owned by the stats array */
+} embps_rank_stats_t;
+
+/** Fills opts with the defaults (no deadline, 10 s connect timeout, no padding, learn the
+ * group size). */
+EMBPS_EXPORT void embps_client_options_init(embps_client_options_t *opts);
+
+/** Connects to every server of a shard group.
+ *
+ * servers is "host:port[,host:port...]", one address per rank in rank order ("[::1]:7070"
+ * for IPv6). opts may be NULL for the defaults. On success *out is a new client that the
+ * caller frees with embps_client_free(); on failure *out is left untouched and, when err is
+ * not NULL, err holds the status and message.
+ *
+ * Returns EMBPS_OK; EMBPS_INVALID_ARGUMENT (bad address list or options);
+ * EMBPS_UNAVAILABLE (a server cannot be reached); EMBPS_DEADLINE_EXCEEDED;
+ * EMBPS_FAILED_PRECONDITION (the number of addresses is not the group's size);
+ * EMBPS_RESOURCE_EXHAUSTED (out of memory); or the status of a failed ListTables. */
+EMBPS_EXPORT embps_status_t embps_client_connect(embps_client_t **out, const char *servers,
+                                                 const embps_client_options_t *opts,
+                                                 embps_error_t *err);
+
+/** Closes the connections and frees the client. Calls still in flight are cancelled and their
+ * handles become invalid. NULL is a no-op. */
+EMBPS_EXPORT void embps_client_free(embps_client_t *client);
+
+/** The message of the client's last failure ("" if none). The string is owned by the client
+ * and valid until its next call. Server errors carry the server's grpc-message; in a group of
+ * more than one rank the message starts with the rank and its address. */
+EMBPS_EXPORT const char *embps_client_last_error(const embps_client_t *client);
+
+/** The status of the client's last failure (EMBPS_OK if none). */
+EMBPS_EXPORT embps_status_t embps_client_last_status(const embps_client_t *client);
+
+/** The group size (number of ranks) the client works with. */
+EMBPS_EXPORT uint32_t embps_client_group_size(const embps_client_t *client);
+
+/** Sets the deadline of later calls in milliseconds; 0: none. */
+EMBPS_EXPORT void embps_client_set_deadline(embps_client_t *client, int64_t deadline_ms);
+
+/** Sets whether later batches are padded to a multiple of the group size (see
+ * embps_client_options_t.pad_batches). */
+EMBPS_EXPORT void embps_client_set_padding(embps_client_t *client, int pad_batches);
+
+/** The status's gRPC name, e.g. "INVALID_ARGUMENT". Static string. */
+EMBPS_EXPORT const char *embps_status_string(embps_status_t status);
+
+/** Zeroes spec (every field takes the server's default). */
+EMBPS_EXPORT void embps_table_spec_init(embps_table_spec_t *spec);
+
+/** Creates a table on the group (the request goes to rank 0, which creates it group-wide).
+ * spec is read during the call. Returns EMBPS_OK; EMBPS_INVALID_ARGUMENT (e.g. emb_width
+ * that does not shard evenly, checked here first); EMBPS_ALREADY_EXISTS; EMBPS_UNAVAILABLE;
+ * EMBPS_DEADLINE_EXCEEDED; or another status the server returns. */
+EMBPS_EXPORT embps_status_t embps_create_table(embps_client_t *client,
+                                               const embps_table_spec_t *spec);
+
+/** Lists the group's tables (asked of rank 0). On success *tables is an array of *n specs
+ * owned by the caller, freed with embps_tables_free(); on failure they are untouched.
+ * Returns EMBPS_OK; EMBPS_UNAVAILABLE; EMBPS_DEADLINE_EXCEEDED; EMBPS_RESOURCE_EXHAUSTED;
+ * EMBPS_INTERNAL (malformed reply). */
+EMBPS_EXPORT embps_status_t embps_list_tables(embps_client_t *client, embps_table_spec_t **tables,
+                                              size_t *n);
+
+/** Frees an array from embps_list_tables(), names included. NULL is a no-op. */
+EMBPS_EXPORT void embps_tables_free(embps_table_spec_t *tables, size_t n);
+
+/** Looks up the rows of n tokens of table, blocking until they arrive.
+ *
+ * tokens: n token ids, read during the call. out: the caller's buffer of out_bytes =
+ * n * emb_width * dtype size bytes, which receives one full row per token, in token order,
+ * in the table's dtype (the reply is copied straight into it). Returns EMBPS_OK;
+ * EMBPS_INVALID_ARGUMENT (n not a multiple of the group size without padding, out_bytes not
+ * matching the table's rows, a token out of range, ...); EMBPS_NOT_FOUND (no such table);
+ * EMBPS_UNAVAILABLE (connection lost); EMBPS_DEADLINE_EXCEEDED; EMBPS_INTERNAL (malformed
+ * reply); or another status the server returns. */
+EMBPS_EXPORT embps_status_t embps_lookup(embps_client_t *client, const char *table,
+                                         const int64_t *tokens, size_t n, void *out,
+                                         size_t out_bytes);
+
+/** Starts a lookup without waiting (see embps_lookup()). tokens and out must stay valid and
+ * untouched until embps_call_wait() returns for *call. On success *call is a handle that
+ * must be finished with embps_call_wait() or dropped with embps_call_cancel(); on failure
+ * *call is untouched and the status is one of embps_lookup()'s (validation errors). */
+EMBPS_EXPORT embps_status_t embps_lookup_start(embps_client_t *client, const char *table,
+                                               const int64_t *tokens, size_t n, void *out,
+                                               size_t out_bytes, embps_call_t **call);
+
+/** Pushes gradients for n tokens of table, blocking until the reply arrives.
+ *
+ * grads: n full-width rows of dtype (grad_bytes = n * emb_width * dtype size bytes), read
+ * during the call. result, if not NULL, receives the joined reply. Returns EMBPS_OK;
+ * EMBPS_INVALID_ARGUMENT (shape or dtype mismatch); EMBPS_FAILED_PRECONDITION (async push
+ * with an optimizer that has no fused update); EMBPS_NOT_FOUND; EMBPS_UNAVAILABLE;
+ * EMBPS_DEADLINE_EXCEEDED; EMBPS_INTERNAL; or another status the server returns. */
+EMBPS_EXPORT embps_status_t embps_push(embps_client_t *client, const char *table,
+                                       const int64_t *tokens, size_t n, const void *grads,
+                                       size_t grad_bytes, embps_dtype_t dtype,
+                                       embps_push_mode_t mode, embps_push_result_t *result);
+
+/** Starts a push without waiting (see embps_push()). tokens, grads and result must stay
+ * valid until embps_call_wait() returns for *call; result is written then. On failure *call
+ * is untouched. */
+EMBPS_EXPORT embps_status_t embps_push_start(embps_client_t *client, const char *table,
+                                             const int64_t *tokens, size_t n, const void *grads,
+                                             size_t grad_bytes, embps_dtype_t dtype,
+                                             embps_push_mode_t mode, embps_push_result_t *result,
+                                             embps_call_t **call);
+
+/** Waits for a call to finish, moving I/O for every connection of its client meanwhile, and
+ * frees the handle. Returns the call's status (EMBPS_OK or any status the blocking variant
+ * lists); the message is then embps_client_last_error(). */
+EMBPS_EXPORT embps_status_t embps_call_wait(embps_call_t *call);
+
+/** Moves I/O without blocking and tells whether the call has finished (1) or not (0); a
+ * finished call still needs embps_call_wait(), which then returns at once. */
+EMBPS_EXPORT int embps_call_test(embps_call_t *call);
+
+/** Cancels a call and frees the handle; the buffers it was given may be reused on return.
+ * NULL is a no-op. */
+EMBPS_EXPORT void embps_call_cancel(embps_call_t *call);
+
+/** Gets the statistics of every rank. On success *stats is an array of *n entries (one per
+ * rank, in rank order) owned by the caller and freed with embps_stats_free(). Returns
+ * EMBPS_OK; EMBPS_UNAVAILABLE; EMBPS_DEADLINE_EXCEEDED; EMBPS_RESOURCE_EXHAUSTED;
+ * EMBPS_INTERNAL. */
+EMBPS_EXPORT embps_status_t embps_stats(embps_client_t *client, embps_rank_stats_t **stats,
+                                        size_t *n);
+
+/** Frees an array from embps_stats(). NULL is a no-op. */
+EMBPS_EXPORT void embps_stats_free(embps_rank_stats_t *stats, size_t n);
+
+/** Asks every rank's grpc.health.v1.Health/Check for service ("" : the whole server).
+ * *serving is 1 when every rank answers SERVING, else 0, and the last error then names the
+ * first rank that is not. Returns EMBPS_OK when every rank answered; EMBPS_UNAVAILABLE;
+ * EMBPS_DEADLINE_EXCEEDED; EMBPS_NOT_FOUND (unknown service); EMBPS_INTERNAL. */
+EMBPS_EXPORT embps_status_t embps_health(embps_client_t *client, const char *service, int *serving);
+
+/** A complete checkpoint, as the servers describe it. */
+typedef struct embps_checkpoint_info {
+  uint64_t round;  /* the tables as they stood at this round */
+  uint64_t bytes;  /* every rank's files */
+  char path[1100]; /* its directory, on the servers */
+  /* embps_list_checkpoints only: */
+  uint64_t time_unix_ms; /* when it became complete */
+  uint32_t group_size;   /* ranks that wrote it; any group size restores it */
+  uint64_t base_round;   /* incremental: the checkpoint it applies on; 0 when full */
+  char scope[128];       /* "": every table; else the one table it holds */
+  char tables[1024];     /* its tables, comma-separated (clipped with "..." if longer) */
+} embps_checkpoint_info_t;
+
+/** Asks the group to take a checkpoint of table (NULL or "": every table) into the servers'
+ * --checkpoint-dir now, and waits until it is complete (every rank's files durable, the
+ * manifest written). *info (may be NULL) receives its round, path and bytes. Returns EMBPS_OK
+ * or the server's status (FAILED_PRECONDITION without --checkpoint-dir; RESOURCE_EXHAUSTED when
+ * a disk filled up, naming the file). */
+EMBPS_EXPORT embps_status_t embps_checkpoint(embps_client_t *client, const char *table,
+                                             embps_checkpoint_info_t *info);
+
+/** The complete checkpoints in the group's --checkpoint-dir, oldest first (as rank 0 sees the
+ * directory): *list (free with embps_checkpoints_free) holds *n entries. */
+EMBPS_EXPORT embps_status_t embps_list_checkpoints(embps_client_t *client,
+                                                   embps_checkpoint_info_t **list, size_t *n);
+
+/** Frees a list from embps_list_checkpoints(). NULL is a no-op. */
+EMBPS_EXPORT void embps_checkpoints_free(embps_checkpoint_info_t *list);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
