@@ -8,8 +8,9 @@ On one filesystem (--dir, default a fresh directory under /var/tmp):
   - restore of it into a fresh server (time from start to SERVING, and the restore time the server
     logs), GB/s, median of --repeat, with the page cache dropped first when allowed;
   - an incremental checkpoint after --pushes pushes of 4096 zipf-distributed tokens: bytes, time;
-  - the longest pause a concurrent lookup loop sees while a checkpoint is taken, against the
-    longest it sees without one in the same run.
+  - the longest pause a concurrent lookup+push loop sees while a checkpoint is taken, against
+    the longest it sees without one in the same run;
+  - how fast the machine fills fresh memory (the restore's other ceiling).
 
 Run: /usr/bin/python3 tests/bench/checkpoint_bench.py [--rows 1000000] [--repeat 3]
 (the build's embps-server is found as in tests/group/grouplib.py: EMBPS_SERVER_BIN or build/)."""
@@ -62,15 +63,31 @@ def parse_dd(text):
     return int(m.group(1)) / float(m.group(2)) / 1e9 if m else float("nan")
 
 
-def lookup_pauses(client, stop, out):
+def call_pauses(client, rows, stop, out):
+    """A bench loop of lookups and pushes of 256 tokens spread over the table (a push writes
+    rows, so under a copy-on-write capture it pays for the blocks it touches); out gets the
+    longest call."""
     rng = np.random.default_rng(1)
+    grads = np.full((256, WIDTH), 1e-3, np.float32)
     worst = 0.0
     while not stop.is_set():
-        tokens = rng.integers(1, 1000, size=256)
+        tokens = rng.integers(1, rows, size=256)
         t0 = time.perf_counter()
         client.lookup_bytes("bench", tokens)
+        client.push("bench", tokens, grads)
         worst = max(worst, time.perf_counter() - t0)
     out.append(worst)
+
+
+def first_touch_gbps(nbytes):
+    """How fast this machine fills memory it has not touched yet (a restore writes every byte
+    of a fresh table): the ceiling a restore meets before the disk's."""
+    t0 = time.perf_counter()
+    a = np.empty(nbytes, np.uint8)
+    a.fill(1)
+    took = time.perf_counter() - t0
+    del a
+    return nbytes / took / 1e9
 
 
 def main():
@@ -108,7 +125,7 @@ def main():
             # pauses: the same lookup loop without and with a checkpoint in the middle
             for label, take in (("no checkpoint", False), ("checkpoint", True)):
                 stop, worst = threading.Event(), []
-                th = threading.Thread(target=lookup_pauses, args=(client, stop, worst))
+                th = threading.Thread(target=call_pauses, args=(client, args.rows, stop, worst))
                 th.start()
                 time.sleep(0.5)
                 if take:
@@ -118,7 +135,8 @@ def main():
                 time.sleep(0.3)
                 stop.set()
                 th.join()
-                print("longest lookup (256 tokens) during %s: %.1f ms" % (label, worst[0] * 1e3))
+                print("longest lookup+push (256 tokens) during %s: %.1f ms" %
+                      (label, worst[0] * 1e3))
             # incremental after pushes of 4096 zipf tokens
             rng = np.random.default_rng(2)
             z = np.minimum(rng.zipf(1.1, size=(args.pushes, 4096)), args.rows - 1)
@@ -151,6 +169,9 @@ def main():
               ("page cache dropped" if cold else "page cache NOT dropped", rt,
                writes[0][1] / rt / 1e9, 100 * writes[0][1] / rt / 1e9 / dd_r,
                statistics.median(r[0] for r in restores)))
+        ft = statistics.median(first_touch_gbps(writes[0][1]) for _ in range(3))
+        print("first touch of %d bytes of fresh memory: %.2f GB/s (a restore fills a fresh "
+              "table: %.0f%% of this)" % (writes[0][1], ft, 100 * writes[0][1] / rt / 1e9 / ft))
     finally:
         if not args.dir:
             shutil.rmtree(base, ignore_errors=True)
