@@ -1,0 +1,24 @@
+"""embps: the Python worker library of the embps embedding parameter server.
+
+    import embps
+    with embps.Client("127.0.0.1:7070,127.0.0.1:7071") as c:   # or EMBPS_SERVERS
+        c.create_table("items", rows=1_000_000, emb_width=128, optimizer="rowwise_adagrad",
+                       lr=0.01)
+        rows = c.lookup("items", tokens)               # (len(tokens), 128) float32
+        res = c.push("items", tokens, grads)           # PushResult(applied, grad_norm, ...)
+        fut = c.lookup_async("items", next_tokens)     # a concurrent.futures.Future
+        rows = fut.result()
+
+Pure Python over stock grpcio, numpy and protobuf: the message classes are built at first import
+from proto/ (see embps/_stubs.py for where the .proto files and the cache are looked for).
+Errors: embps.Error (a failed call: .code, a grpc.StatusCode, and the server's message) and
+embps.ShapeError (an Error and a ValueError: a batch or table that does not split over the
+group, refused before anything is sent, with the same words as the C client and the servers).
+"""
+from .client import BatchFuture, Client, parse_servers
+from .errors import Error, ShapeError
+from .values import CheckpointInfo, Health, PushResult, RankStats, TableSpec, TableStats
+
+__all__ = ["Client", "BatchFuture", "Error", "ShapeError", "TableSpec", "PushResult",
+           "RankStats", "TableStats", "Health", "CheckpointInfo", "parse_servers"]
+__version__ = "0.1.0"

@@ -1,0 +1,184 @@
+"""The two bulk messages, LookupRequest/LookupResponse and PushGradientsRequest, encoded and
+decoded by hand; every other message goes through the protobuf classes of _stubs.
+
+Why by hand: a 4096 x 128 f32 batch is 2 MiB of rows, and the protobuf classes copy a bytes
+field on every step (into the message when parsing, out again on each attribute read, into the
+message when building, out again when serializing). Here a request is one b"".join of a few
+header bytes and the caller's token and gradient arrays (their buffers, not copies), and a
+reply's rows are a memoryview into the bytes gRPC hands over, which numpy reads in place. The
+field numbers and types are taken from the descriptors at import and checked, so a change to
+the proto that this code does not follow fails at import instead of on the wire.
+"""
+from . import _stubs
+
+_VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
+# descriptor field types (google.protobuf.descriptor.FieldDescriptor.TYPE_*)
+_T_DOUBLE, _T_UINT64, _T_BOOL, _T_STRING, _T_BYTES, _T_UINT32, _T_ENUM = 1, 4, 8, 9, 12, 13, 14
+
+
+class WireError(Exception):
+    """A reply that does not parse."""
+
+
+def varint(v):
+    """v (a non-negative int) as a protobuf varint."""
+    if v < 0x80:
+        return bytes((v,))
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _key(number, wire_type):
+    return varint(number << 3 | wire_type)
+
+
+def _fields(full_name, expect):
+    """{name: number} of full_name's fields named in expect ({name: descriptor type}), checked."""
+    have = _stubs.messages().fields(full_name)
+    out = {}
+    for name, t in expect.items():
+        if name not in have or have[name][1] != t:
+            raise ImportError("embps: %s.%s is %s in proto/, this package expects type %d: update "
+                              "embps/_wire.py" % (full_name, name, have.get(name), t))
+        out[name] = have[name][0]
+    return out
+
+
+_BATCH_FIELDS = {"table": _T_STRING, "batch_id": _T_UINT64, "shard_index": _T_UINT32,
+                 "shard_count": _T_UINT32, "tokens_per_batch": _T_UINT32, "tokens": _T_BYTES,
+                 "dtype": _T_ENUM}
+_LQ = _fields("embps.v1.LookupRequest", _BATCH_FIELDS)
+_PQ = _fields("embps.v1.PushGradientsRequest",
+              dict(_BATCH_FIELDS, gradients=_T_BYTES, mode=_T_ENUM))
+_LR = _fields("embps.v1.LookupResponse", {"batch_id": _T_UINT64, "shard_index": _T_UINT32,
+                                          "emb_width": _T_UINT32, "dtype": _T_ENUM,
+                                          "rows": _T_BYTES})
+
+
+class _Keys:
+    def __init__(self, numbers):
+        self.table = _key(numbers["table"], _LEN)
+        self.batch_id = _key(numbers["batch_id"], _VARINT)
+        self.shard_index = _key(numbers["shard_index"], _VARINT)
+        self.shard_count = _key(numbers["shard_count"], _VARINT)
+        self.tokens_per_batch = _key(numbers["tokens_per_batch"], _VARINT)
+        self.tokens = _key(numbers["tokens"], _LEN)
+        self.dtype = _key(numbers["dtype"], _VARINT)
+        if "gradients" in numbers:
+            self.gradients = _key(numbers["gradients"], _LEN)
+            self.mode = _key(numbers["mode"], _VARINT)
+
+
+_LOOKUP_KEYS = _Keys(_LQ)
+_PUSH_KEYS = _Keys(_PQ)
+
+
+def table_field(name):
+    """The encoded table name (field 1 with its length), the same for both request kinds."""
+    b = name.encode()
+    assert _LQ["table"] == _PQ["table"]
+    return _LOOKUP_KEYS.table + varint(len(b)) + b
+
+
+def _head(k, table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, token_bytes):
+    return b"".join((table_bytes, k.batch_id, varint(batch_id), k.shard_index, varint(shard_index),
+                     k.shard_count, varint(shard_count), k.tokens_per_batch,
+                     varint(tokens_per_batch), k.tokens, varint(token_bytes)))
+
+
+def lookup_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, tokens,
+                   pad_bytes, dtype):
+    """A LookupRequest's bytes. tokens: a buffer of little-endian int64 (a numpy slice);
+    pad_bytes: zero bytes appended to it (padding tokens); dtype: 0 or the expected dtype."""
+    k = _LOOKUP_KEYS
+    n = memoryview(tokens).nbytes + pad_bytes
+    parts = [_head(k, table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, n),
+             tokens]
+    if pad_bytes:
+        parts.append(bytes(pad_bytes))
+    if dtype:
+        parts.append(k.dtype + varint(dtype))
+    return b"".join(parts)
+
+
+def push_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, tokens,
+                 pad_tokens, grads, row_bytes, dtype, mode):
+    """A PushGradientsRequest's bytes. tokens, grads: buffers of the shard's real tokens and
+    gradient rows; pad_tokens: padding tokens (zero) and zero gradient rows of row_bytes to
+    append."""
+    k = _PUSH_KEYS
+    tb = memoryview(tokens).nbytes + pad_tokens * 8
+    gb = memoryview(grads).nbytes + pad_tokens * row_bytes
+    parts = [_head(k, table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, tb),
+             tokens]
+    if pad_tokens:
+        parts.append(bytes(pad_tokens * 8))
+    parts.append(k.dtype + varint(dtype) + k.gradients + varint(gb))
+    parts.append(grads)
+    if pad_tokens:
+        parts.append(bytes(pad_tokens * row_bytes))
+    if mode:
+        parts.append(k.mode + varint(mode))
+    return b"".join(parts)
+
+
+def _read_varint(buf, i, end):
+    shift = 0
+    v = 0
+    while True:
+        if i >= end or shift > 63:
+            raise WireError("truncated varint")
+        b = buf[i]
+        i += 1
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return v, i
+        shift += 7
+
+
+_LR_BATCH, _LR_SHARD, _LR_WIDTH = _LR["batch_id"], _LR["shard_index"], _LR["emb_width"]
+_LR_DTYPE, _LR_ROWS = _LR["dtype"], _LR["rows"]
+
+
+def parse_lookup_response(buf):
+    """(batch_id, shard_index, emb_width, dtype, rows) of a LookupResponse's bytes; rows is a
+    memoryview into buf. Unknown fields are skipped. Raises WireError."""
+    mv = memoryview(buf)
+    end = len(mv)
+    i = 0
+    batch_id = shard_index = emb_width = dtype = 0
+    rows = mv[0:0]
+    while i < end:
+        key, i = _read_varint(buf, i, end)
+        number, wt = key >> 3, key & 7
+        if wt == _VARINT:
+            v, i = _read_varint(buf, i, end)
+            if number == _LR_BATCH:
+                batch_id = v
+            elif number == _LR_SHARD:
+                shard_index = v
+            elif number == _LR_WIDTH:
+                emb_width = v
+            elif number == _LR_DTYPE:
+                dtype = v
+        elif wt == _LEN:
+            n, i = _read_varint(buf, i, end)
+            if i + n > end:
+                raise WireError("a field of %d bytes runs past the end of the message" % n)
+            if number == _LR_ROWS:
+                rows = mv[i:i + n]
+            i += n
+        elif wt == _FIXED64:
+            i += 8
+        elif wt == _FIXED32:
+            i += 4
+        else:
+            raise WireError("wire type %d" % wt)
+        if i > end:
+            raise WireError("a field runs past the end of the message")
+    return batch_id, shard_index, emb_width, dtype, rows
+

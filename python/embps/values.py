@@ -1,0 +1,134 @@
+"""The plain values that embps.Client returns: tables, push results, statistics, health and
+checkpoints. All are frozen dataclasses built from the servers' replies; names follow the proto
+(proto/embps/v1/embps.proto) and the C client (client/embps.h)."""
+import dataclasses
+from typing import Tuple
+
+DTYPES = {1: "f32", 2: "bf16"}  # embps.v1.DType numbers (checked against proto/ in client.py)
+OPTIMIZERS = {0: "rowwise_adagrad", 1: "sgd", 2: "adagrad", 3: "rowwise_adagrad", 4: "adam"}
+
+
+@dataclasses.dataclass(frozen=True)
+class TableSpec:
+    """A table as the group holds it (zero floats mean the optimizer's defaults)."""
+    name: str
+    rows: int
+    emb_width: int
+    dtype: str  # "f32" or "bf16"
+    optimizer: str  # "sgd", "adagrad", "rowwise_adagrad" or "adam"
+    lr: float = 0.0
+    eps: float = 0.0
+    half_life: float = 0.0
+    initial_accumulator: float = 0.0
+    weight_decay: float = 0.0
+    beta1: float = 0.0
+    beta2: float = 0.0
+    seed: int = 0
+    init_scale: float = 0.0
+
+    @classmethod
+    def from_pb(cls, s):
+        o = s.optimizer
+        return cls(name=s.name, rows=s.rows, emb_width=s.emb_width,
+                   dtype=DTYPES.get(s.dtype, "f32"), optimizer=OPTIMIZERS.get(o.kind, str(o.kind)),
+                   lr=o.lr, eps=o.eps, half_life=o.half_life,
+                   initial_accumulator=o.initial_accumulator, weight_decay=o.weight_decay,
+                   beta1=o.beta1, beta2=o.beta2, seed=s.seed, init_scale=s.init_scale)
+
+
+@dataclasses.dataclass(frozen=True)
+class PushResult:
+    """A push's reply, joined over the ranks as the C client joins it.
+
+    applied: the update was applied (sync). skipped: a non-finite gradient gated the whole step,
+    nothing changed. ordered: an async push was ordered (not yet applied; every later lookup
+    sees it). grad_norm: L2 norm of the summed gradients, num_unique: distinct non-padding
+    tokens (sync only; 0 for async)."""
+    applied: bool
+    skipped: bool
+    ordered: bool
+    grad_norm: float
+    num_unique: int
+    batch_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TableStats:
+    """One table's counters on one rank."""
+    name: str
+    rows: int
+    emb_width: int
+    lookups: int
+    pushes: int
+    rows_looked_up: int
+    rows_pushed: int
+    steps_applied: int
+    steps_skipped: int
+    bytes: int  # table and optimizer state held by this rank
+
+
+@dataclasses.dataclass(frozen=True)
+class RankStats:
+    """One rank's statistics (GetStats) and the address this client used for it."""
+    rank: int
+    group_size: int
+    address: str
+    backend: str  # "cpu" or "cuda"
+    version: str
+    uptime_s: float
+    requests: int
+    errors: int
+    bytes_in: int
+    bytes_out: int
+    connections: int
+    ready: bool  # the whole group is up
+    mesh: str  # e.g. "shard=4"
+    peer_bytes_sent: int
+    peer_bytes_received: int
+    collective_calls: int
+    tables: Tuple[TableStats, ...]
+
+    @classmethod
+    def from_pb(cls, m, address):
+        tables = tuple(TableStats(name=t.name, rows=t.rows, emb_width=t.emb_width,
+                                  lookups=t.lookups, pushes=t.pushes,
+                                  rows_looked_up=t.rows_looked_up, rows_pushed=t.rows_pushed,
+                                  steps_applied=t.steps_applied, steps_skipped=t.steps_skipped,
+                                  bytes=t.bytes) for t in m.tables)
+        return cls(rank=m.rank, group_size=m.group_size, address=address, backend=m.backend,
+                   version=m.version, uptime_s=m.uptime_s, requests=m.requests, errors=m.errors,
+                   bytes_in=m.bytes_in, bytes_out=m.bytes_out, connections=m.connections,
+                   ready=m.ready, mesh=m.mesh, peer_bytes_sent=m.peer_bytes_sent,
+                   peer_bytes_received=m.peer_bytes_received,
+                   collective_calls=m.collective_calls, tables=tables)
+
+
+@dataclasses.dataclass(frozen=True)
+class Health:
+    """Every rank's grpc.health.v1 answer. True (bool(h)) when every rank is SERVING.
+
+    statuses: one of "SERVING", "NOT_SERVING", "UNKNOWN", "SERVICE_UNKNOWN" per rank, in rank
+    order. message: "" when serving, else which rank is not (as the C client says it)."""
+    serving: bool
+    statuses: Tuple[str, ...]
+    message: str
+
+    def __bool__(self):
+        return self.serving
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointInfo:
+    """A complete checkpoint. round: the tables as they stood after this round; bytes: every
+    rank's files; path: its directory on the servers; scope: "" for every table, else the one
+    table. From checkpoints() only (0 or empty from checkpoint()): time_unix_ms, group_size (the
+    ranks that wrote it; any group size restores it), base_round (incremental: the checkpoint it
+    applies on; 0 when full), tables."""
+    round: int
+    bytes: int
+    path: str
+    scope: str = ""
+    time_unix_ms: int = 0
+    group_size: int = 0
+    base_round: int = 0
+    tables: Tuple[str, ...] = ()
