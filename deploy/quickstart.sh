@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # Quick start on a fresh Debian machine: installs the packages embps needs, builds it, starts
 # a 2-rank shard group on loopback, creates a table and load-tests it with the CLI (throughput,
-# latency). Ports are picked free by the script; both servers stop when it exits.
+# latency). Ports are picked free by the script; both servers stop when it exits. With
+# --example it then trains examples/train_mf.py (PyTorch) against the same group.
 #
-#   deploy/quickstart.sh [--duration SECONDS] [--batch TOKENS]
+#   deploy/quickstart.sh [--duration SECONDS] [--batch TOKENS] [--example]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 duration=5
 batch=4096
+example=0
 while [ $# -gt 0 ]; do
   case $1 in
     --duration) duration=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    --example) example=1; shift ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -63,3 +66,6 @@ $embps lookup quickstart --tokens 1,2,3,4 | cut -c1-100
 $embps bench quickstart --batch "$batch" --duration "$duration" \
   --concurrency 2 --zipf 1.05 --push-ratio 0.5
 $embps stats
+if [ $example = 1 ]; then
+  /usr/bin/python3 examples/train_mf.py --servers "$peers"
+fi

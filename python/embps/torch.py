@@ -106,8 +106,10 @@ class _RemoteRows(torch.autograd.Function):
 def _long_tokens(tokens, what):
     """tokens as an int64 torch tensor (on whatever device it was); TypeError if not integers."""
     if not isinstance(tokens, torch.Tensor):
-        tokens = torch.as_tensor(np.asarray(tokens) if not isinstance(tokens, np.ndarray)
-                                 else tokens)
+        a = np.asarray(tokens)
+        if a.size == 0 and not isinstance(tokens, np.ndarray):
+            a = a.astype(np.int64)  # [] is float64 to numpy
+        tokens = torch.as_tensor(a)
     if tokens.dtype == torch.bool or tokens.is_floating_point() or tokens.is_complex():
         raise TypeError("%s must be integers (a LongTensor), not %s" % (what, tokens.dtype))
     return tokens.long()

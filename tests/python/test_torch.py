@@ -235,7 +235,8 @@ class GroupCase:
             ref_opt.step()
             ref_table.step(tok)
             worst = max(worst, abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()))
-            first = first if k else ref_loss.item()
+            if k == 0:
+                first = ref_loss.item()
             self.assertTrue(emb.last_push.applied, emb.last_push)
         self.assertLess(worst, 1e-5, "loss")
         final = self.all_rows(t)
@@ -452,12 +453,15 @@ class GroupCase:
         for tok in (torch.tensor([1, 2, 3], dtype=torch.int32), [1, 2, 3], np.array([1, 2, 3])):
             with torch.no_grad():
                 np.testing.assert_array_equal(emb(tok).numpy(), rows[[1, 2, 3]])
+        self.assertEqual(tuple(emb([]).shape), (0, WIDTH))
         with self.assertRaisesRegex(TypeError, "integers"):
             emb(torch.tensor([1.0, 2.0]))
         with self.assertRaisesRegex(ValueError, "negative"):
             emb(torch.tensor([1, -2]))
         with self.assertRaises(embps.Error) as cm:
-            emb(torch.tensor([1, ROWS]))
+            # in rank 0's shard: one in another rank's shard is rank 0's DEADLINE_EXCEEDED
+            # after --batch-deadline-ms (the client reports the first rank's error)
+            emb(torch.tensor([ROWS, 1]))
         self.assertEqual(cm.exception.code.name, "INVALID_ARGUMENT")
         # the output stays float32 when the model is made float64; it follows module.to()
         emb.double()
