@@ -137,7 +137,9 @@ def main():
                 th.join()
                 print("longest lookup+push (256 tokens) during %s: %.1f ms" %
                       (label, worst[0] * 1e3))
-            # incremental after pushes of 4096 zipf tokens
+            # incremental after pushes of 4096 zipf tokens, and nothing else: a checkpoint first
+            # takes the rows the pause loop wrote
+            client.stubs[0].Checkpoint(pb.CheckpointRequest(), timeout=600)
             rng = np.random.default_rng(2)
             z = np.minimum(rng.zipf(1.1, size=(args.pushes, 4096)), args.rows - 1)
             g = np.ones((4096, WIDTH), np.float32) * 0.01
