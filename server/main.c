@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -17,6 +18,7 @@
 #include "common/log.h"
 #include "server/engine/engine.h"
 #include "server/group/group.h"
+#include "server/metrics/metrics.h"
 #include "server/net/net.h"
 #include "server/service/service.h"
 #include "server/settings.h"
@@ -40,6 +42,8 @@ typedef struct server {
   embps_group_t *group;
   embps_service_t *service;
   embps_net_t *net;
+  embps_metrics_server_t *metrics; /* NULL without --metrics-listen */
+  embps_metrics_sources_t metrics_src;
   int closing;
   int exit_code;
   int has_checkpoints;
@@ -127,6 +131,26 @@ static void on_group_fatal(void *arg, embps_status_t status, const char *message
   fprintf(stderr, "embps-server: %s: %s\n", embps_status_name(status), message);
   s->exit_code = 1;
   shut_down(s);
+}
+
+/* GetStats' prometheus_text: the same exposition /metrics serves. */
+static char *render_metrics(void *arg, size_t *len) {
+  char *text = NULL;
+  if (embps_metrics_render(arg, &text, len) != EMBPS_OK)
+    return NULL;
+  return text;
+}
+
+/* The host of a --metrics-listen value, for the log line (brackets dropped). */
+static const char *metrics_host(const char *listen) {
+  static char host[300];
+  embps_hostport_t hp;
+  embps_error_t err;
+  if (embps_hostport_parse(&hp, listen, strlen(listen), "--metrics-listen", EMBPS_HOSTPORT_LISTEN,
+                           &err) != EMBPS_OK)
+    return "?";
+  snprintf(host, sizeof(host), "%s", hp.host);
+  return host;
 }
 
 static uint64_t default_max_table_bytes(void) {
@@ -433,6 +457,21 @@ int main(int argc, char **argv) {
     return 1;
   }
   embps_service_set_net(s.service, s.net);
+  s.metrics_src.store = s.store;
+  s.metrics_src.group = s.group;
+  s.metrics_src.net = s.net;
+  s.metrics_src.start_unix_s = (double)time(NULL);
+  embps_service_set_metrics(s.service, render_metrics, &s.metrics_src);
+  if (set.metrics_listen[0] && embps_metrics_server_start(&s.metrics, set.metrics_listen,
+                                                          &s.metrics_src, &err) != EMBPS_OK) {
+    fprintf(stderr, "embps-server: %s\n", err.message);
+    s.exit_code = 1;
+    s.closing = 1;
+    embps_net_close(s.net);
+    embps_group_close(s.group);
+    uv_run(&s.loop, UV_RUN_DEFAULT);
+    goto exit;
+  }
   /* Clients may connect while the group forms: health answers NOT_SERVING until it is ready. */
   if (embps_net_listen(s.net, listen_addr, &err) != EMBPS_OK) {
     fprintf(stderr, "embps-server: %s\n", err.message);
@@ -458,8 +497,13 @@ int main(int argc, char **argv) {
    * --listen asked for port 0, and its host is as the user wrote it. */
   EMBPS_INFO("listening on %s%s%s:%d", shown.ipv6 ? "[" : "", shown.host, shown.ipv6 ? "]" : "",
              embps_net_port(s.net));
+  if (s.metrics)
+    EMBPS_INFO("metrics on http://%s%s%s:%d/metrics", strchr(set.metrics_listen, '[') ? "[" : "",
+               metrics_host(set.metrics_listen), strchr(set.metrics_listen, '[') ? "]" : "",
+               embps_metrics_server_port(s.metrics));
   uv_run(&s.loop, UV_RUN_DEFAULT);
 exit:
+  embps_metrics_server_stop(s.metrics); /* before what it reads goes away */
   embps_net_free(s.net);
   embps_service_free(s.service);
   embps_group_free(s.group);

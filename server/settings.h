@@ -69,6 +69,9 @@
   X(restore, STR, "restore", "auto",                                                               \
     "at startup: auto (the latest complete checkpoint of every table in --checkpoint-dir, if "     \
     "any), none, or the path of a checkpoint")                                                     \
+  X(metrics_listen, ADDR, "metrics-listen", "",                                                    \
+    "serve Prometheus metrics over HTTP at GET /metrics on this address (HOST:PORT); empty: "      \
+    "off")                                                                                         \
   X(log_level, STR, "log-level", "info", "debug, info, warn or error")
 
 /** Most entries --peers takes (the largest group). */

@@ -14,7 +14,9 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include "common/clock.h"
 #include "common/log.h"
+#include "server/metrics/hist.h"
 
 embps_status_t embps__comm_break(embps_comm_t *c, embps_error_t *err, embps_status_t status,
                                  const char *file, int line, const char *fmt, ...) {
@@ -113,8 +115,14 @@ static embps_status_t check_all_reduce(const embps_comm_t *c, const void *buf, s
 /* Counts a call that passed the checks and that the backend finished with ret (backends never
  * read the stats, so counting it after the call is counting it as it starts), and the payload
  * that crossed each way per peer when it succeeded. */
-static embps_status_t counted(embps_comm_t *c, embps_status_t ret, size_t payload) {
+/* Counts a call that started at start_ns (embps_now_ns) and returned ret. */
+static embps_status_t counted(embps_comm_t *c, uint64_t start_ns, embps_status_t ret,
+                              size_t payload) {
+  uint64_t ns = embps_now_ns() - start_ns;
   c->stats.calls++;
+  c->stats.ns += ns;
+  if (c->call_seconds)
+    embps_hist_observe_ns(c->call_seconds, ns);
   if (ret == EMBPS_OK) {
     uint64_t moved = (uint64_t)(c->size - 1) * payload;
     c->stats.bytes_sent += moved;
@@ -126,16 +134,18 @@ static embps_status_t counted(embps_comm_t *c, embps_status_t ret, size_t payloa
 embps_status_t embps_comm_all_gather(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                      embps_error_t *err) {
   embps_status_t ret = check_usable(c, "all_gather", err);
+  uint64_t t0 = embps_now_ns();
   if (ret == EMBPS_OK && (ret = check_all_gather(c, send, bytes, recv, err)) == EMBPS_OK)
-    ret = counted(c, c->ops->all_gather(c, send, bytes, recv, err), bytes);
+    ret = counted(c, t0, c->ops->all_gather(c, send, bytes, recv, err), bytes);
   return ret;
 }
 
 embps_status_t embps_comm_all_to_all(embps_comm_t *c, const void *send, size_t bytes, void *recv,
                                      embps_error_t *err) {
   embps_status_t ret = check_usable(c, "all_to_all", err);
+  uint64_t t0 = embps_now_ns();
   if (ret == EMBPS_OK && (ret = check_all_to_all(c, send, bytes, recv, err)) == EMBPS_OK)
-    ret = counted(c, c->ops->all_to_all(c, send, bytes, recv, err), bytes);
+    ret = counted(c, t0, c->ops->all_to_all(c, send, bytes, recv, err), bytes);
   return ret;
 }
 
@@ -143,16 +153,18 @@ embps_status_t embps_comm_all_reduce(embps_comm_t *c, void *buf, size_t count,
                                      embps_comm_type_t type, embps_comm_op_t op,
                                      embps_error_t *err) {
   embps_status_t ret = check_usable(c, "all_reduce", err);
+  uint64_t t0 = embps_now_ns();
   if (ret == EMBPS_OK && (ret = check_all_reduce(c, buf, count, type, op, err)) == EMBPS_OK)
-    ret = counted(c, c->ops->all_reduce(c, buf, count, type, op, err),
+    ret = counted(c, t0, c->ops->all_reduce(c, buf, count, type, op, err),
                   count * embps_comm_type_size(type));
   return ret;
 }
 
 embps_status_t embps_comm_barrier(embps_comm_t *c, embps_error_t *err) {
   embps_status_t ret = check_usable(c, "barrier", err);
+  uint64_t t0 = embps_now_ns();
   if (ret == EMBPS_OK)
-    ret = counted(c, c->ops->barrier(c, err), 0);
+    ret = counted(c, t0, c->ops->barrier(c, err), 0);
   return ret;
 }
 
@@ -160,3 +172,5 @@ void embps_comm_free(embps_comm_t *c) {
   if (c)
     c->ops->destroy(c);
 }
+
+void embps_comm_set_call_histogram(embps_comm_t *c, embps_hist_t *h) { c->call_seconds = h; }

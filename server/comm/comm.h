@@ -12,6 +12,8 @@
 
 #include "common/status.h"
 
+typedef struct embps_hist embps_hist_t; /* server/metrics/hist.h */
+
 typedef struct embps_comm embps_comm_t;
 
 typedef enum embps_comm_type {
@@ -36,6 +38,7 @@ typedef struct embps_comm_stats {
   uint64_t bytes_sent;
   uint64_t bytes_received;
   uint64_t calls;
+  uint64_t ns; /* time spent in the calls (for nccl: enqueueing them, unless the backend waits) */
 } embps_comm_stats_t;
 
 /**
@@ -69,8 +72,9 @@ struct embps_comm {
   const embps_comm_ops_t *ops;
   uint32_t rank;
   uint32_t size;
-  embps_comm_stats_t stats; /* kept by the dispatcher */
-  embps_status_t broken;    /* EMBPS_OK while usable; see embps__comm_break */
+  embps_comm_stats_t stats;   /* kept by the dispatcher */
+  embps_hist_t *call_seconds; /* NULL, or where the dispatcher observes each call's time */
+  embps_status_t broken;      /* EMBPS_OK while usable; see embps__comm_break */
   char broken_msg[400];
 };
 
@@ -178,5 +182,9 @@ embps_status_t embps_comm_barrier(embps_comm_t *c, embps_error_t *err);
 
 /** Frees the communicator. NULL is a no-op. */
 void embps_comm_free(embps_comm_t *c);
+
+/** Has the dispatcher observe every later call's time in h (borrowed; NULL stops it). Call on
+ * the thread that runs the collectives. */
+void embps_comm_set_call_histogram(embps_comm_t *c, embps_hist_t *h);
 
 #endif

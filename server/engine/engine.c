@@ -186,6 +186,8 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
     STEP(embps_comm_all_gather(e->comm, tokens, n * sizeof(int64_t), s.all_tokens, err));
     STEP(ops->dedup(be, s.all_tokens, T, err));
     STEP(ops->unique(be, &U, &first, &unique, err));
+    atomic_fetch_add_explicit(&counters->unique_tokens, U, memory_order_relaxed);
+    atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
     STEP(ops->gather(be, t, unique, U, s.rows, err));
     STEP(ops->expand(be, t, s.rows, T, s.send, err));
     STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
@@ -287,6 +289,8 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   m = U - first;
   g = s.summed + first * w;
   op->num_unique = m;
+  atomic_fetch_add_explicit(&counters->unique_tokens, m, memory_order_relaxed);
+  atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
 
   STEP(row_figures(e, sh, &s, g, m, &bad, &total, err));
   if (bad != 0) { /* the gate: one non-finite gradient anywhere skips the step */

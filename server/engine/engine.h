@@ -70,6 +70,7 @@ struct embps_op {
    * with the error. */
   void (*ordered)(embps_op_t *op);
   void *user;
+  uint64_t submitted_ns;    /* set by embps_group_submit (embps_now_ns), for queue-wait metrics */
   embps_op_t *next;         /* queue link, owned by whoever holds the op */
   embps_op_t *ordered_next; /* the group's queue of ordered notifications */
 };

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -78,7 +79,9 @@ struct embps_group {
   atomic_int fatal_pending;
   embps_status_t fatal_status;
   atomic_uint_fast64_t pending;
-  atomic_int host_device; /* the device whose pinned memory requests use, -1 for plain */
+  embps_group_metrics_t metrics;
+  uint64_t ckpt_started_ns; /* leader: when the checkpoint in flight was ordered */
+  atomic_int host_device;   /* the device whose pinned memory requests use, -1 for plain */
 
   /* Group thread only. */
   void *stream; /* cuda: the engine's stream */
@@ -432,6 +435,27 @@ static void run_ckpt_entry(embps_group_t *g, const embps__ckpt_order_t *o) {
   report_ckpt_done(g, o->round, &err, 0);
 }
 
+static uint64_t unix_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* A checkpoint's outcome, for the metrics. */
+static void record_ckpt(embps_group_t *g, const embps__ckpt_msg_t *m) {
+  embps_group_metrics_t *mt = &g->metrics;
+  if (m->status != EMBPS_OK) {
+    atomic_fetch_add_explicit(&mt->ckpt_failed, 1, memory_order_relaxed);
+    return;
+  }
+  atomic_fetch_add_explicit(&mt->ckpt_completed, 1, memory_order_relaxed);
+  if (m->round >= atomic_load_explicit(&mt->ckpt_last_round, memory_order_relaxed)) {
+    atomic_store_explicit(&mt->ckpt_last_round, m->round, memory_order_relaxed);
+    atomic_store_explicit(&mt->ckpt_last_bytes, m->bytes, memory_order_relaxed);
+    atomic_store_explicit(&mt->ckpt_last_unix_ms, unix_ms(), memory_order_relaxed);
+  }
+}
+
 /* Leader: the checkpoint in flight is complete (or failed). Every rank whose requests it
  * answers hears of it, and the next checkpoint may be ordered. */
 static void leader_complete(embps_group_t *g, const embps__ckpt_result_t *r) {
@@ -440,6 +464,9 @@ static void leader_complete(embps_group_t *g, const embps__ckpt_result_t *r) {
   m.status = (uint32_t)r->error.status;
   snprintf(m.path, sizeof(m.path), "%s", r->path);
   snprintf(m.message, sizeof(m.message), "%s", r->error.message);
+  record_ckpt(g, &m);
+  if (r->error.status == EMBPS_OK)
+    embps_hist_observe_ns(&g->metrics.ckpt_seconds, embps_now_ns() - g->ckpt_started_ns);
   if (r->error.status == EMBPS_OK)
     EMBPS_INFO("checkpoint of round %llu complete: %s (%s, %llu bytes)",
                (unsigned long long)r->round, r->path, g->cur.base_round ? "incremental" : "full",
@@ -480,8 +507,11 @@ static void on_ckpt_results(embps_group_t *g) {
       continue;
     if (r.manifest)
       leader_complete(g, &r);
-    else
+    else {
+      if (r.error.status == EMBPS_OK)
+        atomic_fetch_add_explicit(&g->metrics.ckpt_bytes_written, r.bytes, memory_order_relaxed);
       report_ckpt_done(g, r.round, &r.error, r.bytes);
+    }
   }
 }
 
@@ -533,6 +563,7 @@ static void leader_order_ckpt(embps_group_t *g) {
   if (!g->req_head)
     g->req_tail = NULL;
   g->cur.round = ++g->round_no;
+  g->ckpt_started_ns = embps_now_ns();
   if (!g->cur.scope[0] && g->cfg.checkpoint_incremental && g->chain_base &&
       g->since_full + 1 < g->cfg.checkpoint_full_every)
     g->cur.base_round = g->chain_base;
@@ -589,13 +620,48 @@ static void admit_ckpt(embps_group_t *g, embps_op_t *op) {
 
 /* ---- rounds ---------------------------------------------------------------------------------- */
 
+/* A round's figures, once it ran: its time split into phases (see embps_round_phase_t), and the
+ * communicator's totals published for other threads. */
+static void record_round(embps_group_t *g, uint64_t start_ns, uint64_t oldest_ns, size_t batches,
+                         uint64_t comm_ns_before) {
+  embps_group_metrics_t *m = &g->metrics;
+  uint64_t now = embps_now_ns(), total = now - start_ns, coll = 0;
+  if (g->comm) {
+    embps_comm_stats_t cs = g->comm->stats;
+    coll = cs.ns - comm_ns_before;
+    atomic_store_explicit(&m->peer_bytes_sent, cs.bytes_sent, memory_order_relaxed);
+    atomic_store_explicit(&m->peer_bytes_received, cs.bytes_received, memory_order_relaxed);
+    atomic_store_explicit(&m->collective_calls, cs.calls, memory_order_relaxed);
+  }
+  if (coll > total)
+    coll = total;
+  atomic_fetch_add_explicit(&m->rounds, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&m->batches, batches, memory_order_relaxed);
+  embps_hist_observe(&m->batches_per_round, (double)batches);
+  embps_hist_observe_ns(&m->round_seconds, total);
+  embps_hist_observe_ns(&m->phase_seconds[EMBPS_ROUND_PHASE_QUEUE_WAIT],
+                        oldest_ns && oldest_ns < start_ns ? start_ns - oldest_ns : 0);
+  embps_hist_observe_ns(&m->phase_seconds[EMBPS_ROUND_PHASE_COLLECTIVES], coll);
+  embps_hist_observe_ns(&m->phase_seconds[EMBPS_ROUND_PHASE_COMPUTE], total - coll);
+}
+
 static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n,
                         const embps_table_config_t *configs, const embps__ckpt_order_t *ckpts) {
+  const uint64_t start_ns = embps_now_ns(), comm_ns = g->comm ? g->comm->stats.ns : 0;
+  uint64_t oldest_ns = 0;
+  size_t batches = 0;
+  if (g->comm && !g->comm->call_seconds)
+    embps_comm_set_call_histogram(g->comm, &g->metrics.collective_seconds);
   /* The round is ordered: every async push in it may say so before any of it runs. */
   for (size_t i = 0; i < n; i++) {
     embps_op_t *op = e[i].action == EMBPS_ROUND_RUN ? find_parked(g, e[i].batch_id, 0) : NULL;
     if (op)
       announce_ordered(g, op);
+    if (op && (op->kind == EMBPS_OP_LOOKUP || op->kind == EMBPS_OP_PUSH)) {
+      batches++;
+      if (!oldest_ns || op->submitted_ns < oldest_ns)
+        oldest_ns = op->submitted_ns;
+    }
   }
   for (size_t i = 0; i < n && atomic_load(&g->state) != EMBPS_GROUP_BROKEN; i++) {
     embps_op_t *op = find_parked(g, e[i].batch_id, 1), tmp;
@@ -639,6 +705,8 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
     if (op != &tmp)
       complete(g, op);
   }
+  if (batches && atomic_load(&g->state) != EMBPS_GROUP_BROKEN)
+    record_round(g, start_ns, oldest_ns, batches, comm_ns);
 }
 
 static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
@@ -671,6 +739,7 @@ static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_
       snprintf(done.message, sizeof(done.message), "%s", m.message);
       leader_report(g, peer, m.round, &done);
     } else if (!is_leader(g) && m.what == EMBPS__CKPT_COMPLETE) {
+      record_ckpt(g, &m);
       if (m.final) {
         g->final_done = 1;
         g->final_msg = m;
@@ -927,6 +996,15 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
   g->cfg = *cfg;
   g->loop = loop;
   g->store = store;
+  embps_hist_init(&g->metrics.batches_per_round, embps_hist_count_bounds, embps_hist_count_nbounds);
+  embps_hist_init(&g->metrics.round_seconds, embps_hist_seconds_bounds, embps_hist_seconds_nbounds);
+  for (int p = 0; p < EMBPS_ROUND_PHASES; p++)
+    embps_hist_init(&g->metrics.phase_seconds[p], embps_hist_seconds_bounds,
+                    embps_hist_seconds_nbounds);
+  embps_hist_init(&g->metrics.collective_seconds, embps_hist_seconds_bounds,
+                  embps_hist_seconds_nbounds);
+  embps_hist_init(&g->metrics.ckpt_seconds, embps_hist_long_seconds_bounds,
+                  embps_hist_long_seconds_nbounds);
   g->wake_fd = g->cancel_fd = g->ckpt_fd = -1;
   atomic_init(&g->host_device, -1);
   if (cfg->size > 1) {
@@ -986,6 +1064,7 @@ fail:
 void embps_group_submit(embps_group_t *g, embps_op_t *op) {
   uint64_t one = 1;
   op->next = NULL;
+  op->submitted_ns = embps_now_ns();
   atomic_fetch_add_explicit(&g->pending, 1, memory_order_relaxed);
   pthread_mutex_lock(&g->mu);
   if (g->in_tail)
@@ -1004,6 +1083,8 @@ const char *embps_group_backend(const embps_group_t *g) {
   return embps_backend_name(g->cfg.backend);
 }
 int embps_group_host_device(embps_group_t *g) { return atomic_load(&g->host_device); }
+
+const embps_group_metrics_t *embps_group_metrics(const embps_group_t *g) { return &g->metrics; }
 
 void embps_group_comm_stats(embps_group_t *g, embps_comm_stats_t *out) {
   /* The counters are written by the group thread; a torn read of a 64-bit counter cannot

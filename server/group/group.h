@@ -13,9 +13,40 @@
 #include "server/comm/comm.h"
 #include "server/engine/engine.h"
 #include "server/group/mesh.h"
+#include "server/metrics/hist.h"
 #include "server/store/store.h"
 
 typedef struct embps_group embps_group_t;
+
+/** The phases a round's time splits into, as embps_group_metrics_t keeps them. */
+typedef enum embps_round_phase {
+  EMBPS_ROUND_PHASE_QUEUE_WAIT = 0,  /* the round's oldest batch: submitted to the round's start */
+  EMBPS_ROUND_PHASE_COLLECTIVES = 1, /* time inside collective calls during the round */
+  EMBPS_ROUND_PHASE_COMPUTE = 2,     /* the rest of the round: dedup, kernels, copies */
+  EMBPS_ROUND_PHASES = 3
+} embps_round_phase_t;
+
+/**
+ * The group's metrics: written by the group's thread (relaxed atomics), read by any thread
+ * without a lock. Rounds count those that ran at least one lookup or push on this rank.
+ * Checkpoint figures: the leader records every checkpoint; another rank only those it asked
+ * for (and the final one). ckpt_seconds runs from ordering to the manifest (leader only).
+ */
+typedef struct embps_group_metrics {
+  atomic_uint_fast64_t rounds, batches;
+  embps_hist_t batches_per_round;
+  embps_hist_t round_seconds;                     /* a round's run on this rank */
+  embps_hist_t phase_seconds[EMBPS_ROUND_PHASES]; /* embps_round_phase_t */
+  embps_hist_t collective_seconds;                /* each collective call */
+  atomic_uint_fast64_t peer_bytes_sent, peer_bytes_received, collective_calls;
+  atomic_uint_fast64_t ckpt_completed, ckpt_failed;
+  atomic_uint_fast64_t ckpt_last_round, ckpt_last_unix_ms, ckpt_last_bytes;
+  atomic_uint_fast64_t ckpt_bytes_written; /* this rank's checkpoint files */
+  embps_hist_t ckpt_seconds;
+} embps_group_metrics_t;
+
+/** The group's metrics (owned by the group, valid until embps_group_free); any thread. */
+const embps_group_metrics_t *embps_group_metrics(const embps_group_t *group);
 
 /** Writes a rank's configuration identity to out (cap bytes, NUL-terminated): "key=value\n"
  * lines for the version, the mesh, the table and data axes and the peer list, in that order.

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/log.h"
 #include "server/net/h2conn_internal.h"
@@ -46,6 +47,47 @@ static int idq_push(embps__h2idq_t *q, int32_t id) {
 static void count_error(embps__h2conn_t *conn) {
   if (conn->hooks.stats)
     conn->hooks.stats->errors++;
+}
+
+/* The method's slot for path ("/pkg.Service/Method"), added on first sight (loop thread; the
+ * slot is filled before num_methods publishes it). */
+static embps_net_method_metrics_t *method_slot(embps_net_metrics_t *m, const char *path) {
+  size_t n = atomic_load_explicit(&m->num_methods, memory_order_relaxed);
+  const char *slash = path && path[0] == '/' ? strchr(path + 1, '/') : NULL;
+  embps_net_method_metrics_t *slot;
+  size_t slen;
+  if (!slash || slash[1] == '\0' || (slen = (size_t)(slash - path - 1)) >= sizeof(slot->service) ||
+      strlen(slash + 1) >= sizeof(slot->method))
+    return &m->methods[EMBPS_NET_METRICS_METHODS];
+  for (size_t i = 0; i < n; i++)
+    if (strncmp(m->methods[i].service, path + 1, slen) == 0 && m->methods[i].service[slen] == 0 &&
+        strcmp(m->methods[i].method, slash + 1) == 0)
+      return &m->methods[i];
+  if (n == EMBPS_NET_METRICS_METHODS)
+    return &m->methods[EMBPS_NET_METRICS_METHODS];
+  slot = &m->methods[n];
+  memcpy(slot->service, path + 1, slen);
+  slot->service[slen] = '\0';
+  snprintf(slot->method, sizeof(slot->method), "%s", slash + 1);
+  embps_hist_init(&slot->seconds, embps_hist_seconds_bounds, embps_hist_seconds_nbounds);
+  atomic_store_explicit(&m->num_methods, n + 1, memory_order_release);
+  return slot;
+}
+
+/* Counts a call's answer once: its code, its time, and (OK) the reply message's bytes. */
+static void count_handled(embps_net_call_t *call, embps_status_t status, size_t reply_bytes) {
+  embps_net_method_metrics_t *gm = call->gm;
+  int code = embps_status_grpc_code(status);
+  if (!gm)
+    return;
+  call->gm = NULL;
+  if (code < 0 || code >= EMBPS_NET_GRPC_CODES)
+    code = 2; /* UNKNOWN */
+  atomic_fetch_add_explicit(&gm->handled[code], 1, memory_order_relaxed);
+  embps_hist_observe_ns(&gm->seconds, embps_now_ns() - call->start_ns);
+  if (reply_bytes && call->conn && call->conn->hooks.metrics)
+    atomic_fetch_add_explicit(&call->conn->hooks.metrics->message_bytes_out, reply_bytes,
+                              memory_order_relaxed);
 }
 
 static void notify_output(embps__h2conn_t *conn) {
@@ -292,6 +334,7 @@ void embps__h2conn_free(embps__h2conn_t *conn) {
   if (!conn)
     return;
   for (embps_net_call_t *c = conn->calls; c; c = c->next) {
+    count_handled(c, EMBPS_CANCELLED, 0); /* the metrics may not outlive the connection */
     c->conn = NULL;
     c->stream = NULL;
     c->cancelled = 1;
@@ -329,6 +372,13 @@ static void deliver(embps__h2conn_t *conn) {
     s->state = EMBPS__H2S_CALLED;
     if (conn->hooks.stats)
       conn->hooks.stats->requests++;
+    if (conn->hooks.metrics) {
+      call->gm = method_slot(conn->hooks.metrics, s->path);
+      call->start_ns = embps_now_ns();
+      atomic_fetch_add_explicit(&call->gm->started, 1, memory_order_relaxed);
+      atomic_fetch_add_explicit(&conn->hooks.metrics->message_bytes_in, s->msg_len,
+                                memory_order_relaxed);
+    }
     uint8_t *msg = s->msg;
     if (msg)
       conn->receiving_bytes -= s->msg_len;
@@ -414,7 +464,9 @@ static embps__h2stream_t *call_finish(embps_net_call_t *call, embps__h2conn_t **
 void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t len,
                           void (*release)(void *), void *release_arg) {
   embps__h2conn_t *conn;
-  embps__h2stream_t *s = call_finish(call, &conn);
+  embps__h2stream_t *s;
+  count_handled(call, len > UINT32_MAX ? EMBPS_INTERNAL : EMBPS_OK, len);
+  s = call_finish(call, &conn);
   if (!s || len > UINT32_MAX) {
     if (s) {
       embps__h2_fail_stream(conn, s, 200, EMBPS_INTERNAL, "response message larger than 4 GiB");
@@ -449,7 +501,9 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
 
 void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const char *message) {
   embps__h2conn_t *conn;
-  embps__h2stream_t *s = call_finish(call, &conn);
+  embps__h2stream_t *s;
+  count_handled(call, status == EMBPS_OK ? EMBPS_UNKNOWN : status, 0);
+  s = call_finish(call, &conn);
   if (!s)
     return;
   if (status == EMBPS_OK)

@@ -33,6 +33,8 @@ typedef struct embps__h2conn_hooks {
   void *io_user;
   /** Counters to add to (requests, errors); may be NULL. Must outlive the core. */
   embps_net_stats_t *stats;
+  /** Metrics to add to (gRPC calls, message bytes); may be NULL. Must outlive the core. */
+  embps_net_metrics_t *metrics;
 } embps__h2conn_hooks_t;
 
 /** What the binding should do about timers. */

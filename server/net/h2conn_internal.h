@@ -69,6 +69,8 @@ struct embps_net_call {
   embps__h2stream_t *stream; /* NULL once the stream is gone */
   struct embps_net_call *prev, *next;
   int cancelled;
+  embps_net_method_metrics_t *gm; /* counts the answer; NULL once counted (or no metrics) */
+  uint64_t start_ns;              /* when the request was delivered */
 };
 
 typedef struct embps__h2idq {

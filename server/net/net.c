@@ -61,6 +61,7 @@ struct embps_net {
   int handles; /* handles of ours not yet closed (listener, rejected sockets) */
   conn_t *conns;
   embps_net_stats_t stats;
+  embps_net_metrics_t metrics; /* the same and more, for other threads (net.h) */
   uint8_t *read_buf;
   int read_buf_busy;
 };
@@ -92,6 +93,7 @@ static void conn_close(conn_t *c) {
   if (c->next)
     c->next->prev = c->prev;
   net->stats.connections--;
+  atomic_fetch_sub_explicit(&net->metrics.connections, 1, memory_order_relaxed);
   net->handles++; /* until both handles are closed */
   /* A write in flight is cancelled by uv_close; its callback runs first and frees the batch. */
   uv_close((uv_handle_t *)&c->tcp, conn_handle_closed);
@@ -130,8 +132,11 @@ static void conn_update_timer(conn_t *c, int restart_stall) {
 
 static void on_write(uv_write_t *req, int status) {
   conn_t *c = req->data;
-  if (status == 0)
+  if (status == 0) {
     c->net->stats.bytes_out += embps__h2out_bytes(c->writing);
+    atomic_fetch_add_explicit(&c->net->metrics.bytes_out, embps__h2out_bytes(c->writing),
+                              memory_order_relaxed);
+  }
   embps__h2out_free(c->writing);
   c->writing = NULL;
   if (status < 0) {
@@ -213,6 +218,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   if (c->broken)
     return;
   net->stats.bytes_in += (uint64_t)nread;
+  atomic_fetch_add_explicit(&net->metrics.bytes_in, (uint64_t)nread, memory_order_relaxed);
   if (embps__h2conn_feed(c->h2, (const uint8_t *)buf->base, (size_t)nread) != EMBPS_OK) {
     c->broken = 1;
     uv_read_stop(stream);
@@ -259,7 +265,8 @@ static void on_connection(uv_stream_t *server, int status) {
                                  .request_user = net->user,
                                  .on_output = on_core_output,
                                  .io_user = c,
-                                 .stats = &net->stats};
+                                 .stats = &net->stats,
+                                 .metrics = &net->metrics};
   ret = embps__h2conn_new(&c->h2, net->cfg.max_message_bytes, &hooks);
   if (ret != EMBPS_OK)
     goto fail;
@@ -281,6 +288,8 @@ static void on_connection(uv_stream_t *server, int status) {
     net->conns->prev = c;
   net->conns = c;
   net->stats.connections++;
+  atomic_fetch_add_explicit(&net->metrics.connections, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&net->metrics.connections_accepted, 1, memory_order_relaxed);
   if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
     conn_close(c);
     return;
@@ -314,6 +323,12 @@ embps_status_t embps_net_new(embps_net_t **out, uv_loop_t *loop, const embps_net
   net->cfg = *cfg;
   net->on_request = on_request;
   net->user = user;
+  {
+    embps_net_method_metrics_t *other = &net->metrics.methods[EMBPS_NET_METRICS_METHODS];
+    snprintf(other->service, sizeof(other->service), "unknown");
+    snprintf(other->method, sizeof(other->method), "unknown");
+    embps_hist_init(&other->seconds, embps_hist_seconds_bounds, embps_hist_seconds_nbounds);
+  }
   *out = net;
 exit:
   return ret;
@@ -411,6 +426,8 @@ fail:
 int embps_net_port(const embps_net_t *net) { return net->port; }
 
 void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) { *out = net->stats; }
+
+const embps_net_metrics_t *embps_net_metrics(const embps_net_t *net) { return &net->metrics; }
 
 void embps_net_stop_listening(embps_net_t *net) {
   if (net->listener) {

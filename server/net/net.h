@@ -7,9 +7,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdatomic.h>
 #include <uv.h>
 
 #include "common/status.h"
+#include "server/metrics/hist.h"
 
 typedef struct embps_net embps_net_t;
 typedef struct embps_net_call embps_net_call_t;
@@ -33,6 +35,41 @@ typedef struct embps_net_stats {
   uint64_t bytes_out;   /* bytes written to sockets */
   uint32_t connections; /* open now */
 } embps_net_stats_t;
+
+/** Distinct method paths the gRPC metrics keep apart; calls to others count under "unknown". */
+#define EMBPS_NET_METRICS_METHODS 32
+/** gRPC status codes 0..16. */
+#define EMBPS_NET_GRPC_CODES 17
+
+/** One gRPC method's figures, as grpc_server_started_total, grpc_server_handled_total and
+ * grpc_server_handling_seconds expose them. */
+typedef struct embps_net_method_metrics {
+  char service[128]; /* "embps.v1.EmbeddingService"; "unknown" for the overflow slot */
+  char method[64];   /* "Lookup" */
+  atomic_uint_fast64_t started;
+  atomic_uint_fast64_t handled[EMBPS_NET_GRPC_CODES]; /* by the gRPC code answered */
+  embps_hist_t seconds;                               /* from the complete request to the answer */
+} embps_net_method_metrics_t;
+
+/**
+ * The network layer's metrics: relaxed atomics written by the loop thread and read by any
+ * thread (a metrics scrape) without a lock. methods[0..num_methods) are in first-seen order;
+ * a slot once published (num_methods stored with release) never changes its names. The last
+ * slot, methods[EMBPS_NET_METRICS_METHODS], counts the calls of every method past the limit.
+ * Calls whose connection goes away before they are answered count as CANCELLED then.
+ */
+typedef struct embps_net_metrics {
+  atomic_uint_fast64_t bytes_in, bytes_out;  /* socket bytes */
+  atomic_uint_fast64_t connections;          /* open now */
+  atomic_uint_fast64_t connections_accepted; /* since creation */
+  atomic_uint_fast64_t message_bytes_in;     /* gRPC request messages delivered */
+  atomic_uint_fast64_t message_bytes_out;    /* gRPC reply messages sent (OK answers) */
+  atomic_size_t num_methods;
+  embps_net_method_metrics_t methods[EMBPS_NET_METRICS_METHODS + 1];
+} embps_net_metrics_t;
+
+/** The layer's metrics (owned by net, valid until embps_net_free); any thread may read them. */
+const embps_net_metrics_t *embps_net_metrics(const embps_net_t *net);
 
 /**
  * Called on the loop thread for every complete unary request.
@@ -63,7 +100,7 @@ embps_status_t embps_net_listen(embps_net_t *net, const char *host_port, embps_e
 /** The port the listener is bound to; 0 before listen. */
 int embps_net_port(const embps_net_t *net);
 
-/** Counters since creation. */
+/** Counters since creation (loop thread). */
 void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out);
 
 /**

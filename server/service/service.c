@@ -54,6 +54,8 @@ struct embps_service {
   /* Names of tables being created (leader only), so a second create of a name fails at once. */
   char pending_creates[MAX_PENDING_CREATES][EMBPS_TABLE_NAME_MAX];
   size_t num_pending_creates;
+  char *(*render_metrics)(void *arg, size_t *len); /* GetStats' prometheus_text; may be NULL */
+  void *render_metrics_arg;
 };
 
 typedef enum { REQ_CREATE, REQ_LOOKUP, REQ_PUSH, REQ_CHECKPOINT } request_kind_t;
@@ -743,11 +745,20 @@ static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uin
   size_t n = embps_store_count(svc->store);
   Embps__V1__TableStats *ts = NULL, **ptrs = NULL;
   embps_net_stats_t ns;
+  char *prom = NULL;
+  size_t prom_len = 0;
 
   if (!req) {
     fail_unpack(svc, call, "GetStatsRequest");
     return;
   }
+  if (req->prometheus && svc->render_metrics &&
+      !(prom = svc->render_metrics(svc->render_metrics_arg, &prom_len))) {
+    embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory rendering the metrics");
+    goto exit;
+  }
+  if (prom)
+    resp.prometheus_text = prom;
   ts = embps_calloc(n, sizeof(*ts));
   ptrs = embps_calloc(n, sizeof(*ptrs));
   if (!ts || !ptrs) {
@@ -799,6 +810,7 @@ static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uin
   resp.tables = ptrs;
   reply_message(call, &resp.base);
 exit:
+  embps_free(prom);
   embps_free(ts);
   embps_free(ptrs);
   embps__v1__get_stats_request__free_unpacked(req, &svc->pb);
@@ -919,6 +931,12 @@ embps_status_t embps_service_new(embps_service_t **out, embps_group_t *group, em
 }
 
 void embps_service_set_net(embps_service_t *svc, embps_net_t *net) { svc->net = net; }
+
+void embps_service_set_metrics(embps_service_t *svc, char *(*render)(void *arg, size_t *len),
+                               void *arg) {
+  svc->render_metrics = render;
+  svc->render_metrics_arg = arg;
+}
 
 uint64_t embps_service_inflight(const embps_service_t *svc) { return svc->inflight; }
 

@@ -32,6 +32,12 @@ embps_status_t embps_service_new(embps_service_t **out, embps_group_t *group, em
 /** Gives the service the network layer whose counters GetStats reports (borrowed). */
 void embps_service_set_net(embps_service_t *svc, embps_net_t *net);
 
+/** Gives the service what renders the Prometheus exposition text for GetStats'
+ * prometheus_text: render(arg, &len) returns a NUL-terminated string (freed with embps_free) or
+ * NULL. Called on the loop thread. Without it, prometheus_text is empty. */
+void embps_service_set_metrics(embps_service_t *svc, char *(*render)(void *arg, size_t *len),
+                               void *arg);
+
 /** The embps_net_request_cb: pass the service as `user`. Runs on the loop thread. */
 void embps_service_on_request(void *user, embps_net_call_t *call, const char *method, uint8_t *msg,
                               size_t len);

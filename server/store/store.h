@@ -33,6 +33,9 @@ typedef struct embps_table_config {
 
 typedef struct embps_table_counters {
   atomic_uint_fast64_t lookups, pushes, rows_looked_up, rows_pushed, steps_applied, steps_skipped;
+  /* distinct tokens of the batches deduplicated (all ranks' shards of a batch, padding row
+   * included for lookups, excluded for pushes), and how many batches those were */
+  atomic_uint_fast64_t unique_tokens, unique_batches;
 } embps_table_counters_t;
 
 /** A rank's slice of a table with its optimizer state; opaque outside the store. */
