@@ -175,6 +175,51 @@ void embps_stats_free(embps_rank_stats_t *stats, size_t n) {
   embps_free(stats);
 }
 
+void embps_stats_prometheus_free(char **texts, size_t n) {
+  if (!texts)
+    return;
+  for (size_t i = 0; i < n; i++)
+    embps_free(texts[i]);
+  embps_free(texts);
+}
+
+embps_status_t embps_stats_prometheus(embps_client_t *client, char ***texts, size_t *n) {
+  Embps__V1__GetStatsRequest req = EMBPS__V1__GET_STATS_REQUEST__INIT;
+  embps_call_t *call;
+  char **out;
+  embps_status_t st;
+  req.prometheus = 1;
+  st = unary(client, EMBPS__PATH_PREFIX "GetStats", &req.base, 0, client->group_size, &call);
+  if (st != EMBPS_OK)
+    return st;
+  out = embps_calloc(call->nshards ? call->nshards : 1, sizeof(*out));
+  if (!out) {
+    embps__call_free(call);
+    return embps__client_fail(client, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  for (uint32_t i = 0; i < call->nshards; i++) {
+    Embps__V1__GetStatsResponse *m = (Embps__V1__GetStatsResponse *)embps__reply_unpack(
+        client, &embps__v1__get_stats_response__descriptor, call->shards[i].stream, i);
+    if (!m) {
+      st = client->last.status;
+      embps_stats_prometheus_free(out, call->nshards);
+      embps__call_free(call);
+      return st;
+    }
+    out[i] = dup_or_empty(m->prometheus_text);
+    embps__reply_free(&m->base);
+    if (!out[i]) {
+      embps_stats_prometheus_free(out, call->nshards);
+      embps__call_free(call);
+      return embps__client_fail(client, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+    }
+  }
+  *texts = out;
+  *n = call->nshards;
+  embps__call_free(call);
+  return EMBPS_OK;
+}
+
 embps_status_t embps_stats(embps_client_t *client, embps_rank_stats_t **stats, size_t *n) {
   Embps__V1__GetStatsRequest req = EMBPS__V1__GET_STATS_REQUEST__INIT;
   embps_rank_stats_t *out;

@@ -493,8 +493,74 @@ exit:
   return rc;
 }
 
-static flag_t stats_flags[] = {{"--json", NULL, "print a JSON array, one object per rank", NULL},
-                               {NULL, NULL, NULL, NULL}};
+static flag_t stats_flags[] = {
+    {"--json", NULL, "print a JSON array, one object per rank", NULL},
+    {"--prometheus", NULL,
+     "print the ranks' metrics in the Prometheus text format (what --metrics-listen serves at "
+     "/metrics); with several ranks, every sample gets a rank label",
+     NULL},
+    {NULL, NULL, NULL, NULL}};
+
+/* The end of the line at p (the '\n' or the NUL). */
+static const char *line_end(const char *p) {
+  const char *e = strchr(p, '\n');
+  return e ? e : p + strlen(p);
+}
+
+/* The family a "# HELP name ..." line names, into name (cap bytes). */
+static void help_name(const char *line, char *name, size_t cap) {
+  size_t n = strcspn(line + 7, " \n");
+  snprintf(name, cap, "%.*s", (int)(n < cap ? n : cap - 1), line + 7);
+}
+
+/* Prints rank r's samples of family `fam` (from its text) with a rank label added. Families
+ * are the blocks that start at "# HELP". */
+static void print_family_samples(const char *text, const char *fam, size_t r, int label) {
+  char name[256];
+  int in = 0;
+  for (const char *p = text; *p;) {
+    const char *e = line_end(p);
+    if (strncmp(p, "# HELP ", 7) == 0) {
+      help_name(p, name, sizeof(name));
+      in = strcmp(name, fam) == 0;
+    } else if (in && p[0] != '#' && e > p) {
+      size_t nl = strcspn(p, "{ ");
+      if (!label)
+        printf("%.*s\n", (int)(e - p), p);
+      else if (p[nl] == '{')
+        printf("%.*s{rank=\"%zu\",%.*s\n", (int)nl, p, r, (int)(e - p - nl - 1), p + nl + 1);
+      else
+        printf("%.*s{rank=\"%zu\"}%.*s\n", (int)nl, p, r, (int)(e - p - nl), p + nl);
+    }
+    p = *e ? e + 1 : e;
+  }
+}
+
+/* Prints every family once (HELP, TYPE), with the samples of every rank under it, so the merged
+ * text stays valid exposition (a family's samples must be contiguous). */
+static void print_prometheus(char **texts, size_t n) {
+  char name[256];
+  for (size_t r = 0; r < n; r++)
+    for (const char *p = texts[r]; *p;) {
+      const char *e = line_end(p);
+      if (strncmp(p, "# HELP ", 7) == 0) {
+        int seen = 0;
+        help_name(p, name, sizeof(name));
+        for (size_t q = 0; q < r && !seen; q++) { /* printed with an earlier rank's */
+          char needle[300];
+          snprintf(needle, sizeof(needle), "# HELP %s ", name);
+          seen = strstr(texts[q], needle) != NULL;
+        }
+        if (!seen) {
+          const char *te = *e ? line_end(e + 1) : e;
+          printf("%.*s\n", (int)(te - p), p); /* HELP and TYPE */
+          for (size_t q = r; q < n; q++)
+            print_family_samples(texts[q], name, q, n > 1);
+        }
+      }
+      p = *e ? e + 1 : e;
+    }
+}
 
 static int cmd_stats(const char *cmd, flag_t *f, const char *pos) {
   embps_rank_stats_t *s;
@@ -505,6 +571,14 @@ static int cmd_stats(const char *cmd, flag_t *f, const char *pos) {
   (void)pos;
   if (!c)
     return 1;
+  if (flag(f, "--prometheus")) {
+    char **texts;
+    if ((st = embps_stats_prometheus(c, &texts, &n)) != EMBPS_OK)
+      return call_failed(cmd, c, st);
+    print_prometheus(texts, n);
+    embps_stats_prometheus_free(texts, n);
+    return 0;
+  }
   st = embps_stats(c, &s, &n);
   if (st != EMBPS_OK)
     return call_failed(cmd, c, st);

@@ -263,6 +263,16 @@ EMBPS_EXPORT embps_status_t embps_stats(embps_client_t *client, embps_rank_stats
 /** Frees an array from embps_stats(). NULL is a no-op. */
 EMBPS_EXPORT void embps_stats_free(embps_rank_stats_t *stats, size_t n);
 
+/** Gets every rank's metrics in the Prometheus text exposition format (what the rank's
+ * --metrics-listen endpoint serves at /metrics). On success *texts is an array of *n
+ * NUL-terminated strings (rank order) owned by the caller and freed with
+ * embps_stats_prometheus_free(). Returns as embps_stats(). */
+EMBPS_EXPORT embps_status_t embps_stats_prometheus(embps_client_t *client, char ***texts,
+                                                   size_t *n);
+
+/** Frees an array from embps_stats_prometheus(). NULL is a no-op. */
+EMBPS_EXPORT void embps_stats_prometheus_free(char **texts, size_t n);
+
 /** Asks every rank's grpc.health.v1.Health/Check for service ("" : the whole server).
  * *serving is 1 when every rank answers SERVING, else 0, and the last error then names the
  * first rank that is not. Returns EMBPS_OK when every rank answered; EMBPS_UNAVAILABLE;
