@@ -2,7 +2,8 @@
 
 On one filesystem (--dir, default a fresh directory under /var/tmp):
   - the disk's sequential write and read bandwidth with dd (write: conv=fsync; read: after
-    dropping the page cache when this process may, else noted as cached);
+    dropping the page cache when this process may), measured right before each checkpoint and
+    each restore, since the disk's speed swings between runs; ratios are medians of the pairs;
   - a full checkpoint of a ROWS x 128 f32 rowwise_adagrad table (one rank): its bytes and GB/s,
     median of --repeat;
   - restore of it into a fresh server (time from start to SERVING, and the restore time the server
@@ -45,17 +46,20 @@ def drop_caches():
         return False
 
 
-def dd_bandwidth(d, mib):
+def dd_write(d, mib):
+    """GB/s of a sequential write of mib MiB with fsync; leaves the file for dd_read."""
     path = os.path.join(d, "dd.bin")
     out = subprocess.run(["dd", "if=/dev/zero", "of=" + path, "bs=4M", "count=%d" % (mib // 4),
                           "conv=fsync"], capture_output=True, text=True).stderr
-    w = parse_dd(out)
-    cold = drop_caches()
-    out = subprocess.run(["dd", "if=" + path, "of=/dev/null", "bs=4M"], capture_output=True,
-                         text=True).stderr
-    r = parse_dd(out)
-    os.unlink(path)
-    return w, r, cold
+    return parse_dd(out)
+
+
+def dd_read(d):
+    """GB/s of a sequential read of dd_write's file (page cache dropped first when allowed)."""
+    drop_caches()
+    out = subprocess.run(["dd", "if=" + os.path.join(d, "dd.bin"), "of=/dev/null", "bs=4M"],
+                         capture_output=True, text=True).stderr
+    return parse_dd(out)
 
 
 def parse_dd(text):
@@ -100,9 +104,9 @@ def main():
     base = args.dir or tempfile.mkdtemp(prefix="embps-ckpt-bench-", dir="/var/tmp")
     table_bytes = args.rows * WIDTH * 4 + args.rows * 4
     try:
-        dd_w, dd_r, cold = dd_bandwidth(base, max(256, table_bytes >> 20))
-        print("disk (dd, %s): write %.2f GB/s (conv=fsync), read %.2f GB/s (%s)" %
-              (base, dd_w, dd_r, "page cache dropped" if cold else "page cache NOT dropped"))
+        mib = max(256, table_bytes >> 20)
+        # This disk's speed swings between runs, so dd runs right before each checkpoint and
+        # each restore, and the figures are medians of the pairs' ratios.
         ck = os.path.join(base, "ckpt")
         os.mkdir(ck)
         group = gl.Group(1, "--checkpoint-dir", ck, "--checkpoint-keep", "0",
@@ -111,17 +115,22 @@ def main():
         writes, paths = [], []
         try:
             client.create("bench", args.rows, WIDTH, "rowwise_adagrad")
+            dd_ws = []
             for _ in range(args.repeat):
-                # a new table chain each time: every checkpoint here is full
+                dd_ws.append(dd_write(base, mib))
+                # a checkpoint of one table does not move the chain: every one here is full
                 t0 = time.perf_counter()
                 resp = client.stubs[0].Checkpoint(pb.CheckpointRequest(table="bench"),
                                                   timeout=600)
                 writes.append((time.perf_counter() - t0, resp.bytes))
                 paths.append(resp.path)
             wt = statistics.median(w[0] for w in writes)
-            print("full checkpoint: %d bytes, median %.3f s of %d = %.2f GB/s (%.0f%% of dd's "
-                  "write)" % (writes[0][1], wt, len(writes), writes[0][1] / wt / 1e9,
-                              100 * writes[0][1] / wt / 1e9 / dd_w))
+            ratios = [w[1] / w[0] / 1e9 / d for w, d in zip(writes, dd_ws)]
+            print("full checkpoint: %d bytes, median %.3f s of %d = %.2f GB/s; dd write "
+                  "(conv=fsync) just before each: %s GB/s; checkpoint/dd median %.0f%% (%s)" %
+                  (writes[0][1], wt, len(writes), writes[0][1] / wt / 1e9,
+                   "/".join("%.2f" % d for d in dd_ws), 100 * statistics.median(ratios),
+                   "/".join("%.0f%%" % (100 * r) for r in ratios)))
             # pauses: the same lookup loop without and with a checkpoint in the middle
             for label, take in (("no checkpoint", False), ("checkpoint", True)):
                 stop, worst = threading.Event(), []
@@ -156,8 +165,9 @@ def main():
         finally:
             client.close()
             group.close()
-        restores = []
+        restores, dd_rs = [], []
         for _ in range(args.repeat):
+            dd_rs.append(dd_read(base))
             cold = drop_caches()
             t0 = time.perf_counter()
             g2 = gl.Group(1, "--restore", paths[-1])
@@ -166,11 +176,13 @@ def main():
             restores.append((took, float(m.group(1)) / 1e3 if m else float("nan")))
             g2.close()
         rt = statistics.median(r[1] for r in restores)
-        print("restore (%s): median %.3f s in the server (%.2f GB/s, %.0f%% of dd's read), "
-              "%.3f s from start to SERVING" %
+        ratios = [writes[0][1] / r[1] / 1e9 / d for r, d in zip(restores, dd_rs)]
+        print("restore (%s): median %.3f s in the server (%.2f GB/s), %.3f s from start to "
+              "SERVING; dd read just before each: %s GB/s; restore/dd median %.0f%% (%s)" %
               ("page cache dropped" if cold else "page cache NOT dropped", rt,
-               writes[0][1] / rt / 1e9, 100 * writes[0][1] / rt / 1e9 / dd_r,
-               statistics.median(r[0] for r in restores)))
+               writes[0][1] / rt / 1e9, statistics.median(r[0] for r in restores),
+               "/".join("%.2f" % d for d in dd_rs), 100 * statistics.median(ratios),
+               "/".join("%.0f%%" % (100 * r) for r in ratios)))
         ft = statistics.median(first_touch_gbps(writes[0][1]) for _ in range(3))
         print("first touch of %d bytes of fresh memory: %.2f GB/s (a restore fills a fresh "
               "table: %.0f%% of this)" % (writes[0][1], ft, 100 * writes[0][1] / rt / 1e9 / ft))
