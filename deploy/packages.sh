@@ -11,6 +11,7 @@ EMBPS_PACKAGES=(
   python3-torch
   iproute2 iperf3 redis-server redis-tools clang-format prometheus
   python3-yaml python3-kubernetes
+  buildah podman mmdebstrap runc netavark aardvark-dns iptables
 )
 
 missing=()
