@@ -83,12 +83,16 @@ void embps_engine_free(embps_engine_t *e) {
 
 embps_backend_t embps_engine_backend(const embps_engine_t *e) { return e->ops->backend; }
 
+/* What embps_host_alloc holds, for the metrics (relaxed: a figure, not a synchronization). */
+static atomic_uint_fast64_t host_pinned_bytes, host_pageable_bytes;
+
 void *embps_host_alloc(int device, size_t bytes, int *pinned) {
   static atomic_int warned;
   void *p;
   if (device >= 0) {
     if ((p = embps__cuda_host_alloc(device, bytes)) != NULL) {
       *pinned = 1;
+      atomic_fetch_add_explicit(&host_pinned_bytes, bytes, memory_order_relaxed);
       return p;
     }
     if (!atomic_exchange(&warned, 1))
@@ -97,14 +101,26 @@ void *embps_host_alloc(int device, size_t bytes, int *pinned) {
                  bytes, device);
   }
   *pinned = 0;
-  return embps_aligned_alloc(bytes);
+  if ((p = embps_aligned_alloc(bytes)) != NULL)
+    atomic_fetch_add_explicit(&host_pageable_bytes, bytes, memory_order_relaxed);
+  return p;
 }
 
-void embps_host_free(void *p, int pinned) {
-  if (pinned)
+void embps_host_free(void *p, int pinned, size_t bytes) {
+  if (!p)
+    return;
+  if (pinned) {
+    atomic_fetch_sub_explicit(&host_pinned_bytes, bytes, memory_order_relaxed);
     embps__cuda_host_free(p);
-  else
+  } else {
+    atomic_fetch_sub_explicit(&host_pageable_bytes, bytes, memory_order_relaxed);
     embps_free(p);
+  }
+}
+
+void embps_host_memory(uint64_t *pinned, uint64_t *pageable) {
+  *pinned = atomic_load_explicit(&host_pinned_bytes, memory_order_relaxed);
+  *pageable = atomic_load_explicit(&host_pageable_bytes, memory_order_relaxed);
 }
 
 /* ---- create ---------------------------------------------------------------------------------- */

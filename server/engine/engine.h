@@ -149,7 +149,10 @@ void embps_cuda_close(void *stream);
  */
 void *embps_host_alloc(int device, size_t bytes, int *pinned);
 
-/** Frees memory from embps_host_alloc; NULL is a no-op. */
-void embps_host_free(void *p, int pinned);
+/** Frees memory from embps_host_alloc (bytes as asked); NULL is a no-op. */
+void embps_host_free(void *p, int pinned, size_t bytes);
+
+/** Bytes from embps_host_alloc not yet freed, pinned and pageable; any thread (metrics). */
+void embps_host_memory(uint64_t *pinned, uint64_t *pageable);
 
 #endif

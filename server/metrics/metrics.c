@@ -306,14 +306,20 @@ static void render_tables(text_t *t, embps_store_t *store, const char *backend) 
         resident = 0;
       fclose(f);
     }
+    uint64_t pinned = 0, pageable = 0;
+    embps_host_memory(&pinned, &pageable);
     family(t, "embps_memory_bytes", "gauge",
            "Memory held: tables_host and tables_device (table slices and optimizer state by "
-           "where the backend keeps them), process_resident (the whole process's resident set).");
+           "where the backend keeps them), buffers_pinned and buffers_host (request and reply "
+           "buffers: page-locked for the CUDA backend, else pageable), process_resident (the "
+           "whole process's resident set).");
     int device = strcmp(backend, "cuda") == 0;
     put(t, "embps_memory_bytes{kind=\"tables_host\"} %llu\n",
         (unsigned long long)(device ? 0 : table_bytes));
     put(t, "embps_memory_bytes{kind=\"tables_device\"} %llu\n",
         (unsigned long long)(device ? table_bytes : 0));
+    put(t, "embps_memory_bytes{kind=\"buffers_pinned\"} %llu\n", (unsigned long long)pinned);
+    put(t, "embps_memory_bytes{kind=\"buffers_host\"} %llu\n", (unsigned long long)pageable);
     put(t, "embps_memory_bytes{kind=\"process_resident\"} %llu\n",
         (unsigned long long)resident * (unsigned long long)sysconf(_SC_PAGESIZE));
   }

@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "common/status.h"
+#include "server/engine/engine.h"
 #include "server/group/group.h"
 #include "server/net/net.h"
 #include "server/store/store.h"

@@ -33,7 +33,8 @@ static void *plain_alloc(void *ctx, size_t bytes, int *kind) {
   return embps_aligned_alloc(bytes);
 }
 
-static void plain_free(void *ctx, void *p, int kind) {
+static void plain_free(void *ctx, void *p, size_t bytes, int kind) {
+  (void)bytes;
   (void)ctx;
   (void)kind;
   embps_free(p);
@@ -57,7 +58,7 @@ embps_bufpool_t *embps__bufpool_new(size_t max_buffers, size_t max_bytes,
 
 static void release(header_t *h) {
   if (h->pooled)
-    h->pool->backing.free(h->pool->backing.ctx, h, h->kind);
+    h->pool->backing.free(h->pool->backing.ctx, h, HEADER + h->cap, h->kind);
   else
     embps_free(h);
 }

@@ -27,11 +27,11 @@ typedef struct embps_bufpool embps_bufpool_t;
 
 /**
  * Where pooled buffers come from. alloc returns NULL when out of memory and sets *kind to a
- * value that free is later given with the same buffer (e.g. whether it is pinned).
+ * value that free is later given with the same buffer and size (e.g. whether it is pinned).
  */
 typedef struct embps_bufpool_backing {
   void *(*alloc)(void *ctx, size_t bytes, int *kind);
-  void (*free)(void *ctx, void *p, int kind);
+  void (*free)(void *ctx, void *p, size_t bytes, int kind);
   void *ctx;
 } embps_bufpool_backing_t;
 

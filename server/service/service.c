@@ -884,9 +884,9 @@ static void *host_alloc(void *group, size_t bytes, int *pinned) {
   return embps_host_alloc(embps_group_host_device(group), bytes, pinned);
 }
 
-static void host_free(void *group, void *p, int pinned) {
+static void host_free(void *group, void *p, size_t bytes, int pinned) {
   (void)group;
-  embps_host_free(p, pinned);
+  embps_host_free(p, pinned, bytes);
 }
 
 static void *pb_alloc(void *data, size_t size) {

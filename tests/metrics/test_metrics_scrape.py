@@ -86,6 +86,20 @@ def main():
         assert ml.value(csmp, "embps_table_lookups_total", table="items") == 3
         assert set(n for n, _ in csmp) == set(n for n, _ in smp), \
             set(n for n, _ in csmp) ^ set(n for n, _ in smp)
+
+        # A lookup of 20000 tokens x 8 f32 takes a 640 KB reply buffer from the pool (larger
+        # than any it holds yet), which keeps it: counted, and pageable on the CPU backend.
+        assert v("embps_memory_bytes", kind="buffers_pinned") == 0
+        before = v("embps_memory_bytes", kind="buffers_host")
+        raw = ml.grouplib.RawClient(g.addresses)
+        try:
+            raw.lookup("items", [i % 1000 for i in range(20000)], 8)
+        finally:
+            raw.close()
+        bsmp, _ = ml.parse(ml.scrape(urls[0]))
+        after = ml.value(bsmp, "embps_memory_bytes", kind="buffers_host")
+        assert after >= before + 640000, (before, after)
+        assert ml.value(bsmp, "embps_memory_bytes", kind="buffers_pinned") == 0
     finally:
         g.close()
     print("ok: /metrics passes promtool and counts what was done")

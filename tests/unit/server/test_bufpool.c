@@ -69,24 +69,27 @@ static void test_allocation_failure(void **state) {
  * kind it was given. */
 typedef struct counting {
   int allocs, frees, bad_kinds;
+  size_t held; /* bytes handed out and not yet back: free must be told each buffer's size */
 } counting_t;
 
 static void *counting_alloc(void *ctx, size_t bytes, int *kind) {
   counting_t *c = ctx;
   c->allocs++;
+  c->held += bytes;
   *kind = 7;
   return embps_aligned_alloc(bytes);
 }
 
-static void counting_free(void *ctx, void *p, int kind) {
+static void counting_free(void *ctx, void *p, size_t bytes, int kind) {
   counting_t *c = ctx;
   c->frees++;
+  c->held -= bytes;
   c->bad_kinds += kind != 7;
   embps_free(p);
 }
 
 static void test_backing(void **state) {
-  counting_t c = {0, 0, 0};
+  counting_t c = {0, 0, 0, 0};
   embps_bufpool_backing_t b = {counting_alloc, counting_free, &c};
   embps_bufpool_t *p = embps__bufpool_new(4, 1 << 24, &b);
   void *small, *big, *again;
@@ -107,8 +110,10 @@ static void test_backing(void **state) {
   assert_int_equal(c.allocs, 1);
   embps__bufpool_put(again);
   assert_int_equal(c.frees, 0);
+  assert_true(c.held > 0);
   embps__bufpool_free(p);
   assert_int_equal(c.frees, 1);
+  assert_int_equal(c.held, 0); /* freed with the size it was allocated with */
   assert_int_equal(c.bad_kinds, 0);
 }
 

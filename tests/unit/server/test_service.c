@@ -99,8 +99,8 @@ void *embps_host_alloc(int device, size_t bytes, int *pinned) {
   return embps_aligned_alloc(bytes);
 }
 
-void embps_host_free(void *p, int pinned) {
-  (void)pinned;
+void embps_host_free(void *p, int pinned, size_t bytes) {
+  (void)pinned, (void)bytes;
   embps_free(p);
 }
 
