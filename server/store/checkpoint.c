@@ -15,7 +15,10 @@
  *            their state0 (rows x shard_width floats, or one float per row), then their state1
  *   trailer  "EMBPSEND" | blocks u64 | rows written u64 | crc32 u32 of the blocks' crc32s (each
  *            as a u32, in order) | crc32 u32 of the 28 bytes before it
- * A full slice's blocks cover every row in order; an incremental one's cover the dirty rows.
+ * A full slice's blocks cover every row in order, each floor(1 MiB / the payload bytes of one row)
+ * rows (at least 1), the last one the rest: so block b starts at a known offset, and a restore
+ * reads ranges of blocks with several threads. An incremental slice's blocks cover runs of the
+ * dirty rows (at most as many rows each), read in order.
  *
  * A MANIFEST:
  *   "EMBPSMAN" | format version u32 | body bytes u32 | body | crc32 u32 of everything before it
