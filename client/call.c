@@ -193,6 +193,13 @@ int embps_call_test(embps_call_t *call) {
   return call->pending == 0;
 }
 
+int embps_call_wait_for(embps_call_t *call, int timeout_ms) {
+  if (call->pending > 0)
+    embps__conns_pump(call->client->conns, call->client->group_size,
+                      timeout_ms < 0 ? 0 : timeout_ms);
+  return call->pending == 0;
+}
+
 void embps_call_cancel(embps_call_t *call) {
   if (call)
     embps__call_free(call);

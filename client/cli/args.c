@@ -201,3 +201,60 @@ int embps_cli_parse_f32_rows(const char *what, const char *s, float **out, size_
   *rows = nrows;
   return 0;
 }
+
+int embps_cli_parse_mix(const char *what, const char *s, uint64_t max_batch, uint64_t **batches,
+                        double **weights, size_t *n, char *err, size_t errlen) {
+  size_t count = 1, k = 0;
+  uint64_t *b;
+  double *w;
+  const char *p;
+  if (!s || !*s) {
+    snprintf(err, errlen, "%s: expected sizes like '1024:3,4096:1', got an empty value", what);
+    return -1;
+  }
+  for (p = s; *p; p++)
+    count += *p == ',';
+  b = malloc(count * sizeof(*b));
+  w = malloc(count * sizeof(*w));
+  if (!b || !w) {
+    snprintf(err, errlen, "%s: out of memory", what);
+    goto fail;
+  }
+  for (p = s;; k++) {
+    size_t len = strcspn(p, ","), nlen = strcspn(p, ",:");
+    char num[32];
+    uint64_t v;
+    double weight = 1.0;
+    if (nlen > 0 && nlen < sizeof(num)) {
+      memcpy(num, p, nlen);
+      num[nlen] = '\0';
+    }
+    if (nlen == 0 || nlen >= sizeof(num) ||
+        embps_cli_parse_u64(what, num, 1, max_batch, &v, err, errlen) != 0) {
+      snprintf(err, errlen,
+               "%s: item %zu ('%.*s'): the batch size must be a whole number in "
+               "[1, %llu]",
+               what, k + 1, (int)(len > 40 ? 40 : len), p, (unsigned long long)max_batch);
+      goto fail;
+    }
+    if (nlen < len &&
+        (parse_double_n(p + nlen + 1, len - nlen - 1, &weight) != 0 || !(weight > 0))) {
+      snprintf(err, errlen, "%s: item %zu ('%.*s'): the weight after ':' must be a number > 0",
+               what, k + 1, (int)(len > 40 ? 40 : len), p);
+      goto fail;
+    }
+    b[k] = v;
+    w[k] = weight;
+    if (p[len] == '\0')
+      break;
+    p += len + 1;
+  }
+  *batches = b;
+  *weights = w;
+  *n = k + 1;
+  return 0;
+fail:
+  free(b);
+  free(w);
+  return -1;
+}

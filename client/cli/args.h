@@ -28,4 +28,10 @@ int embps_cli_parse_i64_list(const char *what, const char *s, int64_t **out, siz
 int embps_cli_parse_f32_rows(const char *what, const char *s, float **out, size_t *n, size_t *rows,
                              char *err, size_t errlen);
 
+/** Parses a mix of batch sizes, "1024:3,4096:1" (size:weight; a size alone weighs 1), each size
+ * in [1, max_batch] and each weight a number > 0, into two new arrays (freed with free()) of *n
+ * entries. Returns 0, or -1 with a message naming the bad item. */
+int embps_cli_parse_mix(const char *what, const char *s, uint64_t max_batch, uint64_t **batches,
+                        double **weights, size_t *n, char *err, size_t errlen);
+
 #endif

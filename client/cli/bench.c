@@ -1,16 +1,29 @@
-/* `embps bench`: closed-loop load on a table from C threads.
+/* `embps bench`: load on one or more tables from C threads, closed loop or open loop.
  *
- * Each thread owns its client (its own connections), keeps `pipeline` calls in flight and
- * finishes them in the order it started them, so a thread measures what one pipelined
- * training worker sees. An op is a push with probability push_ratio, else a lookup, over
- * batch tokens drawn from Zipf(a) on [1, rows). Tokens come from a pool drawn before the
- * clock starts (at least 16 batches or 2^20 tokens per thread), and each op points into it at
- * a random offset: drawing 4096 Zipf samples per op would cost ~0.2 ms, a large share of a
- * 2 MiB lookup's time on loopback, and would measure the sampler instead of the server.
+ * Each thread owns its client (its own connections). An op is a push with probability
+ * push_ratio, else a lookup, on a table chosen evenly among the tables, of a batch size drawn
+ * from the --mix weights, over tokens drawn from Zipf(a) on [1, rows). Tokens come from a pool
+ * per table drawn before the clock starts (at least 16 of the largest batch or 2^20 tokens per
+ * thread), and each op points into it at a random offset: drawing 4096 Zipf samples per op
+ * would cost ~0.2 ms, a large share of a 2 MiB lookup's time on loopback, and would measure
+ * the sampler instead of the server.
  *
- * Latency is measured per op from its start to the return of its wait; only ops that start
- * after the warmup and end before the deadline count. Latencies are kept exactly (one double
- * per op) and sorted at the end; at tens of thousands of ops a second that is a few MB. */
+ * Closed loop (the default): a thread keeps `pipeline` calls in flight and finishes them in
+ * the order it started them, so it measures what one pipelined training worker sees; latency
+ * runs from a call's start to the return of its wait, and only calls that start after the
+ * warmup and end before the deadline count.
+ *
+ * Open loop (--rate R): the threads share a schedule of R batches a second (thread i starts
+ * its calls at t0 + (i + n * C) / R, n = 0, 1, ...) whatever the replies do, with at most
+ * `pipeline` calls in flight each; latency runs from a call's intended start, so a server that
+ * stalls shows in the percentiles instead of being hidden by a client that waited for it before
+ * sending more (coordinated omission, as wrk2 corrects it). Every call intended after the warmup
+ * counts, including those that finish after the schedule ends: the thread waits for them (at
+ * most DRAIN_S; any still in flight then count as DEADLINE_EXCEEDED).
+ *
+ * Latencies go into one log-linear histogram per thread and op (hdr.h: 3 significant digits,
+ * fixed memory however long the run); failed calls are counted by status, and the run goes on
+ * after them, as ghz and wrk do. */
 #include "client/cli/bench.h"
 
 #include <math.h>
@@ -21,150 +34,285 @@
 #include <string.h>
 #include <time.h>
 
+#include "client/cli/hdr.h"
 #include "client/cli/zipf.h"
 #include "common/clock.h"
 #include "common/dtype.h"
+#include "common/shape.h"
 #include "common/status.h"
 
-typedef struct lat_vec {
-  double *v;
-  size_t n, cap;
-} lat_vec_t;
+#define NSTATUS 17   /* gRPC status codes 0..16 */
+#define DRAIN_S 60.0 /* open loop: longest wait for the calls in flight when the schedule ends */
+
+enum { OP_LOOKUP, OP_PUSH, OP_ALL };
+
+typedef struct op_stats {
+  embps_hdr_t lat; /* successful calls, nanoseconds */
+  uint64_t ok;     /* successful calls */
+  uint64_t rows;   /* their tokens */
+  double bytes;    /* their rows' bytes */
+  uint64_t errors[NSTATUS];
+} op_stats_t;
+
+typedef struct table_state {
+  const embps_table_spec_t *spec;
+  size_t row_bytes;
+  int64_t *pool; /* pool_n tokens */
+  void *grads;   /* max_batch rows of 1e-4 in the table's dtype */
+} table_state_t;
+
+typedef struct slot {
+  embps_call_t *call; /* NULL: free */
+  uint64_t seq;       /* start order, for the closed loop's in-order waits */
+  int is_push;
+  size_t batch, row_bytes;
+  double start; /* intended start (open loop) or actual start (closed loop), seconds */
+  embps_push_result_t result;
+  void *out;
+} slot_t;
 
 typedef struct worker {
   pthread_t thread;
   uint32_t index;
   const char *servers;
   const embps_client_options_t *copts;
-  const embps_table_spec_t *table;
+  const embps_table_spec_t *const *tables;
+  size_t ntables;
   const embps_bench_opts_t *o;
-  double t_measure, t_end; /* seconds on the monotonic clock */
-  lat_vec_t lookup_lat, push_lat;
-  int failed;
+  double t0, t_measure, t_end; /* seconds on the monotonic clock */
+  op_stats_t op[2];
+  char first_error[NSTATUS][200]; /* the first message of each failing status */
+  int failed;                     /* the thread could not run at all */
   char error[640];
 } worker_t;
 
-static atomic_uint_fast64_t g_lookups, g_pushes, g_rows;
+static atomic_uint_fast64_t g_lookups, g_pushes, g_rows, g_errors;
 static atomic_int g_stop;
+
+/* Go's names of the gRPC codes, which ghz's statusCodeDistribution uses as keys. */
+static const char *const ghz_code_names[NSTATUS] = {
+    "OK",       "Canceled",       "Unknown",          "InvalidArgument",   "DeadlineExceeded",
+    "NotFound", "AlreadyExists",  "PermissionDenied", "ResourceExhausted", "FailedPrecondition",
+    "Aborted",  "OutOfRange",     "Unimplemented",    "Internal",          "Unavailable",
+    "DataLoss", "Unauthenticated"};
 
 static double now_s(void) { return (double)embps_now_ns() * 1e-9; }
 
-static int lat_push(lat_vec_t *l, double v) {
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? l->cap * 2 : 4096;
-    double *p = realloc(l->v, cap * sizeof(*p));
-    if (!p)
-      return -1;
-    l->v = p;
-    l->cap = cap;
-  }
-  l->v[l->n++] = v;
-  return 0;
+static void sleep_s(double s) {
+  struct timespec ts;
+  if (s <= 0)
+    return;
+  ts.tv_sec = (time_t)s;
+  ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+  nanosleep(&ts, NULL);
 }
 
-typedef struct slot {
-  embps_call_t *call;
-  int is_push;
-  double start;
-  embps_push_result_t result;
-  void *out;
-} slot_t;
+static size_t max_batch(const embps_bench_opts_t *o) {
+  size_t m = 0;
+  for (size_t i = 0; i < o->nbatches; i++)
+    if (o->batches[i] > m)
+      m = (size_t)o->batches[i];
+  return m;
+}
+
+static size_t pick_batch(const embps_bench_opts_t *o, embps_rng_t *rng) {
+  double total = 0, x;
+  if (o->nbatches == 1 || !o->weights)
+    return (size_t)o->batches[o->nbatches == 1 ? 0 : embps_rng_next(rng) % o->nbatches];
+  for (size_t i = 0; i < o->nbatches; i++)
+    total += o->weights[i];
+  x = embps_rng_uniform(rng) * total;
+  for (size_t i = 0; i < o->nbatches; i++) {
+    if (x < o->weights[i])
+      return (size_t)o->batches[i];
+    x -= o->weights[i];
+  }
+  return (size_t)o->batches[o->nbatches - 1];
+}
+
+static void count_error(worker_t *w, int is_push, embps_status_t st, const char *msg) {
+  unsigned code = (unsigned)st < NSTATUS ? (unsigned)st : EMBPS_UNKNOWN;
+  if (w->op[is_push].errors[code]++ == 0)
+    snprintf(w->first_error[code], sizeof(w->first_error[code]), "%s", msg);
+  atomic_fetch_add_explicit(&g_errors, 1, memory_order_relaxed);
+}
+
+/* Books a finished call: its latency when it counts, or its error. */
+static void finish(worker_t *w, embps_client_t *c, slot_t *s, embps_status_t st, double end,
+                   int open_loop) {
+  int counts = open_loop ? s->start >= w->t_measure : s->start >= w->t_measure && end <= w->t_end;
+  s->call = NULL;
+  if (!counts)
+    return;
+  if (st != EMBPS_OK) {
+    count_error(w, s->is_push, st, embps_client_last_error(c));
+    return;
+  }
+  {
+    op_stats_t *op = &w->op[s->is_push];
+    double ns = (end - s->start) * 1e9;
+    embps_hdr_record(&op->lat, ns > 0 ? (uint64_t)ns : 0);
+    op->ok++;
+    op->rows += s->batch;
+    op->bytes += (double)s->batch * (double)s->row_bytes;
+  }
+  atomic_fetch_add_explicit(s->is_push ? &g_pushes : &g_lookups, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_rows, s->batch, memory_order_relaxed);
+}
 
 static void *worker_main(void *arg) {
   worker_t *w = arg;
   const embps_bench_opts_t *o = w->o;
-  size_t row_bytes = (size_t)w->table->emb_width * embps_dtype_size(w->table->dtype);
-  size_t batch = (size_t)o->batch;
-  size_t pool_n = batch * 16 > (1u << 20) ? batch * 16 : (1u << 20);
+  size_t batch_max = max_batch(o), out_bytes = 0;
+  size_t pool_n = batch_max * 16 > (1u << 20) ? batch_max * 16 : (1u << 20);
+  int open_loop = o->rate > 0;
+  double interval = open_loop ? (double)o->concurrency / o->rate : 0;
+  double next_due = w->t0 + (open_loop ? (double)w->index / o->rate : 0);
   embps_client_t *c = NULL;
   embps_error_t err;
-  embps_zipf_t z;
   embps_rng_t rng;
-  int64_t *pool = NULL;
-  void *grads = NULL;
+  table_state_t *ts = NULL;
   slot_t *slots = NULL;
-  uint32_t k = o->pipeline, head = 0, inflight = 0;
+  uint32_t k = o->pipeline, inflight = 0;
+  uint64_t seq = 0;
 
   embps_rng_seed(&rng, o->seed * 1000003u + w->index);
-  embps_zipf_init(&z, w->table->rows - 1, o->zipf);
-  pool = malloc(pool_n * sizeof(*pool));
-  grads = malloc(batch * row_bytes);
+  ts = calloc(w->ntables, sizeof(*ts));
   slots = calloc(k, sizeof(*slots));
-  if (!pool || !grads || !slots) {
-    snprintf(w->error, sizeof(w->error), "out of memory");
-    goto fail;
-  }
-  for (size_t i = 0; i < pool_n; i++)
-    pool[i] = (int64_t)embps_zipf_sample(&z, &rng);
-  for (size_t i = 0; i < batch * w->table->emb_width; i++) {
-    if (w->table->dtype == EMBPS_DTYPE_BF16)
-      ((uint16_t *)grads)[i] = embps_f32_to_bf16(1e-4f);
-    else
-      ((float *)grads)[i] = 1e-4f;
-  }
-  for (uint32_t i = 0; i < k; i++) {
-    slots[i].out = malloc(batch * row_bytes);
-    if (!slots[i].out) {
-      snprintf(w->error, sizeof(w->error), "out of memory");
-      goto fail;
+  if (!ts || !slots)
+    goto oom;
+  for (size_t t = 0; t < w->ntables; t++) {
+    const embps_table_spec_t *spec = w->tables[t];
+    embps_zipf_t z;
+    ts[t].spec = spec;
+    ts[t].row_bytes = (size_t)spec->emb_width * embps_dtype_size(spec->dtype);
+    if (ts[t].row_bytes * batch_max > out_bytes)
+      out_bytes = ts[t].row_bytes * batch_max;
+    ts[t].pool = malloc(pool_n * sizeof(*ts[t].pool));
+    ts[t].grads = malloc(batch_max * ts[t].row_bytes);
+    if (!ts[t].pool || !ts[t].grads)
+      goto oom;
+    embps_zipf_init(&z, spec->rows - 1, o->zipf);
+    for (size_t i = 0; i < pool_n; i++)
+      ts[t].pool[i] = (int64_t)embps_zipf_sample(&z, &rng);
+    for (size_t i = 0; i < batch_max * spec->emb_width; i++) {
+      if (spec->dtype == EMBPS_DTYPE_BF16)
+        ((uint16_t *)ts[t].grads)[i] = embps_f32_to_bf16(1e-4f);
+      else
+        ((float *)ts[t].grads)[i] = 1e-4f;
     }
   }
+  for (uint32_t i = 0; i < k; i++)
+    if (!(slots[i].out = malloc(out_bytes)))
+      goto oom;
   embps_error_clear(&err);
   if (embps_client_connect(&c, w->servers, w->copts, &err) != EMBPS_OK) {
     snprintf(w->error, sizeof(w->error), "connect: %s: %s", embps_status_string(err.status),
              err.message);
     goto fail;
   }
-  embps_client_set_padding(c, 1);
 
   for (;;) {
-    double t = now_s();
-    /* Fill the pipeline while time remains. */
-    while (inflight < k && t < w->t_end && !atomic_load_explicit(&g_stop, memory_order_relaxed)) {
-      slot_t *s = &slots[(head + inflight) % k];
-      size_t off = (size_t)(embps_rng_next(&rng) % (pool_n - batch + 1));
+    double t;
+    /* Start what is due: the next scheduled call (open loop) or at once (closed loop). */
+    while (inflight < k && !atomic_load_explicit(&g_stop, memory_order_relaxed)) {
+      table_state_t *tab = &ts[w->ntables == 1 ? 0 : embps_rng_next(&rng) % w->ntables];
+      slot_t *s = slots;
+      size_t batch, off;
       embps_status_t st;
+      t = now_s(); /* a call refused at once loops back here without waiting */
+      if (open_loop ? next_due >= w->t_end || next_due > t : t >= w->t_end)
+        break;
+      while (s->call)
+        s++;
+      batch = pick_batch(o, &rng);
+      off = (size_t)(embps_rng_next(&rng) % (pool_n - batch + 1));
       s->is_push = o->push_ratio > 0 && embps_rng_uniform(&rng) < o->push_ratio;
-      s->start = now_s();
+      s->batch = batch;
+      s->row_bytes = tab->row_bytes;
+      s->seq = seq++;
+      if (open_loop) {
+        s->start = next_due;
+        next_due += interval;
+      } else {
+        s->start = now_s();
+      }
       if (s->is_push)
-        st = embps_push_start(c, w->table->name, pool + off, batch, grads, batch * row_bytes,
-                              w->table->dtype, o->async_push ? EMBPS_PUSH_ASYNC : EMBPS_PUSH_SYNC,
-                              &s->result, &s->call);
+        st = embps_push_start(c, tab->spec->name, tab->pool + off, batch, tab->grads,
+                              batch * tab->row_bytes, tab->spec->dtype,
+                              o->async_push ? EMBPS_PUSH_ASYNC : EMBPS_PUSH_SYNC, &s->result,
+                              &s->call);
       else
-        st = embps_lookup_start(c, w->table->name, pool + off, batch, s->out, batch * row_bytes,
-                                &s->call);
-      if (st != EMBPS_OK) {
-        snprintf(w->error, sizeof(w->error), "%s: %s: %s", s->is_push ? "push" : "lookup",
-                 embps_status_string(st), embps_client_last_error(c));
-        goto fail;
+        st = embps_lookup_start(c, tab->spec->name, tab->pool + off, batch, s->out,
+                                batch * tab->row_bytes, &s->call);
+      if (st != EMBPS_OK) { /* refused before sending: a failed call like any other */
+        s->call = NULL;
+        if (s->start >= w->t_measure)
+          count_error(w, s->is_push, st, embps_client_last_error(c));
+        continue;
       }
       inflight++;
     }
-    if (inflight == 0)
+    if (inflight == 0) {
+      if (open_loop && next_due < w->t_end && !atomic_load(&g_stop)) {
+        sleep_s(next_due - now_s());
+        continue;
+      }
       break;
-    {
-      slot_t *s = &slots[head];
-      embps_status_t st = embps_call_wait(s->call);
-      double end = now_s();
-      s->call = NULL;
-      head = (head + 1) % k;
+    }
+    if (!open_loop) { /* wait for the oldest call */
+      slot_t *oldest = NULL;
+      embps_status_t st;
+      for (uint32_t i = 0; i < k; i++)
+        if (slots[i].call && (!oldest || slots[i].seq < oldest->seq))
+          oldest = &slots[i];
+      st = embps_call_wait(oldest->call);
+      finish(w, c, oldest, st, now_s(), 0);
       inflight--;
-      if (st != EMBPS_OK) {
-        snprintf(w->error, sizeof(w->error), "%s: %s: %s", s->is_push ? "push" : "lookup",
-                 embps_status_string(st), embps_client_last_error(c));
-        goto fail;
-      }
-      if (s->start >= w->t_measure && end <= w->t_end) {
-        if (lat_push(s->is_push ? &w->push_lat : &w->lookup_lat, (end - s->start) * 1e3) != 0) {
-          snprintf(w->error, sizeof(w->error), "out of memory");
-          goto fail;
+      continue;
+    }
+    {
+      int done = 0;
+      double wait;
+      slot_t *any = NULL;
+      for (uint32_t i = 0; i < k; i++) {
+        if (!slots[i].call)
+          continue;
+        if (embps_call_test(slots[i].call)) {
+          embps_status_t st = embps_call_wait(slots[i].call);
+          finish(w, c, &slots[i], st, now_s(), 1);
+          inflight--;
+          done++;
+        } else {
+          any = &slots[i];
         }
-        atomic_fetch_add_explicit(s->is_push ? &g_pushes : &g_lookups, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&g_rows, batch, memory_order_relaxed);
       }
+      if (done || !any)
+        continue;
+      if (now_s() > w->t_end + DRAIN_S) {
+        for (uint32_t i = 0; i < k; i++)
+          if (slots[i].call) {
+            embps_call_cancel(slots[i].call);
+            slots[i].call = NULL;
+            if (slots[i].start >= w->t_measure)
+              count_error(w, slots[i].is_push, EMBPS_DEADLINE_EXCEEDED,
+                          "no reply within 60 s after the schedule ended");
+          }
+        inflight = 0;
+        continue;
+      }
+      /* Move I/O until the next call is due (or a reply arrives). Below a millisecond poll()
+       * cannot wait, so the last stretch sleeps in steps of 20 us between tests. */
+      wait = inflight < k && next_due < w->t_end ? next_due - now_s() : 0.1;
+      if (wait >= 0.001)
+        embps_call_wait_for(any->call, (int)(wait * 1000));
+      else if (wait > 0)
+        sleep_s(wait < 20e-6 ? wait : 20e-6);
     }
   }
   goto exit;
+oom:
+  snprintf(w->error, sizeof(w->error), "out of memory");
 fail:
   w->failed = 1;
   atomic_store(&g_stop, 1);
@@ -175,63 +323,237 @@ exit:
     free(slots[i].out);
   }
   embps_client_free(c);
+  for (size_t t = 0; ts && t < w->ntables; t++) {
+    free(ts[t].pool);
+    free(ts[t].grads);
+  }
+  free(ts);
   free(slots);
-  free(grads);
-  free(pool);
   return NULL;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
+/* ---- the report ---- */
+
+static const double report_pcts[] = {50, 90, 99, 99.9, 99.99};
+
+static double ms(uint64_t ns) { return (double)ns / 1e6; }
+
+static uint64_t errors_of(const op_stats_t *op) {
+  uint64_t n = 0;
+  for (int i = 0; i < NSTATUS; i++)
+    n += op->errors[i];
+  return n;
 }
 
-/* Nearest-rank percentile of sorted v. */
-static double pct(const double *v, size_t n, double p) {
-  size_t i;
-  if (n == 0)
-    return 0.0;
-  i = (size_t)ceil(p / 100.0 * (double)n);
-  return v[i > 0 ? i - 1 : 0];
+static void add_stats(op_stats_t *dst, const op_stats_t *src) {
+  embps_hdr_add(&dst->lat, &src->lat);
+  dst->ok += src->ok;
+  dst->rows += src->rows;
+  dst->bytes += src->bytes;
+  for (int i = 0; i < NSTATUS; i++)
+    dst->errors[i] += src->errors[i];
 }
 
-static double *merge(worker_t *w, uint32_t nw, int push, size_t *n) {
-  size_t total = 0, k = 0;
-  double *v;
-  for (uint32_t i = 0; i < nw; i++)
-    total += push ? w[i].push_lat.n : w[i].lookup_lat.n;
-  v = malloc((total ? total : 1) * sizeof(*v));
-  if (!v)
-    return NULL;
-  for (uint32_t i = 0; i < nw; i++) {
-    lat_vec_t *l = push ? &w[i].push_lat : &w[i].lookup_lat;
-    if (l->n) /* l->v is NULL when no call of this kind ran: memcpy(.., NULL, 0) is UB */
-      memcpy(v + k, l->v, l->n * sizeof(*v));
-    k += l->n;
+static void batch_text(const embps_bench_opts_t *o, char *out, size_t cap) {
+  size_t len = 0;
+  out[0] = '\0';
+  for (size_t i = 0; i < o->nbatches && len < cap; i++) {
+    int n = o->weights && o->nbatches > 1
+                ? snprintf(out + len, cap - len, "%s%llu:%g", i ? "," : "",
+                           (unsigned long long)o->batches[i], o->weights[i])
+                : snprintf(out + len, cap - len, "%s%llu", i ? "," : "",
+                           (unsigned long long)o->batches[i]);
+    if (n < 0)
+      break;
+    len += (size_t)n;
   }
-  qsort(v, total, sizeof(*v), cmp_double);
-  *n = total;
-  return v;
+}
+
+static void print_text(const op_stats_t *op, const embps_bench_opts_t *o, const char *names,
+                       double elapsed, char first_error[NSTATUS][200]) {
+  static const char *const opname[3] = {"lookup", "push", "all"};
+  char batches[256];
+  batch_text(o, batches, sizeof(batches));
+  printf("table %s: batch %s, %u threads x %u in flight, ", names, batches, o->concurrency,
+         o->pipeline);
+  if (o->rate > 0)
+    printf("open loop at %g batches/s", o->rate);
+  else
+    printf("closed loop");
+  printf(", zipf %g, push ratio %g, %.2f s\n", o->zipf, o->push_ratio, elapsed);
+  printf("%-7s %9s %11s %13s %8s %9s %9s %9s %9s %9s %9s %8s\n", "op", "count", "batches/s",
+         "rows/s", "GB/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "p99.99ms", "max ms",
+         "errors");
+  for (int i = 0; i < 3; i++) {
+    printf("%-7s %9llu %11.1f %13.1f %8.3f", opname[i], (unsigned long long)op[i].ok,
+           (double)op[i].ok / elapsed, (double)op[i].rows / elapsed, op[i].bytes / elapsed / 1e9);
+    for (size_t p = 0; p < sizeof(report_pcts) / sizeof(report_pcts[0]); p++)
+      printf(" %9.3f", ms(embps_hdr_percentile(&op[i].lat, report_pcts[p])));
+    printf(" %9.3f %8llu\n", ms(op[i].lat.max), (unsigned long long)errors_of(&op[i]));
+  }
+  for (int s = 1; s < NSTATUS; s++)
+    if (op[OP_ALL].errors[s])
+      printf("errors %s: %llu (first: %s)\n", embps_status_name((embps_status_t)s),
+             (unsigned long long)op[OP_ALL].errors[s], first_error[s]);
+}
+
+static void print_csv(const op_stats_t *op, double elapsed) {
+  static const char *const opname[3] = {"lookup", "push", "all"};
+  printf("op,count,errors,batches_per_s,rows_per_s,gbytes_per_s,p50_ms,p90_ms,p99_ms,p999_ms,"
+         "p9999_ms,max_ms\n");
+  for (int i = 0; i < 3; i++) {
+    printf("%s,%llu,%llu,%.3f,%.1f,%.6f", opname[i], (unsigned long long)op[i].ok,
+           (unsigned long long)errors_of(&op[i]), (double)op[i].ok / elapsed,
+           (double)op[i].rows / elapsed, op[i].bytes / elapsed / 1e9);
+    for (size_t p = 0; p < sizeof(report_pcts) / sizeof(report_pcts[0]); p++)
+      printf(",%.4f", ms(embps_hdr_percentile(&op[i].lat, report_pcts[p])));
+    printf(",%.4f\n", ms(op[i].lat.max));
+  }
+}
+
+static void json_str(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      printf("\\%c", ch);
+    else if (ch < 0x20)
+      printf("\\u%04x", ch);
+    else
+      putchar(ch);
+  }
+  putchar('"');
+}
+
+/* Today's keys first (scripts read them), then ghz's report keys over all ops: durations in
+ * nanoseconds, histogram marks in seconds, status names as Go spells them. */
+static void print_json(const op_stats_t *op, const embps_bench_opts_t *o, const char *names,
+                       double elapsed, char first_error[NSTATUS][200]) {
+  static const char *const pre[3] = {"lookup_", "push_", ""};
+  static const double ghz_pcts[] = {10, 25, 50, 75, 90, 95, 99, 99.9, 99.99};
+  const op_stats_t *all = &op[OP_ALL];
+  uint64_t count = all->ok + errors_of(all);
+  char batches[256];
+  int first;
+
+  batch_text(o, batches, sizeof(batches));
+  printf("{\"table\":");
+  json_str(names);
+  printf(",\"batch\":%llu,\"batches\":\"%s\",\"concurrency\":%u,\"pipeline\":%u,"
+         "\"mode\":\"%s\",\"rate\":%g,\"zipf\":%g,\"push_ratio\":%g,\"duration_s\":%.3f,"
+         "\"lookups\":%llu,\"pushes\":%llu,\"errors\":%llu",
+         (unsigned long long)o->batches[0], batches, o->concurrency, o->pipeline,
+         o->rate > 0 ? "open" : "closed", o->rate, o->zipf, o->push_ratio, elapsed,
+         (unsigned long long)op[OP_LOOKUP].ok, (unsigned long long)op[OP_PUSH].ok,
+         (unsigned long long)errors_of(all));
+  for (int i = 0; i < 2; i++)
+    printf(",\"%sbatches_per_s\":%.3f,\"%srows_per_s\":%.1f,\"%sgbytes_per_s\":%.6f", pre[i],
+           (double)op[i].ok / elapsed, pre[i], (double)op[i].rows / elapsed, pre[i],
+           op[i].bytes / elapsed / 1e9);
+  for (int i = 2; i >= 0; i--)
+    printf(",\"%sp50_ms\":%.4f,\"%sp90_ms\":%.4f,\"%sp99_ms\":%.4f,\"%sp999_ms\":%.4f,"
+           "\"%sp9999_ms\":%.4f,\"%smax_ms\":%.4f",
+           pre[i], ms(embps_hdr_percentile(&op[i].lat, 50)), pre[i],
+           ms(embps_hdr_percentile(&op[i].lat, 90)), pre[i],
+           ms(embps_hdr_percentile(&op[i].lat, 99)), pre[i],
+           ms(embps_hdr_percentile(&op[i].lat, 99.9)), pre[i],
+           ms(embps_hdr_percentile(&op[i].lat, 99.99)), pre[i], ms(op[i].lat.max));
+  printf(",\"count\":%llu,\"total\":%.0f,\"average\":%.0f,\"fastest\":%llu,\"slowest\":%llu,"
+         "\"rps\":%.3f",
+         (unsigned long long)count, elapsed * 1e9, embps_hdr_mean(&all->lat),
+         (unsigned long long)all->lat.min, (unsigned long long)all->lat.max,
+         (double)count / elapsed);
+  printf(",\"latencyDistribution\":[");
+  for (size_t p = 0; all->ok && p < sizeof(ghz_pcts) / sizeof(ghz_pcts[0]); p++)
+    printf("%s{\"percentage\":%g,\"latency\":%llu}", p ? "," : "", ghz_pcts[p],
+           (unsigned long long)embps_hdr_percentile(&all->lat, ghz_pcts[p]));
+  printf("],\"histogram\":[");
+  if (all->ok) { /* ghz's 11 marks from fastest to slowest; each counts the calls above the
+                    previous mark up to its own */
+    uint64_t below = 0;
+    double step = (double)(all->lat.max - all->lat.min) / 10.0;
+    for (int b = 0; b <= 10; b++) {
+      uint64_t mark = b == 10 ? all->lat.max : all->lat.min + (uint64_t)(step * b);
+      uint64_t upto = embps_hdr_count_at_most(&all->lat, mark);
+      if (b == 10)
+        upto = all->ok;
+      printf("%s{\"mark\":%.9f,\"count\":%llu,\"frequency\":%.6f}", b ? "," : "",
+             (double)mark / 1e9, (unsigned long long)(upto - below),
+             (double)(upto - below) / (double)all->ok);
+      below = upto;
+    }
+  }
+  printf("],\"statusCodeDistribution\":{");
+  first = 1;
+  for (int s = 0; s < NSTATUS; s++) {
+    uint64_t n = s == 0 ? all->ok : all->errors[s];
+    if (n) {
+      printf("%s\"%s\":%llu", first ? "" : ",", ghz_code_names[s], (unsigned long long)n);
+      first = 0;
+    }
+  }
+  printf("},\"errorDistribution\":{");
+  first = 1;
+  for (int s = 1; s < NSTATUS; s++)
+    if (all->errors[s]) {
+      char key[260];
+      snprintf(key, sizeof(key), "%s: %s", embps_status_name((embps_status_t)s), first_error[s]);
+      printf("%s", first ? "" : ",");
+      json_str(key);
+      printf(":%llu", (unsigned long long)all->errors[s]);
+      first = 0;
+    }
+  printf("}}\n");
 }
 
 int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
-                    const embps_table_spec_t *table, const embps_bench_opts_t *o) {
-  uint32_t nw = o->concurrency;
-  worker_t *w = calloc(nw, sizeof(*w));
+                    const embps_table_spec_t *const *tables, size_t ntables,
+                    const embps_bench_opts_t *o) {
+  uint32_t nw = o->concurrency, started = 0;
+  worker_t *w = NULL;
+  op_stats_t op[3];
+  char first_error[NSTATUS][200];
+  char names[512];
+  size_t len = 0;
   double t0, t_measure, t_end, elapsed;
-  double row_bytes = (double)table->emb_width * (double)embps_dtype_size(table->dtype);
-  size_t nl = 0, np = 0, na = 0;
-  double *ll = NULL, *pl = NULL, *al = NULL;
   int rc = 0;
-  uint32_t started = 0;
 
-  if (!w) {
+  memset(op, 0, sizeof(op));
+  memset(first_error, 0, sizeof(first_error));
+  /* A batch that does not split over the group is refused before anything is sent, in the
+   * words of DESIGN.md's table; --pad makes the client pad it instead. */
+  for (size_t i = 0; i < o->nbatches && !copts->pad_batches; i++) {
+    embps_error_t err;
+    embps_error_clear(&err);
+    if (embps_shape_check_tokens_per_batch(o->batches[i], copts->group_size, &err) != EMBPS_OK) {
+      fprintf(stderr, "embps: bench: %s: %s (or run with --pad)\n", embps_status_string(err.status),
+              err.message);
+      return 1;
+    }
+  }
+  names[0] = '\0';
+  for (size_t t = 0; t < ntables && len < sizeof(names); t++) {
+    int n = snprintf(names + len, sizeof(names) - len, "%s%s", t ? "," : "", tables[t]->name);
+    if (n < 0)
+      break;
+    len += (size_t)n;
+  }
+  w = calloc(nw, sizeof(*w));
+  rc = !w;
+  for (int i = 0; i < 3; i++)
+    rc |= embps_hdr_init(&op[i].lat) != 0;
+  for (uint32_t i = 0; w && i < nw; i++)
+    for (int j = 0; j < 2; j++)
+      rc |= embps_hdr_init(&w[i].op[j].lat) != 0;
+  if (rc) {
     fprintf(stderr, "embps: bench: out of memory\n");
-    return 1;
+    rc = 1;
+    goto exit;
   }
   atomic_store(&g_lookups, 0);
   atomic_store(&g_pushes, 0);
   atomic_store(&g_rows, 0);
+  atomic_store(&g_errors, 0);
   atomic_store(&g_stop, 0);
   t0 = now_s();
   t_measure = t0 + o->warmup_s;
@@ -240,8 +562,10 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
     w[i].index = i;
     w[i].servers = servers;
     w[i].copts = copts;
-    w[i].table = table;
+    w[i].tables = tables;
+    w[i].ntables = ntables;
     w[i].o = o;
+    w[i].t0 = t0;
     w[i].t_measure = t_measure;
     w[i].t_end = t_end;
     if (pthread_create(&w[i].thread, NULL, worker_main, &w[i]) != 0) {
@@ -252,20 +576,20 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
     }
     started++;
   }
-  if (!o->json) {
+  if (o->output == EMBPS_BENCH_TEXT) {
     uint64_t last_rows = 0;
     double last_t = now_s();
     while (!atomic_load(&g_stop) && now_s() < t_end) {
-      struct timespec ts = {0, 100 * 1000 * 1000};
       double t;
-      nanosleep(&ts, NULL);
+      sleep_s(0.1);
       t = now_s();
       if (t - last_t >= 1.0) {
         uint64_t rows = atomic_load(&g_rows);
-        fprintf(stderr, "bench %5.1fs%s  lookups %llu  pushes %llu  %.3g rows/s\n", t - t0,
-                t < t_measure ? " (warmup)" : "", (unsigned long long)atomic_load(&g_lookups),
-                (unsigned long long)atomic_load(&g_pushes),
-                (double)(rows - last_rows) / (t - last_t));
+        fprintf(
+            stderr, "bench %5.1fs%s  lookups %llu  pushes %llu  errors %llu  %.3g rows/s\n", t - t0,
+            t < t_measure ? " (warmup)" : "", (unsigned long long)atomic_load(&g_lookups),
+            (unsigned long long)atomic_load(&g_pushes), (unsigned long long)atomic_load(&g_errors),
+            (double)(rows - last_rows) / (t - last_t));
         last_rows = rows;
         last_t = t;
       }
@@ -273,71 +597,42 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
   }
   for (uint32_t i = 0; i < started; i++)
     pthread_join(w[i].thread, NULL);
-  elapsed = (now_s() < t_end ? now_s() : t_end) - t_measure;
+  elapsed = o->rate > 0 ? t_end - t_measure : (now_s() < t_end ? now_s() : t_end) - t_measure;
+  if (elapsed <= 0)
+    elapsed = 1e-9;
   for (uint32_t i = 0; i < started; i++)
     if (w[i].failed) {
       fprintf(stderr, "embps: bench: %s\n", w[i].error);
       rc = 1;
-      break;
+      goto exit;
     }
-  if (rc == 0) {
-    ll = merge(w, started, 0, &nl);
-    pl = merge(w, started, 1, &np);
-    al = malloc((nl + np + 1) * sizeof(*al));
-    if (!ll || !pl || !al) {
-      fprintf(stderr, "embps: bench: out of memory\n");
-      rc = 1;
+  if (rc)
+    goto exit;
+  for (uint32_t i = 0; i < started; i++)
+    for (int j = 0; j < 2; j++) {
+      add_stats(&op[j], &w[i].op[j]);
+      add_stats(&op[OP_ALL], &w[i].op[j]);
+      for (int st = 0; st < NSTATUS; st++)
+        if (w[i].op[j].errors[st] && !first_error[st][0])
+          memcpy(first_error[st], w[i].first_error[st], sizeof(first_error[st]));
     }
+  if (o->output == EMBPS_BENCH_JSON)
+    print_json(op, o, names, elapsed, first_error);
+  else if (o->output == EMBPS_BENCH_CSV)
+    print_csv(op, elapsed);
+  else
+    print_text(op, o, names, elapsed, first_error);
+  if (errors_of(&op[OP_ALL])) {
+    fprintf(stderr, "embps: bench: %llu call(s) failed (see the report)\n",
+            (unsigned long long)errors_of(&op[OP_ALL]));
+    rc = 1;
   }
-  if (rc == 0) {
-    double lps, pps, lrows, prows;
-    memcpy(al, ll, nl * sizeof(*al));
-    memcpy(al + nl, pl, np * sizeof(*al));
-    na = nl + np;
-    qsort(al, na, sizeof(*al), cmp_double);
-    if (elapsed <= 0)
-      elapsed = 1e-9;
-    lps = (double)nl / elapsed;
-    pps = (double)np / elapsed;
-    lrows = lps * (double)o->batch;
-    prows = pps * (double)o->batch;
-    if (o->json) {
-      printf("{\"table\":\"%s\",\"batch\":%llu,\"concurrency\":%u,\"pipeline\":%u,"
-             "\"zipf\":%g,\"push_ratio\":%g,\"duration_s\":%.3f,"
-             "\"lookups\":%zu,\"pushes\":%zu,"
-             "\"lookup_batches_per_s\":%.3f,\"push_batches_per_s\":%.3f,"
-             "\"lookup_rows_per_s\":%.1f,\"push_rows_per_s\":%.1f,"
-             "\"lookup_gbytes_per_s\":%.6f,\"push_gbytes_per_s\":%.6f,"
-             "\"p50_ms\":%.4f,\"p99_ms\":%.4f,\"p999_ms\":%.4f,"
-             "\"lookup_p50_ms\":%.4f,\"lookup_p99_ms\":%.4f,\"lookup_p999_ms\":%.4f,"
-             "\"push_p50_ms\":%.4f,\"push_p99_ms\":%.4f,\"push_p999_ms\":%.4f}\n",
-             table->name, (unsigned long long)o->batch, o->concurrency, o->pipeline, o->zipf,
-             o->push_ratio, elapsed, nl, np, lps, pps, lrows, prows, lrows * row_bytes / 1e9,
-             prows * row_bytes / 1e9, pct(al, na, 50), pct(al, na, 99), pct(al, na, 99.9),
-             pct(ll, nl, 50), pct(ll, nl, 99), pct(ll, nl, 99.9), pct(pl, np, 50), pct(pl, np, 99),
-             pct(pl, np, 99.9));
-    } else {
-      printf("table %s: batch %llu, %u threads x %u in flight, zipf %g, push ratio %g, %.2f s\n",
-             table->name, (unsigned long long)o->batch, o->concurrency, o->pipeline, o->zipf,
-             o->push_ratio, elapsed);
-      printf("%-8s %10s %12s %14s %10s %10s %10s %10s\n", "op", "count", "batches/s", "rows/s",
-             "GB/s", "p50 ms", "p99 ms", "p999 ms");
-      printf("%-8s %10zu %12.1f %14.1f %10.3f %10.3f %10.3f %10.3f\n", "lookup", nl, lps, lrows,
-             lrows * row_bytes / 1e9, pct(ll, nl, 50), pct(ll, nl, 99), pct(ll, nl, 99.9));
-      printf("%-8s %10zu %12.1f %14.1f %10.3f %10.3f %10.3f %10.3f\n", "push", np, pps, prows,
-             prows * row_bytes / 1e9, pct(pl, np, 50), pct(pl, np, 99), pct(pl, np, 99.9));
-      printf("%-8s %10zu %12.1f %14.1f %10.3f %10.3f %10.3f %10.3f\n", "all", na, lps + pps,
-             lrows + prows, (lrows + prows) * row_bytes / 1e9, pct(al, na, 50), pct(al, na, 99),
-             pct(al, na, 99.9));
-    }
-  }
-  for (uint32_t i = 0; i < nw; i++) {
-    free(w[i].lookup_lat.v);
-    free(w[i].push_lat.v);
-  }
-  free(ll);
-  free(pl);
-  free(al);
+exit:
+  for (uint32_t i = 0; w && i < nw; i++)
+    for (int j = 0; j < 2; j++)
+      embps_hdr_free(&w[i].op[j].lat);
+  for (int i = 0; i < 3; i++)
+    embps_hdr_free(&op[i].lat);
   free(w);
   return rc;
 }

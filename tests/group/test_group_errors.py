@@ -4,6 +4,7 @@ not (CLI and raw), a bad mesh at startup (exits before listening), CreateTable s
 non-leader, a shard sent to the wrong rank, shards of one batch that disagree, a batch whose
 shards do not all arrive (the deadline), and ranks whose configurations differ at bootstrap.
 After each rejected call the group keeps serving and the table is unchanged."""
+import json
 import os
 import re
 import time
@@ -103,6 +104,19 @@ class TwoRankErrorsTest(unittest.TestCase):
         r = gl.run_cli(self.group, "push", "e", "--tokens", "1,2,3", "--grad-value", "0.5")
         self.assertNotEqual(r.returncode, 0, r.stdout)
         self.assertIn(message("T % N != 0", T=3, N=2), r.stderr)
+        # The load tester refuses before sending anything (pushes would change table e), for a
+        # single size and for any size of a mix, and pads with the global --pad.
+        for how in (["--batch", "1001"], ["--mix", "256:3,1001:1"]):
+            r = gl.run_cli(self.group, "bench", "e", *how, "--duration", "1", "--warmup", "0",
+                           "--push-ratio", "1", "--json")
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertEqual(r.stdout, "")
+            self.assertIn(message("T % N != 0", T=1001, N=2), r.stderr)
+        self.assertServing()
+        r = gl.run_cli(self.group, "--pad", "bench", "e", "--batch", "3", "--duration", "0.5",
+                       "--warmup", "0", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertGreater(json.loads(r.stdout)["lookups"], 0)
         self.assertServing()
 
     def test_tokens_per_batch_raw(self):

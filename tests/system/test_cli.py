@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -39,8 +40,9 @@ COMMANDS = {
     "health": ["--service"],
     "checkpoint": ["--table"],
     "checkpoints": [],
-    "bench": ["--batch", "--duration", "--warmup", "--concurrency", "--pipeline", "--zipf",
-              "--push-ratio", "--async", "--seed", "--json"],
+    "bench": ["--batch", "--mix", "--tables", "--duration", "--warmup", "--concurrency",
+              "--pipeline", "--rate", "--zipf", "--push-ratio", "--async", "--seed", "--output",
+              "--json"],
 }
 
 SERVER_FLAGS = ["listen", "rank", "peers", "peer-port-offset", "mesh", "table-axis", "data-axis",
@@ -380,7 +382,7 @@ class TestLookupPush(CliTestCase):
                    "--tokens", "1")
         self.fails(2, ["--grads has 1 rows of 3 values"], "push", "cli_err", "--tokens", "1",
                    "--grads", "1,2,3")
-        self.fails(2, ["--batch is required"], "bench", "cli_err")
+        self.fails(2, ["exactly one of --batch and --mix is required"], "bench", "cli_err")
         self.fails(2, ["--push-ratio"], "bench", "cli_err", "--batch", "8", "--push-ratio", "2")
         self.fails(2, ["unknown command 'frobnicate'"], "frobnicate")
         self.fails(2, ["unknown option '--colour'"], "--colour", "tables", servers=False)
@@ -494,6 +496,111 @@ class TestBench(CliTestCase):
         self.assertGreater(int(ops["lookup"][0]), 0)
         self.assertGreater(int(ops["push"][0]), 0)
         self.assertEqual(int(ops["all"][0]), int(ops["lookup"][0]) + int(ops["push"][0]))
+
+    def test_bench_ghz_keys(self):
+        r = self.ok("bench", "cli_bench", "--batch", "64", "--duration", "1", "--warmup", "0",
+                    "--output", "json")
+        j = json.loads(r.stdout)
+        self.assertEqual(j["count"], j["lookups"])
+        self.assertEqual(j["statusCodeDistribution"], {"OK": j["count"]})
+        self.assertEqual(j["errorDistribution"], {})
+        self.assertAlmostEqual(j["rps"], j["count"] / (j["total"] / 1e9), delta=0.01 * j["rps"])
+        self.assertTrue(0 < j["fastest"] <= j["average"] <= j["slowest"])
+        pcts = [d["percentage"] for d in j["latencyDistribution"]]
+        self.assertEqual(pcts, [10, 25, 50, 75, 90, 95, 99, 99.9, 99.99])
+        lat = [d["latency"] for d in j["latencyDistribution"]]
+        self.assertEqual(lat, sorted(lat))
+        self.assertTrue(j["fastest"] <= lat[0] and lat[-1] <= j["slowest"])
+        self.assertAlmostEqual(lat[2] / 1e6, j["p50_ms"], delta=1e-3)
+        self.assertEqual(len(j["histogram"]), 11)
+        self.assertEqual(sum(b["count"] for b in j["histogram"]), j["count"])
+        marks = [b["mark"] for b in j["histogram"]]
+        self.assertEqual(marks, sorted(marks))
+        self.assertAlmostEqual(marks[-1], j["slowest"] / 1e9, delta=1e-9)
+
+    def test_bench_csv_mix_tables(self):
+        r = embps("create-table", "cli_bench2", "--rows", "300", "--emb-width", "16", "--dtype",
+                  "bf16", "--optimizer", "sgd", "--lr", "0.001")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        before = [self.table_stats(t) for t in ("cli_bench", "cli_bench2")]
+        r = self.ok("bench", "cli_bench", "--tables", "cli_bench2", "--mix", "16:3,48",
+                    "--duration", "1", "--warmup", "0", "--push-ratio", "0.5", "--output", "csv")
+        self.assertEqual(r.stderr, "")  # no progress lines in csv
+        lines = r.stdout.strip().splitlines()
+        head = lines[0].split(",")
+        self.assertEqual(head[:4], ["op", "count", "errors", "batches_per_s"])
+        rows = {l.split(",")[0]: dict(zip(head, l.split(","))) for l in lines[1:]}
+        self.assertEqual(set(rows), {"lookup", "push", "all"})
+        self.assertEqual(int(rows["all"]["count"]),
+                         int(rows["lookup"]["count"]) + int(rows["push"]["count"]))
+        self.assertEqual(rows["all"]["errors"], "0")
+        # Both tables got calls, and the batch sizes of the mix: rows/batches lies in (16, 48).
+        after = [self.table_stats(t) for t in ("cli_bench", "cli_bench2")]
+        for b, a in zip(before, after):
+            self.assertGreater(a["lookups"] + a["pushes"], b["lookups"] + b["pushes"])
+        per_batch = float(rows["all"]["rows_per_s"]) / float(rows["all"]["batches_per_s"])
+        self.assertTrue(16 < per_batch < 48, per_batch)
+        self.fails(2, ["--mix", "item 2"], "bench", "cli_bench", "--mix", "16:3,x")
+        self.fails(2, ["exactly one of --batch and --mix"], "bench", "cli_bench", "--batch", "4",
+                   "--mix", "4")
+        self.fails(2, ["--output"], "bench", "cli_bench", "--batch", "4", "--output", "xml")
+        self.fails(1, ["NOT_FOUND", "nope"], "bench", "cli_bench", "--tables", "nope",
+                   "--batch", "8", "--duration", "0.1")
+
+    def test_bench_counts_errors_by_status(self):
+        # A server killed in the middle of the run: the calls after it fail, are counted by
+        # status, the run goes on to its end, and the exit code says calls failed.
+        server = Server()
+        try:
+            r = embps("create-table", "t", "--rows", "1000", "--emb-width", "8",
+                      servers=server.address)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            p = subprocess.Popen([CLI_BIN, "--servers", server.address, "bench", "t", "--batch",
+                                  "64", "--duration", "2", "--warmup", "0", "--json"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            time.sleep(0.8)
+            server.proc.kill()
+            out, err = p.communicate(timeout=CMD_TIMEOUT)
+        finally:
+            server.close()
+        self.assertEqual(p.returncode, 1, err)
+        self.assertIn("call(s) failed", err)
+        j = json.loads(out)
+        self.assertGreater(j["lookups"], 0, j)
+        self.assertGreater(j["statusCodeDistribution"].get("Unavailable", 0), 0, j)
+        self.assertEqual(j["statusCodeDistribution"]["OK"], j["lookups"])
+        self.assertEqual(j["errors"], sum(n for k, n in j["statusCodeDistribution"].items()
+                                          if k != "OK"))
+        self.assertEqual(j["count"], j["lookups"] + j["errors"])
+        self.assertEqual(sum(j["errorDistribution"].values()), j["errors"])
+        self.assertTrue(any(k.startswith("UNAVAILABLE: ") for k in j["errorDistribution"]), j)
+
+    def test_bench_open_loop_shows_a_stall(self):
+        # The server stops (SIGSTOP) for 0.8 s in the middle of a 3 s open-loop run at 100
+        # batches/s: the ~80 calls scheduled during the stall wait for it, so the p99 (and the
+        # p90: 80 of ~300 calls) carries it. A closed loop over the same stall sends only one
+        # call into it, and its p99 hides it (checked with its max only: the machine is shared).
+        def run_with_stall(*mode):
+            p = subprocess.Popen([CLI_BIN, "--servers", SERVER.address, "bench", "cli_bench",
+                                  "--batch", "64", "--duration", "3", "--warmup", "0", "--json",
+                                  *mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+            time.sleep(1.2)
+            os.kill(SERVER.proc.pid, signal.SIGSTOP)
+            time.sleep(0.8)
+            os.kill(SERVER.proc.pid, signal.SIGCONT)
+            out, err = p.communicate(timeout=CMD_TIMEOUT)
+            self.assertEqual(p.returncode, 0, err)
+            return json.loads(out)
+        j = run_with_stall("--rate", "100")
+        self.assertEqual(j["mode"], "open")
+        self.assertTrue(299 <= j["count"] <= 301, j["count"])  # the schedule, not the replies
+        self.assertGreaterEqual(j["p99_ms"], 600, j)
+        self.assertGreaterEqual(j["p90_ms"], 200, j)
+        self.assertGreaterEqual(j["max_ms"], 750, j)
+        j = run_with_stall()
+        self.assertEqual(j["mode"], "closed")
+        self.assertGreaterEqual(j["max_ms"], 750, j)
 
     def test_bench_bad_table(self):
         self.fails(1, ["NOT_FOUND", "nope"], "bench", "nope", "--batch", "8", "--duration", "0.1")

@@ -249,6 +249,12 @@ EMBPS_EXPORT embps_status_t embps_call_wait(embps_call_t *call);
  * finished call still needs embps_call_wait(), which then returns at once. */
 EMBPS_EXPORT int embps_call_test(embps_call_t *call);
 
+/** Like embps_call_test(), but waits up to timeout_ms milliseconds for I/O on the client's
+ * connections first: returns 1 as soon as the call has finished, 0 when the time passed or when
+ * I/O for other calls of the client arrived (call it again to keep waiting). Lets one thread keep
+ * several calls in flight and start new ones on a schedule (embps bench --rate). */
+EMBPS_EXPORT int embps_call_wait_for(embps_call_t *call, int timeout_ms);
+
 /** Cancels a call and frees the handle; the buffers it was given may be reused on return.
  * NULL is a no-op. */
 EMBPS_EXPORT void embps_call_cancel(embps_call_t *call);

@@ -129,12 +129,45 @@ static void test_f32_rows(void **state) {
   }
 }
 
+static void test_mix(void **state) {
+  uint64_t *b = NULL;
+  double *w = NULL;
+  size_t n = 0;
+  static const char *bad[] = {"",      ",",    "16,", ":3",     "16:",    "16:0",
+                              "16:-1", "16:x", "0:1", "17:1,x", "16:1:2", "99999999999"};
+  (void)state;
+  assert_int_equal(
+      embps_cli_parse_mix("--mix", "1024:3,4096", 1 << 24, &b, &w, &n, err, sizeof(err)), 0);
+  assert_int_equal(n, 2);
+  assert_int_equal(b[0], 1024);
+  assert_int_equal(b[1], 4096);
+  assert_true(w[0] == 3.0 && w[1] == 1.0);
+  free(b);
+  free(w);
+  assert_int_equal(embps_cli_parse_mix("--mix", "8:0.25", 8, &b, &w, &n, err, sizeof(err)), 0);
+  assert_int_equal(n, 1);
+  assert_true(b[0] == 8 && w[0] == 0.25);
+  free(b);
+  free(w);
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    b = NULL;
+    n = 0;
+    assert_int_equal(embps_cli_parse_mix("--mix", bad[i], 1 << 24, &b, &w, &n, err, sizeof(err)),
+                     -1);
+    assert_null(b);
+    assert_int_equal(n, 0);
+    assert_non_null(strstr(err, "--mix"));
+  }
+  /* The item named is the bad one. */
+  assert_int_equal(embps_cli_parse_mix("--mix", "16:3,x", 64, &b, &w, &n, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, "item 2"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_u64),
-      cmocka_unit_test(test_double),
-      cmocka_unit_test(test_i64_list),
-      cmocka_unit_test(test_f32_rows),
+      cmocka_unit_test(test_u64),      cmocka_unit_test(test_double),
+      cmocka_unit_test(test_i64_list), cmocka_unit_test(test_f32_rows),
+      cmocka_unit_test(test_mix),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
