@@ -336,6 +336,21 @@ static void http2_seeds(void) {
     free(req.p);
     free(body.p);
   }
+  { /* bodies the server must refuse: compressed, over the limit, two messages, cut short */
+    packed_t req = request(M_LOOKUP), compressed = frame(&req, 1), two = frame(&req, 0);
+    static const uint8_t oversized[] = {0, 0, 0, 0x10, 0, 1, 2, 3};
+    uint8_t sel[2] = {0, 1};
+    seed("fuzz_grpc_frame", "bad_compressed", sel, 2, compressed.p, compressed.n);
+    seed("fuzz_grpc_frame", "bad_oversized", sel, 2, oversized, sizeof(oversized));
+    seed("fuzz_grpc_frame", "bad_truncated", sel, 2, two.p, two.n - 1);
+    two.p = realloc(two.p, 2 * two.n);
+    memcpy(two.p + two.n, two.p, two.n);
+    two.n *= 2;
+    seed("fuzz_grpc_frame", "bad_two_messages", sel, 2, two.p, two.n);
+    free(req.p);
+    free(compressed.p);
+    free(two.p);
+  }
   { /* a connection that misbehaves: wrong content type, compressed and oversized messages */
     packed_t req = request(M_LOOKUP), compressed = frame(&req, 1);
     traffic_t t = {0};
