@@ -6,6 +6,11 @@
 #   tests/run.sh --sanitize   AddressSanitizer + UBSan build (build-asan/), every test
 #   tests/run.sh --all        both, then the clang-format check
 #   tests/run.sh --format     only the clang-format check
+#   tests/run.sh --fuzz SECONDS
+#                             libFuzzer build (build-fuzz/, clang), then each fuzz target for
+#                             SECONDS over a copy of its corpus (FUZZ_TARGETS="fuzz_h2conn ..."
+#                             picks some); prints execs, coverage and crashes per target and
+#                             fails on any crash, keeping the input (tests/fuzz/README.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +20,13 @@ case "${1:-}" in
   --sanitize) mode=sanitize ;;
   --all) mode=all ;;
   --format) mode=format ;;
-  -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+  --fuzz)
+    mode=fuzz
+    fuzz_seconds=${2:-}
+    case $fuzz_seconds in
+      ''|*[!0-9]*) echo "--fuzz needs a number of seconds per target" >&2; exit 2 ;;
+    esac ;;
+  -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
   *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
 esac
 
@@ -40,7 +51,49 @@ format_check() {
   fi
 }
 
+# Runs every fuzz target for $1 seconds, one at a time (libFuzzer uses one core each). Each works
+# on build-fuzz/fuzz/<target>/corpus, which keeps what earlier runs found and gets the committed
+# corpus copied in; crash inputs land in build-fuzz/fuzz/<target>/crashes/.
+fuzz_run() {
+  local seconds=$1 dir=build-fuzz failed=0 targets t
+  CC=clang cmake -S . -B "$dir" -DEMBPS_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DEMBPS_FUZZ=ON -DEMBPS_CUDA=OFF >/dev/null
+  cmake --build "$dir" -j "$jobs" --target embps_fuzz
+  targets=${FUZZ_TARGETS:-$(cd tests/fuzz/corpus && ls)}
+  printf '%-20s %12s %9s %8s %8s %7s %s\n' target execs exec/s cov ft corpus crashes
+  for t in $targets; do
+    local work=$dir/fuzz/$t log dict=() execs rate cov ft corp crashes
+    log=$work/fuzz.log
+    mkdir -p "$work/corpus" "$work/crashes"
+    cp -rn "tests/fuzz/corpus/$t/." "$work/corpus/"
+    [ -f "tests/fuzz/$t.dict" ] && dict=(-dict="tests/fuzz/$t.dict")
+    set +e
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      "$dir/bin/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix="$work/crashes/" "${dict[@]}" "$work/corpus" \
+      >"$log" 2>&1
+    local rc=$?
+    set -e
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+    rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+    ft=$(grep -o 'ft: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+    corp=$(find "$work/corpus" -type f | wc -l)
+    crashes=$(find "$work/crashes" -type f | wc -l)
+    printf '%-20s %12s %9s %8s %8s %7s %s\n' "$t" "${execs:-?}" "${rate:-?}" "${cov:-?}" \
+      "${ft:-?}" "$corp" "$crashes"
+    if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
+      failed=1
+      echo "$t: FAILED (exit $rc); its log: $log" >&2
+      find "$work/crashes" -type f -printf '  crash input: %p\n' >&2
+      grep -m1 -A12 'ERROR: \|runtime error\|deadly signal' "$log" >&2 || tail -20 "$log" >&2
+    fi
+  done
+  return $failed
+}
+
 case $mode in
+  fuzz) fuzz_run "$fuzz_seconds" ;;
   release) build_and_test build -DCMAKE_BUILD_TYPE=RelWithDebInfo ;;
   sanitize)
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
