@@ -1,5 +1,5 @@
-/* The unary admin calls: CreateTable, ListTables and Checkpoint go to rank 0, GetStats and
- * Health to every rank. Each packs its request once, sends it to the ranks it concerns as one
+/* The unary admin calls: CreateTable, DropTable, ListTables and Checkpoint go to rank 0, GetStats
+ * and Health to every rank. Each packs its request once, sends it to the ranks it concerns as one
  * call (call.c), waits, and decodes the replies into the caller's structures, which the caller
  * frees with the matching *_free function. */
 #include <stdio.h>
@@ -85,6 +85,21 @@ embps_status_t embps_create_table(embps_client_t *client, const embps_table_spec
   ts.optimizer = &oc;
   req.spec = &ts;
   st = unary(client, EMBPS__PATH_PREFIX "CreateTable", &req.base, 0, 1, &call);
+  if (st != EMBPS_OK)
+    return st;
+  embps__call_free(call);
+  return EMBPS_OK;
+}
+
+embps_status_t embps_drop_table(embps_client_t *client, const char *name) {
+  Embps__V1__DropTableRequest req = EMBPS__V1__DROP_TABLE_REQUEST__INIT;
+  embps_call_t *call;
+  embps_status_t st;
+
+  if (!name || !name[0])
+    return embps__client_fail(client, EMBPS_INVALID_ARGUMENT, "drop table: no table name");
+  req.name = (char *)name;
+  st = unary(client, EMBPS__PATH_PREFIX "DropTable", &req.base, 0, 1, &call);
   if (st != EMBPS_OK)
     return st;
   embps__call_free(call);

@@ -21,4 +21,18 @@ static inline size_t embps_varint_put(uint8_t *p, uint64_t v) {
   return n;
 }
 
+/** Reads a varint from p[0..len) into *v; returns the bytes it took (1..10), or 0 when p does not
+ * hold a whole one of at most 10 bytes. */
+static inline size_t embps_varint_get(const uint8_t *p, size_t len, uint64_t *v) {
+  uint64_t x = 0;
+  for (size_t n = 0; n < len && n < EMBPS_VARINT_MAX; n++) {
+    x |= (uint64_t)(p[n] & 0x7f) << (7 * n);
+    if (!(p[n] & 0x80)) {
+      *v = x;
+      return n + 1;
+    }
+  }
+  return 0;
+}
+
 #endif

@@ -432,6 +432,7 @@ int main(int argc, char **argv) {
   gcfg.restore_dir = restore_dir;
   gcfg.restore_round = restore_round;
   gcfg.max_table_bytes = scfg.max_table_bytes;
+  gcfg.max_memory_bytes = set.max_memory_bytes;
   s.has_checkpoints = set.checkpoint_dir[0] != '\0';
   gcfg.on_fatal = on_group_fatal;
   gcfg.on_fatal_arg = &s;

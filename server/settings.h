@@ -40,6 +40,10 @@
     "largest gRPC request message accepted; larger ones get RESOURCE_EXHAUSTED")                   \
   X(max_table_bytes, SIZE, "max-table-bytes", "0",                                                 \
     "largest table (rows, optimizer state) CreateTable accepts; 0 = 3/4 of physical memory")       \
+  X(max_memory_bytes, SIZE, "max-memory-bytes", "0",                                               \
+    "most bytes all tables (rows, optimizer state, and with checkpoints on the cpu backend their " \
+    "snapshot copies) take on this rank; CreateTable refuses a table beyond it; 0 = 80% of "       \
+    "physical memory (cpu) or of the GPU's memory (cuda)")                                         \
   X(max_tables, U64, "max-tables", "1024", "most tables a server holds")                           \
   X(max_connections, U64, "max-connections", "4096", "most client connections at once")            \
   X(stall_timeout_ms, U64, "stall-timeout-ms", "10000",                                            \

@@ -324,6 +324,21 @@ static int cmd_create(const char *cmd, flag_t *f, const char *name) {
   return 0;
 }
 
+static flag_t drop_flags[] = {{NULL, NULL, NULL, NULL}};
+
+static int cmd_drop(const char *cmd, flag_t *f, const char *name) {
+  embps_client_t *c;
+  embps_status_t st;
+  (void)f;
+  if (!(c = client(cmd, 1)))
+    return 1;
+  st = embps_drop_table(c, name);
+  if (st != EMBPS_OK)
+    return call_failed(cmd, c, st);
+  printf("dropped table %s\n", name);
+  return 0;
+}
+
 static flag_t tables_flags[] = {{"--json", NULL, "print a JSON array", NULL},
                                 {NULL, NULL, NULL, NULL}};
 
@@ -860,6 +875,9 @@ exit:
 
 static command_t commands[] = {
     {"create-table", "NAME", "Create a table on the group.", cmd_create, create_flags},
+    {"drop-table", "NAME",
+     "Drop a table on the group: its memory is freed and the name may be created again.", cmd_drop,
+     drop_flags},
     {"tables", NULL, "List the tables: name, rows, emb_width, dtype, optimizer.", cmd_tables,
      tables_flags},
     {"lookup", "NAME", "Look up rows; prints one line per token: the token, then its values.",

@@ -197,6 +197,7 @@ class _Rank:
                                    response_deserializer=_pb.PushGradientsResponse.FromString)
         self.admin = {}
         for name, resp in (("CreateTable", _pb.CreateTableResponse),
+                           ("DropTable", _pb.DropTableResponse),
                            ("ListTables", _pb.ListTablesResponse),
                            ("GetStats", _pb.GetStatsResponse),
                            ("Checkpoint", _pb.CheckpointResponse),
@@ -406,6 +407,19 @@ class Client:
         reply = self._unary("CreateTable", _pb.CreateTableRequest(spec=spec), [0])[0]
         self._remember([reply.spec])
         return TableSpec.from_pb(reply.spec)
+
+    def drop_table(self, name):
+        """Drops table `name` on the whole group (asked of rank 0): every rank frees its rows and
+        optimizer state, the bytes go back to the servers' --max-memory-bytes budget, and the name
+        may be created again. Batches of the table still in flight fail with NOT_FOUND. Returns
+        the bytes the table held on each rank.
+
+        Raises ValueError (no name), embps.Error (NOT_FOUND, INVALID_ARGUMENT, ...)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError("drop table: no table name")
+        reply = self._unary("DropTable", _pb.DropTableRequest(name=name), [0])[0]
+        self._tables.pop(name, None)
+        return reply.bytes
 
     def tables(self):
         """The group's tables (asked of rank 0), as TableSpecs."""

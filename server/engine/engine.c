@@ -83,6 +83,10 @@ void embps_engine_free(embps_engine_t *e) {
 
 embps_backend_t embps_engine_backend(const embps_engine_t *e) { return e->ops->backend; }
 
+uint64_t embps_engine_memory_total(embps_engine_t *e) {
+  return e->ops->memory_total ? e->ops->memory_total(e->be) : 0;
+}
+
 /* What embps_host_alloc holds, for the metrics (relaxed: a figure, not a synchronization). */
 static atomic_uint_fast64_t host_pinned_bytes, host_pageable_bytes;
 
@@ -123,14 +127,48 @@ void embps_host_memory(uint64_t *pinned, uint64_t *pageable) {
   *pageable = atomic_load_explicit(&host_pageable_bytes, memory_order_relaxed);
 }
 
-/* ---- create ---------------------------------------------------------------------------------- */
+/* ---- create and drop ------------------------------------------------------------------------- */
+
+/* Every rank learned that rank `who` (the highest that refused) cannot fit the table in its
+ * budget; it tells the others what it holds and what its budget is, for one message on every
+ * rank. */
+static embps_status_t refuse_budget(embps_engine_t *e, embps_op_t *op, uint32_t who, uint64_t need,
+                                    embps_error_t *err) {
+  const int mine = e->comm->rank == who;
+  uint64_t used = mine ? embps_store_budget_used(e->store) : 0;
+  uint64_t max = mine ? embps_store_budget_max(e->store) : 0;
+  embps_status_t ret;
+  if ((ret = e->ops->agree_max(e->be, &used, err)) != EMBPS_OK ||
+      (ret = e->ops->agree_max(e->be, &max, err)) != EMBPS_OK)
+    return ret;
+  embps_error_set(&op->error, EMBPS_RESOURCE_EXHAUSTED,
+                  "table '%s' needs %llu bytes on each rank%s, and rank %u already holds %llu "
+                  "bytes of tables under its budget of %llu (--max-memory-bytes): drop a table "
+                  "(DropTable) or raise the budget",
+                  op->create.name, (unsigned long long)need,
+                  need > embps_table_config_bytes(&op->create, e->comm->size)
+                      ? " with its checkpoint snapshot"
+                      : "",
+                  who, (unsigned long long)used, (unsigned long long)max);
+  return EMBPS_OK;
+}
 
 static embps_status_t run_create(embps_engine_t *e, embps_op_t *op, embps_error_t *err) {
   const embps_table_config_t *cfg = &op->create;
+  const uint64_t need =
+      embps_store_budget_cost(e->store, embps_table_config_bytes(cfg, e->comm->size));
+  const uint64_t used = embps_store_budget_used(e->store), max = embps_store_budget_max(e->store);
   embps_table_t *t = NULL;
   embps_status_t ret;
-  uint64_t local;
+  uint64_t local, over;
 
+  /* Every rank checks its own budget (ranks may have different memory) before any allocates;
+   * one refusal refuses the table on all of them. */
+  over = need > max || used > max - need ? (uint64_t)e->comm->rank + 1 : 0;
+  if ((ret = e->ops->agree_max(e->be, &over, err)) != EMBPS_OK)
+    return ret;
+  if (over)
+    return refuse_budget(e, op, (uint32_t)(over - 1), need, err);
   local = e->ops->table_new(e->be, cfg, e->comm->rank, e->comm->size, op->create_blank, &t);
   if ((ret = e->ops->agree_max(e->be, &local, err)) != EMBPS_OK) {
     embps_table_free(t);
@@ -156,6 +194,20 @@ static embps_status_t run_create(embps_engine_t *e, embps_op_t *op, embps_error_
     return ret;
   op->created = t;
   return EMBPS_OK;
+}
+
+/* Unregisters the table and frees its arrays on every rank; the leader answers once every rank
+ * has, so the bytes are back in every rank's budget when the client hears of it. Every rank
+ * holds the same tables, so all of them find the name, or none does. */
+static embps_status_t run_drop(embps_engine_t *e, embps_op_t *op, embps_error_t *err) {
+  embps_table_t *t = embps_store_find(e->store, op->create.name);
+  if (!t) {
+    embps_error_set(&op->error, EMBPS_NOT_FOUND, "table '%s' not found", op->create.name);
+    return EMBPS_OK;
+  }
+  embps_store_drop(e->store, t);
+  op->table = t;
+  return embps_comm_barrier(e->comm, err);
 }
 
 /* ---- batches --------------------------------------------------------------------------------- */
@@ -373,8 +425,18 @@ embps_status_t embps_engine_run(embps_engine_t *e, embps_op_t *op, embps_error_t
   op->num_unique = 0;
   if (op->kind == EMBPS_OP_CREATE_TABLE)
     return run_create(e, op, err);
+  if (op->kind == EMBPS_OP_DROP_TABLE)
+    return run_drop(e, op, err);
   if (op->kind != EMBPS_OP_LOOKUP && op->kind != EMBPS_OP_PUSH)
     return embps_error_set(err, EMBPS_INTERNAL, "unknown op kind %d", (int)op->kind);
+  /* Every rank's shard names the same table (the leader's sequencer compared their ids), and
+   * every rank applied the drop at the same place in the round order: all fail it, or none. */
+  if (embps_table_dropped(op->table)) {
+    embps_error_set(&op->error, EMBPS_NOT_FOUND,
+                    "table '%s' was dropped before this batch ran (DropTable)",
+                    embps_table_config(op->table)->name);
+    return EMBPS_OK;
+  }
 
   memset(&sh, 0, sizeof(sh));
   sh.kind = op->kind;

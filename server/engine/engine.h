@@ -23,6 +23,7 @@ typedef enum embps_op_kind {
   EMBPS_OP_PUSH = 2,
   EMBPS_OP_CREATE_TABLE = 3,
   EMBPS_OP_CHECKPOINT = 4, /* run by the group (server/group/checkpointer.h), not the engine */
+  EMBPS_OP_DROP_TABLE = 5, /* the table named create.name */
 } embps_op_kind_t;
 
 /** Longest checkpoint path an op reports. */
@@ -31,16 +32,18 @@ typedef enum embps_op_kind {
 typedef struct embps_op embps_op_t;
 
 /**
- * One unit of work: one rank's shard of a batch, or a table to create. The submitter owns the
- * op and everything it points to; between submission and the done callback only the group and
+ * One unit of work: one rank's shard of a batch, or a table to create or drop. The submitter owns
+ * the op and everything it points to; between submission and the done callback only the group and
  * engine touch it.
  */
 struct embps_op {
   embps_op_kind_t kind;
   uint64_t batch_id;           /* the client's batch id (shards of one batch share it) */
   uint32_t tokens_per_batch;   /* over the whole group */
-  embps_table_t *table;        /* lookup, push: validated, registered table */
-  embps_table_config_t create; /* create: the resolved config */
+  embps_table_t *table;        /* lookup, push: validated, registered table (a batch whose
+                                  table is dropped before it runs fails with NOT_FOUND);
+                                  drop: set to the table dropped */
+  embps_table_config_t create; /* create: the resolved config; drop: name alone */
   int create_blank;            /* create: skip the initializer; the caller (a restore) writes
                                   every byte of the arrays before the table is used */
   const int64_t *tokens;       /* this rank's shard, validated: every token in [0, rows) */
@@ -97,9 +100,12 @@ embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_
 void embps_engine_free(embps_engine_t *engine);
 
 /**
- * Runs op (lookup, push or create) collectively: every rank must call this for the same
+ * Runs op (lookup, push, create or drop) collectively: every rank must call this for the same
  * batches in the same order. Results go into op; a failure of the op itself (e.g. out of
- * memory on some rank, agreed on by every rank) is op->error. Returns EMBPS_OK, or
+ * memory on some rank, agreed on by every rank) is op->error. A create first checks the table
+ * against every rank's budget (embps_store_set_budget) and is refused with
+ * EMBPS_RESOURCE_EXHAUSTED, before any rank allocates, if one rank's would be exceeded. A drop
+ * answers EMBPS_NOT_FOUND for a name no table has. Returns EMBPS_OK, or
  * EMBPS_UNAVAILABLE / EMBPS_INTERNAL when the communicator failed (err says why): the group
  * is then broken.
  */
@@ -122,6 +128,10 @@ embps_status_t embps_engine_table_import(embps_engine_t *engine, embps_table_t *
 
 /** The engine's backend. */
 embps_backend_t embps_engine_backend(const embps_engine_t *engine);
+
+/** Bytes of the memory the engine's tables live in: physical memory on the CPU backend, the
+ * device's memory on the CUDA backend; 0 when unknown. */
+uint64_t embps_engine_memory_total(embps_engine_t *engine);
 
 /* ---- devices (the CUDA backend's, answered without CUDA too) --------------------------------- */
 

@@ -9,6 +9,7 @@
  * Scratch arrays only grow, since batch sizes repeat from step to step; an array whose growth
  * failed is released with capacity zero, so the next call tries again from scratch. */
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "server/engine/engine_ops.h"
@@ -93,6 +94,12 @@ static embps_status_t cpu_table_new(embps__engine_backend_t *be, const embps_tab
   (void)be;
   return blank ? embps_table_new_in(out, cfg, rank, group_size, NULL)
                : embps_table_new(out, cfg, rank, group_size);
+}
+
+static uint64_t cpu_memory_total(embps__engine_backend_t *be) {
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  (void)be;
+  return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 }
 
 static embps_status_t cpu_agree_max(embps__engine_backend_t *be, uint64_t *v, embps_error_t *err) {
@@ -273,6 +280,7 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .destroy = cpu_destroy,
     .reserve = cpu_reserve,
     .table_new = cpu_table_new,
+    .memory_total = cpu_memory_total,
     .agree_max = cpu_agree_max,
     .input = cpu_input,
     .input_wait = cpu_input_wait,

@@ -324,6 +324,16 @@ static embps_status_t cuda_table_new(embps__engine_backend_t *c, const embps_tab
   return EMBPS_OK;
 }
 
+static uint64_t cuda_memory_total(embps__engine_backend_t *c) {
+  size_t free_b = 0, total_b = 0;
+  (void)c;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return total_b;
+}
+
 /* Every rank learns the largest value any rank had (device buffers for the communicator). */
 static embps_status_t cuda_agree_max(embps__engine_backend_t *c, uint64_t *v, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
@@ -603,6 +613,7 @@ const embps__engine_ops_t embps__engine_cuda_ops = {
     .destroy = cuda_destroy,
     .reserve = cuda_reserve,
     .table_new = cuda_table_new,
+    .memory_total = cuda_memory_total,
     .agree_max = cuda_agree_max,
     .input = cuda_input,
     .input_wait = cuda_input_wait,

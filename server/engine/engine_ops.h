@@ -60,6 +60,8 @@ typedef struct embps__engine_ops {
    * rank agrees on the outcome first. */
   embps_status_t (*table_new)(embps__engine_backend_t *be, const embps_table_config_t *cfg,
                               uint32_t rank, uint32_t group_size, int blank, embps_table_t **out);
+  /** Bytes of the memory tables live in (host RAM, or the device's memory); 0 if unknown. */
+  uint64_t (*memory_total)(embps__engine_backend_t *be);
   /** *v (host) becomes the largest *v of any rank (an all-reduce; waits for it). */
   embps_status_t (*agree_max)(embps__engine_backend_t *be, uint64_t *v, embps_error_t *err);
 

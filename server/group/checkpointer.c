@@ -49,6 +49,10 @@ struct embps__ckpt {
   int track_dirty, host_tables;
   int wake_fd;
   snap_t *snaps; /* group thread only */
+  /* Dropped tables' snapshot buffers that a slices job may still read (group thread only):
+   * released once no slices job is out (slices_out, the jobs captured and not yet taken). */
+  snap_t *retired;
+  unsigned slices_out;
   /* The leader's last capture: the tables its manifest lists (group thread only). */
   embps_table_config_t *last_tables;
   size_t last_n;
@@ -282,6 +286,15 @@ static void snap_release(snap_t *s) {
   s->dirty = NULL;
 }
 
+static void release_retired(embps__ckpt_t *c) {
+  while (c->retired) {
+    snap_t *s = c->retired;
+    c->retired = s->next;
+    snap_release(s);
+    embps_free(s);
+  }
+}
+
 void embps__ckpt_free(embps__ckpt_t *c) {
   if (!c)
     return;
@@ -305,6 +318,7 @@ void embps__ckpt_free(embps__ckpt_t *c) {
     snap_release(s);
     embps_free(s);
   }
+  release_retired(c);
   embps_free(c->last_tables);
   pthread_cond_destroy(&c->ready_cv);
   pthread_cond_destroy(&c->cv);
@@ -490,6 +504,7 @@ embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, emb
              "ms; writing it in the background",
              c->rank, (unsigned long long)order->round, j->n, (unsigned long long)bytes,
              (double)(embps_now_ns() - t0) / 1e6);
+  c->slices_out++;
   submit(c, j);
   return EMBPS_OK;
 }
@@ -538,8 +553,28 @@ int embps__ckpt_take(embps__ckpt_t *c, embps__ckpt_result_t *out) {
     return 0;
   *out = j->result;
   out->round = j->order.round;
+  if (j->kind == JOB_SLICES && --c->slices_out == 0)
+    release_retired(c); /* the writer is done reading them */
   job_free(j);
   return 1;
+}
+
+void embps__ckpt_forget(embps__ckpt_t *c, embps_table_t *t) {
+  snap_t **pp = &c->snaps, *s;
+  while (*pp && (*pp)->table != t)
+    pp = &(*pp)->next;
+  if (!(s = *pp))
+    return;
+  *pp = s->next;
+  if (s->host.data)
+    wait_ready(c, s); /* a prefault job may still be touching its pages */
+  if (c->slices_out) {
+    s->next = c->retired;
+    c->retired = s;
+    return;
+  }
+  snap_release(s);
+  embps_free(s);
 }
 
 /* ---- restore --------------------------------------------------------------------------------- */

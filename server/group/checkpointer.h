@@ -57,6 +57,10 @@ void embps__ckpt_free(embps__ckpt_t *c);
  * tracking with every row dirty). A failure is logged and tried again at the next capture. */
 void embps__ckpt_prepare(embps__ckpt_t *c, embps_table_t *table);
 
+/** Group thread: table was dropped (embps_store_drop); its snapshot buffers are freed now, or
+ * once the writer has written the checkpoint in progress that holds the table. */
+void embps__ckpt_forget(embps__ckpt_t *c, embps_table_t *table);
+
 /**
  * Group thread, when it applies a checkpoint's round entry: copies every table of the order's
  * scope (in store order) through the engine into the snapshot buffers and queues their files

@@ -262,13 +262,14 @@ embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
   embps_status_t ret;
   if (tl >= sizeof(d->table))
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "a table name of %zu bytes or more", tl);
-  if ((ret = frame_begin(b, EMBPS__FRAME_NOTICE, 8 + 4 + 4 + 1 + tl, &p, err)) != EMBPS_OK)
+  if ((ret = frame_begin(b, EMBPS__FRAME_NOTICE, 8 + 4 + 4 + 1 + tl + 8, &p, err)) != EMBPS_OK)
     return ret;
   put64(&p, d->batch_id);
   put32(&p, d->kind);
   put32(&p, d->tokens_per_batch);
   put8(&p, (uint8_t)tl);
   put_bytes(&p, d->table, tl);
+  put64(&p, d->table_id);
   return EMBPS_OK;
 }
 
@@ -282,11 +283,15 @@ embps_status_t embps__parse_notice(const uint8_t *p, size_t len, embps_batch_des
   size_t tl = get8(&r);
   if (get_string(&r, tl, d->table, sizeof(d->table)) != 0)
     return malformed(err, EMBPS__FRAME_NOTICE, "table name length", tl);
+  d->table_id = get64(&r);
   return finish(&r, EMBPS__FRAME_NOTICE, err);
 }
 
+/* A create carries its table's config; a drop carries the same encoding, of which only the name
+ * is read. */
 static int runs_create(const embps_round_entry_t *e) {
-  return e->action == EMBPS_ROUND_RUN && e->kind == EMBPS_BATCH_CREATE_TABLE;
+  return e->action == EMBPS_ROUND_RUN &&
+         (e->kind == EMBPS_BATCH_CREATE_TABLE || e->kind == EMBPS_BATCH_DROP_TABLE);
 }
 
 static int runs_checkpoint(const embps_round_entry_t *e) {
@@ -402,7 +407,7 @@ embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entr
       break;
     if (e->action != EMBPS_ROUND_RUN && e->action != EMBPS_ROUND_FAIL)
       return malformed(err, EMBPS__FRAME_ROUND, "action", e->action);
-    if (e->kind < EMBPS_BATCH_LOOKUP || e->kind > EMBPS_BATCH_CHECKPOINT)
+    if (e->kind < EMBPS_BATCH_LOOKUP || e->kind > EMBPS_BATCH_DROP_TABLE)
       return malformed(err, EMBPS__FRAME_ROUND, "batch kind", e->kind);
     if (status > EMBPS_UNAUTHENTICATED)
       return malformed(err, EMBPS__FRAME_ROUND, "status", status);

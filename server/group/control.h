@@ -167,13 +167,13 @@ embps_status_t embps__frame_next(const uint8_t *p, size_t avail, uint8_t *type,
  * (a field that the format cannot carry, named in err) or EMBPS_RESOURCE_EXHAUSTED; on failure
  * b keeps its old length. Arguments are borrowed. */
 
-/** NOTICE: the batch's id, kind, tokens_per_batch and table name. */
+/** NOTICE: the batch's id, kind, tokens_per_batch, table name and table id. */
 embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
                                    embps_error_t *err);
 
 /** ROUND: n (at most EMBPS__ROUND_MAX) entries; configs[i] is sent for entries that run a
- * CreateTable, ckpts[i] for entries that run a checkpoint (either may be NULL when no entry
- * needs it). */
+ * CreateTable or a DropTable (its name), ckpts[i] for entries that run a checkpoint (either may be
+ * NULL when no entry needs it). */
 embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *entries,
                                   const embps_table_config_t *configs,
                                   const embps__ckpt_order_t *ckpts, size_t n, embps_error_t *err);
@@ -200,8 +200,8 @@ embps_status_t embps__frame_nccl_id(embps__buf_t *b, const uint8_t *id, embps_er
 embps_status_t embps__parse_notice(const uint8_t *p, size_t len, embps_batch_desc_t *d,
                                    embps_error_t *err);
 
-/** ROUND into entries[0..*n) and, for entries that run a CreateTable, configs[i], for entries
- * that run a checkpoint, ckpts[i]; the arrays hold max entries (a round of more is
+/** ROUND into entries[0..*n) and, for entries that run a CreateTable or DropTable, configs[i], for
+ * entries that run a checkpoint, ckpts[i]; the arrays hold max entries (a round of more is
  * malformed). */
 embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entry_t *entries,
                                   embps_table_config_t *configs, embps__ckpt_order_t *ckpts,

@@ -42,10 +42,11 @@
 
 _Static_assert((int)EMBPS_OP_LOOKUP == (int)EMBPS_BATCH_LOOKUP &&
                    (int)EMBPS_OP_PUSH == (int)EMBPS_BATCH_PUSH &&
-                   (int)EMBPS_OP_CREATE_TABLE == (int)EMBPS_BATCH_CREATE_TABLE,
+                   (int)EMBPS_OP_CREATE_TABLE == (int)EMBPS_BATCH_CREATE_TABLE &&
+                   (int)EMBPS_OP_DROP_TABLE == (int)EMBPS_BATCH_DROP_TABLE,
                "op kinds travel as batch kinds");
 
-#define CREATE_ID_BIT (UINT64_C(1) << 63) /* the leader's own ids for creates */
+#define CREATE_ID_BIT (UINT64_C(1) << 63) /* the leader's own ids for creates and drops */
 #define CKPT_ID_BIT (UINT64_C(3) << 62)   /* and for checkpoints (with the round) */
 
 /* Leader: a checkpoint asked for and not yet ordered. */
@@ -298,7 +299,8 @@ static embps_status_t send_round(embps_group_t *g, const embps_round_entry_t *e,
                                  const embps__ckpt_order_t *ckpts, size_t n) {
   embps_status_t ret;
   for (size_t i = 0; i < n; i++) {
-    embps_op_t *op = e[i].action == EMBPS_ROUND_RUN && e[i].kind == EMBPS_OP_CREATE_TABLE
+    embps_op_t *op = e[i].action == EMBPS_ROUND_RUN && (e[i].kind == EMBPS_OP_CREATE_TABLE ||
+                                                        e[i].kind == EMBPS_OP_DROP_TABLE)
                          ? find_parked(g, e[i].batch_id, 0)
                          : NULL;
     if (op)
@@ -678,9 +680,12 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
     }
     if (is_leader(g))
       g->round_no++;
-    if (!op && e[i].kind == EMBPS_OP_CREATE_TABLE && !is_leader(g)) {
-      memset(&tmp, 0, sizeof(tmp)); /* a create runs on every rank, answered by the leader */
-      tmp.kind = EMBPS_OP_CREATE_TABLE;
+    if (!op && (e[i].kind == EMBPS_OP_CREATE_TABLE || e[i].kind == EMBPS_OP_DROP_TABLE) &&
+        !is_leader(g)) {
+      memset(&tmp, 0,
+             sizeof(tmp)); /* creates and drops run on every rank, answered by the leader */
+      tmp.kind = (embps_op_kind_t)e[i].kind;
+      tmp.batch_id = e[i].batch_id;
       tmp.create = configs[i];
       op = &tmp;
     }
@@ -701,6 +706,10 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
     if (op->kind == EMBPS_OP_CREATE_TABLE && op->created && g->ckpt) {
       embps__ckpt_prepare(g->ckpt, op->created);
       g->chain_base = 0; /* the chain's full checkpoint lacks the new table */
+    }
+    if (op->kind == EMBPS_OP_DROP_TABLE && op->error.status == EMBPS_OK && g->ckpt) {
+      embps__ckpt_forget(g->ckpt, op->table);
+      g->chain_base = 0; /* the chain's full checkpoint holds a table that is gone */
     }
     if (op != &tmp)
       complete(g, op);
@@ -794,7 +803,7 @@ static void admit(embps_group_t *g, embps_op_t *op) {
     admit_ckpt(g, op);
     return;
   }
-  if (op->kind == EMBPS_OP_CREATE_TABLE)
+  if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE)
     op->batch_id = CREATE_ID_BIT | ++g->next_create_id;
   if (find_parked(g, op->batch_id, 0)) {
     snprintf(msg, sizeof(msg),
@@ -809,9 +818,12 @@ static void admit(embps_group_t *g, embps_op_t *op) {
   d.batch_id = op->batch_id;
   d.kind = (uint32_t)op->kind;
   d.tokens_per_batch = op->tokens_per_batch;
-  snprintf(d.table, sizeof(d.table), "%s",
-           op->kind == EMBPS_OP_CREATE_TABLE ? op->create.name
-                                             : embps_table_config(op->table)->name);
+  if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE) {
+    snprintf(d.table, sizeof(d.table), "%s", op->create.name);
+  } else {
+    snprintf(d.table, sizeof(d.table), "%s", embps_table_config(op->table)->name);
+    d.table_id = embps_table_id(op->table);
+  }
   if (is_leader(g)) {
     embps_sequencer_arrive(g->seq, 0, &d, embps_now_ms());
   } else if ((ret = send_notice(g, &d)) == EMBPS_RESOURCE_EXHAUSTED) {
@@ -864,6 +876,24 @@ static embps_status_t restore(embps_group_t *g, embps_error_t *err) {
   return EMBPS_OK;
 }
 
+/* The budget of table memory (--max-memory-bytes): by default 80% of the memory tables live in,
+ * which only the engine knows on the CUDA backend (the device's). With checkpoints on the CPU
+ * backend, every table keeps a snapshot buffer of its size in the same memory, so it counts
+ * twice; on the CUDA backend the snapshot is host memory and the budget is the device's. */
+static void set_budget(embps_group_t *g) {
+  uint64_t max = g->cfg.max_memory_bytes, total;
+  if (!max) {
+    total = embps_engine_memory_total(g->engine);
+    max = total ? total / 10 * 8 : UINT64_MAX;
+  }
+  embps_store_set_budget(g->store, max,
+                         g->ckpt_dir && embps_engine_backend(g->engine) == EMBPS_BACKEND_CPU);
+  EMBPS_INFO("rank %u: tables may take %llu bytes of %s (--max-memory-bytes%s)", g->cfg.rank,
+             (unsigned long long)max,
+             embps_engine_backend(g->engine) == EMBPS_BACKEND_CPU ? "memory" : "GPU memory",
+             g->cfg.max_memory_bytes ? "" : ": 80% of it");
+}
+
 /* Forms the group (formation.h), then starts the engine and the sequencer over its
  * communicator. */
 static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
@@ -887,6 +917,8 @@ static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
                     embps_backend_name(cfg.backend));
   else if (cfg.backend == EMBPS_BACKEND_CUDA)
     atomic_store(&g->host_device, cfg.device);
+  if (ret == EMBPS_OK)
+    set_budget(g);
   if (ret == EMBPS_OK && g->ckpt_dir)
     ret = start_checkpoints(g, err);
   if (ret == EMBPS_OK && g->cfg.restore_round)

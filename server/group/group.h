@@ -86,6 +86,9 @@ typedef struct embps_group_config {
   uint64_t restore_round;          /* 0: start empty; else restore restore_dir's checkpoint of
                                       this round before serving */
   uint64_t max_table_bytes;        /* what a restored table may take on this rank */
+  uint64_t max_memory_bytes;       /* what all tables may take on this rank (embps_store_set_budget,
+                                      which the group calls once its engine runs); 0: 80% of the
+                                      memory tables live in */
   /** Called on the loop thread if the group cannot form (bootstrap or restore failed). */
   void (*on_fatal)(void *arg, embps_status_t status, const char *message);
   void *on_fatal_arg;
@@ -106,9 +109,9 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
                                const embps_group_config_t *cfg, embps_store_t *store);
 
 /**
- * Queues op (loop thread). Lookups and pushes wait for their batch's other shards; a create
- * (leader only) is ordered like a batch; a checkpoint (any rank) asks the leader, which orders
- * it as a round once the checkpoint before it is complete, and is done once its manifest is
+ * Queues op (loop thread). Lookups and pushes wait for their batch's other shards; a create or
+ * a drop (leader only) is ordered like a batch; a checkpoint (any rank) asks the leader, which
+ * orders it as a round once the checkpoint before it is complete, and is done once its manifest is
  * durable (op->ckpt_round, ckpt_path, ckpt_bytes say what was written). op->done runs on the
  * loop thread when it is complete, with op->error set on failure (UNAVAILABLE when the group
  * is not ready or broken).

@@ -67,7 +67,10 @@ void embps_sequencer_free(embps_sequencer_t *s) {
 }
 
 static const char *kind_name(uint32_t kind) {
-  return kind == EMBPS_BATCH_LOOKUP ? "lookup" : kind == EMBPS_BATCH_PUSH ? "push" : "create";
+  return kind == EMBPS_BATCH_LOOKUP       ? "lookup"
+         : kind == EMBPS_BATCH_PUSH       ? "push"
+         : kind == EMBPS_BATCH_DROP_TABLE ? "drop"
+                                          : "create";
 }
 
 /* Appends a round entry; on allocation failure the entry is dropped (the batch then expires). */
@@ -130,7 +133,9 @@ void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_bat
   const failed_t *f;
   pending_t *p = NULL;
   size_t i;
-  uint32_t needed = desc->kind == EMBPS_BATCH_CREATE_TABLE ? 1 : s->group_size;
+  uint32_t needed = desc->kind == EMBPS_BATCH_CREATE_TABLE || desc->kind == EMBPS_BATCH_DROP_TABLE
+                        ? 1
+                        : s->group_size;
 
   if ((f = find_failed(s, desc->batch_id)) != NULL) {
     queue_entry(s, desc->batch_id, EMBPS_ROUND_FAIL, desc->kind, f->status, f->message);
@@ -168,6 +173,12 @@ void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_bat
              (unsigned long long)desc->batch_id, kind_name(p->desc.kind), p->desc.table,
              p->desc.tokens_per_batch, rank, kind_name(desc->kind), desc->table,
              desc->tokens_per_batch);
+  } else if (!p->failed && p->desc.table_id != desc->table_id) {
+    p->failed = 1;
+    snprintf(p->why, sizeof(p->why),
+             "shards of batch %llu name two different tables called '%.40s': it was dropped and "
+             "created again while the batch was on its way; send the batch again",
+             (unsigned long long)desc->batch_id, desc->table);
   }
   if (rank >= s->group_size || p->ranks[rank])
     return; /* a duplicate report: the rank already refuses duplicate batch ids locally */

@@ -23,6 +23,7 @@ typedef enum embps_batch_kind {
   EMBPS_BATCH_PUSH = 2,
   EMBPS_BATCH_CREATE_TABLE = 3, /* arrives at the leader only; runnable at once */
   EMBPS_BATCH_CHECKPOINT = 4,   /* ordered by the leader itself, never through the sequencer */
+  EMBPS_BATCH_DROP_TABLE = 5,   /* arrives at the leader only; runnable at once */
 } embps_batch_kind_t;
 
 typedef struct embps_batch_desc {
@@ -30,6 +31,10 @@ typedef struct embps_batch_desc {
   uint32_t kind;
   uint32_t tokens_per_batch;
   char table[128];
+  /* The table's group-wide id (embps_table_id) for lookups and pushes, else 0: the shards of a
+   * batch sent while its table was dropped and created again name the same table but not the
+   * same id, and are failed rather than run on two different tables. */
+  uint64_t table_id;
 } embps_batch_desc_t;
 
 typedef enum embps_round_action {

@@ -233,9 +233,11 @@ static void render_group(text_t *t, embps_group_t *g) {
   hist(t, "embps_checkpoint_duration_seconds", "", &m->ckpt_seconds);
 }
 
-/* Per-table series; tables are never removed, so their pointers stay valid. */
+/* Per-table series, over one listing of the tables: a table dropped meanwhile keeps a readable
+ * struct (embps_store_drop), and a dropped table is in no later listing. */
 static void render_tables(text_t *t, embps_store_t *store, const char *backend) {
-  size_t n = embps_store_count(store);
+  size_t n = embps_store_count(store) + 1;
+  embps_table_t **list = embps_calloc(n, sizeof(*list));
   uint64_t table_bytes = 0;
   static const struct {
     const char *name, *help;
@@ -257,11 +259,16 @@ static void render_tables(text_t *t, embps_store_t *store, const char *backend) 
   };
   char name[EMBPS_TABLE_NAME_MAX * 2 + 4];
 
+  if (!list) {
+    t->failed = 1;
+    return;
+  }
+  n = embps_store_list(store, list, n);
   family(t, "embps_tables", "gauge", "Tables this server holds.");
   put(t, "embps_tables %zu\n", n);
   family(t, "embps_table_rows", "gauge", "Rows of the table.");
   for (size_t i = 0; i < n; i++) {
-    embps_table_t *tb = embps_store_at(store, i);
+    embps_table_t *tb = list[i];
     escape(name, sizeof(name), embps_table_config(tb)->name);
     put(t, "embps_table_rows{table=\"%s\"} %llu\n", name,
         (unsigned long long)embps_table_config(tb)->rows);
@@ -269,7 +276,7 @@ static void render_tables(text_t *t, embps_store_t *store, const char *backend) 
   family(t, "embps_table_bytes", "gauge",
          "Bytes this rank holds of the table (its column slice and optimizer state).");
   for (size_t i = 0; i < n; i++) {
-    embps_table_t *tb = embps_store_at(store, i);
+    embps_table_t *tb = list[i];
     escape(name, sizeof(name), embps_table_config(tb)->name);
     table_bytes += embps_table_bytes(tb);
     put(t, "embps_table_bytes{table=\"%s\"} %llu\n", name,
@@ -278,7 +285,7 @@ static void render_tables(text_t *t, embps_store_t *store, const char *backend) 
   for (size_t c = 0; c < sizeof(counters) / sizeof(counters[0]); c++) {
     family(t, counters[c].name, "counter", counters[c].help);
     for (size_t i = 0; i < n; i++) {
-      embps_table_t *tb = embps_store_at(store, i);
+      embps_table_t *tb = list[i];
       const atomic_uint_fast64_t *a =
           (const atomic_uint_fast64_t *)((const char *)embps_table_counters(tb) + counters[c].off);
       escape(name, sizeof(name), embps_table_config(tb)->name);
@@ -288,7 +295,7 @@ static void render_tables(text_t *t, embps_store_t *store, const char *backend) 
   family(t, "embps_table_unique_tokens_per_batch", "summary",
          "Distinct tokens per deduplicated batch (every rank's shards together).");
   for (size_t i = 0; i < n; i++) {
-    embps_table_t *tb = embps_store_at(store, i);
+    embps_table_t *tb = list[i];
     embps_table_counters_t *tc = embps_table_counters(tb);
     escape(name, sizeof(name), embps_table_config(tb)->name);
     put(t, "embps_table_unique_tokens_per_batch_sum{table=\"%s\"} %llu\n", name,
@@ -323,6 +330,7 @@ static void render_tables(text_t *t, embps_store_t *store, const char *backend) 
     put(t, "embps_memory_bytes{kind=\"process_resident\"} %llu\n",
         (unsigned long long)resident * (unsigned long long)sysconf(_SC_PAGESIZE));
   }
+  embps_free(list);
 }
 
 embps_status_t embps_metrics_render(const embps_metrics_sources_t *src, char **out, size_t *len) {

@@ -2,7 +2,9 @@
  *
  * Every call is decoded with protobuf-c and validated by one function per call shape
  * (validate_batch for Lookup and PushGradients, embps_table_config_resolve for CreateTable)
- * before anything is queued, so a rejected request has changed nothing.
+ * before anything is queued, so a rejected request has changed nothing. Table names are
+ * checked first on the request's own bytes (check_names): protobuf-c hands a `string` over as a
+ * NUL-terminated char*, so "t1\0x" would otherwise read as "t1".
  *
  * Lookup replies are the bulk of the bytes a server sends, so they are not packed by
  * protobuf-c: the service lays out the LookupResponse's small fields and the rows field's
@@ -58,7 +60,7 @@ struct embps_service {
   void *render_metrics_arg;
 };
 
-typedef enum { REQ_CREATE, REQ_LOOKUP, REQ_PUSH, REQ_CHECKPOINT } request_kind_t;
+typedef enum { REQ_CREATE, REQ_LOOKUP, REQ_PUSH, REQ_CHECKPOINT, REQ_DROP } request_kind_t;
 
 /* One call handed to the engine. Owns the unpacked request (tokens and gradients point into
  * it) and, for a lookup, the reply buffer the engine fills. */
@@ -131,6 +133,60 @@ static embps_table_t *find_ready_table(embps_service_t *svc, const char *name, e
 }
 
 /* ---- validation ---------------------------------------------------------------------------- */
+
+/* Checks every table name in the protobuf message msg[0..len) (which protobuf-c has unpacked
+ * already) on its full length with embps_table_name_check: path[0..depth) are the field numbers
+ * down to the name (CreateTableRequest.spec.name is {1, 1}), and every occurrence of each is
+ * checked, since protobuf merges repeated ones. An empty name is left to the call's own checks. */
+static embps_status_t check_names(const uint8_t *msg, size_t len, const uint32_t *path,
+                                  size_t depth, embps_error_t *err) {
+  size_t i = 0;
+  embps_status_t ret;
+  while (i < len) {
+    uint64_t key, v = 0;
+    size_t n = embps_varint_get(msg + i, len - i, &key);
+    if (!n)
+      break;
+    i += n;
+    switch (key & 7) {
+    case 0:
+      n = embps_varint_get(msg + i, len - i, &v);
+      break;
+    case 1:
+      n = len - i >= 8 ? 8 : 0;
+      break;
+    case 5:
+      n = len - i >= 4 ? 4 : 0;
+      break;
+    case 2:
+      if ((n = embps_varint_get(msg + i, len - i, &v)) == 0 || v > len - i - n)
+        n = 0;
+      break;
+    default:
+      n = 0;
+    }
+    if (!n)
+      break;
+    i += n;
+    if ((key & 7) != 2)
+      continue;
+    if ((key >> 3) == path[0]) {
+      if (depth > 1)
+        ret = check_names(msg + i, (size_t)v, path + 1, depth - 1, err);
+      else
+        ret = v ? embps_table_name_check((const char *)msg + i, (size_t)v, err) : EMBPS_OK;
+      if (ret != EMBPS_OK)
+        return ret;
+    }
+    i += (size_t)v; /* past the field's bytes */
+  }
+  if (i != len)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "malformed request message");
+  return EMBPS_OK;
+}
+
+static const uint32_t NAME_FIELD[] = {1};         /* LookupRequest.table and the like */
+static const uint32_t SPEC_NAME_FIELD[] = {1, 1}; /* CreateTableRequest.spec.name */
 
 /* The common checks of Lookup and PushGradients. On success *table is the table and the
  * tokens are known to lie in [0, rows). */
@@ -252,6 +308,9 @@ static void on_op_done(embps_op_t *op) {
   }
   if (r->kind == REQ_CREATE)
     unreserve_name(svc, op->create.name);
+  if (r->kind == REQ_DROP && op->error.status == EMBPS_OK)
+    EMBPS_INFO("dropped table '%s': %llu bytes on this rank freed", op->create.name,
+               (unsigned long long)embps_table_bytes(op->table));
   if (op->error.status != EMBPS_OK) {
     fail_call(r->call, &op->error);
     request_free(r);
@@ -277,6 +336,12 @@ static void on_op_done(embps_op_t *op) {
     uint8_t *buf = r->reply;
     r->reply = NULL; /* the call owns it now */
     embps_net_call_reply(r->call, buf, r->reply_len, embps__bufpool_put, buf);
+    break;
+  }
+  case REQ_DROP: {
+    Embps__V1__DropTableResponse resp = EMBPS__V1__DROP_TABLE_RESPONSE__INIT;
+    resp.bytes = embps_table_bytes(op->table);
+    reply_message(r->call, &resp.base);
     break;
   }
   case REQ_CHECKPOINT: {
@@ -375,6 +440,10 @@ static void handle_create_table(embps_service_t *svc, embps_net_call_t *call, co
     embps_net_call_fail(call, EMBPS_INVALID_ARGUMENT, "CreateTableRequest has no spec");
     goto exit;
   }
+  if (check_names(msg, len, SPEC_NAME_FIELD, 2, &err) != EMBPS_OK) {
+    fail_call(call, &err);
+    goto exit;
+  }
   config_from_spec(req->spec, &cfg);
   if (embps_group_rank(svc->group) != 0) {
     embps_error_set(&err, EMBPS_FAILED_PRECONDITION,
@@ -444,7 +513,8 @@ static void handle_checkpoint(embps_service_t *svc, embps_net_call_t *call, cons
     fail_unpack(svc, call, "CheckpointRequest");
     return;
   }
-  if (check_group(svc, &err) != EMBPS_OK) {
+  if (check_group(svc, &err) != EMBPS_OK ||
+      check_names(msg, len, NAME_FIELD, 1, &err) != EMBPS_OK) {
     fail_call(call, &err);
   } else if (!embps_group_checkpoint_dir(svc->group)) {
     embps_net_call_fail(call, EMBPS_FAILED_PRECONDITION,
@@ -467,6 +537,39 @@ static void handle_checkpoint(embps_service_t *svc, embps_net_call_t *call, cons
     return;
   }
   embps__v1__checkpoint_request__free_unpacked(req, &svc->pb);
+}
+
+/* DropTable: like CreateTable, the leader orders it as a round that every rank runs; the table
+ * named is checked here (to answer at once) and again when the round runs. */
+static void handle_drop_table(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
+                              size_t len) {
+  Embps__V1__DropTableRequest *req = embps__v1__drop_table_request__unpack(&svc->pb, len, msg);
+  embps_error_t err;
+  request_t *r;
+
+  if (!req) {
+    fail_unpack(svc, call, "DropTableRequest");
+    return;
+  }
+  if (embps_group_rank(svc->group) != 0) {
+    embps_error_set(&err, EMBPS_FAILED_PRECONDITION,
+                    "DropTable goes to the group's leader, rank 0; this is rank %u",
+                    embps_group_rank(svc->group));
+    fail_call(call, &err);
+  } else if (check_group(svc, &err) != EMBPS_OK ||
+             check_names(msg, len, NAME_FIELD, 1, &err) != EMBPS_OK ||
+             embps_table_name_check(req->name, strlen(req->name), &err) != EMBPS_OK ||
+             !find_ready_table(svc, req->name, &err)) {
+    fail_call(call, &err);
+  } else if (!(r = request_new(svc, call, REQ_DROP, &req->base))) {
+    embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  } else {
+    r->op.kind = EMBPS_OP_DROP_TABLE;
+    snprintf(r->op.create.name, sizeof(r->op.create.name), "%s", req->name);
+    submit(r);
+    return;
+  }
+  embps__v1__drop_table_request__free_unpacked(req, &svc->pb);
 }
 
 /* ListCheckpoints reads the manifests in the directory on libuv's thread pool (a disk, or a
@@ -585,9 +688,10 @@ static void handle_list_tables(embps_service_t *svc, embps_net_call_t *call, con
                                size_t len) {
   Embps__V1__ListTablesRequest *req = embps__v1__list_tables_request__unpack(&svc->pb, len, msg);
   Embps__V1__ListTablesResponse resp = EMBPS__V1__LIST_TABLES_RESPONSE__INIT;
-  size_t n = embps_store_count(svc->store), k = 0;
+  size_t n = embps_store_count(svc->store) + 1, k = 0;
   Embps__V1__TableSpec *specs = NULL, **ptrs = NULL;
   Embps__V1__OptimizerConfig *opts = NULL;
+  embps_table_t **tables = NULL;
 
   if (!req) {
     fail_unpack(svc, call, "ListTablesRequest");
@@ -596,14 +700,14 @@ static void handle_list_tables(embps_service_t *svc, embps_net_call_t *call, con
   specs = embps_calloc(n, sizeof(*specs));
   ptrs = embps_calloc(n, sizeof(*ptrs));
   opts = embps_calloc(n, sizeof(*opts));
-  if (!specs || !ptrs || !opts) {
+  tables = embps_calloc(n, sizeof(*tables));
+  if (!specs || !ptrs || !opts || !tables) {
     embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
     goto exit;
   }
+  n = embps_store_list(svc->store, tables, n);
   for (size_t i = 0; i < n; i++) {
-    const embps_table_t *t = embps_store_at(svc->store, i);
-    if (!t)
-      break;
+    const embps_table_t *t = tables[i];
     embps__v1__table_spec__init(&specs[k]);
     embps__v1__optimizer_config__init(&opts[k]);
     spec_from_table(t, &specs[k], &opts[k]);
@@ -618,6 +722,7 @@ exit:
   embps_free(specs);
   embps_free(ptrs);
   embps_free(opts);
+  embps_free(tables);
   embps__v1__list_tables_request__free_unpacked(req, &svc->pb);
 }
 
@@ -647,7 +752,8 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
     fail_unpack(svc, call, "LookupRequest");
     return;
   }
-  if (validate_batch(svc, req->table, req->shard_index, req->shard_count, req->tokens_per_batch,
+  if (check_names(msg, len, NAME_FIELD, 1, &err) != EMBPS_OK ||
+      validate_batch(svc, req->table, req->shard_index, req->shard_count, req->tokens_per_batch,
                      &req->tokens, req->dtype, &t, &err) != EMBPS_OK) {
     fail_call(call, &err);
     embps__v1__lookup_request__free_unpacked(req, &svc->pb);
@@ -691,7 +797,8 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
     fail_unpack(svc, call, "PushGradientsRequest");
     return;
   }
-  if (validate_batch(svc, req->table, req->shard_index, req->shard_count, req->tokens_per_batch,
+  if (check_names(msg, len, NAME_FIELD, 1, &err) != EMBPS_OK ||
+      validate_batch(svc, req->table, req->shard_index, req->shard_count, req->tokens_per_batch,
                      &req->tokens, req->dtype, &t, &err) != EMBPS_OK)
     goto fail;
   n = req->tokens.len / sizeof(int64_t);
@@ -742,8 +849,9 @@ static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uin
                          size_t len) {
   Embps__V1__GetStatsRequest *req = embps__v1__get_stats_request__unpack(&svc->pb, len, msg);
   Embps__V1__GetStatsResponse resp = EMBPS__V1__GET_STATS_RESPONSE__INIT;
-  size_t n = embps_store_count(svc->store);
+  size_t n = embps_store_count(svc->store) + 1;
   Embps__V1__TableStats *ts = NULL, **ptrs = NULL;
+  embps_table_t **tables = NULL;
   embps_net_stats_t ns;
   char *prom = NULL;
   size_t prom_len = 0;
@@ -761,10 +869,12 @@ static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uin
     resp.prometheus_text = prom;
   ts = embps_calloc(n, sizeof(*ts));
   ptrs = embps_calloc(n, sizeof(*ptrs));
-  if (!ts || !ptrs) {
+  tables = embps_calloc(n, sizeof(*tables));
+  if (!ts || !ptrs || !tables) {
     embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
     goto exit;
   }
+  n = embps_store_list(svc->store, tables, n);
   memset(&ns, 0, sizeof(ns));
   if (svc->net)
     embps_net_get_stats(svc->net, &ns);
@@ -787,12 +897,10 @@ static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uin
   resp.connections = ns.connections;
   resp.version = (char *)EMBPS_VERSION;
   resp.mesh = svc->cfg.mesh;
+  resp.memory_bytes = embps_store_budget_used(svc->store);
+  resp.max_memory_bytes = embps_store_budget_max(svc->store);
   for (size_t i = 0; i < n; i++) {
-    embps_table_t *t = embps_store_at(svc->store, i);
-    if (!t) {
-      n = i;
-      break;
-    }
+    embps_table_t *t = tables[i];
     embps__v1__table_stats__init(&ts[i]);
     ts[i].name = (char *)embps_table_config(t)->name;
     ts[i].rows = embps_table_config(t)->rows;
@@ -813,6 +921,7 @@ exit:
   embps_free(prom);
   embps_free(ts);
   embps_free(ptrs);
+  embps_free(tables);
   embps__v1__get_stats_request__free_unpacked(req, &svc->pb);
 }
 
@@ -861,6 +970,8 @@ void embps_service_on_request(void *user, embps_net_call_t *call, const char *me
       handle_push(svc, call, m, len);
     else if (strcmp(name, "CreateTable") == 0)
       handle_create_table(svc, call, m, len);
+    else if (strcmp(name, "DropTable") == 0)
+      handle_drop_table(svc, call, m, len);
     else if (strcmp(name, "ListTables") == 0)
       handle_list_tables(svc, call, m, len);
     else if (strcmp(name, "GetStats") == 0)

@@ -3,6 +3,14 @@
  * under the lock. Tables are registered only once allocated and initialized on every rank, so
  * a lookup that finds a table always finds it whole.
  *
+ * Dropping a table frees its arrays at once (the group's thread does it, in round order, so no
+ * round runs on them again) but keeps the small struct, marked dropped, on a list freed with the
+ * store: the loop thread, the metrics thread and the checkpoint writer may hold its pointer
+ * (an op validated before the drop, a list being rendered, a snapshot being completed), and a
+ * struct that outlives them all needs no reference counts on the hot path. It costs a few
+ * hundred bytes per dropped table, plus one byte per snapshot block (1/16384 of the table) if
+ * the table was ever checkpointed.
+ *
  * Initialization writes every element from embps_init_value, a function of (seed, row, column)
  * alone, so a table's contents do not depend on how many ranks split it. */
 #include "store.h"
@@ -11,18 +19,22 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "common/shape.h"
 
 struct embps_store {
-  pthread_mutex_t mu; /* guards count and tables */
+  pthread_mutex_t mu; /* guards count, tables, dropped and next_id */
   uint32_t rank;
   uint32_t group_size;
   size_t max_tables;
   size_t count;
   embps_table_t **tables;
+  embps_table_t *dropped; /* dropped tables' structs, freed with the store */
+  uint64_t next_id;       /* the id the next registered table gets, less one */
+  atomic_uint_fast64_t budget_max, budget_copies;
 };
 
 static const embps_optimizer_info_t optimizer_registry[] = {
@@ -66,23 +78,47 @@ uint64_t embps_table_config_bytes(const embps_table_config_t *cfg, uint32_t grou
 
 static int finite_nonneg(float x) { return isfinite(x) && x >= 0.0f; }
 
+static int name_byte_ok(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+         c == '-' || c == '.';
+}
+
+embps_status_t embps_table_name_check(const char *name, size_t len, embps_error_t *err) {
+  char shown[EMBPS_TABLE_NAME_MAX * 4 + 1];
+  size_t k = 0, bad = len;
+
+  if (len == 0 || len >= EMBPS_TABLE_NAME_MAX)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "table name must be 1 to %d bytes long",
+                           EMBPS_TABLE_NAME_MAX - 1);
+  for (size_t i = 0; i < len && bad == len; i++)
+    if (!name_byte_ok(name[i]))
+      bad = i;
+  if (bad == len)
+    return EMBPS_OK;
+  /* The name as sent, with every byte a name may not hold escaped: a NUL must show, since it is
+   * what would otherwise cut the name short. */
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)name[i];
+    if (c >= 0x20 && c < 0x7f && c != '\\')
+      shown[k++] = (char)c;
+    else
+      k += (size_t)snprintf(shown + k, sizeof(shown) - k, "\\x%02x", c);
+  }
+  shown[k] = '\0';
+  return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                         "table name '%s' may hold only letters, digits, '_', '-' and '.' (byte "
+                         "0x%02x at position %zu)",
+                         shown, (unsigned char)name[bad], bad);
+}
+
 embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t group_size,
                                           uint64_t max_bytes, embps_error_t *err) {
-  size_t name_len = strnlen(cfg->name, sizeof(cfg->name));
   embps_status_t ret;
   uint64_t bytes;
 
-  if (name_len == 0 || name_len >= sizeof(cfg->name))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "table name must be 1 to %d bytes long",
-                           EMBPS_TABLE_NAME_MAX - 1);
-  for (size_t i = 0; i < name_len; i++) {
-    char c = cfg->name[i];
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-          c == '-' || c == '.'))
-      return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                             "table name '%s' may hold only letters, digits, '_', '-' and '.'",
-                             cfg->name);
-  }
+  if ((ret = embps_table_name_check(cfg->name, strnlen(cfg->name, sizeof(cfg->name)), err)) !=
+      EMBPS_OK)
+    return ret;
   if (cfg->rows < 2 || cfg->rows > EMBPS_MAX_ROWS)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "rows=%llu is out of range: a table needs 2 to %llu rows (row 0 is "
@@ -152,6 +188,8 @@ embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t grou
   s->rank = rank;
   s->group_size = group_size;
   s->max_tables = max_tables;
+  atomic_init(&s->budget_max, UINT64_MAX);
+  atomic_init(&s->budget_copies, 0);
   *out = s;
   return EMBPS_OK;
 }
@@ -165,7 +203,10 @@ struct embps_table {
   uint64_t bytes;           /* data and state bytes */
   embps_table_memory_t mem; /* where the arrays live (alloc NULL: host memory) */
   embps_table_counters_t counters;
-  uint64_t *dirty; /* rows written since the last capture (tracking on), else NULL */
+  uint64_t id;                 /* embps_table_id; set when registered */
+  atomic_int dropped;          /* embps_store_drop: the arrays are gone */
+  embps_table_t *next_dropped; /* the store's list of dropped tables */
+  uint64_t *dirty;             /* rows written since the last capture (tracking on), else NULL */
   /* The snapshot in progress (embps_table_snapshot_begin): blocks of block_rows rows, each
    * PENDING, BUSY (one thread is copying it) or DONE. `active` is 1 from begin until every
    * block is DONE; the group's thread reads it before every write. */
@@ -284,6 +325,11 @@ void embps_store_free(embps_store_t *store) {
     return;
   for (size_t i = 0; i < store->count; i++)
     embps_table_free(store->tables[i]);
+  while (store->dropped) {
+    embps_table_t *t = store->dropped;
+    store->dropped = t->next_dropped;
+    embps_table_free(t);
+  }
   embps_free(store->tables);
   pthread_mutex_destroy(&store->mu);
   embps_free(store);
@@ -307,8 +353,80 @@ embps_status_t embps_store_add(embps_store_t *store, embps_table_t *t, embps_err
                           store->count);
   else
     store->tables[store->count++] = t;
+  /* Every attempt takes a number, so ranks stay in step even where one of them refused. */
+  ++store->next_id;
+  if (ret == EMBPS_OK)
+    t->id = store->next_id;
   pthread_mutex_unlock(&store->mu);
   return ret;
+}
+
+size_t embps_store_list(const embps_store_t *store, embps_table_t **out, size_t cap) {
+  size_t n;
+  pthread_mutex_lock((pthread_mutex_t *)&store->mu);
+  n = store->count < cap ? store->count : cap;
+  memcpy(out, store->tables, n * sizeof(*out));
+  pthread_mutex_unlock((pthread_mutex_t *)&store->mu);
+  return n;
+}
+
+embps_status_t embps_store_drop(embps_store_t *store, embps_table_t *t) {
+  size_t i;
+  pthread_mutex_lock(&store->mu);
+  for (i = 0; i < store->count && store->tables[i] != t; i++) {
+  }
+  if (i == store->count) {
+    pthread_mutex_unlock(&store->mu);
+    return EMBPS_NOT_FOUND;
+  }
+  /* Registration order is kept: ListTables and checkpoints list tables in it. */
+  memmove(&store->tables[i], &store->tables[i + 1],
+          (store->count - i - 1) * sizeof(*store->tables));
+  store->count--;
+  t->next_dropped = store->dropped;
+  store->dropped = t;
+  atomic_store_explicit(&t->dropped, 1, memory_order_release);
+  pthread_mutex_unlock(&store->mu);
+  /* A checkpoint writer may be completing a snapshot of t: settle every block here (waiting for
+   * one it is copying), after which it reads no array of t again. */
+  embps_table_snapshot_complete(t);
+  release(&t->mem, t->a.data);
+  release(&t->mem, t->a.state0);
+  release(&t->mem, t->a.state1);
+  memset(&t->a, 0, sizeof(t->a));
+  embps_free(t->dirty);
+  t->dirty = NULL;
+  return EMBPS_OK;
+}
+
+int embps_table_dropped(const embps_table_t *t) {
+  return atomic_load_explicit(&((embps_table_t *)t)->dropped, memory_order_acquire);
+}
+
+uint64_t embps_table_id(const embps_table_t *t) { return t->id; }
+
+void embps_store_set_budget(embps_store_t *store, uint64_t max_bytes, uint32_t snapshot_copies) {
+  atomic_store_explicit(&store->budget_max, max_bytes, memory_order_relaxed);
+  atomic_store_explicit(&store->budget_copies, snapshot_copies, memory_order_relaxed);
+}
+
+uint64_t embps_store_budget_cost(const embps_store_t *store, uint64_t bytes) {
+  uint64_t copies =
+      atomic_load_explicit(&((embps_store_t *)store)->budget_copies, memory_order_relaxed);
+  return bytes > UINT64_MAX / (1 + copies) ? UINT64_MAX : bytes * (1 + copies);
+}
+
+uint64_t embps_store_budget_used(const embps_store_t *store) {
+  uint64_t sum = 0;
+  pthread_mutex_lock((pthread_mutex_t *)&store->mu);
+  for (size_t i = 0; i < store->count; i++)
+    sum += embps_store_budget_cost(store, store->tables[i]->bytes);
+  pthread_mutex_unlock((pthread_mutex_t *)&store->mu);
+  return sum;
+}
+
+uint64_t embps_store_budget_max(const embps_store_t *store) {
+  return atomic_load_explicit(&((embps_store_t *)store)->budget_max, memory_order_relaxed);
 }
 
 embps_table_t *embps_store_find(const embps_store_t *store, const char *name) {

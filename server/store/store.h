@@ -80,6 +80,13 @@ int embps_optimizer_has_fused_update(embps_optimizer_t opt, const char *backend)
 const embps_optimizer_info_t *embps_optimizer_info(embps_optimizer_t opt);
 
 /**
+ * Checks a table name of len bytes (as it came off the wire: len counts every byte, a NUL
+ * included): 1 to EMBPS_TABLE_NAME_MAX - 1 bytes of letters, digits, '_', '-' and '.'.
+ * Returns EMBPS_OK or EMBPS_INVALID_ARGUMENT (err names the first byte refused).
+ */
+embps_status_t embps_table_name_check(const char *name, size_t len, embps_error_t *err);
+
+/**
  * Fills defaults in cfg (dtype f32, optimizer rowwise_adagrad, lr 0.01, eps 1e-8, betas 0.9 and
  * 0.999, init_scale 1/sqrt(emb_width)) and validates it: name, rows, emb_width (and its split
  * over group_size), dtype, optimizer, hyper-parameters, and the bytes against max_bytes.
@@ -190,9 +197,50 @@ embps_status_t embps_store_add(embps_store_t *store, embps_table_t *table, embps
 /** The table named name; NULL when there is none. */
 embps_table_t *embps_store_find(const embps_store_t *store, const char *name);
 
-/** Number of tables and the i-th one (registration order). */
+/** Number of tables and the i-th one (registration order). The group's thread alone may rely on
+ * an index staying put (it is the thread that drops tables); other threads use
+ * embps_store_list. */
 size_t embps_store_count(const embps_store_t *store);
 embps_table_t *embps_store_at(const embps_store_t *store, size_t i);
+
+/** Any thread: copies up to cap of the registered tables (registration order) to out and returns
+ * how many it copied. The pointers stay valid until embps_store_free, even if a table is
+ * dropped meanwhile (see embps_store_drop). */
+size_t embps_store_list(const embps_store_t *store, embps_table_t **out, size_t cap);
+
+/**
+ * Group thread: unregisters table t and frees its arrays (completing first a copy-on-write
+ * snapshot a checkpoint writer may still be reading). What other threads may still point to
+ * stays: the table keeps its config and counters, answers embps_table_dropped with 1, and is
+ * freed with the store, so an op validated before the drop sees that it was dropped instead of
+ * freed memory. The budget gets the table's bytes back. Returns EMBPS_OK, or EMBPS_NOT_FOUND
+ * when t is not registered.
+ */
+embps_status_t embps_store_drop(embps_store_t *store, embps_table_t *t);
+
+/** Any thread: 1 once t was dropped (embps_store_drop), else 0. */
+int embps_table_dropped(const embps_table_t *t);
+
+/** The group-wide identity of a registered table: every rank numbers its tables in the order it
+ * registers them, which is the group's round order, so a table has the same id on every rank and
+ * a table created again under a dropped one's name has another id. 0 for an unregistered one. */
+uint64_t embps_table_id(const embps_table_t *t);
+
+/* ---- the memory budget ---------------------------------------------------------------------- */
+
+/**
+ * Sets the budget of table memory on this rank (--max-memory-bytes): CreateTable keeps the sum
+ * over tables of embps_table_bytes times (1 + snapshot_copies) within max_bytes.
+ * snapshot_copies is 1 when every table has a checkpoint snapshot buffer of its size in the same
+ * memory (the CPU backend with checkpoints on), else 0.
+ */
+void embps_store_set_budget(embps_store_t *store, uint64_t max_bytes, uint32_t snapshot_copies);
+
+/** What the budget counts for a table of `bytes` (embps_table_bytes), its in use sum and its
+ * limit. Any thread. */
+uint64_t embps_store_budget_cost(const embps_store_t *store, uint64_t bytes);
+uint64_t embps_store_budget_used(const embps_store_t *store);
+uint64_t embps_store_budget_max(const embps_store_t *store);
 
 uint32_t embps_store_group_size(const embps_store_t *store);
 uint32_t embps_store_rank(const embps_store_t *store);

@@ -369,6 +369,17 @@ def rpc_error(fn):
     return None
 
 
+def expect_rpc_error(test, fn, code, *fragments):
+    """Runs fn, which must fail with status code and a message holding every fragment; returns
+    the error."""
+    e = rpc_error(fn)
+    test.assertIsNotNone(e, "the call succeeded; expected %s" % code)
+    test.assertEqual(e.code(), code, e.details())
+    for f in fragments:
+        test.assertIn(f, e.details())
+    return e
+
+
 # ---- the optimizers in numpy ------------------------------------------------------------------------
 
 class Reference:

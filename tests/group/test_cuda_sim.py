@@ -303,6 +303,16 @@ class OneRankTest(unittest.TestCase):
             self.assertEqual((t[name].steps_applied, t[name].steps_skipped, t[name].bytes),
                              (c[name].steps_applied, c[name].steps_skipped, c[name].bytes), name)
 
+    def test_memory_budget_is_the_device_s_on_cuda(self):
+        """--max-memory-bytes' default: 80% of the GPU's memory (the simulated device reports
+        16 GiB) on cuda, 80% of physical memory on cpu; both count the same table bytes."""
+        phys = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        self.assertEqual(self.stats["cuda"].max_memory_bytes, (16 << 30) // 10 * 8)
+        self.assertEqual(self.stats["cpu"].max_memory_bytes, phys // 10 * 8)
+        used = sum(s.bytes for s in self.stats["cpu"].tables)
+        self.assertEqual(self.stats["cuda"].memory_bytes, used)
+        self.assertEqual(self.stats["cpu"].memory_bytes, used)
+
     def test_log_shows_backend_device_and_simulated_communicator(self):
         log = self.logs["cuda"]
         self.assertRegex(log, r"embps-server \S+: rank 0 of a 1-rank group, mesh shard=1, "

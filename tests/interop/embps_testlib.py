@@ -1,10 +1,13 @@
 """Helpers for tests that drive a real embps-server process over gRPC with Python's grpcio.
 
 Stubs are generated from proto/ into a temporary folder at import time (Debian's
-python3-grpc-tools), so the tests always speak the committed contract.
+python3-grpc-tools), so the tests always speak the committed contract; the folder is removed
+when the process exits.
 """
+import atexit
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,6 +15,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _GEN = tempfile.mkdtemp(prefix="embps-stubs-")
+atexit.register(shutil.rmtree, _GEN, ignore_errors=True)
 
 
 def _generate_stubs():

@@ -4,6 +4,7 @@ appear in a real scrape of a server that has served lookups and pushes and taken
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -60,6 +61,7 @@ def main():
         samples, _ = ml.parse(ml.scrape(urls[0]))
     finally:
         g.close()
+        shutil.rmtree(ckpt, ignore_errors=True)
     exported = {n for n, _ in samples}
     all_exprs = list(exprs(dash))
     assert len(all_exprs) >= 15, len(all_exprs)

@@ -2,6 +2,7 @@
 what was done (gRPC calls by method and code, table lookups and pushes, rows, steps applied and
 skipped, rounds, the checkpoint). `embps stats --prometheus` prints the same series."""
 import math
+import shutil
 import sys
 import tempfile
 import urllib.error
@@ -102,6 +103,7 @@ def main():
         assert ml.value(bsmp, "embps_memory_bytes", kind="buffers_pinned") == 0
     finally:
         g.close()
+        shutil.rmtree(ckpt, ignore_errors=True)
     print("ok: /metrics passes promtool and counts what was done")
     return 0
 

@@ -428,6 +428,26 @@ class GroupTests:
         with self.assertRaisesRegex(ValueError, "no table name"):
             self.client.create_table("", ROWS, WIDTH)
 
+    def test_drop_table(self):
+        t = self.name()
+        self.client.create_table(t, ROWS, WIDTH, optimizer="sgd")
+        self.client.lookup(t, np.arange(4))
+        # rows x (WIDTH / N) f32 values on each rank, sgd keeps no state
+        self.assertEqual(self.client.drop_table(t), ROWS * (WIDTH // self.N) * 4)
+        self.assertNotIn(t, [s.name for s in self.client.tables()])
+        with self.assertRaises(embps.Error) as cm:
+            self.client.lookup(t, np.arange(4))
+        self.assertEqual(cm.exception.code, SC.NOT_FOUND)
+        with self.assertRaises(embps.Error) as cm:
+            self.client.drop_table(t)
+        self.assertEqual(cm.exception.code, SC.NOT_FOUND)
+        # The name again, at another width: the library forgot the old one's shape.
+        self.client.create_table(t, ROWS, 2 * WIDTH, optimizer="sgd")
+        self.assertEqual(self.client.lookup(t, np.arange(4)).shape, (4, 2 * WIDTH))
+        self.client.drop_table(t)
+        with self.assertRaisesRegex(ValueError, "no table name"):
+            self.client.drop_table("")
+
     def test_emb_width_shape_error(self):
         if self.N == 1:
             self.skipTest("every emb_width splits over one rank")

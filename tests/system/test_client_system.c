@@ -222,6 +222,29 @@ static int group_teardown(void **state) {
 
 /* ---- health, tables, lookups ------------------------------------------------------------- */
 
+/* DropTable: the table is gone from the listing, lookups and a second drop answer NOT_FOUND,
+ * and the name can be created again. */
+static void test_drop_table(void **state) {
+  (void)state;
+  embps_client_t *c = connect_to(g_main.address);
+  const int64_t tokens[2] = {1, 2};
+  float rows[2 * 8];
+  size_t before = count_tables(c);
+
+  create_table(c, "dropped", 10, 8, 0, EMBPS_OPTIMIZER_SGD, 0.1f, 0);
+  assert_int_equal(count_tables(c), before + 1);
+  assert_int_equal(embps_drop_table(c, "dropped"), EMBPS_OK);
+  assert_int_equal(count_tables(c), before);
+  expect_fail(c, embps_lookup(c, "dropped", tokens, 2, rows, sizeof(rows)), EMBPS_NOT_FOUND,
+              "table 'dropped' not found");
+  expect_fail(c, embps_drop_table(c, "dropped"), EMBPS_NOT_FOUND, "table 'dropped' not found");
+  expect_fail(c, embps_drop_table(c, ""), EMBPS_INVALID_ARGUMENT, "no table name");
+  create_table(c, "dropped", 10, 8, 0, EMBPS_OPTIMIZER_SGD, 0.1f, 0);
+  assert_int_equal(embps_lookup(c, "dropped", tokens, 2, rows, sizeof(rows)), EMBPS_OK);
+  assert_int_equal(embps_drop_table(c, "dropped"), EMBPS_OK);
+  embps_client_free(c);
+}
+
 static void test_health(void **state) {
   (void)state;
   embps_client_t *c = connect_to(g_main.address);
@@ -1633,6 +1656,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_health),
       cmocka_unit_test(test_create_and_list_tables),
+      cmocka_unit_test(test_drop_table),
       cmocka_unit_test(test_every_optimizer_updates),
       cmocka_unit_test(test_lookup_rows),
       cmocka_unit_test(test_sgd_sync_push_exact),

@@ -188,6 +188,14 @@ EMBPS_EXPORT void embps_table_spec_init(embps_table_spec_t *spec);
 EMBPS_EXPORT embps_status_t embps_create_table(embps_client_t *client,
                                                const embps_table_spec_t *spec);
 
+/** Drops the table named name (NUL-terminated, read during the call) on the whole group: the
+ * request goes to rank 0, which has every rank free the table's memory; its bytes go back to
+ * each rank's --max-memory-bytes budget, and the name may be created again. Batches of the
+ * table still in flight fail with EMBPS_NOT_FOUND. Returns EMBPS_OK; EMBPS_NOT_FOUND (no such
+ * table); EMBPS_INVALID_ARGUMENT (an empty or malformed name); EMBPS_UNAVAILABLE;
+ * EMBPS_DEADLINE_EXCEEDED; or another status the server returns. */
+EMBPS_EXPORT embps_status_t embps_drop_table(embps_client_t *client, const char *name);
+
 /** Lists the group's tables (asked of rank 0). On success *tables is an array of *n specs
  * owned by the caller, freed with embps_tables_free(); on failure they are untouched.
  * Returns EMBPS_OK; EMBPS_UNAVAILABLE; EMBPS_DEADLINE_EXCEEDED; EMBPS_RESOURCE_EXHAUSTED;

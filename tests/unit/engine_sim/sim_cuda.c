@@ -670,6 +670,19 @@ cudaError_t cudaMalloc(void **devPtr, size_t size) {
   return done(cudaSuccess);
 }
 
+/* The current device's limit (sim_cuda_set_memory_limit) as its total, what it holds taken off
+ * for the free figure; a device with no limit reports 16 GiB. */
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+  size_t total;
+  lock();
+  if (!free_bytes || !total_bytes)
+    return done(cudaErrorInvalidValue);
+  total = device_limit[current_device] ? device_limit[current_device] : (size_t)16 << 30;
+  *total_bytes = total;
+  *free_bytes = device_bytes[current_device] < total ? total - device_bytes[current_device] : 0;
+  return done(cudaSuccess);
+}
+
 cudaError_t cudaFree(void *devPtr) {
   struct arena *ar;
   alloc_t *a;

@@ -135,16 +135,18 @@ static embps_batch_desc_t sample_notice(void) {
   d.kind = EMBPS_BATCH_PUSH;
   d.tokens_per_batch = 4096;
   snprintf(d.table, sizeof(d.table), "emb");
+  d.table_id = 0x2a;
   return d;
 }
 
 static void test_notice_round_trip_and_bytes(void **state) {
   /* clang-format off */
   static const uint8_t want[] = {
-      21, 0, 0, 0, EMBPS__FRAME_NOTICE,            /* length (type + payload), type */
+      29, 0, 0, 0, EMBPS__FRAME_NOTICE,            /* length (type + payload), type */
       8, 7, 6, 5, 4, 3, 2, 1,                      /* batch_id, little-endian */
       EMBPS_BATCH_PUSH, 0, 0, 0, 0x00, 0x10, 0, 0, /* kind, tokens_per_batch 4096 */
-      3, 'e', 'm', 'b'};                           /* table */
+      3, 'e', 'm', 'b',                            /* table */
+      0x2a, 0, 0, 0, 0, 0, 0, 0};                  /* table_id */
   /* clang-format on */
   embps_batch_desc_t d = sample_notice(), got;
   embps__buf_t b = {0};
@@ -185,9 +187,9 @@ static embps_table_config_t sample_config(void) {
   return c;
 }
 
-/* A round with every kind of entry: runs of a lookup, a push, a create and a checkpoint, and a
- * failure. */
-#define SAMPLE_ROUND_LEN 5
+/* A round with every kind of entry: runs of a lookup, a push, a create, a checkpoint and a drop,
+ * and a failure. */
+#define SAMPLE_ROUND_LEN 6
 static embps__ckpt_order_t sample_ckpts[SAMPLE_ROUND_LEN];
 
 static size_t sample_round(embps_round_entry_t *e, embps_table_config_t *c) {
@@ -211,6 +213,9 @@ static size_t sample_round(embps_round_entry_t *e, embps_table_config_t *c) {
   snprintf(sample_ckpts[4].scope, sizeof(sample_ckpts[4].scope), "users.v2");
   sample_ckpts[4].round = UINT64_C(0x0123456789abcdef);
   sample_ckpts[4].base_round = 77;
+  e[5] = (embps_round_entry_t){
+      .batch_id = UINT64_C(1) << 63 | 3, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_DROP_TABLE};
+  snprintf(c[5].name, sizeof(c[5].name), "old.table");
   return SAMPLE_ROUND_LEN;
 }
 
@@ -242,6 +247,8 @@ static void test_round_round_trip(void **state) {
   assert_string_equal(got_k[4].scope, "users.v2");
   assert_int_equal(got_k[4].round, sample_ckpts[4].round);
   assert_int_equal(got_k[4].base_round, 77);
+  /* A drop carries its table's name. */
+  assert_string_equal(got_c[5].name, "old.table");
   /* A round of nothing, and a round too long to send. */
   b.len = 0;
   assert_int_equal(embps__frame_round(&b, e, NULL, NULL, 0, &err), EMBPS_OK);
@@ -258,7 +265,7 @@ static void test_round_round_trip(void **state) {
   f = split_frame(&b);
   assert_int_equal(embps__parse_round(f.p, f.len, got, got_c, got_k, n - 1, &got_n, &err),
                    EMBPS_INVALID_ARGUMENT);
-  assert_contains(err.message, "entry count 5");
+  assert_contains(err.message, "entry count 6");
   embps__buf_free(&b);
 }
 

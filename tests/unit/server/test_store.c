@@ -96,6 +96,52 @@ static void test_registry(void **state) {
   embps_store_free(s);
 }
 
+/* Dropping unregisters the table, keeps its struct readable (marked dropped), gives its bytes
+ * back to the budget, and a table registered under the same name later gets another id. */
+static void test_drop_and_budget(void **state) {
+  embps_store_t *s;
+  embps_table_t *a = new_table("a", 0, 1), *b = new_table("b", 0, 1), *a2 = new_table("a", 0, 1);
+  embps_table_t *list[4];
+  embps_error_t err;
+  const uint64_t bytes = embps_table_bytes(a);
+  (void)state;
+  assert_int_equal(embps_store_new(&s, 0, 1, 8), EMBPS_OK);
+  embps_store_set_budget(s, 1000000, 1);
+  assert_int_equal(embps_store_budget_cost(s, bytes), 2 * bytes);
+  assert_int_equal(embps_store_add(s, a, &err), EMBPS_OK);
+  assert_int_equal(embps_store_add(s, b, &err), EMBPS_OK);
+  assert_int_equal(embps_store_budget_used(s), 4 * bytes);
+  assert_int_equal(embps_store_budget_max(s), 1000000);
+  assert_int_not_equal(embps_table_id(a), embps_table_id(b));
+  assert_int_equal(embps_store_drop(s, a), EMBPS_OK);
+  assert_int_equal(embps_store_drop(s, a), EMBPS_NOT_FOUND);
+  assert_true(embps_table_dropped(a));
+  assert_false(embps_table_dropped(b));
+  assert_string_equal(embps_table_config(a)->name, "a"); /* still readable */
+  assert_null(embps_table_arrays(a).data);
+  assert_null(embps_store_find(s, "a"));
+  assert_int_equal(embps_store_list(s, list, 4), 1);
+  assert_ptr_equal(list[0], b);
+  assert_int_equal(embps_store_budget_used(s), 2 * bytes);
+  assert_int_equal(embps_store_add(s, a2, &err), EMBPS_OK);
+  assert_int_not_equal(embps_table_id(a2), embps_table_id(a));
+  assert_ptr_equal(embps_store_find(s, "a"), a2);
+  embps_store_free(s); /* frees the dropped struct too (the sanitizer build checks) */
+}
+
+static void test_name_check_full_length(void **state) {
+  embps_error_t err;
+  (void)state;
+  assert_int_equal(embps_table_name_check("t1", 2, &err), EMBPS_OK);
+  assert_int_equal(embps_table_name_check("t1\0x", 4, &err), EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.message, "'t1\\x00x'"));
+  assert_non_null(strstr(err.message, "byte 0x00 at position 2"));
+  assert_int_equal(embps_table_name_check("a b", 3, &err), EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.message, "byte 0x20 at position 1"));
+  assert_int_equal(embps_table_name_check("", 0, &err), EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.message, "1 to 127 bytes"));
+}
+
 /* A table split by columns over N ranks holds, on rank r, exactly columns [r*D/N, (r+1)*D/N)
  * of the 1-rank table. */
 static void test_column_split_matches(void **state) {
@@ -147,9 +193,13 @@ static void test_allocation_failure(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_resolve_defaults),   cmocka_unit_test(test_resolve_refusals),
-      cmocka_unit_test(test_registry),           cmocka_unit_test(test_column_split_matches),
+      cmocka_unit_test(test_resolve_defaults),
+      cmocka_unit_test(test_resolve_refusals),
+      cmocka_unit_test(test_registry),
+      cmocka_unit_test(test_column_split_matches),
       cmocka_unit_test(test_allocation_failure),
+      cmocka_unit_test(test_drop_and_budget),
+      cmocka_unit_test(test_name_check_full_length),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -88,6 +88,7 @@ cudaError_t cudaPeekAtLastError(void);
 /* ---- memory ---------------------------------------------------------------------------------- */
 cudaError_t cudaMalloc(void **devPtr, size_t size);
 cudaError_t cudaFree(void *devPtr);
+cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 cudaError_t cudaMallocHost(void **ptr, size_t size);
 cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags);
 cudaError_t cudaFreeHost(void *ptr);
