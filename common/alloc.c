@@ -2,6 +2,7 @@
  * production; the allocators themselves are the C library's. */
 #include "alloc.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -51,6 +52,33 @@ void *embps_aligned_alloc(size_t size) {
   if (posix_memalign(&p, 64, size ? size : 64) != 0)
     return NULL;
   return p;
+}
+
+void *embps_map_alloc(size_t size) {
+  size_t len = size ? size : 1, extra = len >= HUGE_MIN ? HUGE_ALIGN : 0;
+  uint8_t *p, *aligned;
+  if (injected_failure() || len > SIZE_MAX - 2 * HUGE_ALIGN)
+    return NULL;
+  p = mmap(NULL, len + extra, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+  if (!extra)
+    return p;
+  /* Map a huge page more than asked and unmap the slack on both sides of the aligned part. */
+  aligned = (uint8_t *)(((uintptr_t)p + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1));
+  if (aligned > p)
+    munmap(p, (size_t)(aligned - p));
+  if ((size_t)(aligned - p) < extra)
+    munmap(aligned + len, extra - (size_t)(aligned - p));
+#ifdef MADV_HUGEPAGE
+  (void)madvise(aligned, len & ~(size_t)(HUGE_ALIGN - 1), MADV_HUGEPAGE); /* advice only */
+#endif
+  return aligned;
+}
+
+void embps_map_free(void *p, size_t size) {
+  if (p)
+    munmap(p, size ? size : 1);
 }
 
 void embps_free(void *p) { free(p); }

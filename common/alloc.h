@@ -14,6 +14,16 @@ void *embps_realloc(void *p, size_t size);
 /** 64-byte aligned allocation (large ones 2 MiB aligned, asking for huge pages), freed with
  * embps_free; NULL on failure. */
 void *embps_aligned_alloc(size_t size);
+/**
+ * size bytes of zeroed memory in a mapping of their own (2 MiB aligned and asking for huge pages
+ * from 8 MiB on), which embps_map_free(p, size) hands back to the operating system at once,
+ * whatever malloc's settings keep. For large buffers whose release must lower the process's
+ * footprint. NULL on failure.
+ */
+void *embps_map_alloc(size_t size);
+/** Unmaps memory from embps_map_alloc; size as asked. NULL is a no-op. */
+void embps_map_free(void *p, size_t size);
+
 /** free; NULL is a no-op. */
 void embps_free(void *p);
 /** strdup through the wrapper. */

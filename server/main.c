@@ -406,6 +406,9 @@ int main(int argc, char **argv) {
 
   memset(&scfg, 0, sizeof(scfg));
   scfg.max_table_bytes = set.max_table_bytes ? set.max_table_bytes : default_max_table_bytes();
+  /* A lookup's reply is as large as the push of the same tokens, which --max-message-bytes
+   * already bounds: the same figure bounds replies unless set apart. */
+  scfg.max_reply_bytes = set.max_reply_bytes ? set.max_reply_bytes : set.max_message_bytes;
   snprintf(scfg.mesh, sizeof(scfg.mesh), "%s", mesh_text);
   scfg.loop = &s.loop;
   memset(&ncfg, 0, sizeof(ncfg));
@@ -413,6 +416,8 @@ int main(int argc, char **argv) {
   ncfg.stall_timeout_ms = set.stall_timeout_ms;
   ncfg.idle_timeout_ms = set.idle_timeout_ms;
   ncfg.max_connections = (uint32_t)set.max_connections;
+  ncfg.max_connections_per_source = (uint32_t)set.max_connections_per_source;
+  ncfg.max_connection_reply_bytes = (size_t)set.max_connection_reply_bytes;
   memset(&gcfg, 0, sizeof(gcfg));
   gcfg.rank = rank;
   gcfg.size = group_size;

@@ -47,9 +47,19 @@
   X(max_tables, U64, "max-tables", "1024", "most tables a server holds")                           \
   X(max_connections, U64, "max-connections", "4096", "most client connections at once")            \
   X(stall_timeout_ms, U64, "stall-timeout-ms", "10000",                                            \
-    "close a connection that stops sending in the middle of a request for this long")              \
-  X(idle_timeout_ms, U64, "idle-timeout-ms", "0",                                                  \
-    "close a connection with no calls that stays silent this long; 0 = never")                     \
+    "close a connection that stops sending in the middle of a request, or reads none of its "      \
+    "replies, for this long")                                                                      \
+  X(idle_timeout_ms, U64, "idle-timeout-ms", "300000",                                             \
+    "close a connection with no calls that stays silent this long (with GOAWAY); any frame, an "   \
+    "HTTP/2 PING (gRPC keepalive) too, keeps it open; 0 = never")                                  \
+  X(max_connections_per_source, U64, "max-connections-per-source", "256",                          \
+    "most client connections at once from one IP address; 0 = no limit but --max-connections")     \
+  X(max_reply_bytes, SIZE, "max-reply-bytes", "0",                                                 \
+    "largest reply one call may produce (a lookup's rows); larger ones get RESOURCE_EXHAUSTED "    \
+    "before any work; 0 = --max-message-bytes")                                                    \
+  X(max_connection_reply_bytes, SIZE, "max-connection-reply-bytes", "1G",                          \
+    "most bytes of replies one connection may hold at once (being made, or not yet read by its "   \
+    "client); a lookup beyond gets RESOURCE_EXHAUSTED; one reply alone always fits")               \
   X(drain_timeout_ms, U64, "drain-timeout-ms", "20000",                                            \
     "on SIGTERM, how long to finish the calls already taken (new ones are refused) before "        \
     "exiting; a second signal exits at once")                                                      \

@@ -105,7 +105,9 @@ void *embps_host_alloc(int device, size_t bytes, int *pinned) {
                  bytes, device);
   }
   *pinned = 0;
-  if ((p = embps_aligned_alloc(bytes)) != NULL)
+  /* A mapping of its own: the server keeps malloc's freed memory (main.c), and a buffer the pool
+   * lets go of must give its pages back, or memory held for a burst stays held forever. */
+  if ((p = embps_map_alloc(bytes)) != NULL)
     atomic_fetch_add_explicit(&host_pageable_bytes, bytes, memory_order_relaxed);
   return p;
 }
@@ -118,7 +120,7 @@ void embps_host_free(void *p, int pinned, size_t bytes) {
     embps__cuda_host_free(p);
   } else {
     atomic_fetch_sub_explicit(&host_pageable_bytes, bytes, memory_order_relaxed);
-    embps_free(p);
+    embps_map_free(p, bytes);
   }
 }
 

@@ -153,9 +153,10 @@ void embps_cuda_close(void *stream);
  * Host memory for request and reply buffers. With device >= 0 (the CUDA backend's device) it
  * is pinned (page-locked, usable from every device), so the CUDA engine copies it to and from
  * the device directly, without a staging copy; with device < 0, or when pinning fails (logged
- * once), it is plain 64-byte aligned memory. *pinned says which, for embps_host_free. Any thread
- * may call these; pinning is slow (milliseconds for large sizes), so callers pool the buffers.
- * Returns NULL when out of memory.
+ * once), it is pageable memory in a mapping of its own (embps_map_alloc), which embps_host_free
+ * returns to the system. *pinned says which, for embps_host_free. Any thread may call these;
+ * pinning is slow (milliseconds for large sizes), so callers pool the buffers. Returns NULL when
+ * out of memory.
  */
 void *embps_host_alloc(int device, size_t bytes, int *pinned);
 

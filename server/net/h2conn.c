@@ -254,6 +254,11 @@ static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
     s->call->cancelled = 1;
   }
   stop_receiving(conn, s);
+  /* Whatever of its reply is unsent is dropped now (a batch already taken keeps its own
+   * reference until written), so the connection no longer holds it. */
+  conn->reply_bytes -= s->reply_held;
+  if (s->body)
+    conn->unsent_bodies--;
   if (s->prev)
     s->prev->next = s->next;
   else
@@ -435,18 +440,53 @@ int embps__h2conn_want_close(const embps__h2conn_t *conn) {
 }
 
 embps__h2conn_phase_t embps__h2conn_phase(const embps__h2conn_t *conn) {
+  if (conn->unsent_bodies > 0)
+    return EMBPS__H2_SENDING;
   if (!conn->got_preface || conn->receiving > 0)
     return EMBPS__H2_RECEIVING;
   return conn->nstreams == 0 ? EMBPS__H2_IDLE : EMBPS__H2_BUSY;
 }
 
+void embps__h2conn_set_reply_limit(embps__h2conn_t *conn, size_t max_reply_bytes) {
+  conn->max_reply_bytes = max_reply_bytes;
+}
+
+size_t embps__h2conn_reply_bytes(const embps__h2conn_t *conn) { return conn->reply_bytes; }
+
+void embps__h2conn_goaway(embps__h2conn_t *conn) {
+  /* terminate_session names the last stream processed; the session neither reads nor writes
+   * once the GOAWAY is out. When it cannot even queue that, close without it. */
+  if (nghttp2_session_terminate_session(conn->session, NGHTTP2_NO_ERROR) != 0)
+    conn->fatal = 1;
+}
+
 /* ---- answering calls ---- */
+
+embps_status_t embps_net_call_hold_reply(embps_net_call_t *call, size_t bytes, embps_error_t *err) {
+  embps__h2conn_t *conn = call->conn;
+  if (embps_net_call_cancelled(call))
+    return embps_error_set(err, EMBPS_CANCELLED, "the client has gone");
+  /* One reply alone always fits, so a limit below the largest reply refuses nothing that a
+   * connection doing one call at a time would send. */
+  if (conn->max_reply_bytes && conn->reply_bytes > 0 &&
+      conn->reply_bytes + bytes > conn->max_reply_bytes)
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "this connection already holds %zu bytes of replies (being made, or "
+                           "not yet read by the client); another %zu would pass "
+                           "--max-connection-reply-bytes=%zu: read the replies before asking for "
+                           "more, or spread the calls over more connections",
+                           conn->reply_bytes, bytes, conn->max_reply_bytes);
+  call->reply_held += bytes;
+  conn->reply_bytes += bytes;
+  return EMBPS_OK;
+}
 
 /* Takes the call off its connection's list and frees it; returns its live stream or NULL. */
 static embps__h2stream_t *call_finish(embps_net_call_t *call, embps__h2conn_t **conn_out) {
   embps__h2conn_t *conn = call->conn;
   embps__h2stream_t *s = call->stream;
   if (conn) {
+    conn->reply_bytes -= call->reply_held;
     if (call->prev)
       call->prev->next = call->next;
     else
@@ -465,6 +505,7 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
                           void (*release)(void *), void *release_arg) {
   embps__h2conn_t *conn;
   embps__h2stream_t *s;
+  size_t held = call->reply_held;
   count_handled(call, len > UINT32_MAX ? EMBPS_INTERNAL : EMBPS_OK, len);
   s = call_finish(call, &conn);
   if (!s || len > UINT32_MAX) {
@@ -486,6 +527,9 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
     return;
   }
   s->body = b; /* freed with the stream, whatever happens below */
+  conn->unsent_bodies++;
+  s->reply_held = held; /* the call's hold passes to the stream until it closes */
+  conn->reply_bytes += held;
   s->read_off = s->sent_off = 0;
   s->state = EMBPS__H2S_ANSWERED;
   nghttp2_nv nva[] = {EMBPS__H2_NV(":status", "200", 3),

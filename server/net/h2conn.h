@@ -42,6 +42,8 @@ typedef enum embps__h2conn_phase {
   EMBPS__H2_IDLE = 0,      /* preface done, no open streams: the idle timeout applies */
   EMBPS__H2_BUSY = 1,      /* open streams, all fully received: no timeout applies */
   EMBPS__H2_RECEIVING = 2, /* preface or a request half-received: the stall timeout applies */
+  EMBPS__H2_SENDING = 3,   /* a reply body not yet all sent (the peer's windows or socket hold it
+                              back): the stall timeout applies, restarted by bytes written only */
 } embps__h2conn_phase_t;
 
 /**
@@ -51,6 +53,19 @@ typedef enum embps__h2conn_phase {
  */
 embps_status_t embps__h2conn_new(embps__h2conn_t **out, size_t max_message_bytes,
                                  const embps__h2conn_hooks_t *hooks);
+
+/** Bounds the bytes of replies the connection may hold at once (embps_net_call_hold_reply);
+ * 0 (the default) leaves them unbounded. */
+void embps__h2conn_set_reply_limit(embps__h2conn_t *conn, size_t max_reply_bytes);
+
+/** Bytes of replies the connection holds now: reserved by calls not yet answered, and reply
+ * bodies of streams not yet closed. */
+size_t embps__h2conn_reply_bytes(const embps__h2conn_t *conn);
+
+/** Queues a GOAWAY(NO_ERROR) naming the last stream processed and lets the session end: once
+ * the output is written, embps__h2conn_want_close turns true. For closing an idle connection
+ * gracefully (a gRPC client retries elsewhere what the server never started). */
+void embps__h2conn_goaway(embps__h2conn_t *conn);
 
 /**
  * Frees the core. Calls not yet answered are detached (marked cancelled; their later answers
@@ -80,6 +95,10 @@ const embps__h2seg_t *embps__h2out_segs(const embps__h2out_t *out, size_t *nsegs
 /** The total number of bytes in a batch. */
 size_t embps__h2out_bytes(const embps__h2out_t *out);
 
+/** Of a batch's bytes, those of reply messages: writing them is progress on the replies, which
+ * PING or SETTINGS acknowledgements are not. */
+size_t embps__h2out_body_bytes(const embps__h2out_t *out);
+
 /** Frees a batch and releases what it referenced. NULL is a no-op. */
 void embps__h2out_free(embps__h2out_t *out);
 
@@ -87,7 +106,8 @@ void embps__h2out_free(embps__h2out_t *out);
  * error) and the connection should close once the last batch is written. */
 int embps__h2conn_want_close(const embps__h2conn_t *conn);
 
-/** The timer phase the connection is in now. */
+/** The timer phase the connection is in now (SENDING before RECEIVING: a peer that keeps
+ * sending cannot pin replies it never reads). */
 embps__h2conn_phase_t embps__h2conn_phase(const embps__h2conn_t *conn);
 
 /**

@@ -62,6 +62,7 @@ typedef struct embps__h2stream {
   size_t msg_len, msg_got;
   embps__h2body_t *body;
   size_t read_off, sent_off;
+  size_t reply_held; /* bytes counted in conn->reply_bytes until the stream goes */
 } embps__h2stream_t;
 
 struct embps_net_call {
@@ -71,6 +72,7 @@ struct embps_net_call {
   int cancelled;
   embps_net_method_metrics_t *gm; /* counts the answer; NULL once counted (or no metrics) */
   uint64_t start_ns;              /* when the request was delivered */
+  size_t reply_held;              /* embps_net_call_hold_reply's bytes, in conn->reply_bytes */
 };
 
 typedef struct embps__h2idq {
@@ -83,6 +85,9 @@ struct embps__h2conn {
   embps__h2conn_hooks_t hooks;
   size_t max_message_bytes;
   size_t receiving_bytes; /* buffers of messages being received on this connection */
+  size_t max_reply_bytes; /* the bound on reply_bytes (embps__h2conn_set_reply_limit); 0: none */
+  size_t reply_bytes;     /* replies held: being made (calls) or not yet sent (streams) */
+  size_t unsent_bodies;   /* answered streams whose reply body is not yet all sent */
   embps__h2stream_t *streams;
   size_t nstreams;
   size_t receiving;

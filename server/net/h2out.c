@@ -32,6 +32,7 @@ struct embps__h2out {
   embps__h2body_t **bodies;
   size_t nbodies, bodies_cap;
   size_t bytes;
+  size_t body_bytes; /* of bytes, those of reply messages (DATA payload) */
 };
 
 void embps__h2body_unref(embps__h2body_t *b) {
@@ -65,6 +66,8 @@ const embps__h2seg_t *embps__h2out_segs(const embps__h2out_t *out, size_t *nsegs
 }
 
 size_t embps__h2out_bytes(const embps__h2out_t *out) { return out->bytes; }
+
+size_t embps__h2out_body_bytes(const embps__h2out_t *out) { return out->body_bytes; }
 
 static int out_full(const embps__h2out_t *out) {
   return out->nsegs > 0 && (out->bytes >= BATCH_MAX_BYTES || out->nsegs >= BATCH_MAX_SEGS);
@@ -130,6 +133,7 @@ static int out_ref(embps__h2out_t *out, embps__h2body_t *b, const uint8_t *data,
   }
   out->segs[out->nsegs++] = (embps__h2seg_t){data, len};
   out->bytes += len;
+  out->body_bytes += len;
   return 0;
 }
 

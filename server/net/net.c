@@ -12,12 +12,21 @@
  * reply, and throughput was within the (large) run-to-run noise of a raw send() loop
  * (2.4-7.2 GB/s against 1.7-4.2 GB/s).
  *
- * The one timer per connection follows the core's phase: while the preface or a request is
- * half-received it is the stall timer (restarted by every read), while the connection has no
- * open streams it is the idle timer, and otherwise it is stopped. A connection closes on a
- * protocol error (after its GOAWAY is written), on a timeout, on EOF or a socket error, and on
- * embps_net_close; closing detaches its outstanding calls inside the core, so the handler may
- * still answer them. Everything runs on the loop thread. */
+ * The one timer per connection follows the core's phase: while a reply waits to be written (the
+ * peer's flow-control windows or its socket hold it back) it is the send stall timer, restarted
+ * only by bytes written, so a client that reads nothing cannot pin replies by sending PINGs;
+ * while the preface or a request is half-received it is the stall timer (restarted by every
+ * read); while the connection has no open streams it is the idle timer (restarted by every read:
+ * a gRPC keepalive PING keeps a connection open), which ends it with a GOAWAY(NO_ERROR); and
+ * otherwise it is stopped. A connection closes on a protocol error (after its GOAWAY is
+ * written), on a timeout, on EOF or a socket error, and on embps_net_close; closing detaches its
+ * outstanding calls inside the core, so the handler may still answer them, and frees the replies
+ * it had not sent.
+ *
+ * Connections beyond max_connections, or beyond max_connections_per_source from one IP address,
+ * are accepted and closed at once. The per-source count scans the open connections: one pass
+ * over at most max_connections entries per accept, cheap next to the accept itself, and no
+ * second structure to keep in step. Everything runs on the loop thread. */
 #include "server/net/net.h"
 
 #include <stdio.h>
@@ -31,8 +40,19 @@
 
 #define READ_BUF_BYTES (256u << 10)
 #define LISTEN_BACKLOG 511
+/* After an idle connection's GOAWAY, how long its write may take before the socket is closed
+ * anyway. */
+#define GOAWAY_LINGER_MS 1000
+/* Refused connections are logged at most this often (a flood must not flood the log). */
+#define REFUSAL_LOG_MS 1000
 
-typedef enum timer_mode { TIMER_OFF = 0, TIMER_STALL, TIMER_IDLE } timer_mode_t;
+typedef enum timer_mode {
+  TIMER_OFF = 0,
+  TIMER_STALL,  /* a request half-received: reads restart it */
+  TIMER_SEND,   /* replies wait to be written: writes restart it */
+  TIMER_IDLE,   /* no open streams: reads restart it; ends with a GOAWAY */
+  TIMER_GOAWAY, /* the GOAWAY is queued: close when it is written or this runs out */
+} timer_mode_t;
 
 typedef struct conn {
   uv_tcp_t tcp;
@@ -48,6 +68,7 @@ typedef struct conn {
   int closing;
   int broken; /* close as soon as the output is written */
   timer_mode_t timer_mode;
+  struct sockaddr_storage peer; /* the client's address (family 0 when unknown) */
 } conn_t;
 
 struct embps_net {
@@ -64,6 +85,8 @@ struct embps_net {
   embps_net_metrics_t metrics; /* the same and more, for other threads (net.h) */
   uint8_t *read_buf;
   int read_buf_busy;
+  uint64_t refusal_logged_ms; /* uv_now of the last refusal logged */
+  uint64_t refusals_unlogged; /* refusals since then */
 };
 
 static void conn_close(conn_t *c);
@@ -102,26 +125,51 @@ static void conn_close(conn_t *c) {
 
 static void on_timer(uv_timer_t *t) {
   conn_t *c = t->data;
-  EMBPS_INFO("closing connection: %s timeout", c->timer_mode == TIMER_STALL ? "stall" : "idle");
+  switch (c->timer_mode) {
+  case TIMER_IDLE:
+    EMBPS_DEBUG("closing connection: idle for %llu ms",
+                (unsigned long long)c->net->cfg.idle_timeout_ms);
+    embps__h2conn_goaway(c->h2);
+    c->timer_mode = TIMER_GOAWAY;
+    uv_timer_start(&c->timer, on_timer, GOAWAY_LINGER_MS, 0);
+    conn_flush(c); /* closes once the GOAWAY is written */
+    return;
+  case TIMER_SEND:
+    EMBPS_INFO("closing connection: its client read none of its replies for %llu ms",
+               (unsigned long long)c->net->cfg.stall_timeout_ms);
+    break;
+  case TIMER_STALL:
+    EMBPS_INFO("closing connection: stall timeout");
+    break;
+  default:
+    break;
+  }
   conn_close(c);
 }
 
-/* Arms the timer for the core's phase. restart_stall: bytes just arrived. */
-static void conn_update_timer(conn_t *c, int restart_stall) {
-  if (c->closing)
+/* Arms the timer for the core's phase. bytes_read, bytes_written: progress just made. */
+static void conn_update_timer(conn_t *c, int bytes_read, int bytes_written) {
+  if (c->closing || c->timer_mode == TIMER_GOAWAY)
     return;
   const embps_net_config_t *cfg = &c->net->cfg;
   embps__h2conn_phase_t phase = embps__h2conn_phase(c->h2);
   timer_mode_t mode = TIMER_OFF;
   uint64_t ms = 0;
-  if (phase == EMBPS__H2_RECEIVING && cfg->stall_timeout_ms) {
+  int restart = 0;
+  if ((phase == EMBPS__H2_SENDING || c->writing) && cfg->stall_timeout_ms) {
+    mode = TIMER_SEND;
+    ms = cfg->stall_timeout_ms;
+    restart = bytes_written;
+  } else if (phase == EMBPS__H2_RECEIVING && cfg->stall_timeout_ms) {
     mode = TIMER_STALL;
     ms = cfg->stall_timeout_ms;
+    restart = bytes_read;
   } else if (phase == EMBPS__H2_IDLE && cfg->idle_timeout_ms) {
     mode = TIMER_IDLE;
     ms = cfg->idle_timeout_ms;
+    restart = bytes_read;
   }
-  if (mode == c->timer_mode && !(mode == TIMER_STALL && restart_stall))
+  if (mode == c->timer_mode && !restart)
     return;
   c->timer_mode = mode;
   if (mode == TIMER_OFF)
@@ -132,6 +180,7 @@ static void conn_update_timer(conn_t *c, int restart_stall) {
 
 static void on_write(uv_write_t *req, int status) {
   conn_t *c = req->data;
+  int replies_written = status == 0 && embps__h2out_body_bytes(c->writing) > 0;
   if (status == 0) {
     c->net->stats.bytes_out += embps__h2out_bytes(c->writing);
     atomic_fetch_add_explicit(&c->net->metrics.bytes_out, embps__h2out_bytes(c->writing),
@@ -146,7 +195,7 @@ static void on_write(uv_write_t *req, int status) {
     return;
   }
   conn_flush(c);
-  conn_update_timer(c, 0);
+  conn_update_timer(c, 0, replies_written);
 }
 
 /* Writes the core's pending output, one batch at a time; closes when the core is done. */
@@ -189,7 +238,11 @@ static void conn_flush(conn_t *c) {
   }
 }
 
-static void on_core_output(void *user) { conn_flush(user); }
+/* A call was answered outside a read: write it, and let the timer follow (a reply now waits). */
+static void on_core_output(void *user) {
+  conn_flush(user);
+  conn_update_timer(user, 0, 0);
+}
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   conn_t *c = h->data;
@@ -226,13 +279,74 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     c->timer_mode = TIMER_OFF;
   }
   conn_flush(c);
-  conn_update_timer(c, 1);
+  conn_update_timer(c, 1, 0);
 }
 
 static void reject_closed(uv_handle_t *h) {
   embps_net_t *net = h->data;
   net->handles--;
   embps_free(h);
+}
+
+/* Logs a refused connection, at most once per REFUSAL_LOG_MS with a count of the rest. */
+static void log_refusal(embps_net_t *net, const char *why) {
+  uint64_t now = uv_now(net->loop);
+  if (net->refusal_logged_ms && now - net->refusal_logged_ms < REFUSAL_LOG_MS) {
+    net->refusals_unlogged++;
+    return;
+  }
+  if (net->refusals_unlogged)
+    EMBPS_WARN("refusing connection: %s (%llu more refused since the last report)", why,
+               (unsigned long long)net->refusals_unlogged);
+  else
+    EMBPS_WARN("refusing connection: %s", why);
+  net->refusal_logged_ms = now ? now : 1;
+  net->refusals_unlogged = 0;
+}
+
+static int same_host(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+  if (a->ss_family != b->ss_family)
+    return 0;
+  if (a->ss_family == AF_INET)
+    return memcmp(&((const struct sockaddr_in *)a)->sin_addr,
+                  &((const struct sockaddr_in *)b)->sin_addr, sizeof(struct in_addr)) == 0;
+  if (a->ss_family == AF_INET6)
+    return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                  &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+  return 0;
+}
+
+/* Records the peer of c (accepted, not yet in net->conns) and says whether its address already
+ * has max_connections_per_source connections open. */
+static int source_full(embps_net_t *net, conn_t *c) {
+  int len = sizeof(c->peer);
+  uint32_t limit = net->cfg.max_connections_per_source, n = 0;
+  char ip[INET6_ADDRSTRLEN] = "?", why[160];
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &len) < 0) {
+    c->peer.ss_family = 0; /* unknown: not counted against any source */
+    return 0;
+  }
+  if (!limit)
+    return 0;
+  for (const conn_t *o = net->conns; o && n < limit; o = o->next)
+    n += (uint32_t)same_host(&o->peer, &c->peer);
+  if (n < limit)
+    return 0;
+  if (c->peer.ss_family == AF_INET6)
+    uv_ip6_name((const struct sockaddr_in6 *)&c->peer, ip, sizeof(ip));
+  else
+    uv_ip4_name((const struct sockaddr_in *)&c->peer, ip, sizeof(ip));
+  snprintf(why, sizeof(why), "%s already has max_connections_per_source=%u open", ip, limit);
+  log_refusal(net, why);
+  return 1;
+}
+
+/* Closes a connection that was never counted as open (both handles initialized). */
+static void conn_discard(conn_t *c) {
+  c->closing = 1;
+  c->net->handles++;
+  uv_close((uv_handle_t *)&c->tcp, conn_handle_closed);
+  uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
 }
 
 static void on_connection(uv_stream_t *server, int status) {
@@ -253,8 +367,11 @@ static void on_connection(uv_stream_t *server, int status) {
     }
     t->data = net;
     net->handles++;
-    if (uv_accept(server, (uv_stream_t *)t) == 0)
-      EMBPS_WARN("refusing connection: max_connections=%u reached", net->cfg.max_connections);
+    if (uv_accept(server, (uv_stream_t *)t) == 0) {
+      char why[80];
+      snprintf(why, sizeof(why), "max_connections=%u reached", net->cfg.max_connections);
+      log_refusal(net, why);
+    }
     uv_close((uv_handle_t *)t, reject_closed);
     return;
   }
@@ -270,6 +387,7 @@ static void on_connection(uv_stream_t *server, int status) {
   ret = embps__h2conn_new(&c->h2, net->cfg.max_message_bytes, &hooks);
   if (ret != EMBPS_OK)
     goto fail;
+  embps__h2conn_set_reply_limit(c->h2, net->cfg.max_connection_reply_bytes);
   EMBPS_UV_CHECK_GOTO(uv_tcp_init(net->loop, &c->tcp), fail);
   c->tcp.data = c;
   c->handles = 1;
@@ -283,6 +401,10 @@ static void on_connection(uv_stream_t *server, int status) {
     return;
   }
   c->handles = 2;
+  if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0 || source_full(net, c)) {
+    conn_discard(c);
+    return;
+  }
   c->next = net->conns;
   if (net->conns)
     net->conns->prev = c;
@@ -290,10 +412,6 @@ static void on_connection(uv_stream_t *server, int status) {
   net->stats.connections++;
   atomic_fetch_add_explicit(&net->metrics.connections, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&net->metrics.connections_accepted, 1, memory_order_relaxed);
-  if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
-    conn_close(c);
-    return;
-  }
   /* Small frames (HEADERS, trailers) must not wait for Nagle. */
   uv_tcp_nodelay(&c->tcp, 1);
   if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0) {
@@ -301,7 +419,7 @@ static void on_connection(uv_stream_t *server, int status) {
     return;
   }
   conn_flush(c); /* our SETTINGS */
-  conn_update_timer(c, 1);
+  conn_update_timer(c, 1, 0);
   return;
 fail:
   if (c)

@@ -20,12 +20,20 @@ typedef struct embps_net_config {
   /** A gRPC message (request) larger than this is refused with RESOURCE_EXHAUSTED. */
   size_t max_message_bytes;
   /** A connection that sends no bytes for this long while it has a request half-received,
-   * or that never completes its preface, is closed. 0 disables. */
+   * or that never completes its preface, is closed; so is one whose replies wait this long
+   * without a byte of them written (its client reads none). 0 disables. */
   uint64_t stall_timeout_ms;
-  /** A connection with no open streams that stays silent this long is closed. 0 disables. */
+  /** A connection with no open streams that stays silent this long is closed, after a
+   * GOAWAY(NO_ERROR). Every frame it sends, a PING too, restarts the wait. 0 disables. */
   uint64_t idle_timeout_ms;
-  /** Connections beyond this are accepted and closed at once. */
+  /** Connections beyond this are accepted and closed at once. 0: no limit. */
   uint32_t max_connections;
+  /** Connections from one IP address beyond this are accepted and closed at once. 0: no
+   * limit. */
+  uint32_t max_connections_per_source;
+  /** The most bytes of replies one connection may hold (embps_net_call_hold_reply). 0: no
+   * limit. */
+  size_t max_connection_reply_bytes;
 } embps_net_config_t;
 
 typedef struct embps_net_stats {
@@ -132,6 +140,17 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
  * handle is gone.
  */
 void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const char *message);
+
+/**
+ * Counts bytes of reply memory against the call's connection before the handler makes a reply
+ * that large, so that one connection cannot make the server hold more than
+ * max_connection_reply_bytes: the bytes stay counted until the reply is written, its stream is
+ * reset or the connection goes (or the call is failed). A connection holding nothing else always
+ * takes one reply, whatever its size. Returns EMBPS_OK; EMBPS_RESOURCE_EXHAUSTED when the
+ * connection already holds replies and these bytes would pass the limit (err says so, naming
+ * the flag), nothing counted; EMBPS_CANCELLED when the client has gone.
+ */
+embps_status_t embps_net_call_hold_reply(embps_net_call_t *call, size_t bytes, embps_error_t *err);
 
 /** Non-zero when the call's peer has gone (connection closed or stream reset). */
 int embps_net_call_cancelled(const embps_net_call_t *call);

@@ -249,6 +249,33 @@ static embps_status_t validate_batch(embps_service_t *svc, const char *table_nam
   return EMBPS_OK;
 }
 
+/* Lookup's checks: validate_batch's, then the reply's size, which a few bytes of tokens can make
+ * thousands of times larger than the request (2 rows of emb_width 65536 make 1000 tokens a
+ * 256 MiB reply). On success *rows_bytes is the size of the rows the reply carries. */
+static embps_status_t validate_lookup(embps_service_t *svc, const Embps__V1__LookupRequest *req,
+                                      embps_table_t **table, size_t *rows_bytes,
+                                      embps_error_t *err) {
+  const embps_table_config_t *c;
+  size_t n, bytes;
+  embps_status_t ret = validate_batch(svc, req->table, req->shard_index, req->shard_count,
+                                      req->tokens_per_batch, &req->tokens, req->dtype, table, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  c = embps_table_config(*table);
+  n = req->tokens.len / sizeof(int64_t);
+  /* No overflow: n < 2^61 / 8 tokens and emb_width * the dtype's size < 2^35. */
+  bytes = n * c->emb_width * embps_dtype_size(c->dtype);
+  if (svc->cfg.max_reply_bytes && bytes > svc->cfg.max_reply_bytes)
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "the reply would hold %zu bytes of rows (%zu tokens of emb_width=%u "
+                           "%s), more than --max-reply-bytes=%llu: split the batch into smaller "
+                           "lookups, or raise --max-reply-bytes",
+                           bytes, n, c->emb_width, embps_dtype_name(c->dtype),
+                           (unsigned long long)svc->cfg.max_reply_bytes);
+  *rows_bytes = bytes;
+  return EMBPS_OK;
+}
+
 static void spec_from_table(const embps_table_t *t, Embps__V1__TableSpec *spec,
                             Embps__V1__OptimizerConfig *o);
 
@@ -745,7 +772,7 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
   embps_error_t err;
   embps_table_t *t;
   request_t *r;
-  size_t n, rows_bytes, head;
+  size_t rows_bytes = 0, head;
   uint8_t header[64];
 
   if (!req) {
@@ -753,18 +780,20 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
     return;
   }
   if (check_names(msg, len, NAME_FIELD, 1, &err) != EMBPS_OK ||
-      validate_batch(svc, req->table, req->shard_index, req->shard_count, req->tokens_per_batch,
-                     &req->tokens, req->dtype, &t, &err) != EMBPS_OK) {
+      validate_lookup(svc, req, &t, &rows_bytes, &err) != EMBPS_OK) {
     fail_call(call, &err);
     embps__v1__lookup_request__free_unpacked(req, &svc->pb);
     return;
   }
-  n = req->tokens.len / sizeof(int64_t);
-  rows_bytes =
-      n * embps_table_config(t)->emb_width * embps_dtype_size(embps_table_config(t)->dtype);
   head =
       put_lookup_header(header, req->batch_id, req->shard_index, embps_table_config(t)->emb_width,
                         embps_table_config(t)->dtype, rows_bytes);
+  /* The last check, as it counts the reply against the connection (call_fail uncounts it). */
+  if (embps_net_call_hold_reply(call, head + rows_bytes, &err) != EMBPS_OK) {
+    fail_call(call, &err);
+    embps__v1__lookup_request__free_unpacked(req, &svc->pb);
+    return;
+  }
   r = request_new(svc, call, REQ_LOOKUP, &req->base);
   if (!r || !(r->reply = embps__bufpool_get(svc->buffers, head + rows_bytes))) {
     embps_error_set(&err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a %zu-byte reply",

@@ -48,7 +48,8 @@ COMMANDS = {
 SERVER_FLAGS = ["listen", "rank", "peers", "peer-port-offset", "mesh", "table-axis", "data-axis",
                 "bootstrap-timeout-ms", "peer-timeout-ms", "batch-deadline-ms",
                 "max-message-bytes", "max-table-bytes", "max-tables", "max-connections",
-                "stall-timeout-ms", "idle-timeout-ms", "backend", "log-level", "checkpoint-dir",
+                "stall-timeout-ms", "idle-timeout-ms", "max-connections-per-source",
+                "max-reply-bytes", "max-connection-reply-bytes", "backend", "log-level", "checkpoint-dir",
                 "checkpoint-keep", "checkpoint-interval-s", "checkpoint-incremental",
                 "checkpoint-full-every", "restore"]
 

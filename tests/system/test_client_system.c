@@ -1,9 +1,9 @@
 /* System tests of libembps against the real embps-server binary.
  *
  * The group setup starts one server on a free loopback port (server_proc.c) with small limits
- * (--max-message-bytes 1 MiB, --max-table-bytes 64 MiB) so that the limits can be hit with
- * cheap requests, and every test drives it through the public C API only, as a training
- * worker would: tables of every optimizer and dtype, lookups, sync and async pushes,
+ * (--max-message-bytes 1 MiB, --max-reply-bytes 4 MiB, --max-table-bytes 64 MiB) so that the limits
+ * can be hit with cheap requests, and every test drives it through the public C API only, as a
+ * training worker would: tables of every optimizer and dtype, lookups, sync and async pushes,
  * pipelined calls, several concurrent clients, statistics, and every kind of bad input.
  * Expected values are computed here independently of the server: SGD results are checked bit
  * for bit with the same f32 arithmetic (sum duplicate gradients in position order, then
@@ -205,8 +205,15 @@ static void sum_by_token(const int64_t *tokens, size_t n, const float *grads, ui
 /* ---- group setup ------------------------------------------------------------------------- */
 
 static int group_setup(void **state) {
-  static const char *const flags[] = {"--max-message-bytes", "1048576", "--max-table-bytes",
-                                      "67108864", NULL};
+  /* Replies may be larger than requests here: test_oversized_messages looks up 100 000 tokens
+   * (an 800 KB request) of 32-byte rows. */
+  static const char *const flags[] = {"--max-message-bytes",
+                                      "1048576",
+                                      "--max-reply-bytes",
+                                      "4194304",
+                                      "--max-table-bytes",
+                                      "67108864",
+                                      NULL};
   (void)state;
   return server_proc_start(&g_main, flags) == 0 ? 0 : -1;
 }

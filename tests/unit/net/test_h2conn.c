@@ -604,6 +604,107 @@ static void test_phases(void **state) {
   server_fini(&sv);
 }
 
+/* Replies a connection holds are counted from the hold to the stream's end, whichever way it
+ * ends (written, reset by the client); a hold past the limit is refused unless the connection
+ * holds nothing else, and a client with a closed window keeps the connection SENDING. */
+static void test_reply_hold_accounting(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  embps_error_t err;
+  nghttp2_settings_entry zero = {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 0};
+  nghttp2_settings_entry open = {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20};
+  server_init(&sv, 1 << 20);
+  embps__h2conn_set_reply_limit(sv.conn, 1000);
+  h2c_init(&c, 0);
+  nghttp2_submit_settings(c.session, NGHTTP2_FLAG_NONE, &zero, 1);
+  uint8_t *p = h2c_frame(0, "abc", 3, &plen);
+  for (int i = 0; i < 4; i++)
+    h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 4);
+
+  assert_int_equal(embps_net_call_hold_reply(sv.calls[0], 600, &err), EMBPS_OK);
+  assert_int_equal(embps_net_call_hold_reply(sv.calls[1], 600, &err), EMBPS_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(err.message, "already holds 600 bytes"));
+  assert_non_null(strstr(err.message, "--max-connection-reply-bytes=1000"));
+  assert_int_equal(embps__h2conn_reply_bytes(sv.conn), 600); /* the refusal counted nothing */
+  embps_net_call_fail(sv.calls[1], EMBPS_RESOURCE_EXHAUSTED, err.message);
+  assert_int_equal(embps_net_call_hold_reply(sv.calls[2], 400, &err), EMBPS_OK);
+  assert_int_equal(embps__h2conn_reply_bytes(sv.conn), 1000);
+
+  releases = 0;
+  uint8_t *b0 = malloc(600), *b2 = malloc(400), *b3 = malloc(5000);
+  memset(b3, 3, 5000);
+  embps_net_call_reply(sv.calls[0], b0, 600, count_release, b0);
+  embps_net_call_reply(sv.calls[2], b2, 400, count_release, b2);
+  pump(&c, &sv);
+  /* the client's windows are closed: nothing of either reply went out */
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_SENDING);
+  assert_int_equal(embps__h2conn_reply_bytes(sv.conn), 1000);
+  assert_int_equal(releases, 0);
+
+  /* A reset frees that reply and its share at once. */
+  nghttp2_submit_rst_stream(c.session, NGHTTP2_FLAG_NONE, c.streams[0].id, NGHTTP2_CANCEL);
+  pump(&c, &sv);
+  assert_int_equal(releases, 1);
+  assert_int_equal(embps__h2conn_reply_bytes(sv.conn), 400);
+  assert_int_equal(embps_net_call_hold_reply(sv.calls[3], 5000, &err), EMBPS_RESOURCE_EXHAUSTED);
+  nghttp2_submit_rst_stream(c.session, NGHTTP2_FLAG_NONE, c.streams[2].id, NGHTTP2_CANCEL);
+  pump(&c, &sv);
+  assert_int_equal(releases, 2);
+  assert_int_equal(embps__h2conn_reply_bytes(sv.conn), 0);
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_BUSY); /* call 3 is still owed */
+
+  /* Alone, one reply fits whatever its size; once written, it is no longer held. */
+  assert_int_equal(embps_net_call_hold_reply(sv.calls[3], 5000, &err), EMBPS_OK);
+  embps_net_call_reply(sv.calls[3], b3, 5000, count_release, b3);
+  pump(&c, &sv);
+  assert_int_equal(embps__h2conn_reply_bytes(sv.conn), 5000);
+  nghttp2_submit_settings(c.session, NGHTTP2_FLAG_NONE, &open, 1);
+  pump(&c, &sv);
+  assert_int_equal(c.streams[3].grpc_status, 0);
+  assert_int_equal(c.streams[3].data_len, 5005);
+  assert_int_equal(releases, 3);
+  assert_int_equal(embps__h2conn_reply_bytes(sv.conn), 0);
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_IDLE);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+/* A reply held back by a closed window is released when the connection goes, and a call of a
+ * gone connection holds nothing. */
+static void test_unsent_reply_freed_with_connection(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  embps_error_t err;
+  nghttp2_settings_entry zero = {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 0};
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 0);
+  nghttp2_submit_settings(c.session, NGHTTP2_FLAG_NONE, &zero, 1);
+  uint8_t *p = h2c_frame(0, "abc", 3, &plen);
+  h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 2);
+  assert_int_equal(embps_net_call_hold_reply(sv.calls[0], 1 << 20, &err), EMBPS_OK);
+  releases = 0;
+  uint8_t *body = malloc(1 << 20);
+  embps_net_call_reply(sv.calls[0], body, 1 << 20, count_release, body);
+  pump(&c, &sv);
+  assert_int_equal(releases, 0);
+  embps__h2conn_free(sv.conn);
+  sv.conn = NULL;
+  assert_int_equal(releases, 1);
+  assert_int_equal(embps_net_call_hold_reply(sv.calls[1], 10, &err), EMBPS_CANCELLED);
+  embps_net_call_fail(sv.calls[1], EMBPS_CANCELLED, err.message);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
 static void test_new_fails_cleanly(void **state) {
   embps__h2conn_hooks_t hooks = {.on_request = on_request};
   embps__h2conn_t *conn = (embps__h2conn_t *)&hooks; /* must stay untouched */
@@ -678,6 +779,8 @@ int main(void) {
       cmocka_unit_test(test_answer_after_teardown),
       cmocka_unit_test(test_batch_outlives_connection),
       cmocka_unit_test(test_phases),
+      cmocka_unit_test(test_reply_hold_accounting),
+      cmocka_unit_test(test_unsent_reply_freed_with_connection),
       cmocka_unit_test(test_new_fails_cleanly),
       cmocka_unit_test(test_out_of_memory_refuses_the_call),
   };

@@ -60,8 +60,17 @@ static long now_ms(void) {
 
 /* ---- the client side (client thread) ---- */
 
-static int tcp_connect(int port, int rcv_timeout_ms) {
+/* A loopback connection from source address `from` (e.g. "127.0.0.2"; NULL: any). */
+static int tcp_connect_from(const char *from, int port, int rcv_timeout_ms) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (from) {
+    struct sockaddr_in src = {.sin_family = AF_INET};
+    inet_pton(AF_INET, from, &src.sin_addr);
+    if (bind(fd, (struct sockaddr *)&src, sizeof(src)) < 0) {
+      close(fd);
+      return -1;
+    }
+  }
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   struct timeval tv = {.tv_sec = rcv_timeout_ms / 1000, .tv_usec = (rcv_timeout_ms % 1000) * 1000};
@@ -73,6 +82,10 @@ static int tcp_connect(int port, int rcv_timeout_ms) {
     return -1;
   }
   return fd;
+}
+
+static int tcp_connect(int port, int rcv_timeout_ms) {
+  return tcp_connect_from(NULL, port, rcv_timeout_ms);
 }
 
 static int send_all(int fd, const uint8_t *p, size_t n) {
@@ -148,6 +161,30 @@ static long wait_eof(int fd, long timeout_ms) {
   return -1;
 }
 
+/* Reads until the server closes, feeding what arrives to c (so c->goaway tells whether a GOAWAY
+ * came first) and sending a PING every ping_ms (0: none). The ms it took, or -1 after
+ * timeout_ms. */
+static long wait_eof_h2(h2c_t *c, int fd, long timeout_ms, long ping_ms) {
+  uint8_t buf[4096];
+  long start = now_ms(), last_ping = start;
+  while (now_ms() - start < timeout_ms) {
+    if (ping_ms && now_ms() - last_ping >= ping_ms) {
+      nghttp2_submit_ping(c->session, NGHTTP2_FLAG_NONE, NULL);
+      last_ping = now_ms();
+    }
+    if (h2c_flush(c, fd) < 0)
+      return now_ms() - start;
+    ssize_t r = recv(fd, buf, sizeof(buf), 0);
+    if (r == 0 || (r < 0 && errno == ECONNRESET))
+      return now_ms() - start;
+    if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      return now_ms() - start;
+    if (r > 0)
+      nghttp2_session_mem_recv(c->session, buf, (size_t)r);
+  }
+  return -1;
+}
+
 /* ---- the loop side (main thread) ---- */
 
 static void on_done(uv_async_t *a) { uv_stop(a->loop); }
@@ -165,19 +202,23 @@ static void *client_main(void *arg) {
   return NULL;
 }
 
-static void fixture_start(fixture_t *fx, uint64_t stall_ms, uint64_t idle_ms, uint32_t max_conns) {
+static void fixture_start_cfg(fixture_t *fx, const embps_net_config_t *cfg) {
   memset(fx, 0, sizeof(*fx));
   assert_int_equal(uv_loop_init(&fx->loop), 0);
-  embps_net_config_t cfg = {.max_message_bytes = 8u << 20,
-                            .stall_timeout_ms = stall_ms,
-                            .idle_timeout_ms = idle_ms,
-                            .max_connections = max_conns};
-  assert_int_equal(embps_net_new(&fx->net, &fx->loop, &cfg, on_request, fx), EMBPS_OK);
+  assert_int_equal(embps_net_new(&fx->net, &fx->loop, cfg, on_request, fx), EMBPS_OK);
   embps_error_t err;
   assert_int_equal(embps_net_port(fx->net), 0);
   assert_int_equal(embps_net_listen(fx->net, "127.0.0.1:0", &err), EMBPS_OK);
   fx->port = embps_net_port(fx->net);
   assert_true(fx->port > 0);
+}
+
+static void fixture_start(fixture_t *fx, uint64_t stall_ms, uint64_t idle_ms, uint32_t max_conns) {
+  embps_net_config_t cfg = {.max_message_bytes = 8u << 20,
+                            .stall_timeout_ms = stall_ms,
+                            .idle_timeout_ms = idle_ms,
+                            .max_connections = max_conns};
+  fixture_start_cfg(fx, &cfg);
 }
 
 static void fixture_run(fixture_t *fx, void (*script)(fixture_t *)) {
@@ -336,12 +377,21 @@ static void test_stalled_connection_closed(void **state) {
 
 static void script_idle(fixture_t *fx) {
   h2c_t c;
-  int fd = tcp_connect(fx->port, 5000);
+  int fd = tcp_connect(fx->port, 50);
   if (fd < 0)
     return;
   h2c_init(&c, 1);
   fx->ok[0] = echo_call(&c, fd, 10);
-  fx->ms[1] = wait_eof(fd, 5000);
+  fx->ms[1] = wait_eof_h2(&c, fd, 5000, 0);
+  fx->ok[1] = c.goaway && c.goaway_error == NGHTTP2_NO_ERROR;
+  h2c_free(&c);
+  close(fd);
+  /* PINGs every 100 ms (gRPC keepalive) keep an idle connection open well past the timeout */
+  fd = tcp_connect(fx->port, 50);
+  h2c_init(&c, 1);
+  fx->ok[2] = echo_call(&c, fd, 10);
+  fx->ms[2] = wait_eof_h2(&c, fd, 1200, 100);
+  fx->ok[3] = echo_call(&c, fd, 10);
   h2c_free(&c);
   close(fd);
 }
@@ -352,6 +402,87 @@ static void test_idle_connection_closed(void **state) {
   fixture_run(&fx, script_idle);
   assert_true(fx.ok[0]);
   assert_true(fx.ms[1] >= 250 && fx.ms[1] < 3000);
+  assert_true(fx.ok[1]); /* a GOAWAY(NO_ERROR) came before the close */
+  assert_true(fx.ok[2]);
+  assert_int_equal(fx.ms[2], -1); /* still open after 1.2 s */
+  assert_true(fx.ok[3]);
+  fixture_stop(&fx);
+}
+
+/* A client that opens no window for its reply is closed after the stall timeout, though it
+ * keeps sending PINGs. */
+static void script_unread_reply(fixture_t *fx) {
+  h2c_t c;
+  size_t plen;
+  nghttp2_settings_entry zero = {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 0};
+  int fd = tcp_connect(fx->port, 50);
+  if (fd < 0)
+    return;
+  h2c_init(&c, 0);
+  nghttp2_submit_settings(c.session, NGHTTP2_FLAG_NONE, &zero, 1);
+  uint8_t *p = h2c_frame(0, "0123456789", 10, &plen);
+  h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  fx->ms[0] = wait_eof_h2(&c, fd, 5000, 100);
+  free(p);
+  h2c_free(&c);
+  close(fd);
+}
+
+static void test_unread_reply_closes_connection(void **state) {
+  fixture_t fx;
+  fixture_start(&fx, 300, 0, 0);
+  fixture_run(&fx, script_unread_reply);
+  assert_true(fx.ms[0] >= 250 && fx.ms[0] < 3000);
+  fixture_stop(&fx);
+}
+
+/* Connections beyond the per-source limit are closed at once; another address still gets in,
+ * and the source gets in again once one of its connections is gone. */
+static void script_per_source(fixture_t *fx) {
+  h2c_t a, b, d;
+  int fa = tcp_connect(fx->port, 5000), fb = tcp_connect(fx->port, 5000);
+  if (fa < 0 || fb < 0)
+    return;
+  h2c_init(&a, 1);
+  h2c_init(&b, 1);
+  fx->ok[0] = echo_call(&a, fa, 10) && echo_call(&b, fb, 10);
+  int third = tcp_connect(fx->port, 5000);
+  fx->ms[1] = third < 0 ? 0 : wait_eof(third, 3000);
+  if (third >= 0)
+    close(third);
+  int other = tcp_connect_from("127.0.0.2", fx->port, 5000);
+  h2c_init(&d, 1);
+  fx->ok[2] = other >= 0 && echo_call(&d, other, 10);
+  h2c_free(&d);
+  fx->ok[3] = echo_call(&a, fa, 10);
+  h2c_free(&b);
+  close(fb);
+  for (int i = 0; i < 50 && !fx->ok[4]; i++) {
+    int again = tcp_connect(fx->port, 2000);
+    h2c_init(&d, 1);
+    fx->ok[4] = again >= 0 && echo_call(&d, again, 10);
+    h2c_free(&d);
+    if (again >= 0)
+      close(again);
+    if (!fx->ok[4])
+      usleep(20000);
+  }
+  h2c_free(&a);
+  close(fa);
+  if (other >= 0)
+    close(other);
+}
+
+static void test_max_connections_per_source(void **state) {
+  fixture_t fx;
+  embps_net_config_t cfg = {.max_message_bytes = 1 << 20, .max_connections_per_source = 2};
+  fixture_start_cfg(&fx, &cfg);
+  fixture_run(&fx, script_per_source);
+  assert_true(fx.ok[0]);
+  assert_true(fx.ms[1] >= 0); /* the third from 127.0.0.1 was closed at once */
+  assert_true(fx.ok[2]);      /* 127.0.0.2 is another source */
+  assert_true(fx.ok[3]);
+  assert_true(fx.ok[4]);
   fixture_stop(&fx);
 }
 
@@ -402,6 +533,8 @@ int main(void) {
       cmocka_unit_test(test_stalled_connection_closed),
       cmocka_unit_test(test_idle_connection_closed),
       cmocka_unit_test(test_max_connections),
+      cmocka_unit_test(test_max_connections_per_source),
+      cmocka_unit_test(test_unread_reply_closes_connection),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

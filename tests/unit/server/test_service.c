@@ -41,6 +41,18 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
   snprintf(call->message, sizeof(call->message), "%s", message);
 }
 
+/* The fake connection's reply accounting: what lookups asked to hold, and whether to refuse. */
+static size_t held_reply_bytes;
+static int refuse_hold;
+
+embps_status_t embps_net_call_hold_reply(embps_net_call_t *call, size_t bytes, embps_error_t *err) {
+  (void)call;
+  if (refuse_hold)
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "fake: connection full");
+  held_reply_bytes += bytes;
+  return EMBPS_OK;
+}
+
 void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) {
   (void)net;
   memset(out, 0, sizeof(*out));
@@ -274,6 +286,45 @@ static void test_validation_messages(void **state) {
   }
 }
 
+/* A lookup whose reply would pass --max-reply-bytes, or that its connection cannot hold, is
+ * refused before anything is allocated or queued. */
+static void test_reply_limits(void **state) {
+  embps_net_call_t c;
+  Embps__V1__LookupRequest req = EMBPS__V1__LOOKUP_REQUEST__INIT;
+  int64_t tokens[8] = {0, 1, 0, 1, 0, 1, 0, 1};
+  (void)state;
+  create(&c, "wide", 2, 1024); /* a row is 4 KiB: 8 tokens make a 32 KiB reply */
+  release_call(&c);
+  req.table = "wide";
+  req.tokens.data = (uint8_t *)tokens;
+  req.tokens.len = sizeof(tokens);
+  svc->cfg.max_reply_bytes = 8 * 4096 - 1;
+  held_reply_bytes = 0;
+  call(&c, "/embps.v1.EmbeddingService/Lookup", &req.base);
+  assert_int_equal(c.status, EMBPS_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(c.message, "32768 bytes of rows (8 tokens of emb_width=1024 f32)"));
+  assert_non_null(strstr(c.message, "--max-reply-bytes=32767"));
+  assert_int_equal(num_queued, 0);
+  assert_int_equal(embps_service_inflight(svc), 0);
+  assert_int_equal(held_reply_bytes, 0);
+
+  svc->cfg.max_reply_bytes = 8 * 4096; /* exactly the rows: allowed */
+  refuse_hold = 1;
+  call(&c, "/embps.v1.EmbeddingService/Lookup", &req.base);
+  assert_int_equal(c.status, EMBPS_RESOURCE_EXHAUSTED);
+  assert_string_equal(c.message, "fake: connection full");
+  assert_int_equal(num_queued, 0);
+
+  refuse_hold = 0;
+  call(&c, "/embps.v1.EmbeddingService/Lookup", &req.base);
+  assert_int_equal(num_queued, 1);
+  assert_true(held_reply_bytes > 8 * 4096 && held_reply_bytes < 8 * 4096 + 64); /* + header */
+  run_engine();
+  assert_int_equal(c.status, EMBPS_OK);
+  release_call(&c);
+  svc->cfg.max_reply_bytes = 0;
+}
+
 static void test_async_push_answered_when_ordered(void **state) {
   embps_net_call_t c;
   Embps__V1__PushGradientsRequest req = EMBPS__V1__PUSH_GRADIENTS_REQUEST__INIT;
@@ -404,6 +455,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_create_and_lookup_reply_encoding),
       cmocka_unit_test(test_validation_messages),
+      cmocka_unit_test(test_reply_limits),
       cmocka_unit_test(test_async_push_answered_when_ordered),
       cmocka_unit_test(test_async_needs_fused_update),
       cmocka_unit_test(test_allocation_failures),
