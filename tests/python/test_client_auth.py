@@ -119,5 +119,6 @@ class ClientAuthTest(unittest.TestCase):
             embps.Client(self.group.addresses[0], token=OTHER_WORKER, connect_timeout=30)
         self.assertEqual(cm.exception.code, SC.FAILED_PRECONDITION)
 
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
