@@ -108,6 +108,7 @@ embps_status_t embps__shard_submit(embps_call_t *call, embps__shard_t *sh, const
     return embps__client_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
   s->path = path;
   s->timeout_ms = c->deadline_ms;
+  s->authorization = c->authorization;
   memcpy(s->segs, segs, (size_t)nsegs * sizeof(*segs));
   s->nsegs = nsegs;
   s->on_done = on_stream_done;

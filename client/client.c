@@ -74,6 +74,29 @@ static uint64_t random_base(void) {
   return ((r & 0x7fffffffull) << 32) + 1;
 }
 
+/* "Bearer TOKEN" for the authorization header, in a new string (*out). The token must be
+ * visible ASCII, so that it cannot end the header or start another. */
+static embps_status_t authorization_new(const char *token, char **out, embps_error_t *err) {
+  size_t len = strlen(token);
+  char *a;
+  if (len > 1000)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "the token is %zu bytes: tokens are at most 1000", len);
+  for (size_t i = 0; i < len; i++)
+    if ((unsigned char)token[i] <= 0x20 || (unsigned char)token[i] >= 0x7f)
+      return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                             "the token has a byte that is not visible ASCII (0x%02x at offset "
+                             "%zu): is it the whole token file, with a line break inside?",
+                             (unsigned char)token[i], i);
+  a = embps_malloc(len + 8);
+  if (!a)
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  memcpy(a, "Bearer ", 7);
+  memcpy(a + 7, token, len + 1);
+  *out = a;
+  return EMBPS_OK;
+}
+
 void embps_client_free(embps_client_t *client) {
   if (!client)
     return;
@@ -83,6 +106,9 @@ void embps_client_free(embps_client_t *client) {
     embps__conn_free(client->conns[i]);
   embps_free(client->conns);
   embps_free(client->addrs);
+  if (client->authorization)
+    explicit_bzero(client->authorization, strlen(client->authorization));
+  embps_free(client->authorization);
   embps_free(client);
 }
 
@@ -109,6 +135,11 @@ embps_status_t embps_client_connect(embps_client_t **out, const char *servers,
                           "rank's host:port in rank order",
                           opts->group_size, n);
     goto fail;
+  }
+  if (opts->token && opts->token[0]) {
+    ret = authorization_new(opts->token, &c->authorization, err);
+    if (ret != EMBPS_OK)
+      goto fail;
   }
   c->group_size = (uint32_t)n;
   c->deadline_ms = opts->deadline_ms > 0 ? opts->deadline_ms : 0;

@@ -31,6 +31,7 @@ struct embps_client {
   uint64_t next_batch_id;
   embps_error_t last;
   embps_call_t *calls; /* in flight, for embps_client_free */
+  char *authorization; /* "Bearer TOKEN" sent on every call, owned; NULL: none */
 };
 
 /** One shard of a call: the stream to one rank, with what its request and reply need. */

@@ -359,7 +359,7 @@ embps_status_t embps__conn_submit(embps__conn_t *c, embps__stream_t *s, int64_t 
   size_t nnv = 6;
 #define NV(n, v, vl)                                                                               \
   {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NO_COPY_NAME}
-  nghttp2_nv nva[8] = {
+  nghttp2_nv nva[9] = {
       NV(":method", "POST", 4),
       NV(":scheme", "http", 4),
       NV(":path", s->path, strlen(s->path)),
@@ -384,6 +384,14 @@ embps_status_t embps__conn_submit(embps__conn_t *c, embps__stream_t *s, int64_t 
   if (s->timeout_ms > 0) {
     nva[7].valuelen = embps__grpc_timeout(timeout, s->timeout_ms);
     nnv = 8;
+  }
+  if (s->authorization) {
+    /* Never indexed (RFC 7541 7.1.3): a secret must not sit in a compression table where a
+     * compression side channel could guess at it. */
+    nghttp2_nv auth = {(uint8_t *)"authorization", (uint8_t *)s->authorization, 13,
+                       strlen(s->authorization),
+                       NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_INDEX};
+    nva[nnv++] = auth;
   }
   s->conn = c;
   s->grpc_status = -1;

@@ -30,8 +30,9 @@ typedef embps_status_t (*embps__sink_finish)(void *arg, embps_error_t *err);
  * resets the stream and lets the connection free it when it closes. */
 struct embps__stream {
   /* request, set before submit */
-  const char *path;   /* "/embps.v1.EmbeddingService/Lookup"; static string */
-  int64_t timeout_ms; /* grpc-timeout header; 0: none */
+  const char *path;          /* "/embps.v1.EmbeddingService/Lookup"; static string */
+  int64_t timeout_ms;        /* grpc-timeout header; 0: none */
+  const char *authorization; /* authorization header ("Bearer TOKEN"), borrowed; NULL: none */
   embps__seg_t segs[EMBPS__MAX_SEGS];
   int nsegs;
   /* reply: body bytes go to sink (e.g. the LookupResponse parser) or, with sink NULL, are

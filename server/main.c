@@ -33,7 +33,7 @@
 
 typedef struct server {
   uv_loop_t loop;
-  uv_signal_t sigint, sigterm;
+  uv_signal_t sigint, sigterm, sighup;
   uv_timer_t drain_timer; /* watches a drain until the calls taken are answered */
   int draining;
   uint64_t drain_deadline_ms;
@@ -44,6 +44,8 @@ typedef struct server {
   embps_net_t *net;
   embps_metrics_server_t *metrics; /* NULL without --metrics-listen */
   embps_metrics_sources_t metrics_src;
+  const char *auth_path; /* --auth-tokens-file; NULL: client auth is off */
+  embps_auth_t *auth;    /* its tokens, which the service checks calls against */
   int closing;
   int exit_code;
   int has_checkpoints;
@@ -58,8 +60,10 @@ static void shut_down(server_t *s) {
   embps_net_close(s->net);
   uv_signal_stop(&s->sigint);
   uv_signal_stop(&s->sigterm);
+  uv_signal_stop(&s->sighup);
   uv_close((uv_handle_t *)&s->sigint, NULL);
   uv_close((uv_handle_t *)&s->sigterm, NULL);
+  uv_close((uv_handle_t *)&s->sighup, NULL);
   uv_timer_stop(&s->drain_timer);
   uv_close((uv_handle_t *)&s->drain_timer, NULL);
   embps_group_close(s->group);
@@ -120,6 +124,37 @@ static void on_signal(uv_signal_t *handle, int signum) {
   embps_service_drain(s->service);
   embps_net_stop_listening(s->net);
   uv_timer_start(&s->drain_timer, on_drain_tick, 0, 10);
+}
+
+/* Says which tokens are in force, by role (never the tokens). */
+static void log_auth(const char *verb, const server_t *s) {
+  EMBPS_INFO("client auth: %s %zu admin, %zu worker and %zu reader token(s) from %s", verb,
+             embps_auth_count(s->auth, EMBPS_AUTH_ADMIN),
+             embps_auth_count(s->auth, EMBPS_AUTH_WORKER),
+             embps_auth_count(s->auth, EMBPS_AUTH_READER), s->auth_path);
+}
+
+/* SIGHUP rereads --auth-tokens-file: a file that now fails to parse keeps the tokens in force
+ * (the calls being served were checked against them and later ones still are). Everything
+ * runs on the loop thread, so the swap needs no lock. */
+static void on_sighup(uv_signal_t *handle, int signum) {
+  server_t *s = handle->data;
+  embps_auth_t *fresh;
+  embps_error_t err;
+  (void)signum;
+  if (!s->auth_path) {
+    EMBPS_INFO("SIGHUP: nothing to reload (no --auth-tokens-file)");
+    return;
+  }
+  if (embps_auth_load(&fresh, s->auth_path, &err) != EMBPS_OK) {
+    EMBPS_ERROR("SIGHUP: --auth-tokens-file: %s; the tokens loaded before stay in force",
+                err.message);
+    return;
+  }
+  embps_service_set_auth(s->service, fresh);
+  embps_auth_free(s->auth);
+  s->auth = fresh;
+  log_auth("reloaded", s);
 }
 
 static void on_group_fatal(void *arg, embps_status_t status, const char *message) {
@@ -403,6 +438,13 @@ int main(int argc, char **argv) {
   if (checkpoint_setup(&set, rank, group_size, identity, sizeof(identity), restore_dir,
                        sizeof(restore_dir), &restore_round) != 0)
     return 2;
+  if (set.auth_tokens_file[0]) {
+    s.auth_path = set.auth_tokens_file;
+    if (embps_auth_load(&s.auth, s.auth_path, &err) != EMBPS_OK) {
+      fprintf(stderr, "embps-server: --auth-tokens-file: %s\n", err.message);
+      return 2;
+    }
+  }
 
   memset(&scfg, 0, sizeof(scfg));
   scfg.max_table_bytes = set.max_table_bytes ? set.max_table_bytes : default_max_table_bytes();
@@ -463,6 +505,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   embps_service_set_net(s.service, s.net);
+  embps_service_set_auth(s.service, s.auth);
   s.metrics_src.store = s.store;
   s.metrics_src.group = s.group;
   s.metrics_src.net = s.net;
@@ -490,15 +533,22 @@ int main(int argc, char **argv) {
   }
   uv_signal_init(&s.loop, &s.sigint);
   uv_signal_init(&s.loop, &s.sigterm);
+  uv_signal_init(&s.loop, &s.sighup);
   uv_timer_init(&s.loop, &s.drain_timer);
   s.drain_timeout_ms = set.drain_timeout_ms;
-  s.sigint.data = s.sigterm.data = s.drain_timer.data = &s;
+  s.sigint.data = s.sigterm.data = s.sighup.data = s.drain_timer.data = &s;
   uv_signal_start(&s.sigint, on_signal, SIGINT);
   uv_signal_start(&s.sigterm, on_signal, SIGTERM);
+  uv_signal_start(&s.sighup, on_sighup, SIGHUP);
   EMBPS_INFO("embps-server %s: rank %u of a %u-rank group, mesh %s, backend %s, max table "
              "bytes %llu",
              EMBPS_VERSION, rank, group_size, mesh_text, embps_group_backend(s.group),
              (unsigned long long)scfg.max_table_bytes);
+  if (s.auth)
+    log_auth("accepting", &s);
+  else
+    EMBPS_INFO("client auth is off: every client may call every method (see "
+               "--auth-tokens-file)");
   /* The listening line is what scripts and tests wait for; its port is the real one when
    * --listen asked for port 0, and its host is as the user wrote it. */
   EMBPS_INFO("listening on %s%s%s:%d", shown.ipv6 ? "[" : "", shown.host, shown.ipv6 ? "]" : "",
@@ -512,6 +562,7 @@ exit:
   embps_metrics_server_stop(s.metrics); /* before what it reads goes away */
   embps_net_free(s.net);
   embps_service_free(s.service);
+  embps_auth_free(s.auth);
   embps_group_free(s.group);
   embps_store_free(s.store);
   uv_loop_close(&s.loop);

@@ -63,6 +63,9 @@
   X(drain_timeout_ms, U64, "drain-timeout-ms", "20000",                                            \
     "on SIGTERM, how long to finish the calls already taken (new ones are refused) before "        \
     "exiting; a second signal exits at once")                                                      \
+  X(auth_tokens_file, STR, "auth-tokens-file", "",                                                 \
+    "bearer tokens clients must send, one 'ROLE TOKEN' per line (ROLE admin, worker or "           \
+    "reader), reread on SIGHUP; empty: no client authentication")                                  \
   X(backend, STR, "backend", "auto",                                                               \
     "compute backend: cuda (tables in GPU memory, NCCL between ranks), cpu, or auto (cuda "        \
     "when a GPU is visible)")                                                                      \

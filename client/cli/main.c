@@ -7,6 +7,8 @@
  * code that parses it. Numbers are parsed strictly (args.c). Failures print
  * "embps: COMMAND: STATUS: message" with the server's message on stderr and exit 1; usage
  * errors exit 2. */
+#include <ctype.h>
+#include <errno.h>
 #include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +33,7 @@ typedef struct setting {
   const char *value;
 } setting_t;
 
-enum { S_SERVERS, S_DEADLINE, S_CONNECT_TIMEOUT, S_PAD, S_COUNT };
+enum { S_SERVERS, S_DEADLINE, S_CONNECT_TIMEOUT, S_PAD, S_TOKEN_FILE, S_COUNT };
 
 static setting_t settings[S_COUNT] = {
     [S_SERVERS] = {"--servers", "EMBPS_SERVERS", "127.0.0.1:7070",
@@ -42,6 +44,10 @@ static setting_t settings[S_COUNT] = {
                            "deadline of connecting to each server, in milliseconds", NULL},
     [S_PAD] = {"--pad", "EMBPS_PAD", "0",
                "pad batches with token 0 up to a multiple of the group size (--pad=0|1)", NULL},
+    [S_TOKEN_FILE] = {"--token-file", "EMBPS_TOKEN_FILE", "",
+                      "file holding the bearer token sent on every call (servers with "
+                      "--auth-tokens-file); empty: none",
+                      NULL},
 };
 
 typedef struct flag {
@@ -176,6 +182,45 @@ static int get_float(const char *cmd, const flag_t *flags, const char *name, flo
 
 static embps_client_t *g_client;
 static embps_client_options_t g_opts;
+static char g_token[1024];
+
+/* Reads the bearer token from path into g_token: the file's text without the whitespace
+ * around it (a trailing newline, as editors and `kubectl create secret` leave). Returns 0, or
+ * -1 with the reason in g_err (never the token's text). */
+static int read_token_file(const char *path) {
+  size_t len, start = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(g_err, sizeof(g_err), "--token-file %.300s: %s", path, strerror(errno));
+    return -1;
+  }
+  len = fread(g_token, 1, sizeof(g_token), f);
+  fclose(f);
+  if (len == sizeof(g_token)) {
+    snprintf(g_err, sizeof(g_err), "--token-file %.300s: longer than %zu bytes", path,
+             sizeof(g_token) - 1);
+    return -1;
+  }
+  while (len > 0 && isspace((unsigned char)g_token[len - 1]))
+    len--;
+  while (start < len && isspace((unsigned char)g_token[start]))
+    start++;
+  memmove(g_token, g_token + start, len - start);
+  len -= start;
+  g_token[len] = '\0';
+  if (len == 0) {
+    snprintf(g_err, sizeof(g_err), "--token-file %.300s is empty: it should hold one token", path);
+    return -1;
+  }
+  for (size_t i = 0; i < len; i++)
+    if (isspace((unsigned char)g_token[i])) {
+      snprintf(g_err, sizeof(g_err),
+               "--token-file %.300s holds more than one word: it should hold one token alone",
+               path);
+      return -1;
+    }
+  return 0;
+}
 
 static size_t count_addresses(const char *s) {
   size_t n = 1;
@@ -909,7 +954,7 @@ static void usage_global(FILE *f) {
     char left[64];
     snprintf(left, sizeof(left), "%s%s", settings[i].flag, i == S_PAD ? "" : " VALUE");
     fprintf(f, "  %-28s %s\n  %-28s   (env %s, default %s)\n", left, settings[i].help, "",
-            settings[i].env, settings[i].def);
+            settings[i].env, settings[i].def[0] ? settings[i].def : "none");
   }
   fprintf(f, "  %-28s %s\n\ncommands:\n", "--help", "show this help");
   for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
@@ -976,6 +1021,11 @@ int main(int argc, char **argv) {
   if (embps_cli_parse_u64("--pad", settings[S_PAD].value, 0, 1, &v, g_err, sizeof(g_err)) != 0)
     return usage_error("options", g_err);
   g_opts.pad_batches = (int)v;
+  if (settings[S_TOKEN_FILE].value[0]) {
+    if (read_token_file(settings[S_TOKEN_FILE].value) != 0)
+      return usage_error("options", g_err);
+    g_opts.token = g_token;
+  }
   if (i >= argc) {
     usage_global(stderr);
     return EXIT_USAGE;

@@ -136,6 +136,34 @@ def parse_servers(servers):
     return out
 
 
+def read_token(token=None, token_file=None):
+    """The bearer token to send: token as given, else token_file's text, else the file named by
+    EMBPS_TOKEN_FILE (as the CLI's --token-file), else None. The file's surrounding whitespace
+    (a trailing newline) is dropped; it must hold one token. Raises ValueError (both given, an
+    empty file or one of several words, a token that is not visible ASCII) or OSError."""
+    if token is not None and token_file is not None:
+        raise ValueError("give token or token_file, not both")
+    if token is None:
+        path = token_file if token_file is not None else os.environ.get("EMBPS_TOKEN_FILE")
+        if not path:
+            return None
+        with open(path, "rb") as f:
+            data = f.read(1025)
+        if len(data) > 1024:
+            raise ValueError("token file %s is longer than 1024 bytes" % path)
+        token = data.decode("ascii", "replace").strip()
+        if not token:
+            raise ValueError("token file %s is empty: it should hold one token" % path)
+        if len(token.split()) > 1:
+            raise ValueError("token file %s holds more than one word: it should hold one token "
+                             "alone" % path)
+    if not isinstance(token, str):
+        raise TypeError("token must be a str, not %s" % type(token).__name__)
+    if not token or any(not ("!" <= c <= "~") for c in token):
+        raise ValueError("the token must be visible ASCII characters (no spaces or line breaks)")
+    return token
+
+
 # ---- futures ----------------------------------------------------------------------------------
 
 class BatchFuture(concurrent.futures.Future):
@@ -256,14 +284,22 @@ class Client:
     EMBPS_SERVERS (else 127.0.0.1:7070). timeout: deadline of every call in seconds (None:
     none); padding: pad batches whose size is not a multiple of the group size with padding
     token 0 instead of refusing them (both may be changed later as attributes).
-    connect_timeout: the deadline of learning the group size at construction.
+    connect_timeout: the deadline of learning the group size at construction. token: a bearer
+    token sent on every call as the gRPC metadata 'authorization: Bearer TOKEN' (servers started
+    with --auth-tokens-file); token_file: a file holding it; neither: the file named by
+    EMBPS_TOKEN_FILE if set, else no token.
 
-    Raises ValueError (a bad address), embps.Error (UNAVAILABLE: a rank cannot be reached;
-    FAILED_PRECONDITION: the number of addresses is not the group's size; ...).
+    Raises ValueError (a bad address or token), embps.Error (UNAVAILABLE: a rank cannot be
+    reached; FAILED_PRECONDITION: the number of addresses is not the group's size;
+    UNAUTHENTICATED: the servers need a token and got none or an unknown one; ...).
     Use as a context manager or call close()."""
 
-    def __init__(self, servers=None, *, timeout=None, padding=False, connect_timeout=10.0):
+    def __init__(self, servers=None, *, timeout=None, padding=False, connect_timeout=10.0,
+                 token=None, token_file=None):
         self._addresses = tuple(parse_servers(servers))
+        token = read_token(token, token_file)
+        # Metadata of every call (grpcio's standard per-call metadata).
+        self._metadata = None if token is None else (("authorization", "Bearer " + token),)
         self.timeout = timeout
         self.padding = bool(padding)
         self._lock = threading.Lock()
@@ -345,7 +381,9 @@ class Client:
         """Runs an admin call on ranks (a list of rank numbers), concurrently; its replies."""
         self._check_open()
         t = self.timeout if timeout is None else timeout
-        calls = [self._ranks[r].admin[method].future(request, timeout=t) for r in ranks]
+        md = self._metadata
+        calls = [self._ranks[r].admin[method].future(request, timeout=t, metadata=md)
+                 for r in ranks]
         return self._results(calls, ranks)
 
     def _learn_group_size(self, timeout):
@@ -495,17 +533,19 @@ class Client:
         were started before, and it makes no other call until this batch is done."""
         self._check_open()
         t = self.timeout
+        md = self._metadata
         ranks = self._ranks
         if not wait:
             with self._lock:
-                return [getattr(ranks[r], method).future(q, timeout=t)
+                return [getattr(ranks[r], method).future(q, timeout=t, metadata=md)
                         for r, q in enumerate(requests)]
         calls = [None] * len(requests)
         for r in range(1, len(requests)):
             calls[r] = self._workers(r).submit(getattr(ranks[r], method), requests[r],
-                                               timeout=t)
+                                               timeout=t, metadata=md)
         try:
-            calls[0] = _Finished(getattr(ranks[0], method)(requests[0], timeout=t))
+            calls[0] = _Finished(getattr(ranks[0], method)(requests[0], timeout=t,
+                                                           metadata=md))
         except grpc.RpcError as e:
             calls[0] = _Finished(error=e)
         return calls

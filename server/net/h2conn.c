@@ -127,6 +127,9 @@ void embps__h2_fail_stream(embps__h2conn_t *conn, embps__h2stream_t *s, int http
 
 static void stream_free(embps__h2stream_t *s) {
   embps_free(s->path);
+  if (s->authorization)
+    explicit_bzero(s->authorization, strlen(s->authorization));
+  embps_free(s->authorization);
   embps_free(s->msg);
   embps__h2body_unref(s->body);
   embps_free(s);
@@ -186,6 +189,22 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
     s->ct_ok = valuelen >= 16 && strncasecmp((const char *)value, "application/grpc", 16) == 0 &&
                (valuelen == 16 || value[16] == '+' || value[16] == ';');
     snprintf(s->ct, sizeof(s->ct), "%.*s", (int)valuelen, (const char *)value);
+  } else if (namelen == 13 && memcmp(name, "authorization", 13) == 0) {
+    /* Kept for the service's check (a bearer token); bounded so that a client cannot make
+     * every stream hold a large copy. */
+    if (s->authorization_bad)
+      return 0;
+    if (s->authorization || valuelen > EMBPS_NET_MAX_AUTHORIZATION) {
+      s->authorization_bad = s->authorization ? 2 : 1;
+      return 0;
+    }
+    s->authorization = embps_malloc(valuelen + 1);
+    if (!s->authorization) {
+      s->headers_out_of_memory = 1;
+      return 0;
+    }
+    memcpy(s->authorization, value, valuelen);
+    s->authorization[valuelen] = '\0';
   }
   return 0;
 }
@@ -204,6 +223,13 @@ static void check_request(embps__h2conn_t *conn, embps__h2stream_t *s) {
     embps__h2_fail_stream(conn, s, 415, EMBPS_INVALID_ARGUMENT, msg);
   } else if (!s->path) {
     embps__h2_fail_stream(conn, s, 200, EMBPS_UNIMPLEMENTED, "missing :path");
+  } else if (s->authorization_bad == 1) {
+    snprintf(msg, sizeof(msg), "the authorization metadata is longer than %d bytes",
+             EMBPS_NET_MAX_AUTHORIZATION);
+    embps__h2_fail_stream(conn, s, 200, EMBPS_UNAUTHENTICATED, msg);
+  } else if (s->authorization_bad == 2) {
+    embps__h2_fail_stream(conn, s, 200, EMBPS_UNAUTHENTICATED,
+                          "more than one authorization header: send one 'Bearer TOKEN'");
   }
 }
 
@@ -556,6 +582,10 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
   count_error(conn);
   embps__grpc_submit_status(conn, s->id, 200, status, message);
   notify_output(conn);
+}
+
+const char *embps_net_call_authorization(const embps_net_call_t *call) {
+  return call->stream ? call->stream->authorization : NULL;
 }
 
 int embps_net_call_cancelled(const embps_net_call_t *call) {

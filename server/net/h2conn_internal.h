@@ -50,7 +50,9 @@ typedef struct embps__h2stream {
   int receiving; /* counted in conn->receiving */
   int method_seen, method_post, ct_ok;
   int headers_out_of_memory; /* a header could not be kept: refused when the headers end */
+  int authorization_bad;     /* 1: too long, 2: sent twice; refused when the headers end */
   char *path;
+  char *authorization; /* the authorization header's value, or NULL */
   char ct[64];
   char method[16];
   uint8_t hdr[EMBPS__GRPC_PREFIX_LEN];

@@ -152,6 +152,17 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
  */
 embps_status_t embps_net_call_hold_reply(embps_net_call_t *call, size_t bytes, embps_error_t *err);
 
+/** Longest authorization header a request may carry; a longer one, or a second one, is refused
+ * with UNAUTHENTICATED before the handler sees the call. */
+#define EMBPS_NET_MAX_AUTHORIZATION 1024
+
+/**
+ * The value of the call's `authorization` request header (NUL-terminated, at most
+ * EMBPS_NET_MAX_AUTHORIZATION bytes), or NULL when it sent none. Borrowed from the call's
+ * stream: read it inside the request callback, before answering.
+ */
+const char *embps_net_call_authorization(const embps_net_call_t *call);
+
 /** Non-zero when the call's peer has gone (connection closed or stream reset). */
 int embps_net_call_cancelled(const embps_net_call_t *call);
 

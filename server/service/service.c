@@ -26,6 +26,7 @@
 #include "common/log.h"
 #include "common/shape.h"
 #include "common/varint.h"
+#include "server/service/auth.h"
 #include "server/service/bufpool.h"
 #include "server/store/checkpoint.h"
 #include "embps/v1/embps.pb-c.h"
@@ -58,6 +59,7 @@ struct embps_service {
   size_t num_pending_creates;
   char *(*render_metrics)(void *arg, size_t *len); /* GetStats' prometheus_text; may be NULL */
   void *render_metrics_arg;
+  const embps_auth_t *auth; /* the tokens every call is checked against; NULL: auth off */
 };
 
 typedef enum { REQ_CREATE, REQ_LOOKUP, REQ_PUSH, REQ_CHECKPOINT, REQ_DROP } request_kind_t;
@@ -986,8 +988,14 @@ void embps_service_on_request(void *user, embps_net_call_t *call, const char *me
   embps_service_t *svc = user;
   static const uint8_t empty[1];
   const uint8_t *m = msg ? msg : empty;
+  embps_error_t err;
 
-  if (svc->draining && strncmp(method, SERVICE_PREFIX, strlen(SERVICE_PREFIX)) == 0) {
+  /* Who may call what is decided here, once, before any method runs (or a drain is
+   * revealed): auth.c's table gives each method's least role. */
+  if (embps_auth_check(svc->auth, method, embps_net_call_authorization(call), &err) != EMBPS_OK) {
+    EMBPS_DEBUG("refused a call to %.200s: %s", method, err.message);
+    fail_call(call, &err);
+  } else if (svc->draining && strncmp(method, SERVICE_PREFIX, strlen(SERVICE_PREFIX)) == 0) {
     embps_net_call_fail(call, EMBPS_UNAVAILABLE,
                         "this server is shutting down (it finishes the calls it has taken): "
                         "retry once it is back");
@@ -1077,6 +1085,8 @@ void embps_service_set_metrics(embps_service_t *svc, char *(*render)(void *arg, 
   svc->render_metrics = render;
   svc->render_metrics_arg = arg;
 }
+
+void embps_service_set_auth(embps_service_t *svc, const embps_auth_t *auth) { svc->auth = auth; }
 
 uint64_t embps_service_inflight(const embps_service_t *svc) { return svc->inflight; }
 

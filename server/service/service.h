@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "server/group/group.h"
 #include "server/net/net.h"
+#include "server/service/auth.h"
 #include "server/store/store.h"
 
 typedef struct embps_service embps_service_t;
@@ -38,6 +39,11 @@ void embps_service_set_net(embps_service_t *svc, embps_net_t *net);
  * NULL. Called on the loop thread. Without it, prometheus_text is empty. */
 void embps_service_set_metrics(embps_service_t *svc, char *(*render)(void *arg, size_t *len),
                                void *arg);
+
+/** Checks every later call against auth's tokens (borrowed: it must outlive the service or be
+ * replaced first); NULL (the default) lets every call through. A call that fails the check is
+ * answered UNAUTHENTICATED or PERMISSION_DENIED before its method runs. Loop thread. */
+void embps_service_set_auth(embps_service_t *svc, const embps_auth_t *auth);
 
 /** The embps_net_request_cb: pass the service as `user`. Runs on the loop thread. */
 void embps_service_on_request(void *user, embps_net_call_t *call, const char *method, uint8_t *msg,

@@ -66,6 +66,12 @@ typedef struct embps_client_options {
   /** The group size, if known. 0 (the default): learn it from the servers' ListTables at
    * connect time and check that one address was given per rank. */
   uint32_t group_size;
+  /** A bearer token sent on every call as the metadata 'authorization: Bearer TOKEN', for
+   * servers started with --auth-tokens-file. The string is copied at connect time (the caller
+   * keeps its own). NULL or "" (the default): no authorization metadata. A token with a
+   * character outside visible ASCII, or longer than 1000 bytes, fails the connect with
+   * EMBPS_INVALID_ARGUMENT. */
+  const char *token;
 } embps_client_options_t;
 
 /** A table's specification: what embps_create_table() takes and embps_list_tables() returns.
@@ -147,6 +153,7 @@ EMBPS_EXPORT void embps_client_options_init(embps_client_options_t *opts);
  *
  * Returns EMBPS_OK; EMBPS_INVALID_ARGUMENT (bad address list or options);
  * EMBPS_UNAVAILABLE (a server cannot be reached); EMBPS_DEADLINE_EXCEEDED;
+ * EMBPS_UNAUTHENTICATED (a server requires a token and none or an unknown one was given);
  * EMBPS_FAILED_PRECONDITION (the number of addresses is not the group's size);
  * EMBPS_RESOURCE_EXHAUSTED (out of memory); or the status of a failed ListTables. */
 EMBPS_EXPORT embps_status_t embps_client_connect(embps_client_t **out, const char *servers,

@@ -165,12 +165,14 @@ static inline uint8_t *h2c_frame(uint8_t flags, const void *msg, size_t len, siz
   return p;
 }
 
-/* Starts a POST to path with payload (borrowed until the stream closes). chunk: max bytes per
- * DATA frame (0: no limit). limit: bytes available before the body is held back (payload_len:
- * all). payload NULL: no DATA at all (HEADERS with END_STREAM). Returns the stream. */
-static inline h2c_stream_t *h2c_request(h2c_t *c, const char *path, const char *content_type,
-                                        const uint8_t *payload, size_t payload_len, size_t chunk,
-                                        size_t limit) {
+/* Starts a POST to path with payload (borrowed until the stream closes) and up to 4 extra
+ * headers. chunk: max bytes per DATA frame (0: no limit). limit: bytes available before the body
+ * is held back (payload_len: all). payload NULL: no DATA at all (HEADERS with END_STREAM).
+ * Returns the stream. */
+static inline h2c_stream_t *h2c_request_with(h2c_t *c, const char *path, const char *content_type,
+                                             const uint8_t *payload, size_t payload_len,
+                                             size_t chunk, size_t limit, const nghttp2_nv *extra,
+                                             size_t nextra) {
   h2c_stream_t *st = &c->streams[c->nstreams];
   memset(st, 0, sizeof(*st));
   st->payload = payload;
@@ -185,13 +187,27 @@ static inline h2c_stream_t *h2c_request(h2c_t *c, const char *path, const char *
       {(uint8_t *)":authority", (uint8_t *)"localhost", 10, 9, 0},
       {(uint8_t *)"content-type", (uint8_t *)content_type, 12, strlen(content_type), 0},
       {(uint8_t *)"te", (uint8_t *)"trailers", 2, 8, 0},
+      {0},
+      {0},
+      {0},
+      {0},
   };
+  size_t n = 6;
+  for (size_t i = 0; i < nextra && n < sizeof(nva) / sizeof(nva[0]); i++)
+    nva[n++] = extra[i];
   nghttp2_data_provider prd = {.source.ptr = st, .read_callback = h2c_read};
-  st->id = nghttp2_submit_request(c->session, NULL, nva, 6, payload ? &prd : NULL, st);
+  st->id = nghttp2_submit_request(c->session, NULL, nva, n, payload ? &prd : NULL, st);
   if (st->id < 0)
     return NULL;
   c->nstreams++;
   return st;
+}
+
+/* A request as h2c_request_with, with no headers beyond gRPC's own. */
+static inline h2c_stream_t *h2c_request(h2c_t *c, const char *path, const char *content_type,
+                                        const uint8_t *payload, size_t payload_len, size_t chunk,
+                                        size_t limit) {
+  return h2c_request_with(c, path, content_type, payload, payload_len, chunk, limit, NULL, 0);
 }
 
 /* Makes more of a held-back body available. */

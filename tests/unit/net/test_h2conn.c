@@ -23,6 +23,7 @@ typedef struct server {
   int answer_inline; /* echo at once from inside the request callback */
   embps_net_call_t *calls[MAX_CALLS];
   char methods[MAX_CALLS][128];
+  char auths[MAX_CALLS][1100]; /* each call's authorization header, "(none)" without one */
   uint8_t *msgs[MAX_CALLS];
   size_t lens[MAX_CALLS];
   int ncalls;
@@ -47,6 +48,8 @@ static void on_request(void *user, embps_net_call_t *call, const char *method, u
   assert_true(sv->ncalls < MAX_CALLS);
   int i = sv->ncalls++;
   snprintf(sv->methods[i], sizeof(sv->methods[i]), "%s", method);
+  const char *auth = embps_net_call_authorization(call);
+  snprintf(sv->auths[i], sizeof(sv->auths[i]), "%s", auth ? auth : "(none)");
   sv->lens[i] = len;
   if (sv->answer_inline) {
     sv->msgs[i] = NULL;
@@ -144,6 +147,45 @@ static void assert_error(const h2c_stream_t *st, int http, int grpc, const char 
   assert_int_equal(st->grpc_status, grpc);
   if (message)
     assert_string_equal(st->grpc_message, message);
+}
+
+#define AUTH_NV(v, len)                                                                            \
+  { (uint8_t *)"authorization", (uint8_t *)(v), 13, (len), NGHTTP2_NV_FLAG_NO_INDEX }
+
+/* The authorization header reaches the handler as sent, up to its bound; a longer one or a
+ * second one is refused before the handler sees the call, and the connection carries on. */
+static void test_authorization_header(void **state) {
+  static char longest[EMBPS_NET_MAX_AUTHORIZATION + 1];
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  (void)state;
+  start_echo(&sv, &c);
+  memset(longest, 'a', sizeof(longest));
+  uint8_t *p = h2c_frame(0, "x", 1, &plen);
+  nghttp2_nv one[] = {AUTH_NV("Bearer tok-123", 14)};
+  nghttp2_nv at_bound[] = {AUTH_NV(longest, EMBPS_NET_MAX_AUTHORIZATION)};
+  nghttp2_nv too_long[] = {AUTH_NV(longest, EMBPS_NET_MAX_AUTHORIZATION + 1)};
+  nghttp2_nv twice[] = {AUTH_NV("Bearer a", 8), AUTH_NV("Bearer b", 8)};
+  h2c_stream_t *s1 = h2c_request_with(&c, PATH, CT, p, plen, 0, plen, one, 1);
+  h2c_stream_t *s2 = h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  h2c_stream_t *s3 = h2c_request_with(&c, PATH, CT, p, plen, 0, plen, at_bound, 1);
+  h2c_stream_t *s4 = h2c_request_with(&c, PATH, CT, p, plen, 0, plen, too_long, 1);
+  h2c_stream_t *s5 = h2c_request_with(&c, PATH, CT, p, plen, 0, plen, twice, 2);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 3);
+  assert_string_equal(sv.auths[0], "Bearer tok-123");
+  assert_string_equal(sv.auths[1], "(none)");
+  assert_int_equal(strlen(sv.auths[2]), EMBPS_NET_MAX_AUTHORIZATION);
+  assert_ok_reply(s1, "x", 1);
+  assert_ok_reply(s2, "x", 1);
+  assert_ok_reply(s3, "x", 1);
+  assert_error(s4, 200, 16, "the authorization metadata is longer than 1024 bytes");
+  assert_error(s5, 200, 16, "more than one authorization header: send one 'Bearer TOKEN'");
+  assert_int_equal(sv.stats.errors, 2);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
 }
 
 static void test_unary_round_trip(void **state) {
@@ -781,6 +823,7 @@ int main(void) {
       cmocka_unit_test(test_phases),
       cmocka_unit_test(test_reply_hold_accounting),
       cmocka_unit_test(test_unsent_reply_freed_with_connection),
+      cmocka_unit_test(test_authorization_header),
       cmocka_unit_test(test_new_fails_cleanly),
       cmocka_unit_test(test_out_of_memory_refuses_the_call),
   };

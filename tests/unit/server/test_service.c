@@ -53,6 +53,14 @@ embps_status_t embps_net_call_hold_reply(embps_net_call_t *call, size_t bytes, e
   return EMBPS_OK;
 }
 
+/* The authorization header of the next calls (the fake call has no stream to keep one). */
+static const char *fake_authorization;
+
+const char *embps_net_call_authorization(const embps_net_call_t *call) {
+  (void)call;
+  return fake_authorization;
+}
+
 void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) {
   (void)net;
   memset(out, 0, sizeof(*out));
@@ -451,6 +459,76 @@ static void test_allocation_failures(void **state) {
   assert_int_equal(embps_service_inflight(svc), 0);
 }
 
+/* With tokens set, every call is checked before its method runs: refused calls change nothing
+ * and never reach the engine, health stays open, and each role reaches what it may. */
+static void test_auth_checked_before_dispatch(void **state) {
+  static const char tokens[] = "admin  admin-token-0123456789\n"
+                               "worker worker-token-0123456789\n"
+                               "reader reader-token-0123456789\n";
+  embps_auth_t *auth;
+  embps_error_t err;
+  embps_net_call_t c;
+  int64_t tok[] = {1, 2};
+  Embps__V1__ListTablesRequest lreq = EMBPS__V1__LIST_TABLES_REQUEST__INIT;
+  Grpc__Health__V1__HealthCheckRequest hreq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+  Embps__V1__PushGradientsRequest preq = EMBPS__V1__PUSH_GRADIENTS_REQUEST__INIT;
+  (void)state;
+  assert_int_equal(embps_auth_parse(&auth, tokens, sizeof(tokens) - 1, "tokens", &err), EMBPS_OK);
+  embps_service_set_auth(svc, auth);
+
+  fake_authorization = NULL;
+  call(&c, "/embps.v1.EmbeddingService/ListTables", &lreq.base);
+  assert_int_equal(c.status, EMBPS_UNAUTHENTICATED);
+  assert_string_equal(c.message, "missing authorization metadata: this server requires "
+                                 "'authorization: Bearer TOKEN'");
+  call(&c, "/grpc.health.v1.Health/Check", &hreq.base);
+  assert_int_equal(c.status, EMBPS_OK); /* probes need no token */
+  release_call(&c);
+
+  fake_authorization = "Bearer not-a-known-token-0000";
+  create(&c, "authed", 10, 4);
+  assert_int_equal(c.status, EMBPS_UNAUTHENTICATED);
+  assert_string_equal(c.message, "the bearer token is not known to this server");
+
+  fake_authorization = "Bearer worker-token-0123456789";
+  create(&c, "authed", 10, 4);
+  assert_int_equal(c.status, EMBPS_PERMISSION_DENIED);
+  assert_string_equal(c.message, "role 'worker' may not call CreateTable (needs 'admin')");
+  assert_null(embps_store_find(store, "authed")); /* refused: nothing changed */
+  assert_int_equal(num_queued, 0);
+
+  fake_authorization = "Bearer admin-token-0123456789";
+  create(&c, "authed", 10, 4);
+  assert_int_equal(c.status, EMBPS_OK);
+  release_call(&c);
+
+  fake_authorization = "bearer reader-token-0123456789"; /* the scheme is case-insensitive */
+  lookup(&c, "authed", tok, 2, 1);
+  assert_int_equal(c.status, EMBPS_OK);
+  release_call(&c);
+  preq.table = "authed";
+  preq.tokens.data = (uint8_t *)tok;
+  preq.tokens.len = sizeof(tok);
+  call(&c, "/embps.v1.EmbeddingService/PushGradients", &preq.base);
+  assert_int_equal(c.status, EMBPS_PERMISSION_DENIED);
+  assert_string_equal(c.message, "role 'reader' may not call PushGradients (needs 'worker')");
+  assert_int_equal(num_queued, 0);
+
+  fake_authorization = "Bearer worker-token-0123456789";
+  call(&c, "/embps.v1.EmbeddingService/PushGradients", &preq.base);
+  assert_int_not_equal(c.status, EMBPS_PERMISSION_DENIED); /* let through to validation */
+  assert_int_not_equal(c.status, EMBPS_UNAUTHENTICATED);
+  run_engine();
+  release_call(&c);
+
+  embps_service_set_auth(svc, NULL);
+  embps_auth_free(auth);
+  fake_authorization = NULL;
+  call(&c, "/embps.v1.EmbeddingService/ListTables", &lreq.base);
+  assert_int_equal(c.status, EMBPS_OK); /* auth off: open as before */
+  release_call(&c);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_create_and_lookup_reply_encoding),
@@ -459,6 +537,7 @@ int main(void) {
       cmocka_unit_test(test_async_push_answered_when_ordered),
       cmocka_unit_test(test_async_needs_fused_update),
       cmocka_unit_test(test_allocation_failures),
+      cmocka_unit_test(test_auth_checked_before_dispatch),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
