@@ -42,6 +42,14 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
   call->status = status;
 }
 
+/* No client auth here (the service runs with auth off), and every connection takes any reply. */
+const char *embps_net_call_authorization(const embps_net_call_t *call) { return (void)call, NULL; }
+
+embps_status_t embps_net_call_hold_reply(embps_net_call_t *call, size_t bytes, embps_error_t *err) {
+  (void)call, (void)bytes, (void)err;
+  return EMBPS_OK;
+}
+
 void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) {
   (void)net;
   memset(out, 0, sizeof(*out));
