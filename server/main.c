@@ -511,18 +511,10 @@ int main(int argc, char **argv) {
   s.metrics_src.net = s.net;
   s.metrics_src.start_unix_s = (double)time(NULL);
   embps_service_set_metrics(s.service, render_metrics, &s.metrics_src);
-  if (set.metrics_listen[0] && embps_metrics_server_start(&s.metrics, set.metrics_listen,
-                                                          &s.metrics_src, &err) != EMBPS_OK) {
-    fprintf(stderr, "embps-server: %s\n", err.message);
-    s.exit_code = 1;
-    s.closing = 1;
-    embps_net_close(s.net);
-    embps_group_close(s.group);
-    uv_run(&s.loop, UV_RUN_DEFAULT);
-    goto exit;
-  }
   /* Clients may connect while the group forms: health answers NOT_SERVING until it is ready. */
-  if (embps_net_listen(s.net, listen_addr, &err) != EMBPS_OK) {
+  if ((set.metrics_listen[0] && embps_metrics_server_start(&s.metrics, set.metrics_listen,
+                                                           &s.metrics_src, &err) != EMBPS_OK) ||
+      embps_net_listen(s.net, listen_addr, &err) != EMBPS_OK) {
     fprintf(stderr, "embps-server: %s\n", err.message);
     s.exit_code = 1;
     s.closing = 1;

@@ -5,6 +5,7 @@
 #define EMBPS_CLI_ARGS_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 /** Parses a whole number in [min, max] (decimal digits only: no sign, spaces or suffix).
@@ -33,5 +34,8 @@ int embps_cli_parse_f32_rows(const char *what, const char *s, float **out, size_
  * entries. Returns 0, or -1 with a message naming the bad item. */
 int embps_cli_parse_mix(const char *what, const char *s, uint64_t max_batch, uint64_t **batches,
                         double **weights, size_t *n, char *err, size_t errlen);
+
+/** Writes s to f as a JSON string: quotes, with '"', '\\' and control bytes escaped. */
+void embps_cli_json_string(FILE *f, const char *s);
 
 #endif

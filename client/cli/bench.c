@@ -34,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "client/cli/args.h"
 #include "client/cli/hdr.h"
 #include "client/cli/zipf.h"
 #include "common/clock.h"
@@ -411,20 +412,6 @@ static void print_csv(const op_stats_t *op, double elapsed) {
   }
 }
 
-static void json_str(const char *s) {
-  putchar('"');
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      printf("\\%c", ch);
-    else if (ch < 0x20)
-      printf("\\u%04x", ch);
-    else
-      putchar(ch);
-  }
-  putchar('"');
-}
-
 /* Today's keys first (scripts read them), then ghz's report keys over all ops: durations in
  * nanoseconds, histogram marks in seconds, status names as Go spells them. */
 static void print_json(const op_stats_t *op, const embps_bench_opts_t *o, const char *names,
@@ -438,7 +425,7 @@ static void print_json(const op_stats_t *op, const embps_bench_opts_t *o, const 
 
   batch_text(o, batches, sizeof(batches));
   printf("{\"table\":");
-  json_str(names);
+  embps_cli_json_string(stdout, names);
   printf(",\"batch\":%llu,\"batches\":\"%s\",\"concurrency\":%u,\"pipeline\":%u,"
          "\"mode\":\"%s\",\"rate\":%g,\"zipf\":%g,\"push_ratio\":%g,\"duration_s\":%.3f,"
          "\"lookups\":%llu,\"pushes\":%llu,\"errors\":%llu",
@@ -499,7 +486,7 @@ static void print_json(const op_stats_t *op, const embps_bench_opts_t *o, const 
       char key[260];
       snprintf(key, sizeof(key), "%s: %s", embps_status_name((embps_status_t)s), first_error[s]);
       printf("%s", first ? "" : ",");
-      json_str(key);
+      embps_cli_json_string(stdout, key);
       printf(":%llu", (unsigned long long)all->errors[s]);
       first = 0;
     }

@@ -264,20 +264,6 @@ static const char *optimizer_name(embps_optimizer_t o) {
   return "unknown";
 }
 
-static void json_string(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      fprintf(f, "\\%c", ch);
-    else if (ch < 0x20)
-      fprintf(f, "\\u%04x", ch);
-    else
-      fputc(ch, f);
-  }
-  fputc('"', f);
-}
-
 /* Finds table name; NOT_FOUND is reported like a server error. */
 static int find_table(const char *cmd, embps_client_t *c, const char *name,
                       embps_table_spec_t **tables, size_t *n, const embps_table_spec_t **out) {
@@ -402,7 +388,7 @@ static int cmd_tables(const char *cmd, flag_t *f, const char *pos) {
     printf("[");
     for (size_t i = 0; i < n; i++) {
       printf("%s{\"name\":", i ? "," : "");
-      json_string(stdout, t[i].name);
+      embps_cli_json_string(stdout, t[i].name);
       printf(",\"rows\":%llu,\"emb_width\":%u,\"dtype\":\"%s\",\"optimizer\":\"%s\","
              "\"lr\":%g,\"seed\":%llu}",
              (unsigned long long)t[i].rows, t[i].emb_width, embps_dtype_name(t[i].dtype),
@@ -648,13 +634,13 @@ static int cmd_stats(const char *cmd, flag_t *f, const char *pos) {
     const embps_rank_stats_t *r = &s[i];
     if (json) {
       printf("%s{\"rank\":%u,\"group_size\":%u,\"address\":", i ? "," : "", r->rank, r->group_size);
-      json_string(stdout, r->address);
+      embps_cli_json_string(stdout, r->address);
       printf(",\"backend\":");
-      json_string(stdout, r->backend);
+      embps_cli_json_string(stdout, r->backend);
       printf(",\"version\":");
-      json_string(stdout, r->version);
+      embps_cli_json_string(stdout, r->version);
       printf(",\"mesh\":");
-      json_string(stdout, r->mesh);
+      embps_cli_json_string(stdout, r->mesh);
       printf(",\"ready\":%s,\"uptime_s\":%.3f,\"requests\":%llu,\"errors\":%llu,"
              "\"bytes_in\":%llu,\"bytes_out\":%llu,\"connections\":%u,"
              "\"peer_bytes_sent\":%llu,\"peer_bytes_received\":%llu,"
@@ -667,7 +653,7 @@ static int cmd_stats(const char *cmd, flag_t *f, const char *pos) {
       for (size_t j = 0; j < r->num_tables; j++) {
         const embps_table_stats_t *t = &r->tables[j];
         printf("%s{\"name\":", j ? "," : "");
-        json_string(stdout, t->name);
+        embps_cli_json_string(stdout, t->name);
         printf(",\"rows\":%llu,\"emb_width\":%u,\"lookups\":%llu,\"pushes\":%llu,"
                "\"rows_looked_up\":%llu,\"rows_pushed\":%llu,\"steps_applied\":%llu,"
                "\"steps_skipped\":%llu,\"bytes\":%llu}",

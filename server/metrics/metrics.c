@@ -61,6 +61,13 @@ static void family(text_t *t, const char *name, const char *type, const char *he
   put(t, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A family with a single unlabelled sample. */
+static void scalar(text_t *t, const char *name, const char *type, const char *help,
+                   unsigned long long v) {
+  family(t, name, type, help);
+  put(t, "%s %llu\n", name, v);
+}
+
 /* A label value with \, " and newline escaped, as the format asks. */
 static void escape(char *out, size_t cap, const char *in) {
   size_t n = 0;
@@ -144,23 +151,17 @@ static void render_grpc(text_t *t, const embps_net_metrics_t *m) {
 }
 
 static void render_net(text_t *t, const embps_net_metrics_t *m) {
-  family(t, "embps_connections", "gauge", "Client connections open now.");
-  put(t, "embps_connections %llu\n", (unsigned long long)ld(&m->connections));
-  family(t, "embps_connections_accepted_total", "counter", "Client connections accepted.");
-  put(t, "embps_connections_accepted_total %llu\n",
-      (unsigned long long)ld(&m->connections_accepted));
-  family(t, "embps_network_received_bytes_total", "counter",
-         "Bytes read from client sockets (HTTP/2 framing included).");
-  put(t, "embps_network_received_bytes_total %llu\n", (unsigned long long)ld(&m->bytes_in));
-  family(t, "embps_network_sent_bytes_total", "counter",
-         "Bytes written to client sockets (HTTP/2 framing included).");
-  put(t, "embps_network_sent_bytes_total %llu\n", (unsigned long long)ld(&m->bytes_out));
-  family(t, "embps_message_received_bytes_total", "counter",
-         "gRPC request message bytes delivered to the service.");
-  put(t, "embps_message_received_bytes_total %llu\n", (unsigned long long)ld(&m->message_bytes_in));
-  family(t, "embps_message_sent_bytes_total", "counter",
-         "gRPC reply message bytes of calls answered OK.");
-  put(t, "embps_message_sent_bytes_total %llu\n", (unsigned long long)ld(&m->message_bytes_out));
+  scalar(t, "embps_connections", "gauge", "Client connections open now.", ld(&m->connections));
+  scalar(t, "embps_connections_accepted_total", "counter", "Client connections accepted.",
+         ld(&m->connections_accepted));
+  scalar(t, "embps_network_received_bytes_total", "counter",
+         "Bytes read from client sockets (HTTP/2 framing included).", ld(&m->bytes_in));
+  scalar(t, "embps_network_sent_bytes_total", "counter",
+         "Bytes written to client sockets (HTTP/2 framing included).", ld(&m->bytes_out));
+  scalar(t, "embps_message_received_bytes_total", "counter",
+         "gRPC request message bytes delivered to the service.", ld(&m->message_bytes_in));
+  scalar(t, "embps_message_sent_bytes_total", "counter",
+         "gRPC reply message bytes of calls answered OK.", ld(&m->message_bytes_out));
 }
 
 static const char *const phase_names[EMBPS_ROUND_PHASES] = {"queue_wait", "collectives", "compute"};
@@ -177,23 +178,21 @@ static void render_group(text_t *t, embps_group_t *g) {
   family(t, "embps_group_backend_info", "gauge",
          "The compute backend this rank runs (cpu or cuda), as a label; the value is 1.");
   put(t, "embps_group_backend_info{backend=\"%s\"} 1\n", embps_group_backend(g));
-  family(t, "embps_group_peer_sent_bytes_total", "counter",
-         "Collective payload bytes this rank sent to its peers.");
-  put(t, "embps_group_peer_sent_bytes_total %llu\n", (unsigned long long)ld(&m->peer_bytes_sent));
-  family(t, "embps_group_peer_received_bytes_total", "counter",
-         "Collective payload bytes this rank received from its peers.");
-  put(t, "embps_group_peer_received_bytes_total %llu\n",
-      (unsigned long long)ld(&m->peer_bytes_received));
-  family(t, "embps_group_collective_calls_total", "counter", "Collective calls made.");
-  put(t, "embps_group_collective_calls_total %llu\n", (unsigned long long)ld(&m->collective_calls));
+  scalar(t, "embps_group_peer_sent_bytes_total", "counter",
+         "Collective payload bytes this rank sent to its peers.", ld(&m->peer_bytes_sent));
+  scalar(t, "embps_group_peer_received_bytes_total", "counter",
+         "Collective payload bytes this rank received from its peers.",
+         ld(&m->peer_bytes_received));
+  scalar(t, "embps_group_collective_calls_total", "counter", "Collective calls made.",
+         ld(&m->collective_calls));
   family(t, "embps_group_collective_seconds", "histogram",
          "Time of each collective call (all-gather, all-to-all, all-reduce, barrier).");
   hist(t, "embps_group_collective_seconds", "", &m->collective_seconds);
 
-  family(t, "embps_rounds_total", "counter", "Rounds run on this rank that held a batch.");
-  put(t, "embps_rounds_total %llu\n", (unsigned long long)ld(&m->rounds));
-  family(t, "embps_round_batches_total", "counter", "Lookup and push batches run in rounds.");
-  put(t, "embps_round_batches_total %llu\n", (unsigned long long)ld(&m->batches));
+  scalar(t, "embps_rounds_total", "counter", "Rounds run on this rank that held a batch.",
+         ld(&m->rounds));
+  scalar(t, "embps_round_batches_total", "counter", "Lookup and push batches run in rounds.",
+         ld(&m->batches));
   family(t, "embps_round_batches", "histogram", "Batches fused into one round.");
   hist(t, "embps_round_batches", "", &m->batches_per_round);
   family(t, "embps_round_seconds", "histogram",
@@ -208,25 +207,22 @@ static void render_group(text_t *t, embps_group_t *g) {
     hist(t, "embps_round_phase_seconds", lab, &m->phase_seconds[p]);
   }
 
-  family(t, "embps_checkpoints_completed_total", "counter",
-         "Checkpoints complete (manifest written) that this rank knows of.");
-  put(t, "embps_checkpoints_completed_total %llu\n", (unsigned long long)ld(&m->ckpt_completed));
-  family(t, "embps_checkpoints_failed_total", "counter", "Checkpoints that failed.");
-  put(t, "embps_checkpoints_failed_total %llu\n", (unsigned long long)ld(&m->ckpt_failed));
-  family(t, "embps_checkpoint_written_bytes_total", "counter",
-         "Bytes of checkpoint files this rank wrote.");
-  put(t, "embps_checkpoint_written_bytes_total %llu\n",
-      (unsigned long long)ld(&m->ckpt_bytes_written));
+  scalar(t, "embps_checkpoints_completed_total", "counter",
+         "Checkpoints complete (manifest written) that this rank knows of.",
+         ld(&m->ckpt_completed));
+  scalar(t, "embps_checkpoints_failed_total", "counter", "Checkpoints that failed.",
+         ld(&m->ckpt_failed));
+  scalar(t, "embps_checkpoint_written_bytes_total", "counter",
+         "Bytes of checkpoint files this rank wrote.", ld(&m->ckpt_bytes_written));
   if (ld(&m->ckpt_last_unix_ms)) {
-    family(t, "embps_checkpoint_last_round", "gauge", "Round of the last complete checkpoint.");
-    put(t, "embps_checkpoint_last_round %llu\n", (unsigned long long)ld(&m->ckpt_last_round));
+    scalar(t, "embps_checkpoint_last_round", "gauge", "Round of the last complete checkpoint.",
+           ld(&m->ckpt_last_round));
     family(t, "embps_checkpoint_last_timestamp_seconds", "gauge",
            "Unix time the last complete checkpoint became complete.");
     put(t, "embps_checkpoint_last_timestamp_seconds %.3f\n",
         (double)ld(&m->ckpt_last_unix_ms) / 1000.0);
-    family(t, "embps_checkpoint_last_bytes", "gauge",
-           "Bytes of every rank's files of the last complete checkpoint.");
-    put(t, "embps_checkpoint_last_bytes %llu\n", (unsigned long long)ld(&m->ckpt_last_bytes));
+    scalar(t, "embps_checkpoint_last_bytes", "gauge",
+           "Bytes of every rank's files of the last complete checkpoint.", ld(&m->ckpt_last_bytes));
   }
   family(t, "embps_checkpoint_duration_seconds", "histogram",
          "Time from ordering a checkpoint to its manifest (recorded by the leader).");
