@@ -210,16 +210,49 @@ embps_status_t embps__verdict_encode(embps__buf_t *b, int accept, const char *me
   return EMBPS_OK;
 }
 
-embps_status_t embps__verdict_decode(const uint8_t *p, int *accept, size_t *message_len,
-                                     embps_error_t *err) {
-  reader_t r = {p, EMBPS__VERDICT_HEADER_LEN, 0};
-  uint8_t verdict = get8(&r);
-  if (verdict > 1)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "a verdict of %u is neither 0 nor 1",
-                           verdict);
-  *accept = verdict == 0;
-  *message_len = get16(&r);
+embps_status_t embps__verdict_encode_bytes(embps__buf_t *b, int verdict, const uint8_t *bytes,
+                                           size_t len) {
+  uint8_t *p = NULL;
+  if ((verdict != EMBPS__VERDICT_ACCEPTED && verdict != EMBPS__VERDICT_CHALLENGE) ||
+      len > EMBPS__VERDICT_MESSAGE_MAX)
+    return EMBPS_INVALID_ARGUMENT;
+  if (!(p = reserve(b, EMBPS__VERDICT_HEADER_LEN + len)))
+    return EMBPS_RESOURCE_EXHAUSTED;
+  put8(&p, verdict == EMBPS__VERDICT_ACCEPTED ? 0 : 2);
+  put16(&p, (uint16_t)len);
+  put_bytes(&p, bytes, len);
   return EMBPS_OK;
+}
+
+embps_status_t embps__verdict_decode(const uint8_t *p, int *verdict, size_t *message_len,
+                                     embps_error_t *err) {
+  static const int of_byte[] = {EMBPS__VERDICT_ACCEPTED, EMBPS__VERDICT_REFUSED,
+                                EMBPS__VERDICT_CHALLENGE};
+  reader_t r = {p, EMBPS__VERDICT_HEADER_LEN, 0};
+  uint8_t byte = get8(&r);
+  size_t len = get16(&r);
+  if (byte > 2)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "a verdict of %u is not 0, 1 or 2", byte);
+  if (of_byte[byte] == EMBPS__VERDICT_CHALLENGE && len != EMBPS__NONCE_LEN)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "a challenge carries a %zu-byte nonce, not %u", len, EMBPS__NONCE_LEN);
+  *verdict = of_byte[byte];
+  *message_len = len;
+  return EMBPS_OK;
+}
+
+embps_status_t embps__auth_encode(embps__buf_t *b, const uint8_t *nonce, const uint8_t *proof) {
+  uint8_t *p = reserve(b, EMBPS__AUTH_LEN);
+  if (!p)
+    return EMBPS_RESOURCE_EXHAUSTED;
+  put_bytes(&p, nonce, EMBPS__NONCE_LEN);
+  put_bytes(&p, proof, EMBPS__PROOF_LEN);
+  return EMBPS_OK;
+}
+
+void embps__auth_decode(const uint8_t *p, uint8_t *nonce, uint8_t *proof) {
+  memcpy(nonce, p, EMBPS__NONCE_LEN);
+  memcpy(proof, p + EMBPS__NONCE_LEN, EMBPS__PROOF_LEN);
 }
 
 /* ---- frames ---- */

@@ -61,6 +61,7 @@ struct embps_group {
   embps_group_config_t cfg;
   char **peer_addrs;
   char *identity;
+  uint8_t *secret; /* owned copy of cfg.secret (cfg.secret_len bytes), wiped when freed */
   uv_loop_t *loop;
   uv_async_t async;
   embps_store_t *store;
@@ -876,6 +877,7 @@ static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory forming the group");
   cfg.peer_addrs = (const char *const *)g->peer_addrs;
   cfg.identity = g->identity;
+  cfg.secret = g->secret;
   if ((ret = embps__group_form(&cfg, g->cancel_fd, &formed, err)) != EMBPS_OK)
     return ret;
   g->control_fds = formed.control_fds;
@@ -988,6 +990,14 @@ static void *group_main(void *arg) {
 
 /* ---- public ---------------------------------------------------------------------------------- */
 
+/* Wipes and frees the group secret's copy: it should not outlive its use in freed memory. */
+static void free_secret(embps_group_t *g) {
+  if (g->secret)
+    explicit_bzero(g->secret, g->cfg.secret_len);
+  embps_free(g->secret);
+  g->secret = NULL;
+}
+
 embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
                                const embps_group_config_t *cfg, embps_store_t *store) {
   embps_group_t *g = embps_calloc(1, sizeof(*g));
@@ -1017,6 +1027,12 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
   }
   if (!(g->identity = embps_strdup(cfg->identity ? cfg->identity : "")))
     goto fail;
+  if (cfg->secret_len) {
+    if (!(g->secret = embps_malloc(cfg->secret_len)))
+      goto fail;
+    memcpy(g->secret, cfg->secret, cfg->secret_len);
+  }
+  g->cfg.secret = NULL;
   if (cfg->checkpoint_dir && cfg->checkpoint_dir[0] &&
       !(g->ckpt_dir = embps_strdup(cfg->checkpoint_dir)))
     goto fail;
@@ -1055,6 +1071,7 @@ fail:
       embps_free(g->peer_addrs[r]);
   embps_free(g->peer_addrs);
   embps_free(g->identity);
+  free_secret(g);
   embps_free(g->ckpt_dir);
   embps_free(g->restore_dir);
   embps_free(g);
@@ -1154,6 +1171,7 @@ void embps_group_free(embps_group_t *g) {
       embps_free(g->peer_addrs[r]);
   embps_free(g->peer_addrs);
   embps_free(g->identity);
+  free_secret(g);
   close(g->wake_fd);
   close(g->cancel_fd);
   pthread_mutex_destroy(&g->mu);

@@ -121,8 +121,52 @@ static void test_verdict_round_trip(void **state) {
   assert_int_equal(embps__verdict_decode(b.data, &accept, &len, &err), EMBPS_OK);
   assert_int_equal(len, EMBPS__VERDICT_MESSAGE_MAX);
   assert_int_equal(b.len, EMBPS__VERDICT_HEADER_LEN + EMBPS__VERDICT_MESSAGE_MAX);
-  b.data[0] = 2;
+  b.data[0] = 3;
   assert_int_equal(embps__verdict_decode(b.data, &accept, &len, &err), EMBPS_INVALID_ARGUMENT);
+  embps__buf_free(&b);
+}
+
+/* The group secret's messages: a challenge carries exactly a nonce, an accept may carry the
+ * acceptor's proof, and the connector's answer is its nonce then its proof. */
+static void test_challenge_round_trip(void **state) {
+  uint8_t nonce[EMBPS__NONCE_LEN], proof[EMBPS__PROOF_LEN], n2[EMBPS__NONCE_LEN],
+      p2[EMBPS__PROOF_LEN];
+  embps__buf_t b = {0};
+  embps_error_t err;
+  size_t len;
+  int verdict;
+  (void)state;
+  for (unsigned i = 0; i < EMBPS__NONCE_LEN; i++) {
+    nonce[i] = (uint8_t)(i * 7 + 1);
+    proof[i] = (uint8_t)(255 - i);
+  }
+  assert_int_equal(
+      embps__verdict_encode_bytes(&b, EMBPS__VERDICT_CHALLENGE, nonce, EMBPS__NONCE_LEN), EMBPS_OK);
+  assert_int_equal(b.len, EMBPS__VERDICT_HEADER_LEN + EMBPS__NONCE_LEN);
+  assert_int_equal(b.data[0], 2);
+  assert_int_equal(embps__verdict_decode(b.data, &verdict, &len, &err), EMBPS_OK);
+  assert_int_equal(verdict, EMBPS__VERDICT_CHALLENGE);
+  assert_int_equal(len, EMBPS__NONCE_LEN);
+  assert_memory_equal(b.data + EMBPS__VERDICT_HEADER_LEN, nonce, EMBPS__NONCE_LEN);
+  /* A challenge of any other length is not one. */
+  b.data[1] = EMBPS__NONCE_LEN - 1;
+  assert_int_equal(embps__verdict_decode(b.data, &verdict, &len, &err), EMBPS_INVALID_ARGUMENT);
+  b.len = 0;
+  assert_int_equal(
+      embps__verdict_encode_bytes(&b, EMBPS__VERDICT_ACCEPTED, proof, EMBPS__PROOF_LEN), EMBPS_OK);
+  assert_int_equal(b.data[0], 0);
+  assert_int_equal(embps__verdict_decode(b.data, &verdict, &len, &err), EMBPS_OK);
+  assert_int_equal(verdict, EMBPS__VERDICT_ACCEPTED);
+  assert_int_equal(len, EMBPS__PROOF_LEN);
+  /* Refusals carry text only. */
+  assert_int_equal(embps__verdict_encode_bytes(&b, EMBPS__VERDICT_REFUSED, proof, 4),
+                   EMBPS_INVALID_ARGUMENT);
+  b.len = 0;
+  assert_int_equal(embps__auth_encode(&b, nonce, proof), EMBPS_OK);
+  assert_int_equal(b.len, EMBPS__AUTH_LEN);
+  embps__auth_decode(b.data, n2, p2);
+  assert_memory_equal(n2, nonce, EMBPS__NONCE_LEN);
+  assert_memory_equal(p2, proof, EMBPS__PROOF_LEN);
   embps__buf_free(&b);
 }
 
@@ -579,6 +623,7 @@ int main(void) {
       cmocka_unit_test(test_hello_round_trip),
       cmocka_unit_test(test_hello_refused),
       cmocka_unit_test(test_verdict_round_trip),
+      cmocka_unit_test(test_challenge_round_trip),
       cmocka_unit_test(test_notice_round_trip_and_bytes),
       cmocka_unit_test(test_round_round_trip),
       cmocka_unit_test(test_checkpoint_round_trip),
