@@ -18,8 +18,9 @@
 /* Bytes of a table config on the wire besides its name: rows, emb_width, dtype, seed,
  * init_scale, optimizer and seven float hyper-parameters. */
 #define CONFIG_FIXED_LEN (8 + 4 + 4 + 8 + 4 + 4 + 7 * 4)
-/* Bytes of a round entry before its message. */
-#define ENTRY_FIXED_LEN (8 + 4 + 4 + 4 + 2)
+/* Bytes of a round entry before its message: client_id, batch_id, action, kind, status and the
+ * message's length. */
+#define ENTRY_FIXED_LEN (8 + 8 + 4 + 4 + 4 + 2)
 
 static const char *frame_name(unsigned type) {
   static const char *const names[] = {"?",      "NOTICE",  "ROUND",     "BROKEN",
@@ -295,8 +296,9 @@ embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
   embps_status_t ret;
   if (tl >= sizeof(d->table))
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "a table name of %zu bytes or more", tl);
-  if ((ret = frame_begin(b, EMBPS__FRAME_NOTICE, 8 + 4 + 4 + 1 + tl, &p, err)) != EMBPS_OK)
+  if ((ret = frame_begin(b, EMBPS__FRAME_NOTICE, 8 + 8 + 4 + 4 + 1 + tl, &p, err)) != EMBPS_OK)
     return ret;
+  put64(&p, d->client_id);
   put64(&p, d->batch_id);
   put32(&p, d->kind);
   put32(&p, d->tokens_per_batch);
@@ -309,6 +311,7 @@ embps_status_t embps__parse_notice(const uint8_t *p, size_t len, embps_batch_des
                                    embps_error_t *err) {
   reader_t r = {p, len, 0};
   memset(d, 0, sizeof(*d));
+  d->client_id = get64(&r);
   d->batch_id = get64(&r);
   d->kind = get32(&r);
   d->tokens_per_batch = get32(&r);
@@ -358,6 +361,7 @@ embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *en
   for (size_t i = 0; i < n; i++) {
     const embps_round_entry_t *e = &entries[i];
     size_t ml = strnlen(e->message, sizeof(e->message) - 1);
+    put64(&p, e->client_id);
     put64(&p, e->batch_id);
     put32(&p, e->action);
     put32(&p, e->kind);
@@ -426,6 +430,7 @@ embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entr
   for (uint32_t i = 0; i < count && !r.short_read; i++) {
     embps_round_entry_t *e = &entries[i];
     memset(e, 0, sizeof(*e));
+    e->client_id = get64(&r);
     e->batch_id = get64(&r);
     e->action = get32(&r);
     e->kind = get32(&r);

@@ -279,9 +279,11 @@ static embps_status_t send_notice(embps_group_t *g, const embps_batch_desc_t *d)
   return send_out(g, 0);
 }
 
-static embps_op_t *find_parked(embps_group_t *g, uint64_t batch_id, int unlink) {
+/* The parked op of batch (client_id, batch_id); unlinked from the list when unlink is set. */
+static embps_op_t *find_parked(embps_group_t *g, uint64_t client_id, uint64_t batch_id,
+                               int unlink) {
   for (embps_op_t **pp = &g->parked; *pp; pp = &(*pp)->next) {
-    if ((*pp)->batch_id == batch_id) {
+    if ((*pp)->client_id == client_id && (*pp)->batch_id == batch_id) {
       embps_op_t *op = *pp;
       if (unlink) {
         *pp = op->next;
@@ -300,7 +302,7 @@ static embps_status_t send_round(embps_group_t *g, const embps_round_entry_t *e,
   embps_status_t ret;
   for (size_t i = 0; i < n; i++) {
     embps_op_t *op = e[i].action == EMBPS_ROUND_RUN && e[i].kind == EMBPS_OP_CREATE_TABLE
-                         ? find_parked(g, e[i].batch_id, 0)
+                         ? find_parked(g, e[i].client_id, e[i].batch_id, 0)
                          : NULL;
     if (op)
       g->round_configs[i] = op->create;
@@ -655,7 +657,8 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
     embps_comm_set_call_histogram(g->comm, &g->metrics.collective_seconds);
   /* The round is ordered: every async push in it may say so before any of it runs. */
   for (size_t i = 0; i < n; i++) {
-    embps_op_t *op = e[i].action == EMBPS_ROUND_RUN ? find_parked(g, e[i].batch_id, 0) : NULL;
+    embps_op_t *op =
+        e[i].action == EMBPS_ROUND_RUN ? find_parked(g, e[i].client_id, e[i].batch_id, 0) : NULL;
     if (op)
       announce_ordered(g, op);
     if (op && (op->kind == EMBPS_OP_LOOKUP || op->kind == EMBPS_OP_PUSH)) {
@@ -665,7 +668,7 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
     }
   }
   for (size_t i = 0; i < n && atomic_load(&g->state) != EMBPS_GROUP_BROKEN; i++) {
-    embps_op_t *op = find_parked(g, e[i].batch_id, 1), tmp;
+    embps_op_t *op = find_parked(g, e[i].client_id, e[i].batch_id, 1), tmp;
     embps_error_t err;
 
     if (e[i].action == EMBPS_ROUND_FAIL) {
@@ -795,9 +798,11 @@ static void admit(embps_group_t *g, embps_op_t *op) {
     admit_ckpt(g, op);
     return;
   }
-  if (op->kind == EMBPS_OP_CREATE_TABLE)
+  if (op->kind == EMBPS_OP_CREATE_TABLE) {
+    op->client_id = 0;
     op->batch_id = CREATE_ID_BIT | ++g->next_create_id;
-  if (find_parked(g, op->batch_id, 0)) {
+  }
+  if (find_parked(g, op->client_id, op->batch_id, 0)) {
     snprintf(msg, sizeof(msg),
              "batch_id %llu is already in flight on rank %u: every batch needs its own id",
              (unsigned long long)op->batch_id, g->cfg.rank);
@@ -807,6 +812,7 @@ static void admit(embps_group_t *g, embps_op_t *op) {
   op->next = g->parked;
   g->parked = op;
   memset(&d, 0, sizeof(d));
+  d.client_id = op->client_id;
   d.batch_id = op->batch_id;
   d.kind = (uint32_t)op->kind;
   d.tokens_per_batch = op->tokens_per_batch;
@@ -817,7 +823,7 @@ static void admit(embps_group_t *g, embps_op_t *op) {
     embps_sequencer_arrive(g->seq, 0, &d, embps_now_ms());
   } else if ((ret = send_notice(g, &d)) == EMBPS_RESOURCE_EXHAUSTED) {
     /* Nothing was sent: the leader never orders this shard, and the others expire. */
-    find_parked(g, op->batch_id, 1);
+    find_parked(g, op->client_id, op->batch_id, 1);
     fail_op(g, op, ret, "out of memory for the notice to the leader (rank 0)");
   } else if (ret != EMBPS_OK) {
     break_group(g, "this rank lost its connection to the leader (rank 0)");
