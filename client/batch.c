@@ -134,6 +134,7 @@ static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const
     embps__shard_range(&plan, r, &first, &real, &pad);
     memset(&f, 0, sizeof(f));
     f.table = table;
+    f.client_id = c->client_id;
     f.batch_id = call->batch_id;
     f.shard_index = r;
     f.shard_count = c->group_size;
@@ -161,13 +162,13 @@ static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const
         segs[ns++] = (embps__seg_t){(const uint8_t *)grads + first * row_bytes, real * row_bytes};
       if (pad)
         segs[ns++] = (embps__seg_t){NULL, pad * row_bytes};
-      if (sh->frame.tail_len)
-        segs[ns++] = (embps__seg_t){sh->frame.tail, sh->frame.tail_len};
     } else {
       embps__lookup_parser_init(&sh->parser, (uint8_t *)out + first * row_bytes,
                                 (size_t)(real * row_bytes), plan.shard_tokens * row_bytes,
                                 row_bytes);
     }
+    if (sh->frame.tail_len) /* a push's mode; the client id of either */
+      segs[ns++] = (embps__seg_t){sh->frame.tail, sh->frame.tail_len};
     st = embps__shard_submit(
         call, sh, kind == LOOKUP ? EMBPS__PATH_PREFIX "Lookup" : EMBPS__PATH_PREFIX "PushGradients",
         segs, ns);

@@ -61,7 +61,7 @@ void embps_table_spec_init(embps_table_spec_t *spec) { memset(spec, 0, sizeof(*s
 
 /* ---- connect and free ---- */
 
-static uint64_t random_base(void) {
+static uint64_t random_u64(void) {
   uint64_t r = 0;
   int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
   if (fd < 0 || read(fd, &r, sizeof(r)) != (ssize_t)sizeof(r)) {
@@ -71,8 +71,10 @@ static uint64_t random_base(void) {
   }
   if (fd >= 0)
     close(fd);
-  return ((r & 0x7fffffffull) << 32) + 1;
+  return r;
 }
+
+static uint64_t random_base(void) { return ((random_u64() & 0x7fffffffull) << 32) + 1; }
 
 /* "Bearer TOKEN" for the authorization header, in a new string (*out). The token must be
  * visible ASCII, so that it cannot end the header or start another. */
@@ -146,6 +148,10 @@ embps_status_t embps_client_connect(embps_client_t **out, const char *servers,
   c->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 10000;
   c->pad = opts->pad_batches != 0;
   c->next_batch_id = random_base();
+  /* Batch ids are scoped by the client id on the server, so this client's never collide with
+   * another's; never 0, which means "no client id". */
+  while (!(c->client_id = random_u64()))
+    ;
   c->conns = embps_calloc(n, sizeof(*c->conns));
   if (!c->conns) {
     ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");

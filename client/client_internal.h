@@ -29,6 +29,7 @@ struct embps_client {
   int64_t connect_timeout_ms;
   int pad;
   uint64_t next_batch_id;
+  uint64_t client_id; /* random, never 0: sent with every batch (the scope of its ids) */
   embps_error_t last;
   embps_call_t *calls; /* in flight, for embps_client_free */
   char *authorization; /* "Bearer TOKEN" sent on every call, owned; NULL: none */

@@ -75,6 +75,7 @@ embps_status_t embps__batch_frame_build(embps__batch_frame_t *out, const embps__
     out->mid_len += embps_varint_put(out->mid + out->mid_len, f->grads_bytes);
     out->tail_len = put_varint_field(out->tail, 9, (uint64_t)f->mode);
   }
+  out->tail_len += put_varint_field(out->tail + out->tail_len, f->is_push ? 10 : 8, f->client_id);
   body = (out->head_len - 5) + f->tokens_bytes + out->mid_len + (f->is_push ? f->grads_bytes : 0) +
          out->tail_len;
   if (body > UINT32_MAX)

@@ -23,16 +23,18 @@ typedef struct embps__batch_fields {
   int is_push;           /* 1: PushGradientsRequest, with gradients (8) and mode (9) */
   uint64_t grads_bytes;  /* length of the gradients field */
   int mode;
+  uint64_t client_id; /* 0: omitted; field 8 of a lookup, 10 of a push */
 } embps__batch_fields_t;
 
 /** The encoded request around its two bulk fields: the message is
- * head | tokens | mid | gradients | tail, and head starts with the 5-byte gRPC prefix. */
+ * head | tokens | mid | gradients | tail (a lookup has no gradients), and head starts with the
+ * 5-byte gRPC prefix. */
 typedef struct embps__batch_frame {
   uint8_t head[5 + 5 * 11 + 2 * EMBPS_VARINT_MAX + 1024];
   size_t head_len;
   uint8_t mid[32];
   size_t mid_len;
-  uint8_t tail[16];
+  uint8_t tail[32];
   size_t tail_len;
   uint64_t total; /* bytes of the whole gRPC frame, prefix included */
 } embps__batch_frame_t;

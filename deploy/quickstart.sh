@@ -37,9 +37,11 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# The ranks prove to each other that they belong to the group with a shared secret.
+(umask 077 && head -c 32 /dev/urandom | base64 >"$work/group-secret")
 for r in 0 1; do
   build/bin/embps-server --rank "$r" --peers "$peers" --peer-port-offset "$offset" \
-    >"$work/rank$r.log" 2>&1 &
+    --group-secret-file "$work/group-secret" >"$work/rank$r.log" 2>&1 &
   pids+=($!)
 done
 echo "shard group: rank 0 at 127.0.0.1:$p0 (pid ${pids[0]}), rank 1 at 127.0.0.1:$p1 (pid ${pids[1]}), peer ports +$offset"

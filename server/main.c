@@ -257,6 +257,39 @@ static int peer_addresses(const embps_settings_t *set, char (*bufs)[300], const 
   return ret;
 }
 
+/* The group secret: read from --group-secret-file, refused when unusable, warned about when
+ * others may read it (only warned: Kubernetes mounts secrets 0644 unless defaultMode says
+ * otherwise) or when a group runs without one. Whether a secret is set joins the identity, so
+ * that a rank with one and a rank without refuse each other with a sentence that says so rather
+ * than by a failed check. Returns 0, or -1 with the reason printed. */
+static int group_secret(const embps_settings_t *set, uint32_t size, uint8_t *secret, size_t cap,
+                        size_t *secret_len, char *identity, size_t id_cap) {
+  size_t used = strlen(identity);
+  embps_error_t err;
+  unsigned loose;
+  *secret_len = 0;
+  if (set->group_secret_file[0]) {
+    if (embps_group_secret_load(set->group_secret_file, secret, cap, secret_len, &loose, &err) !=
+        EMBPS_OK) {
+      fprintf(stderr, "embps-server: --group-secret-file: %s\n", err.message);
+      return -1;
+    }
+    if (loose)
+      EMBPS_WARN("the group secret file %s has mode %04o: every user of this host may read it "
+                 "(chmod 0600, or defaultMode: 0440 for a Kubernetes secret)",
+                 set->group_secret_file, loose);
+  } else if (size > 1) {
+    EMBPS_WARN("no --group-secret-file: any process that reaches this rank's peer port can join "
+               "the group as a rank and receive its shards and gradients");
+  }
+  if ((size_t)snprintf(identity + used, id_cap - used, "group_secret=%s\n",
+                       *secret_len ? "hmac-sha256" : "none") >= id_cap - used) {
+    fprintf(stderr, "embps-server: the group's configuration does not fit in %zu bytes\n", id_cap);
+    return -1;
+  }
+  return 0;
+}
+
 /* Checkpoints: the directory must exist and be writable (every rank checks), the leader locks
  * it against a second group, and --restore names the checkpoint to start from (*restore_round
  * 0: none), which joins the identity, so that ranks that would restore different ones refuse
@@ -341,6 +374,8 @@ int main(int argc, char **argv) {
   static char peer_addrs_buf[EMBPS_SETTINGS_MAX_PEERS][300];
   const char *peer_addrs[EMBPS_SETTINGS_MAX_PEERS];
   char identity[4096], mesh_text[256], ta[256], da[256], listen_addr[300];
+  static uint8_t secret[EMBPS_GROUP_SECRET_MAX];
+  size_t secret_len = 0;
   char restore_dir[EMBPS_CKPT_PATH_MAX] = "";
   uint64_t restore_round;
   embps_hostport_t mine, shown;
@@ -435,6 +470,9 @@ int main(int argc, char **argv) {
             sizeof(identity));
     return 2;
   }
+  if (group_secret(&set, group_size, secret, sizeof(secret), &secret_len, identity,
+                   sizeof(identity)) != 0)
+    return 2;
   if (checkpoint_setup(&set, rank, group_size, identity, sizeof(identity), restore_dir,
                        sizeof(restore_dir), &restore_round) != 0)
     return 2;
@@ -466,6 +504,8 @@ int main(int argc, char **argv) {
   gcfg.peer_addrs = peer_addrs;
   gcfg.bind_any = bind_any;
   gcfg.identity = identity;
+  gcfg.secret = secret;
+  gcfg.secret_len = secret_len;
   gcfg.bootstrap_timeout_ms = set.bootstrap_timeout_ms;
   gcfg.peer_timeout_ms = set.peer_timeout_ms;
   gcfg.batch_deadline_ms = set.batch_deadline_ms;

@@ -30,6 +30,10 @@
   X(table_axis, STR, "table-axis", "shard",                                                        \
     "mesh axes whose ranks split table columns (the communicator)")                                \
   X(data_axis, STR, "data-axis", "shard", "mesh axes that clients split tokens over")              \
+  X(group_secret_file, STR, "group-secret-file", "",                                               \
+    "file holding the group secret (16 to 4096 bytes; one trailing newline is dropped): ranks "    \
+    "prove they hold it to each other at bootstrap; empty: any process reaching the peer port "    \
+    "can join the group")                                                                          \
   X(bootstrap_timeout_ms, U64, "bootstrap-timeout-ms", "120000",                                   \
     "how long a rank waits at startup for the whole group")                                        \
   X(peer_timeout_ms, U64, "peer-timeout-ms", "30000",                                              \

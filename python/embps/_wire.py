@@ -50,7 +50,7 @@ def _fields(full_name, expect):
 
 _BATCH_FIELDS = {"table": _T_STRING, "batch_id": _T_UINT64, "shard_index": _T_UINT32,
                  "shard_count": _T_UINT32, "tokens_per_batch": _T_UINT32, "tokens": _T_BYTES,
-                 "dtype": _T_ENUM}
+                 "dtype": _T_ENUM, "client_id": _T_UINT64}
 _LQ = _fields("embps.v1.LookupRequest", _BATCH_FIELDS)
 _PQ = _fields("embps.v1.PushGradientsRequest",
               dict(_BATCH_FIELDS, gradients=_T_BYTES, mode=_T_ENUM))
@@ -68,6 +68,7 @@ class _Keys:
         self.tokens_per_batch = _key(numbers["tokens_per_batch"], _VARINT)
         self.tokens = _key(numbers["tokens"], _LEN)
         self.dtype = _key(numbers["dtype"], _VARINT)
+        self.client_id = _key(numbers["client_id"], _VARINT)
         if "gradients" in numbers:
             self.gradients = _key(numbers["gradients"], _LEN)
             self.mode = _key(numbers["mode"], _VARINT)
@@ -91,9 +92,10 @@ def _head(k, table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, 
 
 
 def lookup_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, tokens,
-                   pad_bytes, dtype):
+                   pad_bytes, dtype, client_id=0):
     """A LookupRequest's bytes. tokens: a buffer of little-endian int64 (a numpy slice);
-    pad_bytes: zero bytes appended to it (padding tokens); dtype: 0 or the expected dtype."""
+    pad_bytes: zero bytes appended to it (padding tokens); dtype: 0 or the expected dtype;
+    client_id: 0 or the client's id (the scope of its batch ids)."""
     k = _LOOKUP_KEYS
     n = memoryview(tokens).nbytes + pad_bytes
     parts = [_head(k, table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, n),
@@ -102,14 +104,16 @@ def lookup_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_b
         parts.append(bytes(pad_bytes))
     if dtype:
         parts.append(k.dtype + varint(dtype))
+    if client_id:
+        parts.append(k.client_id + varint(client_id))
     return b"".join(parts)
 
 
 def push_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, tokens,
-                 pad_tokens, grads, row_bytes, dtype, mode):
+                 pad_tokens, grads, row_bytes, dtype, mode, client_id=0):
     """A PushGradientsRequest's bytes. tokens, grads: buffers of the shard's real tokens and
     gradient rows; pad_tokens: padding tokens (zero) and zero gradient rows of row_bytes to
-    append."""
+    append; client_id as for lookup_request."""
     k = _PUSH_KEYS
     tb = memoryview(tokens).nbytes + pad_tokens * 8
     gb = memoryview(grads).nbytes + pad_tokens * row_bytes
@@ -123,6 +127,8 @@ def push_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_bat
         parts.append(bytes(pad_tokens * row_bytes))
     if mode:
         parts.append(k.mode + varint(mode))
+    if client_id:
+        parts.append(k.client_id + varint(client_id))
     return b"".join(parts)
 
 

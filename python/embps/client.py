@@ -304,6 +304,9 @@ class Client:
         self.padding = bool(padding)
         self._lock = threading.Lock()
         self._batch_id = ((random.SystemRandom().getrandbits(31)) << 32) + 1
+        # Sent with every batch: the servers scope batch ids by it, so this client's ids never
+        # collide with another client's. Never 0, which means "no client id".
+        self.client_id = random.SystemRandom().getrandbits(64) or 1
         self._tables = {}  # name -> (dtype number, emb_width), from replies
         self._ranks = []
         self._pools = [None] * len(self._addresses)  # see _send
@@ -588,7 +591,8 @@ class Client:
         for r in range(g):
             first, real, pad = plan.shard(r)
             reqs.append(_wire.lookup_request(tf, bid, r, g, plan.tokens_per_batch,
-                                             tok[first:first + real], pad * 8, want or 0))
+                                             tok[first:first + real], pad * 8, want or 0,
+                                             self.client_id))
         calls = self._send("lookup", reqs, wait)
 
         def join(calls):
@@ -702,7 +706,7 @@ class Client:
             first, real, pad = plan.shard(r)
             reqs.append(_wire.push_request(tf, bid, r, groups, plan.tokens_per_batch,
                                            tok[first:first + real], pad, g[first:first + real],
-                                           row_bytes, dtype, _MODES[mode]))
+                                           row_bytes, dtype, _MODES[mode], self.client_id))
         calls = self._send("push", reqs, wait)
 
         def join(calls):

@@ -39,6 +39,7 @@ typedef struct embps_op embps_op_t;
 struct embps_op {
   embps_op_kind_t kind;
   uint64_t batch_id;           /* the client's batch id (shards of one batch share it) */
+  uint64_t client_id;          /* the client's id (0: none): batch ids are scoped by it */
   uint32_t tokens_per_batch;   /* over the whole group */
   embps_table_t *table;        /* lookup, push: validated, registered table (a batch whose
                                   table is dropped before it runs fails with NOT_FOUND);

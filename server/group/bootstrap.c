@@ -13,7 +13,11 @@
  * then the identity key by key); a refusal names what differs from the acceptor's point of
  * view and the connector fails with it (FAILED_PRECONDITION). The acceptor itself keeps waiting
  * for a matching peer (the refused one may be restarted with the right configuration) and, if
- * the deadline passes, fails with the last refusal rather than a bare timeout. Connections that
+ * the deadline passes, fails with the last refusal rather than a bare timeout. With a group
+ * secret, a hello that passes is answered with a challenge instead of the verdict, and the
+ * connection joins only once its answer proves the secret; the acceptor then proves it in turn
+ * (secret.c has the cryptography). A connection waiting to answer is just another pending one,
+ * read through the same poll(), so a peer that never answers stalls nobody. Connections that
  * do not open with the hello's magic (a port scanner, a gRPC client pointed at the peer port)
  * are closed and ignored; accepted connections are read concurrently through one poll() so an
  * idle one cannot stall the rest. When every connection is up, each rank sends the READY byte
@@ -45,20 +49,29 @@
 #include "server/group/agreement.h"
 #include "server/group/control.h"
 #include "server/group/control_io.h"
+#include "server/group/secret.h"
 
 /* How often a connector retries a peer that is not listening yet. */
 #define RETRY_MS 50
 /* Accepted connections still reading their hello; beyond this the oldest is dropped, so a
  * flood of idle connections cannot lock the real peers out. */
 #define MAX_PENDING 64
+/* Room for "HOST:PORT" ("[v6]:PORT"). */
+#define ADDR_MAX (EMBPS_HOSTPORT_HOST_MAX + 16)
 
-/* An accepted connection still reading its hello. */
+/* An accepted connection still reading its hello, or with a group secret, its answer to our
+ * challenge. */
 typedef struct pending {
   int fd;
+  char addr[ADDR_MAX]; /* where it comes from, "HOST:PORT", for the log */
   uint8_t header[EMBPS__HELLO_HEADER_LEN];
   size_t have;          /* bytes of header + identity read so far */
   embps__hello_t hello; /* filled once the header is complete */
   char *identity;       /* owned, NUL-terminated; allocated once the header is complete */
+  int challenged;       /* its hello was judged good and our challenge sent */
+  uint8_t nonce[EMBPS__NONCE_LEN]; /* the challenge's */
+  uint8_t auth[EMBPS__AUTH_LEN];   /* its answer */
+  size_t auth_have;
 } pending_t;
 
 typedef struct boot {
@@ -66,6 +79,8 @@ typedef struct boot {
   uint32_t size;
   const char *identity;
   size_t identity_len;
+  const uint8_t *secret; /* secret_len bytes; none when 0 */
+  size_t secret_len;
   uint64_t timeout_ms;
   uint64_t deadline;
   embps_hostport_t *addrs; /* size entries, owned */
@@ -244,17 +259,13 @@ static int dial(const boot_t *b, const embps_hostport_t *a, char *why, size_t ca
   return fd;
 }
 
-/* Sends the hello on fd and reads the verdict. Returns 1 when accepted, 0 when refused (msg
- * holds why), -1 when the exchange failed (why says how: worth retrying) or -2 when out of
- * memory (err set). *msg is owned by the caller. */
-static int exchange_hello(const boot_t *b, uint32_t peer, int fd, const embps__buf_t *hello,
-                          char **msg, char *why, size_t cap, embps_error_t *err) {
+/* Reads a verdict and its message from fd. Returns 1 with *verdict, *msg (owned by the caller,
+ * NUL-terminated after its *msg_len bytes), -1 when the exchange failed (why says how: worth
+ * retrying) or -2 when out of memory (err set). */
+static int read_verdict(const boot_t *b, uint32_t peer, int fd, int *verdict, char **msg,
+                        size_t *msg_len, char *why, size_t cap, embps_error_t *err) {
   uint8_t vh[EMBPS__VERDICT_HEADER_LEN];
-  size_t msg_len;
-  int accept;
-  embps__io_t io = embps__send_all(fd, hello->data, hello->len, b->deadline);
-  if (io == EMBPS__IO_OK)
-    io = embps__recv_all(fd, vh, sizeof(vh), b->deadline);
+  embps__io_t io = embps__recv_all(fd, vh, sizeof(vh), b->deadline);
   if (io != EMBPS__IO_OK) {
     /* The peer's listener may belong to a process on its way out, or be still stuck in its
      * own connects: try again while time is left. */
@@ -265,20 +276,104 @@ static int exchange_hello(const boot_t *b, uint32_t peer, int fd, const embps__b
              peer);
     return -1;
   }
-  if (embps__verdict_decode(vh, &accept, &msg_len, NULL) != EMBPS_OK) {
+  if (embps__verdict_decode(vh, verdict, msg_len, NULL) != EMBPS_OK) {
     snprintf(why, cap, "rank %u's answer is not a verdict", peer);
     return -1;
   }
-  if (!(*msg = embps_malloc(msg_len + 1))) {
+  if (!(*msg = embps_malloc(*msg_len + 1))) {
     embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a verdict");
     return -2;
   }
-  if (embps__recv_all(fd, *msg, msg_len, b->deadline) != EMBPS__IO_OK) {
+  if (*msg_len && embps__recv_all(fd, *msg, *msg_len, b->deadline) != EMBPS__IO_OK) {
     snprintf(why, cap, "rank %u's answer was cut short", peer);
     return -1;
   }
-  (*msg)[msg_len] = '\0';
-  return accept;
+  (*msg)[*msg_len] = '\0';
+  return 1;
+}
+
+/* Answers the challenge (nonce_a, from lower rank peer) to our hello on fd, then checks the
+ * acceptor's own proof in its verdict. Returns as exchange_hello does. */
+static int answer_challenge(const boot_t *b, uint32_t peer, int fd, const embps__buf_t *hello,
+                            const uint8_t *nonce_a, char **msg, char *why, size_t cap,
+                            embps_error_t *err) {
+  uint8_t nonce_c[EMBPS__NONCE_LEN], proof[EMBPS__PROOF_LEN], bytes[EMBPS__AUTH_LEN];
+  embps__buf_t out = {bytes, 0, sizeof(bytes)}; /* always fits: nothing is allocated */
+  embps__transcript_t t = {hello->data,
+                           (const char *)hello->data + EMBPS__HELLO_HEADER_LEN,
+                           hello->len - EMBPS__HELLO_HEADER_LEN,
+                           peer,
+                           nonce_a,
+                           nonce_c};
+  char addr[ADDR_MAX];
+  size_t msg_len;
+  int verdict, rc;
+
+  embps_hostport_format(&b->addrs[peer], addr, sizeof(addr));
+  if (!b->secret_len) {
+    embps_error_set(err, EMBPS_FAILED_PRECONDITION,
+                    "rank %u at %s asks for the group secret and rank %u has none: start every "
+                    "rank with the same --group-secret-file",
+                    peer, addr, b->rank);
+    return -2;
+  }
+  if (embps__secret_nonce(nonce_c, err) != EMBPS_OK ||
+      embps__secret_proof(b->secret, b->secret_len, EMBPS__PROOF_CONNECTOR, &t, proof, err) !=
+          EMBPS_OK)
+    return -2;
+  embps__auth_encode(&out, nonce_c, proof);
+  if (embps__send_all(fd, out.data, out.len, b->deadline) != EMBPS__IO_OK) {
+    snprintf(why, cap, "connection closed before rank %u took the answer to its challenge", peer);
+    return -1;
+  }
+  if ((rc = read_verdict(b, peer, fd, &verdict, msg, &msg_len, why, cap, err)) != 1)
+    return rc;
+  if (verdict == EMBPS__VERDICT_REFUSED)
+    return 0;
+  if (verdict != EMBPS__VERDICT_ACCEPTED || msg_len != EMBPS__PROOF_LEN ||
+      !embps__secret_verify(b->secret, b->secret_len, EMBPS__PROOF_ACCEPTOR, &t,
+                            (const uint8_t *)*msg)) {
+    embps_error_set(err, EMBPS_FAILED_PRECONDITION,
+                    "rank %u at %s failed the group secret check: its answer does not prove it "
+                    "holds this group's secret (a different --group-secret-file, or not a rank "
+                    "of this group)",
+                    peer, addr);
+    return -2;
+  }
+  return 1;
+}
+
+/* Sends the hello on fd and reads the verdict, answering the acceptor's challenge when it sends
+ * one. Returns 1 when accepted, 0 when refused (msg holds why), -1 when the exchange failed
+ * (why says how: worth retrying) or -2 when this rank must give up (err set: out of memory, or
+ * the group secret check failed). *msg is owned by the caller. */
+static int exchange_hello(const boot_t *b, uint32_t peer, int fd, const embps__buf_t *hello,
+                          char **msg, char *why, size_t cap, embps_error_t *err) {
+  size_t msg_len;
+  int verdict, rc;
+  if (embps__send_all(fd, hello->data, hello->len, b->deadline) != EMBPS__IO_OK) {
+    snprintf(why, cap, "connection closed before rank %u took the hello", peer);
+    return -1;
+  }
+  if ((rc = read_verdict(b, peer, fd, &verdict, msg, &msg_len, why, cap, err)) != 1)
+    return rc;
+  if (verdict == EMBPS__VERDICT_CHALLENGE) {
+    uint8_t nonce_a[EMBPS__NONCE_LEN];
+    memcpy(nonce_a, *msg, sizeof(nonce_a));
+    embps_free(*msg);
+    *msg = NULL;
+    return answer_challenge(b, peer, fd, hello, nonce_a, msg, why, cap, err);
+  }
+  if (verdict == EMBPS__VERDICT_ACCEPTED && b->secret_len) {
+    char addr[ADDR_MAX];
+    embps_hostport_format(&b->addrs[peer], addr, sizeof(addr));
+    embps_error_set(err, EMBPS_FAILED_PRECONDITION,
+                    "rank %u at %s failed the group secret check: it accepted rank %u without a "
+                    "challenge (is it started without --group-secret-file?)",
+                    peer, addr, b->rank);
+    return -2;
+  }
+  return verdict == EMBPS__VERDICT_ACCEPTED;
 }
 
 /* Connects to lower rank `peer` for `kind`, retrying until the deadline. On EMBPS_OK *fd_out
@@ -324,7 +419,7 @@ static embps_status_t connect_peer(boot_t *b, uint32_t peer, uint8_t kind, int *
       continue;
     int verdict = exchange_hello(b, peer, fd, &hello, &msg, last_why, sizeof(last_why), err);
     if (verdict == -2) {
-      ret = EMBPS_RESOURCE_EXHAUSTED;
+      ret = err->status;
       goto fail;
     }
     if (verdict < 0)
@@ -353,6 +448,17 @@ fail:
   goto exit;
 }
 
+/* Writes where accepted connection fd comes from ("HOST:PORT") into out. */
+static void peer_name(int fd, char *out, size_t cap) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof(ss);
+  embps_hostport_t a;
+  if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0 ||
+      embps_hostport_numeric(&ss, len, &a) != EMBPS_OK ||
+      embps_hostport_format(&a, out, cap) != EMBPS_OK)
+    snprintf(out, cap, "an unknown address");
+}
+
 static void pending_drop(pending_t *pend, size_t *n, size_t i) {
   close_fd(&pend[i].fd);
   embps_free(pend[i].identity);
@@ -370,6 +476,16 @@ static int pending_read(pending_t *p, char *why, size_t cap) {
   for (;;) {
     uint8_t *dst;
     size_t want;
+    if (p->challenged) {
+      if (p->auth_have == EMBPS__AUTH_LEN)
+        return READ_DONE;
+      ssize_t k = recv(p->fd, p->auth + p->auth_have, EMBPS__AUTH_LEN - p->auth_have, 0);
+      if (k <= 0)
+        return k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) ? READ_MORE
+                                                                                    : READ_DROP;
+      p->auth_have += (size_t)k;
+      continue;
+    }
     if (p->have < EMBPS__HELLO_HEADER_LEN) {
       dst = p->header + p->have;
       want = EMBPS__HELLO_HEADER_LEN - p->have;
@@ -403,35 +519,114 @@ static int pending_read(pending_t *p, char *why, size_t cap) {
   }
 }
 
+/* Refuses pending connection p with why: logged, remembered as the last refusal, told to it. */
+static void refuse(boot_t *b, const pending_t *p, const char *why) {
+  EMBPS_WARN("rank %u refused a peer: %s", b->rank, why);
+  snprintf(b->last_refusal, sizeof(b->last_refusal), "%s", why);
+  send_verdict(p->fd, 0, why, b->deadline);
+}
+
+/* Takes pending connection p as rank p->hello.rank's connection of its kind, after telling it
+ * so (with our proof when it answered a challenge). */
+static void admit(boot_t *b, pending_t *p, uint32_t *joined, const uint8_t *proof) {
+  embps__io_t io;
+  if (proof) {
+    uint8_t bytes[EMBPS__VERDICT_HEADER_LEN + EMBPS__PROOF_LEN];
+    embps__buf_t v = {bytes, 0, sizeof(bytes)}; /* always fits: nothing is allocated */
+    embps__verdict_encode_bytes(&v, EMBPS__VERDICT_ACCEPTED, proof, EMBPS__PROOF_LEN);
+    io = embps__send_all(p->fd, v.data, v.len, b->deadline);
+  } else {
+    io = send_verdict(p->fd, 1, "", b->deadline);
+  }
+  if (io != EMBPS__IO_OK)
+    return;
+  int *slot = p->hello.kind == EMBPS_GROUP_CONN_CONTROL ? &b->control_fds[p->hello.rank]
+                                                        : &b->data_fds[p->hello.rank];
+  *slot = p->fd;
+  p->fd = -1;
+  (*joined)++;
+  EMBPS_DEBUG("rank %u: rank %u joined (%s)", b->rank, p->hello.rank, kind_name(p->hello.kind));
+}
+
+/* Sends our challenge to pending connection p, whose hello was judged good. Returns 1 when it
+ * went out (p waits for the answer), 0 when p must be dropped, -1 with err set on failure. */
+static int challenge(boot_t *b, pending_t *p, embps_error_t *err) {
+  uint8_t bytes[EMBPS__VERDICT_HEADER_LEN + EMBPS__NONCE_LEN];
+  embps__buf_t v = {bytes, 0, sizeof(bytes)}; /* always fits: nothing is allocated */
+  if (embps__secret_nonce(p->nonce, err) != EMBPS_OK)
+    return -1;
+  embps__verdict_encode_bytes(&v, EMBPS__VERDICT_CHALLENGE, p->nonce, EMBPS__NONCE_LEN);
+  if (embps__send_all(p->fd, v.data, v.len, b->deadline) != EMBPS__IO_OK)
+    return 0;
+  p->challenged = 1;
+  return 1;
+}
+
+/* Checks pending connection p's answer to our challenge: 0 and our own proof (out) when it
+ * holds the secret, else 1 with why set. */
+static int check_answer(const boot_t *b, const pending_t *p, uint8_t *out, char *why, size_t cap,
+                        embps_error_t *err) {
+  uint8_t nonce_c[EMBPS__NONCE_LEN], proof[EMBPS__PROOF_LEN];
+  embps__transcript_t t = {p->header, p->identity, p->hello.identity_len,
+                           b->rank,   p->nonce,    nonce_c};
+  embps__auth_decode(p->auth, nonce_c, proof);
+  if (!embps__secret_verify(b->secret, b->secret_len, EMBPS__PROOF_CONNECTOR, &t, proof)) {
+    snprintf(why, cap,
+             "rank %u at %s failed the group secret check: its answer does not prove it holds "
+             "this group's secret (a different --group-secret-file, or not a rank of this group)",
+             p->hello.rank, p->addr);
+    return 1;
+  }
+  if (embps__secret_proof(b->secret, b->secret_len, EMBPS__PROOF_ACCEPTOR, &t, out, err) !=
+      EMBPS_OK) {
+    snprintf(why, cap, "%s", err->message);
+    return 1;
+  }
+  return 0;
+}
+
 /* Handles what poll says about pending connection i; returns EMBPS_OK unless out of memory. */
 static embps_status_t serve_pending(boot_t *b, pending_t *pend, size_t *npend, size_t i,
                                     uint32_t *joined, embps_error_t *err) {
   pending_t *p = &pend[i];
   char why[sizeof(((embps_error_t *)0)->message)];
+  uint8_t proof[EMBPS__PROOF_LEN];
   int rc = pending_read(p, why, sizeof(why));
   if (rc == READ_MORE)
     return EMBPS_OK;
   if (rc == READ_NOMEM)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
                            "out of memory for a %u-byte configuration", p->hello.identity_len);
-  if (rc == READ_DROP) {
-    if (!embps__hello_magic_ok(p->header, p->have) || p->have < EMBPS__HELLO_MAGIC_LEN)
-      EMBPS_DEBUG("rank %u: ignored a connection that is not an embps peer", b->rank);
-  } else if (rc == READ_DONE &&
-             !embps__judge_hello(b->rank, b->size, b->identity, &p->hello, p->identity,
-                                 b->control_fds, b->data_fds, why, sizeof(why))) {
-    if (send_verdict(p->fd, 1, "", b->deadline) == EMBPS__IO_OK) {
-      int *slot = p->hello.kind == EMBPS_GROUP_CONN_CONTROL ? &b->control_fds[p->hello.rank]
-                                                            : &b->data_fds[p->hello.rank];
-      *slot = p->fd;
-      p->fd = -1;
-      (*joined)++;
-      EMBPS_DEBUG("rank %u: rank %u joined (%s)", b->rank, p->hello.rank, kind_name(p->hello.kind));
-    }
-  } else {
+  if (rc == READ_DROP && p->challenged) {
+    /* Whoever cannot answer the challenge (a rank without the secret, or something that only
+     * speaks the hello) gives up here. */
+    snprintf(why, sizeof(why),
+             "rank %u at %s failed the group secret check: it closed the connection instead of "
+             "answering the challenge (is it started without --group-secret-file?)",
+             p->hello.rank, p->addr);
     EMBPS_WARN("rank %u refused a peer: %s", b->rank, why);
     snprintf(b->last_refusal, sizeof(b->last_refusal), "%s", why);
-    send_verdict(p->fd, 0, why, b->deadline);
+  } else if (rc == READ_DROP) {
+    if (!embps__hello_magic_ok(p->header, p->have) || p->have < EMBPS__HELLO_MAGIC_LEN)
+      EMBPS_DEBUG("rank %u: ignored a connection that is not an embps peer", b->rank);
+  } else if (rc == READ_REFUSE) {
+    refuse(b, p, why);
+  } else if (embps__judge_hello(b->rank, b->size, b->identity, &p->hello, p->identity,
+                                b->control_fds, b->data_fds, why, sizeof(why))) {
+    /* Judged again after the answer: another connection may have taken the rank meanwhile. */
+    refuse(b, p, why);
+  } else if (!b->secret_len) {
+    admit(b, p, joined, NULL);
+  } else if (!p->challenged) {
+    int sent = challenge(b, p, err);
+    if (sent < 0)
+      return err->status;
+    if (sent)
+      return EMBPS_OK; /* keep it: its answer comes next */
+  } else if (check_answer(b, p, proof, why, sizeof(why), err)) {
+    refuse(b, p, why);
+  } else {
+    admit(b, p, joined, proof);
   }
   pending_drop(pend, npend, i);
   return EMBPS_OK;
@@ -490,7 +685,9 @@ static embps_status_t accept_peers(boot_t *b, int listen_fd, embps_error_t *err)
         if (npend == MAX_PENDING)
           pending_drop(pend, &npend, 0); /* the oldest idle one makes room */
         memset(&pend[npend], 0, sizeof(pend[npend]));
-        pend[npend++].fd = fd;
+        pend[npend].fd = fd;
+        peer_name(fd, pend[npend].addr, sizeof(pend[npend].addr));
+        npend++;
       }
     }
   }
@@ -595,9 +792,9 @@ fail:
 }
 
 embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *const *peer_addrs,
-                                     int bind_any, const char *identity, uint64_t timeout_ms,
-                                     int cancel_fd, int *control_fds, int *data_fds,
-                                     embps_error_t *err) {
+                                     int bind_any, const char *identity, const uint8_t *secret,
+                                     size_t secret_len, uint64_t timeout_ms, int cancel_fd,
+                                     int *control_fds, int *data_fds, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
   embps_error_t local_err;
   boot_t b;
@@ -606,10 +803,11 @@ embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *c
   if (!err)
     err = &local_err; /* the failure is still logged */
   /* Validation, before anything is opened. */
-  if (size == 0 || rank >= size || !peer_addrs || !identity || !control_fds || !data_fds)
+  if (size == 0 || rank >= size || !peer_addrs || !identity || !control_fds || !data_fds ||
+      (secret_len && !secret))
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "bootstrap needs rank < size and non-NULL addresses, identity and "
-                           "descriptor arrays (rank %u, size %u)",
+                           "bootstrap needs rank < size and non-NULL addresses, identity, secret "
+                           "and descriptor arrays (rank %u, size %u)",
                            rank, size);
   for (uint32_t r = 0; r < size; r++)
     control_fds[r] = data_fds[r] = -1;
@@ -636,6 +834,8 @@ embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *c
   b.rank = rank;
   b.size = size;
   b.identity = identity;
+  b.secret = secret;
+  b.secret_len = secret_len;
   b.timeout_ms = timeout_ms;
   b.deadline = embps_now_ms() + timeout_ms;
   b.control_fds = control_fds;

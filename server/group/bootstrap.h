@@ -23,6 +23,11 @@
  * rank's configuration as "key=value\n" lines (e.g. "mesh=shard=4\ntable_axis=shard\n..."):
  * every rank must present the same keys with the same values, in any order.
  *
+ * secret (secret_len bytes, borrowed; NULL and 0 for none) is the group secret. With one, every
+ * connection this rank accepts or makes is authenticated both ways by challenge-response
+ * (control.h, secret.h) before it counts, and a peer that cannot prove the secret is refused;
+ * without one, any process that reaches the peer port and presents the same identity joins.
+ *
  * For every other rank two connections are made, a control one and a data one. On EMBPS_OK,
  * control_fds[r] and data_fds[r] (arrays of `size`, caller-allocated) are connected, blocking,
  * close-on-exec TCP sockets with TCP_NODELAY for r != rank, and -1 for r == rank; the caller
@@ -37,7 +42,10 @@
  *   identity that is too long.
  * - EMBPS_UNAVAILABLE: the listen address cannot be bound (err says why), or a peer dropped
  *   its connections before the group was ready (it failed its own bootstrap).
- * - EMBPS_FAILED_PRECONDITION: a peer's group size or configuration differs, or two processes
+ * - EMBPS_FAILED_PRECONDITION: a peer failed the group secret check, "rank 1 at HOST:PORT failed
+ *   the group secret check: ..." (the acceptor names where the connection came from, the
+ *   connector the peer address it dialled; either side may be the one without the secret, or
+ *   with another), or a peer's group size or configuration differs, or two processes
  *   claim one rank; err names the key and both values, e.g. "rank 1's configuration differs
  *   from rank 0's: mesh is 'shard=2' there and 'shard=4' here" (from the accepting rank's
  *   point of view: "there" is the connecting rank). A refused rank fails at once; the rank
@@ -50,8 +58,8 @@
  * - EMBPS_RESOURCE_EXHAUSTED: out of memory.
  * - EMBPS_INTERNAL: a socket call failed unexpectedly (out of descriptors, say). */
 embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *const *peer_addrs,
-                                     int bind_any, const char *identity, uint64_t timeout_ms,
-                                     int cancel_fd, int *control_fds, int *data_fds,
-                                     embps_error_t *err);
+                                     int bind_any, const char *identity, const uint8_t *secret,
+                                     size_t secret_len, uint64_t timeout_ms, int cancel_fd,
+                                     int *control_fds, int *data_fds, embps_error_t *err);
 
 #endif

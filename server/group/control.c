@@ -18,8 +18,9 @@
 /* Bytes of a table config on the wire besides its name: rows, emb_width, dtype, seed,
  * init_scale, optimizer and seven float hyper-parameters. */
 #define CONFIG_FIXED_LEN (8 + 4 + 4 + 8 + 4 + 4 + 7 * 4)
-/* Bytes of a round entry before its message. */
-#define ENTRY_FIXED_LEN (8 + 4 + 4 + 4 + 2)
+/* Bytes of a round entry before its message: client_id, batch_id, action, kind, status and the
+ * message's length. */
+#define ENTRY_FIXED_LEN (8 + 8 + 4 + 4 + 4 + 2)
 
 static const char *frame_name(unsigned type) {
   static const char *const names[] = {"?",      "NOTICE",  "ROUND",     "BROKEN",
@@ -210,16 +211,49 @@ embps_status_t embps__verdict_encode(embps__buf_t *b, int accept, const char *me
   return EMBPS_OK;
 }
 
-embps_status_t embps__verdict_decode(const uint8_t *p, int *accept, size_t *message_len,
-                                     embps_error_t *err) {
-  reader_t r = {p, EMBPS__VERDICT_HEADER_LEN, 0};
-  uint8_t verdict = get8(&r);
-  if (verdict > 1)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "a verdict of %u is neither 0 nor 1",
-                           verdict);
-  *accept = verdict == 0;
-  *message_len = get16(&r);
+embps_status_t embps__verdict_encode_bytes(embps__buf_t *b, int verdict, const uint8_t *bytes,
+                                           size_t len) {
+  uint8_t *p = NULL;
+  if ((verdict != EMBPS__VERDICT_ACCEPTED && verdict != EMBPS__VERDICT_CHALLENGE) ||
+      len > EMBPS__VERDICT_MESSAGE_MAX)
+    return EMBPS_INVALID_ARGUMENT;
+  if (!(p = reserve(b, EMBPS__VERDICT_HEADER_LEN + len)))
+    return EMBPS_RESOURCE_EXHAUSTED;
+  put8(&p, verdict == EMBPS__VERDICT_ACCEPTED ? 0 : 2);
+  put16(&p, (uint16_t)len);
+  put_bytes(&p, bytes, len);
   return EMBPS_OK;
+}
+
+embps_status_t embps__verdict_decode(const uint8_t *p, int *verdict, size_t *message_len,
+                                     embps_error_t *err) {
+  static const int of_byte[] = {EMBPS__VERDICT_ACCEPTED, EMBPS__VERDICT_REFUSED,
+                                EMBPS__VERDICT_CHALLENGE};
+  reader_t r = {p, EMBPS__VERDICT_HEADER_LEN, 0};
+  uint8_t byte = get8(&r);
+  size_t len = get16(&r);
+  if (byte > 2)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "a verdict of %u is not 0, 1 or 2", byte);
+  if (of_byte[byte] == EMBPS__VERDICT_CHALLENGE && len != EMBPS__NONCE_LEN)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "a challenge carries a %zu-byte nonce, not %u", len, EMBPS__NONCE_LEN);
+  *verdict = of_byte[byte];
+  *message_len = len;
+  return EMBPS_OK;
+}
+
+embps_status_t embps__auth_encode(embps__buf_t *b, const uint8_t *nonce, const uint8_t *proof) {
+  uint8_t *p = reserve(b, EMBPS__AUTH_LEN);
+  if (!p)
+    return EMBPS_RESOURCE_EXHAUSTED;
+  put_bytes(&p, nonce, EMBPS__NONCE_LEN);
+  put_bytes(&p, proof, EMBPS__PROOF_LEN);
+  return EMBPS_OK;
+}
+
+void embps__auth_decode(const uint8_t *p, uint8_t *nonce, uint8_t *proof) {
+  memcpy(nonce, p, EMBPS__NONCE_LEN);
+  memcpy(proof, p + EMBPS__NONCE_LEN, EMBPS__PROOF_LEN);
 }
 
 /* ---- frames ---- */
@@ -262,8 +296,9 @@ embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
   embps_status_t ret;
   if (tl >= sizeof(d->table))
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "a table name of %zu bytes or more", tl);
-  if ((ret = frame_begin(b, EMBPS__FRAME_NOTICE, 8 + 4 + 4 + 1 + tl + 8, &p, err)) != EMBPS_OK)
+  if ((ret = frame_begin(b, EMBPS__FRAME_NOTICE, 8 + 8 + 4 + 4 + 1 + tl + 8, &p, err)) != EMBPS_OK)
     return ret;
+  put64(&p, d->client_id);
   put64(&p, d->batch_id);
   put32(&p, d->kind);
   put32(&p, d->tokens_per_batch);
@@ -277,6 +312,7 @@ embps_status_t embps__parse_notice(const uint8_t *p, size_t len, embps_batch_des
                                    embps_error_t *err) {
   reader_t r = {p, len, 0};
   memset(d, 0, sizeof(*d));
+  d->client_id = get64(&r);
   d->batch_id = get64(&r);
   d->kind = get32(&r);
   d->tokens_per_batch = get32(&r);
@@ -330,6 +366,7 @@ embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *en
   for (size_t i = 0; i < n; i++) {
     const embps_round_entry_t *e = &entries[i];
     size_t ml = strnlen(e->message, sizeof(e->message) - 1);
+    put64(&p, e->client_id);
     put64(&p, e->batch_id);
     put32(&p, e->action);
     put32(&p, e->kind);
@@ -398,6 +435,7 @@ embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entr
   for (uint32_t i = 0; i < count && !r.short_read; i++) {
     embps_round_entry_t *e = &entries[i];
     memset(e, 0, sizeof(*e));
+    e->client_id = get64(&r);
     e->batch_id = get64(&r);
     e->action = get32(&r);
     e->kind = get32(&r);

@@ -5,8 +5,15 @@
  * At bootstrap, on each new connection (bootstrap.c):
  *   connector -> acceptor  hello:   "EMBPS1" | kind u8 | rank u32 | size u32 | identity_len u32
  *                                   | identity bytes
- *   acceptor -> connector  verdict: u8 (0 accept, 1 refuse) | message_len u16 | message
+ *   acceptor -> connector  verdict: u8 (0 accept, 1 refuse, 2 challenge) | message_len u16
+ *                                   | message
  *   then, on control connections, one READY byte each way once the whole group is connected.
+ *
+ * With a group secret (secret.h) the acceptor that likes a hello does not accept at once: it
+ * sends a challenge (a verdict of 2 whose message is its 32-byte nonce), the connector answers
+ *   connector -> acceptor  auth:    nonce 32 bytes | proof 32 bytes
+ * and the acceptor refuses (a verdict of 1 naming the failed check) or accepts with a verdict
+ * of 0 whose message is its own 32-byte proof, which the connector checks in turn.
  *
  * Afterwards, on the control connections between the leader and every other rank, frames
  *   length u32 (of what follows) | type u8 | payload
@@ -35,6 +42,16 @@
 #define EMBPS__MAX_IDENTITY_LEN (64u * 1024u)
 /** Bytes of a verdict before its message. */
 #define EMBPS__VERDICT_HEADER_LEN 3
+/** What a decoded verdict says (embps__verdict_decode's *verdict); the first two keep the
+ * meaning of the boolean "accept" that came before the challenge. */
+#define EMBPS__VERDICT_REFUSED 0
+#define EMBPS__VERDICT_ACCEPTED 1
+#define EMBPS__VERDICT_CHALLENGE 2
+/** Bytes of a nonce and of a proof (an HMAC-SHA256). */
+#define EMBPS__NONCE_LEN 32
+#define EMBPS__PROOF_LEN 32
+/** Bytes of the connector's answer to a challenge: its nonce, then its proof. */
+#define EMBPS__AUTH_LEN (EMBPS__NONCE_LEN + EMBPS__PROOF_LEN)
 /** Longest verdict message carried (what an embps_error_t holds). */
 #define EMBPS__VERDICT_MESSAGE_MAX (sizeof(((embps_error_t *)0)->message) - 1)
 /** The byte each rank sends on every control connection once it holds all its connections. */
@@ -76,10 +93,27 @@ embps_status_t embps__hello_decode(const uint8_t *p, embps__hello_t *h, embps_er
  * clipped to EMBPS__VERDICT_MESSAGE_MAX bytes). Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED. */
 embps_status_t embps__verdict_encode(embps__buf_t *b, int accept, const char *message);
 
-/** Decodes the EMBPS__VERDICT_HEADER_LEN bytes at p: *accept and the length of the message that
- * follows. Returns EMBPS_OK, or EMBPS_INVALID_ARGUMENT when the verdict byte is neither. */
-embps_status_t embps__verdict_decode(const uint8_t *p, int *accept, size_t *message_len,
+/** Appends a verdict whose message is len raw bytes (borrowed): EMBPS__VERDICT_CHALLENGE with a
+ * nonce, or EMBPS__VERDICT_ACCEPTED with the acceptor's proof. Returns EMBPS_OK,
+ * EMBPS_INVALID_ARGUMENT (another verdict, or len over EMBPS__VERDICT_MESSAGE_MAX) or
+ * EMBPS_RESOURCE_EXHAUSTED; b keeps its old length on failure. */
+embps_status_t embps__verdict_encode_bytes(embps__buf_t *b, int verdict, const uint8_t *bytes,
+                                           size_t len);
+
+/** Decodes the EMBPS__VERDICT_HEADER_LEN bytes at p: *verdict (EMBPS__VERDICT_*) and the
+ * length of the message that follows. Returns EMBPS_OK, or EMBPS_INVALID_ARGUMENT when the
+ * verdict byte is none of the three, or a challenge's message is not EMBPS__NONCE_LEN bytes. */
+embps_status_t embps__verdict_decode(const uint8_t *p, int *verdict, size_t *message_len,
                                      embps_error_t *err);
+
+/** Appends the connector's answer to a challenge (EMBPS__AUTH_LEN bytes): its nonce and its
+ * proof (borrowed). Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED (b keeps its old length). */
+embps_status_t embps__auth_encode(embps__buf_t *b, const uint8_t *nonce, const uint8_t *proof);
+
+/** Splits the EMBPS__AUTH_LEN bytes at p into nonce and proof (caller's arrays of
+ * EMBPS__NONCE_LEN and EMBPS__PROOF_LEN bytes). Every byte string is well-formed: the proof is
+ * what is checked (secret.h). */
+void embps__auth_decode(const uint8_t *p, uint8_t *nonce, uint8_t *proof);
 
 /* ---- frames on the control connections ---- */
 
@@ -167,7 +201,7 @@ embps_status_t embps__frame_next(const uint8_t *p, size_t avail, uint8_t *type,
  * (a field that the format cannot carry, named in err) or EMBPS_RESOURCE_EXHAUSTED; on failure
  * b keeps its old length. Arguments are borrowed. */
 
-/** NOTICE: the batch's id, kind, tokens_per_batch, table name and table id. */
+/** NOTICE: the batch's client id and id, kind, tokens_per_batch, table name and table id. */
 embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
                                    embps_error_t *err);
 

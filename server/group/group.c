@@ -62,6 +62,7 @@ struct embps_group {
   embps_group_config_t cfg;
   char **peer_addrs;
   char *identity;
+  uint8_t *secret; /* owned copy of cfg.secret (cfg.secret_len bytes), wiped when freed */
   uv_loop_t *loop;
   uv_async_t async;
   embps_store_t *store;
@@ -279,9 +280,11 @@ static embps_status_t send_notice(embps_group_t *g, const embps_batch_desc_t *d)
   return send_out(g, 0);
 }
 
-static embps_op_t *find_parked(embps_group_t *g, uint64_t batch_id, int unlink) {
+/* The parked op of batch (client_id, batch_id); unlinked from the list when unlink is set. */
+static embps_op_t *find_parked(embps_group_t *g, uint64_t client_id, uint64_t batch_id,
+                               int unlink) {
   for (embps_op_t **pp = &g->parked; *pp; pp = &(*pp)->next) {
-    if ((*pp)->batch_id == batch_id) {
+    if ((*pp)->client_id == client_id && (*pp)->batch_id == batch_id) {
       embps_op_t *op = *pp;
       if (unlink) {
         *pp = op->next;
@@ -301,7 +304,7 @@ static embps_status_t send_round(embps_group_t *g, const embps_round_entry_t *e,
   for (size_t i = 0; i < n; i++) {
     embps_op_t *op = e[i].action == EMBPS_ROUND_RUN && (e[i].kind == EMBPS_OP_CREATE_TABLE ||
                                                         e[i].kind == EMBPS_OP_DROP_TABLE)
-                         ? find_parked(g, e[i].batch_id, 0)
+                         ? find_parked(g, e[i].client_id, e[i].batch_id, 0)
                          : NULL;
     if (op)
       g->round_configs[i] = op->create;
@@ -656,7 +659,8 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
     embps_comm_set_call_histogram(g->comm, &g->metrics.collective_seconds);
   /* The round is ordered: every async push in it may say so before any of it runs. */
   for (size_t i = 0; i < n; i++) {
-    embps_op_t *op = e[i].action == EMBPS_ROUND_RUN ? find_parked(g, e[i].batch_id, 0) : NULL;
+    embps_op_t *op =
+        e[i].action == EMBPS_ROUND_RUN ? find_parked(g, e[i].client_id, e[i].batch_id, 0) : NULL;
     if (op)
       announce_ordered(g, op);
     if (op && (op->kind == EMBPS_OP_LOOKUP || op->kind == EMBPS_OP_PUSH)) {
@@ -666,7 +670,7 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
     }
   }
   for (size_t i = 0; i < n && atomic_load(&g->state) != EMBPS_GROUP_BROKEN; i++) {
-    embps_op_t *op = find_parked(g, e[i].batch_id, 1), tmp;
+    embps_op_t *op = find_parked(g, e[i].client_id, e[i].batch_id, 1), tmp;
     embps_error_t err;
 
     if (e[i].action == EMBPS_ROUND_FAIL) {
@@ -803,9 +807,11 @@ static void admit(embps_group_t *g, embps_op_t *op) {
     admit_ckpt(g, op);
     return;
   }
-  if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE)
+  if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE) {
+    op->client_id = 0;
     op->batch_id = CREATE_ID_BIT | ++g->next_create_id;
-  if (find_parked(g, op->batch_id, 0)) {
+  }
+  if (find_parked(g, op->client_id, op->batch_id, 0)) {
     snprintf(msg, sizeof(msg),
              "batch_id %llu is already in flight on rank %u: every batch needs its own id",
              (unsigned long long)op->batch_id, g->cfg.rank);
@@ -815,6 +821,7 @@ static void admit(embps_group_t *g, embps_op_t *op) {
   op->next = g->parked;
   g->parked = op;
   memset(&d, 0, sizeof(d));
+  d.client_id = op->client_id;
   d.batch_id = op->batch_id;
   d.kind = (uint32_t)op->kind;
   d.tokens_per_batch = op->tokens_per_batch;
@@ -828,7 +835,7 @@ static void admit(embps_group_t *g, embps_op_t *op) {
     embps_sequencer_arrive(g->seq, 0, &d, embps_now_ms());
   } else if ((ret = send_notice(g, &d)) == EMBPS_RESOURCE_EXHAUSTED) {
     /* Nothing was sent: the leader never orders this shard, and the others expire. */
-    find_parked(g, op->batch_id, 1);
+    find_parked(g, op->client_id, op->batch_id, 1);
     fail_op(g, op, ret, "out of memory for the notice to the leader (rank 0)");
   } else if (ret != EMBPS_OK) {
     break_group(g, "this rank lost its connection to the leader (rank 0)");
@@ -906,6 +913,7 @@ static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory forming the group");
   cfg.peer_addrs = (const char *const *)g->peer_addrs;
   cfg.identity = g->identity;
+  cfg.secret = g->secret;
   if ((ret = embps__group_form(&cfg, g->cancel_fd, &formed, err)) != EMBPS_OK)
     return ret;
   g->control_fds = formed.control_fds;
@@ -1020,6 +1028,14 @@ static void *group_main(void *arg) {
 
 /* ---- public ---------------------------------------------------------------------------------- */
 
+/* Wipes and frees the group secret's copy: it should not outlive its use in freed memory. */
+static void free_secret(embps_group_t *g) {
+  if (g->secret)
+    explicit_bzero(g->secret, g->cfg.secret_len);
+  embps_free(g->secret);
+  g->secret = NULL;
+}
+
 embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
                                const embps_group_config_t *cfg, embps_store_t *store) {
   embps_group_t *g = embps_calloc(1, sizeof(*g));
@@ -1049,6 +1065,12 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
   }
   if (!(g->identity = embps_strdup(cfg->identity ? cfg->identity : "")))
     goto fail;
+  if (cfg->secret_len) {
+    if (!(g->secret = embps_malloc(cfg->secret_len)))
+      goto fail;
+    memcpy(g->secret, cfg->secret, cfg->secret_len);
+  }
+  g->cfg.secret = NULL;
   if (cfg->checkpoint_dir && cfg->checkpoint_dir[0] &&
       !(g->ckpt_dir = embps_strdup(cfg->checkpoint_dir)))
     goto fail;
@@ -1087,6 +1109,7 @@ fail:
       embps_free(g->peer_addrs[r]);
   embps_free(g->peer_addrs);
   embps_free(g->identity);
+  free_secret(g);
   embps_free(g->ckpt_dir);
   embps_free(g->restore_dir);
   embps_free(g);
@@ -1186,6 +1209,7 @@ void embps_group_free(embps_group_t *g) {
       embps_free(g->peer_addrs[r]);
   embps_free(g->peer_addrs);
   embps_free(g->identity);
+  free_secret(g);
   close(g->wake_fd);
   close(g->cancel_fd);
   pthread_mutex_destroy(&g->mu);

@@ -63,13 +63,39 @@ embps_status_t embps_group_identity_format(char *out, size_t cap, const char *ve
 embps_status_t embps_group_peer_addr(const char *client_addr, int port_offset, char *out,
                                      size_t cap, embps_error_t *err);
 
+/** Fewest bytes a group secret may have, and the most read from its file. */
+#define EMBPS_GROUP_SECRET_MIN 16
+#define EMBPS_GROUP_SECRET_MAX 4096
+
+/**
+ * Reads the group secret from the file at path into out (cap bytes, caller-owned; at least
+ * EMBPS_GROUP_SECRET_MAX) and sets *len. One trailing newline ("\n" or "\r\n") is dropped,
+ * so files written by echo and by printf hold the same secret; every other byte counts.
+ * *loose_mode is set to the file's permission bits when any user may read it (the caller
+ * warns: Kubernetes mounts secrets 0644 unless defaultMode says otherwise), else 0; a file its
+ * group may read passes, as Kubernetes grants a non-root server its secret through fsGroup. On
+ * failure out and *len are left untouched.
+ *
+ * Returns
+ * - EMBPS_OK.
+ * - EMBPS_INVALID_ARGUMENT: the file cannot be opened or read, is not a regular file, is
+ *   empty, holds fewer than EMBPS_GROUP_SECRET_MIN bytes or more than EMBPS_GROUP_SECRET_MAX;
+ *   err names the file and what is wrong.
+ */
+embps_status_t embps_group_secret_load(const char *path, uint8_t *out, size_t cap, size_t *len,
+                                       unsigned *loose_mode, embps_error_t *err);
+
 typedef struct embps_group_config {
   uint32_t rank;
   uint32_t size;
   /** Each rank's peer listener ("host:port"), size entries; unused for a group of one. */
   const char *const *peer_addrs;
-  int bind_any;                  /* listen for peers on every interface */
-  const char *identity;          /* "key=value\n" lines every rank must agree on */
+  int bind_any;         /* listen for peers on every interface */
+  const char *identity; /* "key=value\n" lines every rank must agree on */
+  /** The group secret (secret_len bytes; NULL or 0 bytes: none). With one, every peer
+   * connection at bootstrap is authenticated both ways (embps_group_bootstrap). */
+  const uint8_t *secret;
+  size_t secret_len;
   uint64_t bootstrap_timeout_ms; /* how long to wait for every rank at startup */
   uint64_t peer_timeout_ms;      /* bound on one collective */
   uint64_t batch_deadline_ms;    /* a batch whose shards do not all arrive in time fails */

@@ -28,7 +28,7 @@ typedef struct pending {
 } pending_t;
 
 typedef struct failed {
-  uint64_t batch_id;
+  uint64_t client_id, batch_id;
   uint32_t kind;
   embps_status_t status;
   char message[400];
@@ -74,7 +74,12 @@ static const char *kind_name(uint32_t kind) {
 }
 
 /* Appends a round entry; on allocation failure the entry is dropped (the batch then expires). */
-static void queue_entry(embps_sequencer_t *s, uint64_t batch_id, uint32_t action, uint32_t kind,
+/* Whether a and b name one batch: the same id from the same client (0: no client id). */
+static int same_batch(const embps_batch_desc_t *a, const embps_batch_desc_t *b) {
+  return a->client_id == b->client_id && a->batch_id == b->batch_id;
+}
+
+static void queue_entry(embps_sequencer_t *s, const embps_batch_desc_t *d, uint32_t action,
                         embps_status_t status, const char *message) {
   embps_round_entry_t *e;
   if (s->num_ready == s->cap_ready) {
@@ -87,19 +92,21 @@ static void queue_entry(embps_sequencer_t *s, uint64_t batch_id, uint32_t action
   }
   e = &s->ready[s->num_ready++];
   memset(e, 0, sizeof(*e));
-  e->batch_id = batch_id;
+  e->client_id = d->client_id;
+  e->batch_id = d->batch_id;
   e->action = action;
-  e->kind = kind;
+  e->kind = d->kind;
   e->status = status;
   if (message)
     snprintf(e->message, sizeof(e->message), "%s", message);
 }
 
-static void remember_failed(embps_sequencer_t *s, uint64_t batch_id, uint32_t kind,
+static void remember_failed(embps_sequencer_t *s, const embps_batch_desc_t *d,
                             embps_status_t status, const char *message) {
   failed_t *f = &s->failed[s->failed_next];
-  f->batch_id = batch_id;
-  f->kind = kind;
+  f->client_id = d->client_id;
+  f->batch_id = d->batch_id;
+  f->kind = d->kind;
   f->status = status;
   snprintf(f->message, sizeof(f->message), "%s", message);
   s->failed_next = (s->failed_next + 1) % FAILED_RING;
@@ -107,9 +114,9 @@ static void remember_failed(embps_sequencer_t *s, uint64_t batch_id, uint32_t ki
     s->failed_count++;
 }
 
-static const failed_t *find_failed(const embps_sequencer_t *s, uint64_t batch_id) {
+static const failed_t *find_failed(const embps_sequencer_t *s, const embps_batch_desc_t *d) {
   for (size_t i = 0; i < s->failed_count; i++)
-    if (s->failed[i].batch_id == batch_id)
+    if (s->failed[i].client_id == d->client_id && s->failed[i].batch_id == d->batch_id)
       return &s->failed[i];
   return NULL;
 }
@@ -123,8 +130,8 @@ static void drop_pending(embps_sequencer_t *s, size_t i) {
 
 static void fail_pending(embps_sequencer_t *s, size_t i, embps_status_t status, const char *msg) {
   pending_t *p = &s->pending[i];
-  queue_entry(s, p->desc.batch_id, EMBPS_ROUND_FAIL, p->desc.kind, status, msg);
-  remember_failed(s, p->desc.batch_id, p->desc.kind, status, msg);
+  queue_entry(s, &p->desc, EMBPS_ROUND_FAIL, status, msg);
+  remember_failed(s, &p->desc, status, msg);
   drop_pending(s, i);
 }
 
@@ -137,12 +144,12 @@ void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_bat
                         ? 1
                         : s->group_size;
 
-  if ((f = find_failed(s, desc->batch_id)) != NULL) {
-    queue_entry(s, desc->batch_id, EMBPS_ROUND_FAIL, desc->kind, f->status, f->message);
+  if ((f = find_failed(s, desc)) != NULL) {
+    queue_entry(s, desc, EMBPS_ROUND_FAIL, f->status, f->message);
     return;
   }
   for (i = 0; i < s->num_pending; i++)
-    if (s->pending[i].desc.batch_id == desc->batch_id) {
+    if (same_batch(&s->pending[i].desc, desc)) {
       p = &s->pending[i];
       break;
     }
@@ -188,7 +195,7 @@ void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_bat
     if (p->failed)
       fail_pending(s, (size_t)(p - s->pending), EMBPS_INVALID_ARGUMENT, p->why);
     else {
-      queue_entry(s, p->desc.batch_id, EMBPS_ROUND_RUN, p->desc.kind, EMBPS_OK, NULL);
+      queue_entry(s, &p->desc, EMBPS_ROUND_RUN, EMBPS_OK, NULL);
       drop_pending(s, (size_t)(p - s->pending));
     }
   }

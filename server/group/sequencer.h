@@ -7,6 +7,9 @@
  * whatever order the shards reached them in. Batches whose shards disagree are failed with
  * INVALID_ARGUMENT; batches not complete within the deadline are failed with
  * DEADLINE_EXCEEDED; shards that arrive for a batch already failed are failed the same way.
+ * A batch is named by its client's id and its batch id together, so two clients that pick the
+ * same batch id (each knows only its own) run two batches; a client id of 0 (a client that sends
+ * none) is one shared scope, as every batch id was before client ids.
  *
  * Pure logic: no I/O, no clock of its own (callers pass now_ms), so it is tested directly. */
 #ifndef EMBPS_SEQUENCER_H
@@ -27,6 +30,7 @@ typedef enum embps_batch_kind {
 } embps_batch_kind_t;
 
 typedef struct embps_batch_desc {
+  uint64_t client_id; /* the client's id (0: none); with batch_id, what names the batch */
   uint64_t batch_id;
   uint32_t kind;
   uint32_t tokens_per_batch;
@@ -43,6 +47,7 @@ typedef enum embps_round_action {
 } embps_round_action_t;
 
 typedef struct embps_round_entry {
+  uint64_t client_id; /* with batch_id, the batch (embps_batch_desc_t) */
   uint64_t batch_id;
   uint32_t action;
   uint32_t kind;
@@ -57,7 +62,8 @@ embps_status_t embps_sequencer_new(embps_sequencer_t **out, uint32_t group_size,
                                    uint64_t deadline_ms);
 void embps_sequencer_free(embps_sequencer_t *s);
 
-/** Records that rank `rank` parked its shard of desc->batch_id at now_ms. */
+/** Records that rank `rank` parked its shard of batch (desc->client_id, desc->batch_id) at
+ * now_ms. */
 void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_batch_desc_t *desc,
                             uint64_t now_ms);
 

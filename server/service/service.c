@@ -756,11 +756,12 @@ exit:
 }
 
 /* The op of a validated lookup or push shard: this rank's tokens of table t. */
-static void set_batch(request_t *r, embps_op_kind_t kind, uint64_t batch_id, uint32_t shard_index,
-                      embps_table_t *t, const ProtobufCBinaryData *tokens) {
+static void set_batch(request_t *r, embps_op_kind_t kind, uint64_t client_id, uint64_t batch_id,
+                      uint32_t shard_index, embps_table_t *t, const ProtobufCBinaryData *tokens) {
   const size_t n = tokens->len / sizeof(int64_t);
   r->shard_index = shard_index;
   r->op.kind = kind;
+  r->op.client_id = client_id;
   r->op.batch_id = batch_id;
   r->op.tokens_per_batch = (uint32_t)(n * embps_group_size(r->svc->group));
   r->op.table = t;
@@ -809,7 +810,7 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
   }
   memcpy(r->reply, header, head);
   r->reply_len = head + rows_bytes;
-  set_batch(r, EMBPS_OP_LOOKUP, req->batch_id, req->shard_index, t, &req->tokens);
+  set_batch(r, EMBPS_OP_LOOKUP, req->client_id, req->batch_id, req->shard_index, t, &req->tokens);
   r->op.rows_out = r->reply + head;
   submit(r);
 }
@@ -857,7 +858,7 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
     embps_error_set(&err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
     goto fail;
   }
-  set_batch(r, EMBPS_OP_PUSH, req->batch_id, req->shard_index, t, &req->tokens);
+  set_batch(r, EMBPS_OP_PUSH, req->client_id, req->batch_id, req->shard_index, t, &req->tokens);
   r->op.grads = req->gradients.data;
   if (async)
     r->op.ordered = on_push_ordered;

@@ -466,6 +466,20 @@ def check_overlay(name, objs, help_names, ep_names, server_bin):
                       f"{where}: the checkpoint claim must be ReadWriteMany")
             check(not mounts[0].get("readOnly"), f"{where}: the checkpoint mount is read-only")
 
+    # The group secret: EMBPS_GROUP_SECRET_FILE lies in a read-only Secret volume that only its
+    # owner and group may read (without it any process reaching the peer port joins the group).
+    secret_file = env.get("EMBPS_GROUP_SECRET_FILE")
+    if check(secret_file, f"{where}: no EMBPS_GROUP_SECRET_FILE"):
+        mounts = [m for m in c.get("volumeMounts", [])
+                  if secret_file.startswith(m["mountPath"].rstrip("/") + "/")]
+        if check(len(mounts) == 1, f"{where}: nothing mounted above {secret_file}"):
+            check(mounts[0].get("readOnly") is True, f"{where}: the group secret mount is writable")
+            vol = [v for v in pod.get("volumes", []) if v["name"] == mounts[0]["name"]]
+            sec = vol[0].get("secret") if vol else None
+            if check(sec and sec.get("secretName"), f"{where}: {secret_file} is not from a Secret"):
+                check(sec.get("defaultMode", 0o644) & 0o007 == 0,
+                      f"{where}: the group secret is readable by every user (defaultMode)")
+
     # Metrics: the scrape annotations name EMBPS_METRICS_LISTEN's port.
     ann = sts["spec"]["template"]["metadata"].get("annotations", {})
     metrics = env.get("EMBPS_METRICS_LISTEN", "")

@@ -286,10 +286,12 @@ def table_spec(name, rows, width, opt="rowwise_adagrad", seed=7, dtype=None, **k
 
 class RawClient:
     """Its own channel to every rank; splits batches into N contiguous shards and sends shard r
-    to rank r, concurrently (futures), in the rank order asked for."""
+    to rank r, concurrently (futures), in the rank order asked for. client_id (0: none) goes
+    with every batch: the servers scope batch ids by it."""
 
-    def __init__(self, addresses):
+    def __init__(self, addresses, client_id=0):
         self.n = len(addresses)
+        self.client_id = client_id
         self.chans = [lib.channel(a) for a in addresses]
         self.stubs = [pbg.EmbeddingServiceStub(c) for c in self.chans]
 
@@ -316,7 +318,8 @@ class RawClient:
         for r in self._order(order):
             futs[r] = self.stubs[r].Lookup.future(pb.LookupRequest(
                 table=table, batch_id=bid, shard_index=r, shard_count=self.n,
-                tokens_per_batch=T, tokens=tok[r * s:(r + 1) * s].tobytes()), timeout=timeout)
+                tokens_per_batch=T, tokens=tok[r * s:(r + 1) * s].tobytes(),
+                client_id=self.client_id), timeout=timeout)
         return bid, futs
 
     @staticmethod
@@ -352,7 +355,8 @@ class RawClient:
                 table=table, batch_id=bid, shard_index=r, shard_count=self.n,
                 tokens_per_batch=T, tokens=tok[r * s:(r + 1) * s].tobytes(),
                 dtype=pb.DTYPE_BF16 if bf16 else pb.DTYPE_F32,
-                gradients=g[r * s:(r + 1) * s].tobytes(), mode=mode), timeout=timeout)
+                gradients=g[r * s:(r + 1) * s].tobytes(), mode=mode, client_id=self.client_id),
+                timeout=timeout)
         return bid, futs
 
     def push(self, table, tokens, grads, mode=pb.UPDATE_MODE_SYNC, order=None):

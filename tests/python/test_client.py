@@ -170,6 +170,18 @@ class WireTest(unittest.TestCase):
             want = np.concatenate([g, np.zeros((pad, 3), "<f4")])
             np.testing.assert_array_equal(np.frombuffer(m.gradients, "<f4").reshape(-1, 3), want)
 
+    def test_client_id(self):
+        """The client id follows the fields when set, and is absent (0) when not."""
+        tok = np.array([1, 2], "<i8")
+        g = np.zeros((2, 3), "<f4")
+        for cid in (0, 1, 2**64 - 1):
+            m = pbm.LookupRequest.FromString(_wire.lookup_request(
+                _wire.table_field("t"), 9, 0, 2, 4, tok, 0, 0, cid))
+            self.assertEqual((m.client_id, m.batch_id), (cid, 9))
+            m = pbm.PushGradientsRequest.FromString(_wire.push_request(
+                _wire.table_field("t"), 9, 0, 2, 4, tok, 0, g, 12, 1, 1, cid))
+            self.assertEqual((m.client_id, m.batch_id, m.mode), (cid, 9, 1))
+
     def test_lookup_response(self):
         rows = np.arange(8, dtype="<f4").tobytes()
         for bid, shard in ((0, 0), (2**64 - 1, 3)):
@@ -495,6 +507,27 @@ class GroupTests:
         self.assertEqual(cm.exception.code, SC.NOT_FOUND)
 
     # -- lookups --
+
+    def test_client_id_scopes_batch_ids(self):
+        """Every Client sends its own non-zero client id, so its batch ids never meet another
+        client's: a batch of the same id parked by a client without one (RawClient's id 0) does
+        not stop it."""
+        with embps.Client(self.group.servers) as other:
+            self.assertNotEqual(other.client_id, 0)
+            self.assertNotEqual(other.client_id, self.client.client_id)
+            if self.N == 1:
+                return  # one shard is a whole batch: nothing stays parked
+            t = self.name()
+            self.client.create_table(t, ROWS, WIDTH, seed=5)
+            tok = self.tokens(2 * self.N)
+            want = self.raw.lookup(t, tok, WIDTH)
+            bid = 7 << 40
+            _, parked = self.raw.lookup_async(t, tok, batch_id=bid, order=[0])
+            other._batch_id = bid
+            np.testing.assert_array_equal(bits(other.lookup(t, tok)), bits(want))
+            self.raw.lookup_async(t, tok, batch_id=bid, order=range(1, self.N))
+            np.testing.assert_array_equal(
+                np.frombuffer(parked[0].result().rows, "<f4").reshape(-1, WIDTH), want[:2])
 
     def test_lookup_equals_raw(self):
         t = self.name()

@@ -329,6 +329,7 @@ static void test_request_encoding(void **state) {
   f.dtype = 1;
   f.grads_bytes = sizeof(grads);
   f.mode = 1;
+  f.client_id = UINT64_MAX - 6; /* the longest varint */
   assert_int_equal(embps__batch_frame_build(&fr, &f, &err), EMBPS_OK);
 #define APPEND(p, len)                                                                             \
   do {                                                                                             \
@@ -358,6 +359,7 @@ static void test_request_encoding(void **state) {
     assert_int_equal(r->gradients.len, sizeof(grads));
     assert_memory_equal(r->gradients.data, grads, sizeof(grads));
     assert_int_equal(r->mode, 1);
+    assert_true(r->client_id == UINT64_MAX - 6);
     embps__v1__push_gradients_request__free_unpacked(r, NULL);
   }
   /* a lookup: no gradients or mode, shard 0 */
@@ -366,12 +368,13 @@ static void test_request_encoding(void **state) {
   f.batch_id = 1;
   f.shard_count = 1;
   f.tokens_bytes = sizeof(tokens);
+  f.client_id = 77;
   assert_int_equal(embps__batch_frame_build(&fr, &f, &err), EMBPS_OK);
   n = 0;
   APPEND(fr.head, fr.head_len);
   APPEND(tokens, sizeof(tokens));
   APPEND(fr.mid, fr.mid_len);
-  assert_int_equal(fr.tail_len, 0);
+  APPEND(fr.tail, fr.tail_len);
   assert_int_equal(n, fr.total);
   {
     Embps__V1__LookupRequest *r = embps__v1__lookup_request__unpack(NULL, n - 5, buf + 5);
@@ -379,6 +382,7 @@ static void test_request_encoding(void **state) {
     assert_string_equal(r->table, "t");
     assert_int_equal(r->batch_id, 1);
     assert_int_equal(r->shard_index, 0);
+    assert_int_equal(r->client_id, 77);
     assert_int_equal(r->tokens.len, sizeof(tokens));
     assert_memory_equal(r->tokens.data, tokens, sizeof(tokens));
     embps__v1__lookup_request__free_unpacked(r, NULL);

@@ -29,6 +29,7 @@
 
 #include "common/log.h"
 #include "server/group/bootstrap.h"
+#include "server/group/control.h"
 #include "server/group/group.h"
 
 #define MAX_RANKS 4
@@ -42,6 +43,8 @@ typedef struct rank_run {
   const char *addrs[MAX_RANKS];
   char addr_buf[MAX_RANKS][64];
   char identity[512];
+  const uint8_t *secret; /* the group secret (secret_len bytes); none by default */
+  size_t secret_len;
   int bind_any;
   uint64_t timeout_ms;
   unsigned delay_ms;
@@ -84,9 +87,9 @@ static void *rank_main(void *arg) {
   rank_run_t *r = arg;
   sleep_ms(r->delay_ms);
   uint64_t t0 = now_ms();
-  r->status =
-      embps_group_bootstrap(r->rank, r->size, r->addrs, r->bind_any, r->identity, r->timeout_ms,
-                            r->cancel_fd, r->control_fds, r->data_fds, &r->err);
+  r->status = embps_group_bootstrap(r->rank, r->size, r->addrs, r->bind_any, r->identity, r->secret,
+                                    r->secret_len, r->timeout_ms, r->cancel_fd, r->control_fds,
+                                    r->data_fds, &r->err);
   r->elapsed_ms = now_ms() - t0;
   return NULL;
 }
@@ -437,6 +440,237 @@ static void test_missing_rank(void **state) {
   }
 }
 
+/* ---- the group secret ---- */
+
+static const uint8_t SECRET[] = "0123456789abcdef-the-group-secret";
+static const uint8_t OTHER_SECRET[] = "0123456789abcdef-another-secret!!";
+
+static void give_secret(rank_run_t *r, const uint8_t *secret, size_t len) {
+  r->secret = secret;
+  r->secret_len = len;
+}
+
+/* Ranks that share a secret form the group as without one, whatever the order they start in. */
+static void test_secret_group_forms(void **state) {
+  rank_run_t runs[MAX_RANKS];
+  (void)state;
+  for (uint32_t n = 2; n <= 4; n++) {
+    for (int attempt = 0;; attempt++) {
+      assert_true(attempt < PORT_TRIES);
+      setup_group(runs, n, 200);
+      for (uint32_t i = 0; i < n; i++) {
+        give_secret(&runs[i], SECRET, sizeof(SECRET) - 1);
+        runs[i].timeout_ms = 10000;
+      }
+      if (!run_group(runs, n))
+        break;
+      close_all(runs, n);
+    }
+    check_group_ok(runs, n);
+    close_all(runs, n);
+  }
+}
+
+static void all_secret_rank1_other(rank_run_t *runs, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++)
+    give_secret(&runs[i], SECRET, sizeof(SECRET) - 1);
+  give_secret(&runs[1], OTHER_SECRET, sizeof(OTHER_SECRET) - 1);
+}
+
+/* A rank with another secret is refused: it fails at once, the rank that refused it when its
+ * deadline passes, both naming the rank that failed the check and where it came from. */
+static void test_secret_differs(void **state) {
+  rank_run_t runs[MAX_RANKS];
+  (void)state;
+  run_failing(runs, 2, all_secret_rank1_other);
+  assert_int_equal(runs[1].status, EMBPS_FAILED_PRECONDITION);
+  assert_true(runs[1].elapsed_ms < TIMEOUT_MS);
+  assert_int_equal(runs[0].status, EMBPS_FAILED_PRECONDITION);
+  assert_true(runs[0].elapsed_ms + 50 >= TIMEOUT_MS);
+  for (int i = 0; i < 2; i++)
+    assert_contains(runs[i].err.message, "rank 1 at 127.0.0.1:");
+  for (int i = 0; i < 2; i++)
+    assert_contains(runs[i].err.message, "failed the group secret check");
+}
+
+static void secret_on_rank0_only(rank_run_t *runs, uint32_t n) {
+  (void)n;
+  give_secret(&runs[0], SECRET, sizeof(SECRET) - 1);
+}
+
+static void secret_on_rank1_only(rank_run_t *runs, uint32_t n) {
+  (void)n;
+  give_secret(&runs[1], SECRET, sizeof(SECRET) - 1);
+}
+
+/* A rank without the secret cannot join one with it, and a rank with it does not join one
+ * that accepts without asking (it may be anybody). */
+static void test_secret_on_one_side(void **state) {
+  rank_run_t runs[MAX_RANKS];
+  (void)state;
+  run_failing(runs, 2, secret_on_rank0_only);
+  assert_int_equal(runs[1].status, EMBPS_FAILED_PRECONDITION);
+  assert_contains(runs[1].err.message, "asks for the group secret and rank 1 has none");
+  assert_int_equal(runs[0].status, EMBPS_FAILED_PRECONDITION);
+  assert_contains(runs[0].err.message, "rank 1 at 127.0.0.1:");
+  assert_contains(runs[0].err.message, "failed the group secret check");
+  run_failing(runs, 2, secret_on_rank1_only);
+  assert_int_equal(runs[1].status, EMBPS_FAILED_PRECONDITION);
+  assert_contains(runs[1].err.message, "rank 0 at 127.0.0.1:");
+  assert_contains(runs[1].err.message, "failed the group secret check");
+  assert_contains(runs[1].err.message, "without a challenge");
+}
+
+/* What the impostor saw. */
+typedef struct impostor {
+  unsigned port;
+  const char *identity;
+  int challenge_byte; /* the first byte of rank 0's answer to the hello */
+  int verdict_byte;   /* and of its answer to the forged proof */
+  char message[512];  /* that answer's message */
+} impostor_t;
+
+static int recv_exact(int fd, void *p, size_t n) {
+  size_t have = 0;
+  while (have < n) {
+    ssize_t k = recv(fd, (uint8_t *)p + have, n - have, 0);
+    if (k <= 0)
+      return -1;
+    have += (size_t)k;
+  }
+  return 0;
+}
+
+/* Speaks the hello as a rank 1 without the secret would: its configuration copied from the
+ * real one (the version and mesh are public), then 64 bytes of made-up answer. */
+static void *impostor_main(void *arg) {
+  impostor_t *im = arg;
+  struct timeval tv = {.tv_sec = 5};
+  uint8_t vh[EMBPS__VERDICT_HEADER_LEN], nonce[EMBPS__NONCE_LEN], forged[EMBPS__AUTH_LEN];
+  embps__buf_t hello = {0};
+  int fd = -1;
+  for (int i = 0; i < 200 && fd < 0; i++) { /* until rank 0 listens: 2 s at most */
+    fd = connect_loopback(im->port);
+    if (fd < 0)
+      sleep_ms(10);
+  }
+  assert_true(fd >= 0);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  assert_int_equal(embps__hello_encode(&hello, EMBPS_GROUP_CONN_CONTROL, 1, 2, im->identity,
+                                       strlen(im->identity)),
+                   EMBPS_OK);
+  assert_int_equal(send(fd, hello.data, hello.len, MSG_NOSIGNAL), (ssize_t)hello.len);
+  embps__buf_free(&hello);
+  assert_int_equal(recv_exact(fd, vh, sizeof(vh)), 0);
+  im->challenge_byte = vh[0];
+  if (vh[0] == 2) {
+    assert_int_equal(recv_exact(fd, nonce, sizeof(nonce)), 0);
+    memset(forged, 0x5a, sizeof(forged));
+    assert_int_equal(send(fd, forged, sizeof(forged), MSG_NOSIGNAL), (ssize_t)sizeof(forged));
+    assert_int_equal(recv_exact(fd, vh, sizeof(vh)), 0);
+    im->verdict_byte = vh[0];
+    size_t len = (size_t)(vh[1] | vh[2] << 8);
+    assert_true(len < sizeof(im->message));
+    assert_int_equal(recv_exact(fd, im->message, len), 0);
+    im->message[len] = '\0';
+  }
+  close(fd);
+  return NULL;
+}
+
+/* A process that copies rank 1's hello but not the secret is refused before it counts as a
+ * rank, and the real rank 1, coming later, still forms the group with rank 0. */
+static void test_impostor_refused(void **state) {
+  rank_run_t runs[MAX_RANKS];
+  impostor_t im;
+  pthread_t t;
+  (void)state;
+  for (int attempt = 0;; attempt++) {
+    assert_true(attempt < PORT_TRIES);
+    setup_group(runs, 2, 0);
+    memset(&im, 0, sizeof(im));
+    im.port = port_of(runs[0].addrs[0]);
+    im.identity = runs[1].identity;
+    im.challenge_byte = im.verdict_byte = -1;
+    for (uint32_t i = 0; i < 2; i++) {
+      give_secret(&runs[i], SECRET, sizeof(SECRET) - 1);
+      runs[i].timeout_ms = 10000;
+    }
+    runs[1].delay_ms = 600; /* after the impostor */
+    assert_int_equal(pthread_create(&t, NULL, impostor_main, &im), 0);
+    int stolen = run_group(runs, 2);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    if (!stolen)
+      break;
+    close_all(runs, 2);
+  }
+  assert_int_equal(im.challenge_byte, 2); /* challenged, not accepted */
+  assert_int_equal(im.verdict_byte, 1);   /* refused */
+  assert_contains(im.message, "rank 1 at 127.0.0.1:");
+  assert_contains(im.message, "failed the group secret check");
+  check_group_ok(runs, 2);
+  close_all(runs, 2);
+}
+
+/* A listener on rank 0's port that challenges like rank 0 but cannot prove the secret. */
+typedef struct rogue {
+  int listen_fd;
+  int answered; /* it got a whole answer to its challenge */
+} rogue_t;
+
+static void *rogue_main(void *arg) {
+  rogue_t *rg = arg;
+  struct timeval tv = {.tv_sec = 5};
+  uint8_t header[EMBPS__HELLO_HEADER_LEN], identity[512], answer[EMBPS__AUTH_LEN];
+  uint8_t bytes[EMBPS__VERDICT_HEADER_LEN + EMBPS__NONCE_LEN], fake[EMBPS__PROOF_LEN];
+  embps__buf_t v = {bytes, 0, sizeof(bytes)};
+  embps__hello_t h;
+  int fd = accept(rg->listen_fd, NULL, NULL);
+  assert_true(fd >= 0);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  assert_int_equal(recv_exact(fd, header, sizeof(header)), 0);
+  assert_int_equal(embps__hello_decode(header, &h, NULL), EMBPS_OK);
+  assert_true(h.identity_len <= sizeof(identity));
+  assert_int_equal(recv_exact(fd, identity, h.identity_len), 0);
+  memset(fake, 0x33, sizeof(fake));
+  assert_int_equal(
+      embps__verdict_encode_bytes(&v, EMBPS__VERDICT_CHALLENGE, fake, EMBPS__NONCE_LEN), EMBPS_OK);
+  assert_int_equal(send(fd, v.data, v.len, MSG_NOSIGNAL), (ssize_t)v.len);
+  rg->answered = recv_exact(fd, answer, sizeof(answer)) == 0;
+  v.len = 0;
+  assert_int_equal(embps__verdict_encode_bytes(&v, EMBPS__VERDICT_ACCEPTED, fake, sizeof(fake)),
+                   EMBPS_OK);
+  send(fd, v.data, v.len, MSG_NOSIGNAL);
+  close(fd);
+  return NULL;
+}
+
+/* A rank does not join a rank 0 that cannot prove the secret, whatever it answers. */
+static void test_rogue_acceptor(void **state) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(a);
+  rank_run_t runs[MAX_RANKS];
+  rogue_t rg = {.listen_fd = socket(AF_INET, SOCK_STREAM, 0)};
+  pthread_t t;
+  (void)state;
+  assert_true(rg.listen_fd >= 0);
+  assert_int_equal(bind(rg.listen_fd, (struct sockaddr *)&a, sizeof(a)), 0);
+  assert_int_equal(listen(rg.listen_fd, 4), 0);
+  assert_int_equal(getsockname(rg.listen_fd, (struct sockaddr *)&a, &len), 0);
+  setup_group(runs, 2, 0);
+  snprintf(runs[1].addr_buf[0], sizeof(runs[1].addr_buf[0]), "127.0.0.1:%u", ntohs(a.sin_port));
+  give_secret(&runs[1], SECRET, sizeof(SECRET) - 1);
+  assert_int_equal(pthread_create(&t, NULL, rogue_main, &rg), 0);
+  rank_main(&runs[1]);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  close(rg.listen_fd);
+  assert_true(rg.answered);
+  assert_int_equal(runs[1].status, EMBPS_FAILED_PRECONDITION);
+  assert_contains(runs[1].err.message, "rank 0 at 127.0.0.1:");
+  assert_contains(runs[1].err.message, "failed the group secret check");
+  assert_fds_closed_state(&runs[1]);
+}
+
 /* ---- cancellation (SIGTERM while the group forms) ---- */
 
 static int cancel_efd = -1;
@@ -575,19 +809,20 @@ static void test_invalid_arguments(void **state) {
   (void)state;
   setup_group(runs, 2, 0);
   const char *const *addrs = runs[0].addrs;
-  assert_int_equal(embps_group_bootstrap(2, 2, addrs, 0, "x=1\n", 100, -1, cfd, dfd, &err),
+  assert_int_equal(embps_group_bootstrap(2, 2, addrs, 0, "x=1\n", NULL, 0, 100, -1, cfd, dfd, &err),
                    EMBPS_INVALID_ARGUMENT);
-  assert_int_equal(embps_group_bootstrap(0, 0, addrs, 0, "x=1\n", 100, -1, cfd, dfd, &err),
+  assert_int_equal(embps_group_bootstrap(0, 0, addrs, 0, "x=1\n", NULL, 0, 100, -1, cfd, dfd, &err),
                    EMBPS_INVALID_ARGUMENT);
-  assert_int_equal(embps_group_bootstrap(0, 2, addrs, 0, NULL, 100, -1, cfd, dfd, &err),
+  assert_int_equal(embps_group_bootstrap(0, 2, addrs, 0, NULL, NULL, 0, 100, -1, cfd, dfd, &err),
                    EMBPS_INVALID_ARGUMENT);
-  assert_int_equal(embps_group_bootstrap(0, 2, NULL, 0, "x=1\n", 100, -1, cfd, dfd, &err),
+  assert_int_equal(embps_group_bootstrap(0, 2, NULL, 0, "x=1\n", NULL, 0, 100, -1, cfd, dfd, &err),
                    EMBPS_INVALID_ARGUMENT);
   for (size_t i = 0; i < sizeof(bad_addrs) / sizeof(bad_addrs[0]); i++) {
     const char *list[2] = {runs[0].addrs[0], bad_addrs[i]};
     cfd[0] = cfd[1] = dfd[0] = dfd[1] = 5;
-    assert_int_equal(embps_group_bootstrap(0, 2, list, 0, "x=1\n", 100, -1, cfd, dfd, &err),
-                     EMBPS_INVALID_ARGUMENT);
+    assert_int_equal(
+        embps_group_bootstrap(0, 2, list, 0, "x=1\n", NULL, 0, 100, -1, cfd, dfd, &err),
+        EMBPS_INVALID_ARGUMENT);
     assert_contains(err.message, "rank 1");
     assert_int_equal(cfd[0], -1);
     assert_int_equal(dfd[1], -1);
@@ -653,6 +888,11 @@ int main(void) {
       cmocka_unit_test(test_identity_key_missing),
       cmocka_unit_test(test_size_mismatch),
       cmocka_unit_test(test_missing_rank),
+      cmocka_unit_test(test_secret_group_forms),
+      cmocka_unit_test(test_secret_differs),
+      cmocka_unit_test(test_secret_on_one_side),
+      cmocka_unit_test(test_impostor_refused),
+      cmocka_unit_test(test_rogue_acceptor),
       cmocka_unit_test(test_cancelled),
       cmocka_unit_test(test_garbage_ignored),
       cmocka_unit_test(test_bind_failure),

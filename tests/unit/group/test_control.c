@@ -121,8 +121,52 @@ static void test_verdict_round_trip(void **state) {
   assert_int_equal(embps__verdict_decode(b.data, &accept, &len, &err), EMBPS_OK);
   assert_int_equal(len, EMBPS__VERDICT_MESSAGE_MAX);
   assert_int_equal(b.len, EMBPS__VERDICT_HEADER_LEN + EMBPS__VERDICT_MESSAGE_MAX);
-  b.data[0] = 2;
+  b.data[0] = 3;
   assert_int_equal(embps__verdict_decode(b.data, &accept, &len, &err), EMBPS_INVALID_ARGUMENT);
+  embps__buf_free(&b);
+}
+
+/* The group secret's messages: a challenge carries exactly a nonce, an accept may carry the
+ * acceptor's proof, and the connector's answer is its nonce then its proof. */
+static void test_challenge_round_trip(void **state) {
+  uint8_t nonce[EMBPS__NONCE_LEN], proof[EMBPS__PROOF_LEN], n2[EMBPS__NONCE_LEN],
+      p2[EMBPS__PROOF_LEN];
+  embps__buf_t b = {0};
+  embps_error_t err;
+  size_t len;
+  int verdict;
+  (void)state;
+  for (unsigned i = 0; i < EMBPS__NONCE_LEN; i++) {
+    nonce[i] = (uint8_t)(i * 7 + 1);
+    proof[i] = (uint8_t)(255 - i);
+  }
+  assert_int_equal(
+      embps__verdict_encode_bytes(&b, EMBPS__VERDICT_CHALLENGE, nonce, EMBPS__NONCE_LEN), EMBPS_OK);
+  assert_int_equal(b.len, EMBPS__VERDICT_HEADER_LEN + EMBPS__NONCE_LEN);
+  assert_int_equal(b.data[0], 2);
+  assert_int_equal(embps__verdict_decode(b.data, &verdict, &len, &err), EMBPS_OK);
+  assert_int_equal(verdict, EMBPS__VERDICT_CHALLENGE);
+  assert_int_equal(len, EMBPS__NONCE_LEN);
+  assert_memory_equal(b.data + EMBPS__VERDICT_HEADER_LEN, nonce, EMBPS__NONCE_LEN);
+  /* A challenge of any other length is not one. */
+  b.data[1] = EMBPS__NONCE_LEN - 1;
+  assert_int_equal(embps__verdict_decode(b.data, &verdict, &len, &err), EMBPS_INVALID_ARGUMENT);
+  b.len = 0;
+  assert_int_equal(
+      embps__verdict_encode_bytes(&b, EMBPS__VERDICT_ACCEPTED, proof, EMBPS__PROOF_LEN), EMBPS_OK);
+  assert_int_equal(b.data[0], 0);
+  assert_int_equal(embps__verdict_decode(b.data, &verdict, &len, &err), EMBPS_OK);
+  assert_int_equal(verdict, EMBPS__VERDICT_ACCEPTED);
+  assert_int_equal(len, EMBPS__PROOF_LEN);
+  /* Refusals carry text only. */
+  assert_int_equal(embps__verdict_encode_bytes(&b, EMBPS__VERDICT_REFUSED, proof, 4),
+                   EMBPS_INVALID_ARGUMENT);
+  b.len = 0;
+  assert_int_equal(embps__auth_encode(&b, nonce, proof), EMBPS_OK);
+  assert_int_equal(b.len, EMBPS__AUTH_LEN);
+  embps__auth_decode(b.data, n2, p2);
+  assert_memory_equal(n2, nonce, EMBPS__NONCE_LEN);
+  assert_memory_equal(p2, proof, EMBPS__PROOF_LEN);
   embps__buf_free(&b);
 }
 
@@ -131,6 +175,7 @@ static void test_verdict_round_trip(void **state) {
 static embps_batch_desc_t sample_notice(void) {
   embps_batch_desc_t d;
   memset(&d, 0, sizeof(d));
+  d.client_id = UINT64_C(0x1112131415161718);
   d.batch_id = UINT64_C(0x0102030405060708);
   d.kind = EMBPS_BATCH_PUSH;
   d.tokens_per_batch = 4096;
@@ -142,8 +187,9 @@ static embps_batch_desc_t sample_notice(void) {
 static void test_notice_round_trip_and_bytes(void **state) {
   /* clang-format off */
   static const uint8_t want[] = {
-      29, 0, 0, 0, EMBPS__FRAME_NOTICE,            /* length (type + payload), type */
-      8, 7, 6, 5, 4, 3, 2, 1,                      /* batch_id, little-endian */
+      37, 0, 0, 0, EMBPS__FRAME_NOTICE,            /* length (type + payload), type */
+      0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, /* client_id, little-endian */
+      8, 7, 6, 5, 4, 3, 2, 1,                      /* batch_id */
       EMBPS_BATCH_PUSH, 0, 0, 0, 0x00, 0x10, 0, 0, /* kind, tokens_per_batch 4096 */
       3, 'e', 'm', 'b',                            /* table */
       0x2a, 0, 0, 0, 0, 0, 0, 0};                  /* table_id */
@@ -196,8 +242,10 @@ static size_t sample_round(embps_round_entry_t *e, embps_table_config_t *c) {
   memset(e, 0, SAMPLE_ROUND_LEN * sizeof(*e));
   memset(c, 0, SAMPLE_ROUND_LEN * sizeof(*c));
   memset(sample_ckpts, 0, sizeof(sample_ckpts));
-  e[0] =
-      (embps_round_entry_t){.batch_id = 7, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_LOOKUP};
+  e[0] = (embps_round_entry_t){.client_id = UINT64_C(0xfedcba9876543210),
+                               .batch_id = 7,
+                               .action = EMBPS_ROUND_RUN,
+                               .kind = EMBPS_BATCH_LOOKUP};
   e[1] = (embps_round_entry_t){.batch_id = UINT64_C(1) << 63 | 2,
                                .action = EMBPS_ROUND_RUN,
                                .kind = EMBPS_BATCH_CREATE_TABLE};
@@ -235,6 +283,7 @@ static void test_round_round_trip(void **state) {
       embps__parse_round(f.p, f.len, got, got_c, got_k, EMBPS__ROUND_MAX, &got_n, &err), EMBPS_OK);
   assert_int_equal(got_n, n);
   for (size_t i = 0; i < n; i++) {
+    assert_true(got[i].client_id == e[i].client_id);
     assert_int_equal(got[i].batch_id, e[i].batch_id);
     assert_int_equal(got[i].action, e[i].action);
     assert_int_equal(got[i].kind, e[i].kind);
@@ -445,15 +494,16 @@ static void test_bad_fields(void **state) {
   embps__buf_t b = {0};
   (void)state;
   assert_int_equal(embps__frame_notice(&b, &d, NULL), EMBPS_OK);
-  expect_field_refused(&b, 16, 1, 200, "table name length 200"); /* beyond the payload */
-  expect_field_refused(&b, 16, 1, 2, "bytes after its last field");
+  expect_field_refused(&b, 24, 1, 200, "table name length 200"); /* beyond the payload */
+  expect_field_refused(&b, 24, 1, 2, "bytes after its last field");
   b.len = 0;
   assert_int_equal(embps__frame_round(&b, e, c, sample_ckpts, sample_round(e, c), NULL), EMBPS_OK);
-  /* entry 0 starts at 4: batch_id 8, action 4, kind 4, status 4, message length 2 */
-  expect_field_refused(&b, 12, 4, 7, "action 7");
-  expect_field_refused(&b, 16, 4, 9, "batch kind 9");
-  expect_field_refused(&b, 20, 4, 99, "status 99");
-  expect_field_refused(&b, 24, 2, 400, "message length 400");
+  /* entry 0 starts at 4: client_id 8, batch_id 8, action 4, kind 4, status 4, message
+   * length 2 */
+  expect_field_refused(&b, 20, 4, 7, "action 7");
+  expect_field_refused(&b, 24, 4, 9, "batch kind 9");
+  expect_field_refused(&b, 28, 4, 99, "status 99");
+  expect_field_refused(&b, 32, 2, 400, "message length 400");
   expect_field_refused(&b, 0, 4, SAMPLE_ROUND_LEN + 1, "cut short"); /* more entries than sent */
   b.len = 0;
   assert_int_equal(embps__frame_device(&b, &claim, NULL), EMBPS_OK);
@@ -586,6 +636,7 @@ int main(void) {
       cmocka_unit_test(test_hello_round_trip),
       cmocka_unit_test(test_hello_refused),
       cmocka_unit_test(test_verdict_round_trip),
+      cmocka_unit_test(test_challenge_round_trip),
       cmocka_unit_test(test_notice_round_trip_and_bytes),
       cmocka_unit_test(test_round_round_trip),
       cmocka_unit_test(test_checkpoint_round_trip),

@@ -42,6 +42,43 @@ static void test_completion_order(void **state) {
   embps_sequencer_free(s);
 }
 
+/* A batch is named by its client and its id: two clients' batches of one id are two batches
+ * (each complete on its own, whatever order their shards come in), while one client's second
+ * shard of an id from one rank is a duplicate, not a new batch. */
+static void test_client_scope(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  embps_batch_desc_t a = desc(5, EMBPS_BATCH_LOOKUP, 8, "t"), b = a, none = a;
+  (void)state;
+  a.client_id = 11;
+  b.client_id = 22;
+  none.client_id = 0;
+  assert_int_equal(embps_sequencer_new(&s, 2, 1000), EMBPS_OK);
+  embps_sequencer_arrive(s, 0, &a, 0);
+  embps_sequencer_arrive(s, 0, &b, 1);
+  embps_sequencer_arrive(s, 1, &none, 2);
+  assert_int_equal(embps_sequencer_pending(s), 3);
+  assert_int_equal(embps_sequencer_next_round(s, 3, e, 8), 0);
+  embps_sequencer_arrive(s, 1, &b, 4);
+  assert_int_equal(embps_sequencer_next_round(s, 5, e, 8), 1);
+  assert_true(e[0].client_id == 22);
+  assert_int_equal(e[0].batch_id, 5);
+  assert_int_equal(e[0].action, EMBPS_ROUND_RUN);
+  embps_sequencer_arrive(s, 1, &a, 6);
+  assert_int_equal(embps_sequencer_next_round(s, 7, e, 8), 1);
+  assert_true(e[0].client_id == 11);
+  /* A failure sticks to its own client's batch only. */
+  embps_sequencer_arrive(s, 1, &none, 8); /* a duplicate report: still waiting for rank 0 */
+  assert_int_equal(embps_sequencer_next_round(s, 2000, e, 8), 1);
+  assert_int_equal(e[0].client_id, 0);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  embps_sequencer_arrive(s, 0, &a, 2001); /* client 11 reuses id 5 once it is done: a new batch */
+  embps_sequencer_arrive(s, 1, &a, 2002);
+  assert_int_equal(embps_sequencer_next_round(s, 2003, e, 8), 1);
+  assert_int_equal(e[0].action, EMBPS_ROUND_RUN);
+  embps_sequencer_free(s);
+}
+
 static void test_disagreement_and_late_shard(void **state) {
   embps_sequencer_t *s;
   embps_round_entry_t e[8];
@@ -149,9 +186,13 @@ static void test_many_batches_bounded_round(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_completion_order),  cmocka_unit_test(test_disagreement_and_late_shard),
-      cmocka_unit_test(test_deadline),          cmocka_unit_test(test_create_needs_leader_only),
-      cmocka_unit_test(test_table_id_and_drop), cmocka_unit_test(test_many_batches_bounded_round),
+      cmocka_unit_test(test_completion_order),
+      cmocka_unit_test(test_client_scope),
+      cmocka_unit_test(test_disagreement_and_late_shard),
+      cmocka_unit_test(test_deadline),
+      cmocka_unit_test(test_create_needs_leader_only),
+      cmocka_unit_test(test_table_id_and_drop),
+      cmocka_unit_test(test_many_batches_bounded_round),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
