@@ -388,6 +388,16 @@ int main(int argc, char **argv) {
     fprintf(stderr, "embps-server: %s\n", err.message);
     return 2;
   }
+  if (!set.tls_cert[0] != !set.tls_key[0]) {
+    fprintf(stderr, "embps-server: --tls-cert and --tls-key go together: give both (TLS) or "
+                    "neither (cleartext)\n");
+    return 2;
+  }
+  if (set.tls_client_ca[0] && !set.tls_cert[0]) {
+    fprintf(stderr, "embps-server: --tls-client-ca needs --tls-cert and --tls-key (mutual TLS "
+                    "is TLS)\n");
+    return 2;
+  }
   if (client_listen_address(&set, num_peers ? &mine : NULL, listen_addr, sizeof(listen_addr),
                             &shown, &bind_any) != 0)
     return 2;
@@ -472,6 +482,16 @@ int main(int argc, char **argv) {
     uv_run(&s.loop, UV_RUN_DEFAULT);
     goto exit;
   }
+  if (set.tls_cert[0] &&
+      embps_net_use_tls(s.net, set.tls_cert, set.tls_key, set.tls_client_ca, &err) != EMBPS_OK) {
+    fprintf(stderr, "embps-server: %s\n", err.message);
+    s.exit_code = 2;
+    s.closing = 1;
+    embps_net_close(s.net);
+    embps_group_close(s.group);
+    uv_run(&s.loop, UV_RUN_DEFAULT);
+    goto exit;
+  }
   /* Clients may connect while the group forms: health answers NOT_SERVING until it is ready. */
   if (embps_net_listen(s.net, listen_addr, &err) != EMBPS_OK) {
     fprintf(stderr, "embps-server: %s\n", err.message);
@@ -495,8 +515,11 @@ int main(int argc, char **argv) {
              (unsigned long long)scfg.max_table_bytes);
   /* The listening line is what scripts and tests wait for; its port is the real one when
    * --listen asked for port 0, and its host is as the user wrote it. */
-  EMBPS_INFO("listening on %s%s%s:%d", shown.ipv6 ? "[" : "", shown.host, shown.ipv6 ? "]" : "",
-             embps_net_port(s.net));
+  EMBPS_INFO("listening on %s%s%s:%d%s", shown.ipv6 ? "[" : "", shown.host, shown.ipv6 ? "]" : "",
+             embps_net_port(s.net),
+             !set.tls_cert[0]       ? " (cleartext h2c)"
+             : set.tls_client_ca[0] ? " (TLS, client certificates required)"
+                                    : " (TLS)");
   if (s.metrics)
     EMBPS_INFO("metrics on http://%s%s%s:%d/metrics", strchr(set.metrics_listen, '[') ? "[" : "",
                metrics_host(set.metrics_listen), strchr(set.metrics_listen, '[') ? "]" : "",

@@ -28,6 +28,7 @@
 #include "common/hostport.h"
 #include "common/log.h"
 #include "server/net/h2conn.h"
+#include "server/net/tls.h"
 
 #define READ_BUF_BYTES (256u << 10)
 #define LISTEN_BACKLOG 511
@@ -40,6 +41,7 @@ typedef struct conn {
   uv_write_t wreq;
   embps_net_t *net;
   embps__h2conn_t *h2;
+  embps__tls_t *tls; /* NULL: cleartext */
   struct conn *prev, *next;
   embps__h2out_t *writing; /* the batch of the write in flight */
   uv_buf_t *bufs;
@@ -60,6 +62,7 @@ struct embps_net {
   int closing;
   int handles; /* handles of ours not yet closed (listener, rejected sockets) */
   conn_t *conns;
+  embps__tls_ctx_t *tls_ctx; /* NULL: cleartext (h2c) */
   embps_net_stats_t stats;
   embps_net_metrics_t metrics; /* the same and more, for other threads (net.h) */
   uint8_t *read_buf;
@@ -77,6 +80,7 @@ static void conn_handle_closed(uv_handle_t *h) {
     return;
   c->net->handles--;
   embps__h2conn_free(c->h2); /* detaches calls still owed an answer */
+  embps__tls_free(c->tls);
   embps_free(c->bufs);
   embps_free(c);
 }
@@ -149,13 +153,18 @@ static void on_write(uv_write_t *req, int status) {
   conn_update_timer(c, 0);
 }
 
+/* The next batch to write: the core's output, through the TLS layer when there is one. */
+static embps__h2out_t *conn_take_output(conn_t *c) {
+  return c->tls ? embps__tls_take_output(c->tls, c->h2) : embps__h2conn_take_output(c->h2);
+}
+
 /* Writes the core's pending output, one batch at a time; closes when the core is done. */
 static void conn_flush(conn_t *c) {
   if (c->closing || c->writing)
     return;
-  embps__h2out_t *out = embps__h2conn_take_output(c->h2);
+  embps__h2out_t *out = conn_take_output(c);
   if (!out) {
-    if (c->broken || embps__h2conn_want_close(c->h2))
+    if (c->broken || embps__h2conn_want_close(c->h2) || (c->tls && embps__tls_failed(c->tls)))
       conn_close(c);
     return;
   }
@@ -202,6 +211,42 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   *buf = uv_buf_init((char *)net->read_buf, READ_BUF_BYTES);
 }
 
+static embps_status_t feed_core(void *user, const uint8_t *data, size_t len) {
+  conn_t *c = user;
+  return embps__h2conn_feed(c->h2, data, len);
+}
+
+/* Feeds what was read to the core, through the TLS layer when there is one. A TLS failure is
+ * logged with the peer's address: a handshake refused (wrong CA, no client certificate, a
+ * cleartext client) at warn, the end of an established session at info. */
+static embps_status_t conn_feed(conn_t *c, const uint8_t *data, size_t len) {
+  embps_error_t err;
+  embps_status_t st;
+  if (!c->tls)
+    return embps__h2conn_feed(c->h2, data, len);
+  embps_error_clear(&err);
+  int handshaking = !embps__tls_handshake_done(c->tls);
+  st = embps__tls_feed(c->tls, data, len, feed_core, c, &err);
+  if (st != EMBPS_OK && err.status != EMBPS_OK) {
+    struct sockaddr_storage peer;
+    int plen = sizeof(peer);
+    char host[64] = "?";
+    int port = 0;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &plen) == 0) {
+      if (peer.ss_family == AF_INET6) {
+        uv_ip6_name((struct sockaddr_in6 *)&peer, host, sizeof(host));
+        port = ntohs(((struct sockaddr_in6 *)&peer)->sin6_port);
+      } else {
+        uv_ip4_name((struct sockaddr_in *)&peer, host, sizeof(host));
+        port = ntohs(((struct sockaddr_in *)&peer)->sin_port);
+      }
+    }
+    EMBPS_LOG(handshaking ? EMBPS_LOG_WARN : EMBPS_LOG_INFO, "closing connection from %s:%d: %s",
+              host, port, err.message);
+  }
+  return st;
+}
+
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   conn_t *c = stream->data;
   embps_net_t *net = c->net;
@@ -219,7 +264,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     return;
   net->stats.bytes_in += (uint64_t)nread;
   atomic_fetch_add_explicit(&net->metrics.bytes_in, (uint64_t)nread, memory_order_relaxed);
-  if (embps__h2conn_feed(c->h2, (const uint8_t *)buf->base, (size_t)nread) != EMBPS_OK) {
+  if (conn_feed(c, (const uint8_t *)buf->base, (size_t)nread) != EMBPS_OK) {
     c->broken = 1;
     uv_read_stop(stream);
     uv_timer_stop(&c->timer);
@@ -270,6 +315,8 @@ static void on_connection(uv_stream_t *server, int status) {
   ret = embps__h2conn_new(&c->h2, net->cfg.max_message_bytes, &hooks);
   if (ret != EMBPS_OK)
     goto fail;
+  if (net->tls_ctx && (ret = embps__tls_new(&c->tls, net->tls_ctx)) != EMBPS_OK)
+    goto fail;
   EMBPS_UV_CHECK_GOTO(uv_tcp_init(net->loop, &c->tcp), fail);
   c->tcp.data = c;
   c->handles = 1;
@@ -304,8 +351,10 @@ static void on_connection(uv_stream_t *server, int status) {
   conn_update_timer(c, 1);
   return;
 fail:
-  if (c)
+  if (c) {
     embps__h2conn_free(c->h2);
+    embps__tls_free(c->tls);
+  }
   embps_free(c);
   (void)ret;
 }
@@ -423,6 +472,19 @@ fail:
   goto exit;
 }
 
+embps_status_t embps_net_use_tls(embps_net_t *net, const char *cert_file, const char *key_file,
+                                 const char *client_ca_file, embps_error_t *err) {
+  embps__tls_ctx_t *ctx;
+  embps_status_t ret;
+  if (net->listener || net->tls_ctx)
+    return embps_error_set(err, EMBPS_FAILED_PRECONDITION,
+                           "TLS is set up once, before the network layer listens");
+  if ((ret = embps__tls_ctx_new(&ctx, cert_file, key_file, client_ca_file, err)) != EMBPS_OK)
+    return ret;
+  net->tls_ctx = ctx;
+  return EMBPS_OK;
+}
+
 int embps_net_port(const embps_net_t *net) { return net->port; }
 
 void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) { *out = net->stats; }
@@ -451,6 +513,7 @@ void embps_net_free(embps_net_t *net) {
   if (net->handles > 0 || net->conns)
     EMBPS_ERROR("embps_net_free before embps_net_close and a turn of the loop: leaking it");
   else {
+    embps__tls_ctx_free(net->tls_ctx);
     embps_free(net->read_buf);
     embps_free(net);
   }
