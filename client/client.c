@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "client/client_internal.h"
+#include "client/tls.h"
 #include "common/alloc.h"
 
 embps_status_t embps__client_fail(embps_client_t *c, embps_status_t st, const char *fmt, ...) {
@@ -83,6 +84,7 @@ void embps_client_free(embps_client_t *client) {
     embps__conn_free(client->conns[i]);
   embps_free(client->conns);
   embps_free(client->addrs);
+  SSL_CTX_free(client->tls_ctx);
   embps_free(client);
 }
 
@@ -115,13 +117,31 @@ embps_status_t embps_client_connect(embps_client_t **out, const char *servers,
   c->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 10000;
   c->pad = opts->pad_batches != 0;
   c->next_batch_id = random_base();
+  if (opts->tls_ca && opts->tls_ca[0]) {
+    ret = embps__tls_client_ctx_new(&c->tls_ctx, opts->tls_ca, opts->tls_cert, opts->tls_key, err);
+    if (ret != EMBPS_OK)
+      goto fail;
+    if (opts->tls_server_name &&
+        snprintf(c->tls_server_name, sizeof(c->tls_server_name), "%s", opts->tls_server_name) >=
+            (int)sizeof(c->tls_server_name)) {
+      ret = embps_error_set(err, EMBPS_INVALID_ARGUMENT, "tls_server_name is too long");
+      goto fail;
+    }
+  } else if ((opts->tls_cert && opts->tls_cert[0]) || (opts->tls_key && opts->tls_key[0])) {
+    ret = embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                          "a client certificate (tls_cert, tls_key) needs tls_ca: TLS verifies "
+                          "the server too");
+    goto fail;
+  }
   c->conns = embps_calloc(n, sizeof(*c->conns));
   if (!c->conns) {
     ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
     goto fail;
   }
   for (size_t i = 0; i < n; i++) {
-    ret = embps__conn_open(&c->conns[i], &c->addrs[i], c->connect_timeout_ms, err);
+    ret = embps__conn_open(&c->conns[i], &c->addrs[i], c->tls_ctx,
+                           c->tls_server_name[0] ? c->tls_server_name : NULL, c->connect_timeout_ms,
+                           err);
     if (ret != EMBPS_OK)
       goto fail;
   }

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <openssl/err.h>
+#include <openssl/pem.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -61,15 +62,22 @@ embps_status_t embps_tls_load_identity(SSL_CTX *ctx, const char *cert_file, cons
   if (SSL_CTX_use_certificate_chain_file(ctx, cert_file) != 1)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "%s %s: not a PEM certificate chain: %s",
                            cert_flag, cert_file, embps_tls_error(why, sizeof(why)));
-  if (SSL_CTX_use_PrivateKey_file(ctx, key_file, SSL_FILETYPE_PEM) != 1)
+  /* Parsed apart from installing it, so that a key that does not parse and a key that does not
+   * match the certificate (which SSL_CTX_use_PrivateKey refuses) get their own messages. */
+  BIO *bio = BIO_new_file(key_file, "r");
+  EVP_PKEY *key = bio ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
+  BIO_free(bio);
+  if (!key)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "%s %s: not a PEM private key (an encrypted key is not supported): %s",
                            key_flag, key_file, embps_tls_error(why, sizeof(why)));
-  if (SSL_CTX_check_private_key(ctx) != 1)
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "%s %s does not match the certificate in %s %s: %s", key_flag, key_file,
-                           cert_flag, cert_file, embps_tls_error(why, sizeof(why)));
-  return EMBPS_OK;
+  ret = SSL_CTX_use_PrivateKey(ctx, key) == 1 && SSL_CTX_check_private_key(ctx) == 1
+            ? EMBPS_OK
+            : embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                              "%s %s does not match the certificate in %s %s: %s", key_flag,
+                              key_file, cert_flag, cert_file, embps_tls_error(why, sizeof(why)));
+  EVP_PKEY_free(key); /* the context holds its own reference */
+  return ret;
 }
 
 embps_status_t embps_tls_load_ca(SSL_CTX *ctx, const char *ca_file, const char *ca_flag,

@@ -31,7 +31,17 @@ typedef struct setting {
   const char *value;
 } setting_t;
 
-enum { S_SERVERS, S_DEADLINE, S_CONNECT_TIMEOUT, S_PAD, S_COUNT };
+enum {
+  S_SERVERS,
+  S_DEADLINE,
+  S_CONNECT_TIMEOUT,
+  S_PAD,
+  S_TLS_CA,
+  S_TLS_CERT,
+  S_TLS_KEY,
+  S_TLS_SERVER_NAME,
+  S_COUNT
+};
 
 static setting_t settings[S_COUNT] = {
     [S_SERVERS] = {"--servers", "EMBPS_SERVERS", "127.0.0.1:7070",
@@ -42,6 +52,20 @@ static setting_t settings[S_COUNT] = {
                            "deadline of connecting to each server, in milliseconds", NULL},
     [S_PAD] = {"--pad", "EMBPS_PAD", "0",
                "pad batches with token 0 up to a multiple of the group size (--pad=0|1)", NULL},
+    [S_TLS_CA] = {"--tls-ca", "EMBPS_TLS_CA", "",
+                  "connect with TLS, trusting the CA certificates in this PEM file (empty: "
+                  "cleartext)",
+                  NULL},
+    /* Not EMBPS_TLS_CERT: that is the server's own certificate, and the CLI often runs in the
+     * server's container. */
+    [S_TLS_CERT] = {"--tls-cert", "EMBPS_TLS_CLIENT_CERT", "",
+                    "mutual TLS: this client's PEM certificate (with --tls-key)", NULL},
+    [S_TLS_KEY] = {"--tls-key", "EMBPS_TLS_CLIENT_KEY", "", "the PEM private key of --tls-cert",
+                   NULL},
+    [S_TLS_SERVER_NAME] = {"--tls-server-name", "EMBPS_TLS_SERVER_NAME", "",
+                           "the name the servers' certificates must carry (empty: each "
+                           "address's host)",
+                           NULL},
 };
 
 typedef struct flag {
@@ -811,7 +835,7 @@ static void usage_global(FILE *f) {
     char left[64];
     snprintf(left, sizeof(left), "%s%s", settings[i].flag, i == S_PAD ? "" : " VALUE");
     fprintf(f, "  %-28s %s\n  %-28s   (env %s, default %s)\n", left, settings[i].help, "",
-            settings[i].env, settings[i].def);
+            settings[i].env, settings[i].def[0] ? settings[i].def : "none");
   }
   fprintf(f, "  %-28s %s\n\ncommands:\n", "--help", "show this help");
   for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
@@ -878,6 +902,11 @@ int main(int argc, char **argv) {
   if (embps_cli_parse_u64("--pad", settings[S_PAD].value, 0, 1, &v, g_err, sizeof(g_err)) != 0)
     return usage_error("options", g_err);
   g_opts.pad_batches = (int)v;
+  g_opts.tls_ca = settings[S_TLS_CA].value;
+  g_opts.tls_cert = settings[S_TLS_CERT].value;
+  g_opts.tls_key = settings[S_TLS_KEY].value;
+  g_opts.tls_server_name =
+      settings[S_TLS_SERVER_NAME].value[0] ? settings[S_TLS_SERVER_NAME].value : NULL;
   if (i >= argc) {
     usage_global(stderr);
     return EXIT_USAGE;

@@ -42,6 +42,7 @@ typedef struct conn {
   embps_net_t *net;
   embps__h2conn_t *h2;
   embps__tls_t *tls; /* NULL: cleartext */
+  char peer[64];     /* "host:port" of the client, for TLS failures (the socket may be gone) */
   struct conn *prev, *next;
   embps__h2out_t *writing; /* the batch of the write in flight */
   uv_buf_t *bufs;
@@ -227,24 +228,29 @@ static embps_status_t conn_feed(conn_t *c, const uint8_t *data, size_t len) {
   embps_error_clear(&err);
   int handshaking = !embps__tls_handshake_done(c->tls);
   st = embps__tls_feed(c->tls, data, len, feed_core, c, &err);
-  if (st != EMBPS_OK && err.status != EMBPS_OK) {
-    struct sockaddr_storage peer;
-    int plen = sizeof(peer);
-    char host[64] = "?";
-    int port = 0;
-    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &plen) == 0) {
-      if (peer.ss_family == AF_INET6) {
-        uv_ip6_name((struct sockaddr_in6 *)&peer, host, sizeof(host));
-        port = ntohs(((struct sockaddr_in6 *)&peer)->sin6_port);
-      } else {
-        uv_ip4_name((struct sockaddr_in *)&peer, host, sizeof(host));
-        port = ntohs(((struct sockaddr_in *)&peer)->sin_port);
-      }
-    }
-    EMBPS_LOG(handshaking ? EMBPS_LOG_WARN : EMBPS_LOG_INFO, "closing connection from %s:%d: %s",
-              host, port, err.message);
-  }
+  if (st != EMBPS_OK && err.status != EMBPS_OK)
+    EMBPS_LOG(handshaking ? EMBPS_LOG_WARN : EMBPS_LOG_INFO, "closing connection from %s: %s",
+              c->peer, err.message);
   return st;
+}
+
+/* Writes the client's "host:port" (IPv6 in brackets) into c->peer. */
+static void conn_name_peer(conn_t *c) {
+  struct sockaddr_storage peer;
+  int plen = sizeof(peer);
+  char host[48] = "?";
+  int port = 0;
+  memset(&peer, 0, sizeof(peer));
+  if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &plen) == 0) {
+    if (peer.ss_family == AF_INET6) {
+      uv_ip6_name((struct sockaddr_in6 *)&peer, host, sizeof(host));
+      port = ntohs(((struct sockaddr_in6 *)&peer)->sin6_port);
+    } else {
+      uv_ip4_name((struct sockaddr_in *)&peer, host, sizeof(host));
+      port = ntohs(((struct sockaddr_in *)&peer)->sin_port);
+    }
+  }
+  snprintf(c->peer, sizeof(c->peer), peer.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", host, port);
 }
 
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
@@ -343,6 +349,8 @@ static void on_connection(uv_stream_t *server, int status) {
   }
   /* Small frames (HEADERS, trailers) must not wait for Nagle. */
   uv_tcp_nodelay(&c->tcp, 1);
+  if (c->tls)
+    conn_name_peer(c);
   if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0) {
     conn_close(c);
     return;
