@@ -25,6 +25,8 @@
 #include "common/clock.h"
 #include "common/tls.h"
 
+#define READ_AHEAD_BYTES (256u << 10)
+
 embps_status_t embps__tls_client_ctx_new(SSL_CTX **out, const char *ca_file, const char *cert_file,
                                          const char *key_file, embps_error_t *err) {
   embps_status_t ret;
@@ -38,6 +40,10 @@ embps_status_t embps__tls_client_ctx_new(SSL_CTX **out, const char *ca_file, con
     return ret;
   SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+  /* Replies are megabytes: read them from the socket in large pieces, not a 5-byte record
+   * header and then its body for every 16 KiB record. */
+  SSL_CTX_set_read_ahead(ctx, 1);
+  SSL_CTX_set_default_read_buffer_len(ctx, READ_AHEAD_BYTES);
   if ((ret = embps_tls_load_ca(ctx, ca_file, "tls_ca", err)) != EMBPS_OK)
     goto fail;
   if (has_cert && (ret = embps_tls_load_identity(ctx, cert_file, "tls_cert", key_file, "tls_key",
