@@ -1,7 +1,7 @@
 /* TLS for the client's connections: OpenSSL directly on conn.c's non-blocking socket.
  *
  * The client drives its sockets with poll() in the caller's thread, so the TLS session can own
- * the file descriptor (SSL_set_fd) and no memory BIOs are needed: SSL_read and SSL_write take
+ * the file descriptor (a socket BIO) and no memory BIOs are needed: SSL_read and SSL_write take
  * the place of recv and send, and their WANT_READ/WANT_WRITE become EAGAIN. The handshake runs
  * to completion inside connecting, bounded by the connect deadline, so the HTTP/2 session above
  * only ever sees an established channel.
@@ -19,6 +19,8 @@
 #include <openssl/err.h>
 #include <arpa/inet.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -61,6 +63,45 @@ fail:
   return ret;
 }
 
+/* OpenSSL's socket BIO writes with write(), which raises SIGPIPE when the server has closed
+ * (a mutual-TLS server refuses a client after a TLS 1.3 handshake the client thinks is done): a
+ * library must not kill its caller for that. This BIO is the socket BIO with its write done by
+ * send(MSG_NOSIGNAL), as conn.c does for cleartext. */
+static BIO_METHOD *nosigpipe_method;
+static pthread_once_t nosigpipe_once = PTHREAD_ONCE_INIT;
+
+static int nosigpipe_write(BIO *b, const char *data, int len) {
+  ssize_t n = send(BIO_get_fd(b, NULL), data, (size_t)len, MSG_NOSIGNAL);
+  BIO_clear_retry_flags(b);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+    BIO_set_retry_write(b);
+  return (int)n;
+}
+
+static void nosigpipe_init(void) {
+  const BIO_METHOD *sock = BIO_s_socket();
+  BIO_METHOD *m = BIO_meth_new(BIO_TYPE_SOCKET, "embps-socket");
+  if (m && BIO_meth_set_write(m, nosigpipe_write) &&
+      BIO_meth_set_read(m, BIO_meth_get_read(sock)) &&
+      BIO_meth_set_puts(m, BIO_meth_get_puts(sock)) &&
+      BIO_meth_set_ctrl(m, BIO_meth_get_ctrl(sock)) &&
+      BIO_meth_set_create(m, BIO_meth_get_create(sock)) &&
+      BIO_meth_set_destroy(m, BIO_meth_get_destroy(sock)))
+    nosigpipe_method = m;
+  else
+    BIO_meth_free(m);
+}
+
+/* A BIO on fd (not closing it) that never raises SIGPIPE; NULL when out of memory. */
+static BIO *socket_bio(int fd) {
+  BIO *b;
+  pthread_once(&nosigpipe_once, nosigpipe_init);
+  if (!nosigpipe_method || !(b = BIO_new(nosigpipe_method)))
+    return NULL;
+  BIO_set_fd(b, fd, BIO_NOCLOSE);
+  return b;
+}
+
 /* A failed handshake's reason, with the likely cause for the common ones. */
 static embps_status_t handshake_failed(SSL *ssl, int rc, const char *authority,
                                        const char *server_name, embps_error_t *err) {
@@ -93,8 +134,11 @@ embps_status_t embps__tls_client_handshake(SSL_CTX *ctx, int fd, const char *ser
   unsigned char ip[16];
   int is_ip = inet_pton(AF_INET, server_name, ip) == 1 || inet_pton(AF_INET6, server_name, ip) == 1;
   SSL *ssl = SSL_new(ctx);
+  BIO *bio = ssl ? socket_bio(fd) : NULL;
   ERR_clear_error();
-  if (!ssl || SSL_set_fd(ssl, fd) != 1 || SSL_set1_host(ssl, server_name) != 1 ||
+  if (bio)
+    SSL_set_bio(ssl, bio, bio); /* the SSL owns the BIO */
+  if (!bio || SSL_set1_host(ssl, server_name) != 1 ||
       (!is_ip && SSL_set_tlsext_host_name(ssl, server_name) != 1)) {
     ERR_clear_error();
     ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");

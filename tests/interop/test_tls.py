@@ -231,8 +231,8 @@ class TlsTest(unittest.TestCase):
         r = self.cli(self.tls, "--tls-ca", ca, "create-table", "clibench", "--rows", "100000",
                      "--emb-width", str(WIDTH))
         self.assertEqual(r.returncode, 0, r.stderr)
-        r = self.cli(self.tls, "--tls-ca", ca, "bench", "clibench", "--batch", "4096",
-                     "--duration", "1", "--warmup", "0", "--push-ratio", "0.3", "--pipeline", "2",
+        r = self.cli(self.tls, "--tls-ca", ca, "bench", "clibench", "--batch", "512",
+                     "--duration", "1", "--warmup", "0", "--push-ratio", "0.5", "--pipeline", "2",
                      "--json")
         self.assertEqual(r.returncode, 0, r.stderr)
         res = json.loads(r.stdout)
