@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "client/client_internal.h"
+#include "client/tls.h"
 #include "common/alloc.h"
 
 embps_status_t embps__client_fail(embps_client_t *c, embps_status_t st, const char *fmt, ...) {
@@ -111,6 +112,7 @@ void embps_client_free(embps_client_t *client) {
   if (client->authorization)
     explicit_bzero(client->authorization, strlen(client->authorization));
   embps_free(client->authorization);
+  SSL_CTX_free(client->tls_ctx);
   embps_free(client);
 }
 
@@ -152,13 +154,31 @@ embps_status_t embps_client_connect(embps_client_t **out, const char *servers,
    * another's; never 0, which means "no client id". */
   while (!(c->client_id = random_u64()))
     ;
+  if (opts->tls_ca && opts->tls_ca[0]) {
+    ret = embps__tls_client_ctx_new(&c->tls_ctx, opts->tls_ca, opts->tls_cert, opts->tls_key, err);
+    if (ret != EMBPS_OK)
+      goto fail;
+    if (opts->tls_server_name &&
+        snprintf(c->tls_server_name, sizeof(c->tls_server_name), "%s", opts->tls_server_name) >=
+            (int)sizeof(c->tls_server_name)) {
+      ret = embps_error_set(err, EMBPS_INVALID_ARGUMENT, "tls_server_name is too long");
+      goto fail;
+    }
+  } else if ((opts->tls_cert && opts->tls_cert[0]) || (opts->tls_key && opts->tls_key[0])) {
+    ret = embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                          "a client certificate (tls_cert, tls_key) needs tls_ca: TLS verifies "
+                          "the server too");
+    goto fail;
+  }
   c->conns = embps_calloc(n, sizeof(*c->conns));
   if (!c->conns) {
     ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
     goto fail;
   }
   for (size_t i = 0; i < n; i++) {
-    ret = embps__conn_open(&c->conns[i], &c->addrs[i], c->connect_timeout_ms, err);
+    ret = embps__conn_open(&c->conns[i], &c->addrs[i], c->tls_ctx,
+                           c->tls_server_name[0] ? c->tls_server_name : NULL, c->connect_timeout_ms,
+                           err);
     if (ret != EMBPS_OK)
       goto fail;
   }

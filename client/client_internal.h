@@ -23,6 +23,8 @@
 
 struct embps_client {
   embps__addr_t *addrs;
+  SSL_CTX *tls_ctx;          /* NULL: cleartext h2c */
+  char tls_server_name[256]; /* "": each address's own host */
   embps__conn_t **conns;
   uint32_t group_size; /* == number of addresses */
   int64_t deadline_ms;

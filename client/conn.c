@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "client/conn_internal.h"
+#include "client/tls.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 
@@ -48,6 +49,10 @@ static void conn_close_socket(embps__conn_t *c) {
   if (c->session) {
     nghttp2_session_del(c->session);
     c->session = NULL;
+  }
+  if (c->ssl) {
+    SSL_free(c->ssl);
+    c->ssl = NULL;
   }
   if (c->fd >= 0) {
     close(c->fd);
@@ -116,16 +121,48 @@ const embps__addr_t *embps__conn_addr(const embps__conn_t *c) { return &c->addr;
 
 /* ---- socket I/O ---- */
 
+/* send() or, on a TLS connection, SSL_write: the bytes taken, or -1 with errno (EAGAIN when
+ * the socket is full; another errno when broken, with c's reason recorded). */
+static ssize_t conn_send(embps__conn_t *c, const uint8_t *p, size_t n) {
+  char why[300];
+  ssize_t k;
+  if (!c->ssl) {
+    k = send(c->fd, p, n, MSG_NOSIGNAL);
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      conn_fail(c, EMBPS_UNAVAILABLE, "send: %s", strerror(errno));
+    return k;
+  }
+  k = embps__tls_client_send(c->ssl, p, n, why, sizeof(why));
+  if (k < 0 && errno != EAGAIN)
+    conn_fail(c, EMBPS_UNAVAILABLE, "%s", why);
+  return k;
+}
+
+/* recv() or, on a TLS connection, SSL_read: as recv, with c's reason recorded when broken. */
+static ssize_t conn_recv(embps__conn_t *c, uint8_t *buf, size_t n) {
+  char why[300];
+  ssize_t k;
+  if (!c->ssl) {
+    k = recv(c->fd, buf, n, 0);
+    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      conn_fail(c, EMBPS_UNAVAILABLE, "recv: %s", strerror(errno));
+    return k;
+  }
+  k = embps__tls_client_recv(c->ssl, buf, n, why, sizeof(why));
+  if (k < 0 && errno != EAGAIN)
+    conn_fail(c, EMBPS_UNAVAILABLE, "%s", why);
+  return k;
+}
+
 /* Sends the write buffer; returns 0 when all is sent, 1 when the socket is full, -1 broken. */
 static int write_pending(embps__conn_t *c) {
   while (c->woff < c->wlen) {
-    ssize_t n = send(c->fd, c->wbuf + c->woff, c->wlen - c->woff, MSG_NOSIGNAL);
+    ssize_t n = conn_send(c, c->wbuf + c->woff, c->wlen - c->woff);
     if (n < 0) {
       if (errno == EINTR)
         continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK)
         return 1;
-      conn_fail(c, EMBPS_UNAVAILABLE, "send: %s", strerror(errno));
       return -1;
     }
     c->woff += (size_t)n;
@@ -175,12 +212,10 @@ static void conn_flush(embps__conn_t *c) {
         break;
       sent_any = 1;
       if ((size_t)n >= DIRECT_WRITE && c->wlen == 0) {
-        ssize_t k = send(c->fd, data, (size_t)n, MSG_NOSIGNAL);
+        ssize_t k = conn_send(c, data, (size_t)n);
         if (k < 0) {
-          if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            conn_fail(c, EMBPS_UNAVAILABLE, "send: %s", strerror(errno));
+          if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
             return;
-          }
           k = 0;
         }
         if (k < n) {
@@ -210,12 +245,10 @@ void embps__conn_kick(embps__conn_t *c) {
 /* Reads what the socket has and hands it to nghttp2. */
 static void conn_read(embps__conn_t *c) {
   for (int rounds = 0; rounds < 16 && !c->broken; rounds++) {
-    ssize_t n = recv(c->fd, c->rbuf, RBUF_SIZE, 0);
+    ssize_t n = conn_recv(c, c->rbuf, RBUF_SIZE);
     if (n < 0) {
       if (errno == EINTR)
         continue;
-      if (errno != EAGAIN && errno != EWOULDBLOCK)
-        conn_fail(c, EMBPS_UNAVAILABLE, "recv: %s", strerror(errno));
       return;
     }
     if (n == 0) {
@@ -300,12 +333,24 @@ static embps_status_t tcp_connect(embps__conn_t *c, int64_t timeout_ms, embps_er
 
 static embps_status_t conn_connect(embps__conn_t *c, int64_t timeout_ms, embps_error_t *err) {
   embps_status_t ret;
+  int64_t deadline;
   conn_close_socket(c);
   c->broken = 0;
   embps_error_clear(&c->why);
-  ret = tcp_connect(c, timeout_ms > 0 ? timeout_ms : 10000, err);
+  timeout_ms = timeout_ms > 0 ? timeout_ms : 10000;
+  deadline = (int64_t)embps_now_ms() + timeout_ms;
+  ret = tcp_connect(c, timeout_ms, err);
   if (ret != EMBPS_OK)
     return ret;
+  if (c->tls_ctx) {
+    ret = embps__tls_client_handshake(c->tls_ctx, c->fd,
+                                      c->tls_server_name ? c->tls_server_name : c->addr.host,
+                                      c->addr.authority, deadline, &c->ssl, err);
+    if (ret != EMBPS_OK) {
+      conn_close_socket(c);
+      return ret;
+    }
+  }
   ret = embps__session_start(c, err);
   if (ret != EMBPS_OK) {
     conn_close_socket(c); /* the socket, and the session when it was made */
@@ -320,7 +365,8 @@ static embps_status_t conn_connect(embps__conn_t *c, int64_t timeout_ms, embps_e
   return ret;
 }
 
-embps_status_t embps__conn_open(embps__conn_t **out, const embps__addr_t *addr, int64_t timeout_ms,
+embps_status_t embps__conn_open(embps__conn_t **out, const embps__addr_t *addr, SSL_CTX *tls_ctx,
+                                const char *tls_server_name, int64_t timeout_ms,
                                 embps_error_t *err) {
   embps_status_t ret;
   embps__conn_t *c = embps_calloc(1, sizeof(*c));
@@ -328,6 +374,8 @@ embps_status_t embps__conn_open(embps__conn_t **out, const embps__addr_t *addr, 
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
   c->fd = -1;
   c->addr = *addr;
+  c->tls_ctx = tls_ctx;
+  c->tls_server_name = tls_server_name;
   c->rbuf = embps_malloc(RBUF_SIZE);
   if (!c->rbuf) {
     ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
@@ -361,7 +409,7 @@ embps_status_t embps__conn_submit(embps__conn_t *c, embps__stream_t *s, int64_t 
   {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, (vl), NGHTTP2_NV_FLAG_NO_COPY_NAME}
   nghttp2_nv nva[9] = {
       NV(":method", "POST", 4),
-      NV(":scheme", "http", 4),
+      NV(":scheme", c->ssl ? "https" : "http", c->ssl ? 5 : 4),
       NV(":path", s->path, strlen(s->path)),
       NV(":authority", c->addr.authority, strlen(c->addr.authority)),
       NV("content-type", "application/grpc", 16),
@@ -455,6 +503,17 @@ int embps__conns_pump(embps__conn_t **conns, size_t n, int timeout_ms) {
     }
     if (!c->streams && c->wlen == 0)
       continue; /* idle: nothing to wait for (server frames are read with the next call) */
+    if (c->ssl && SSL_has_pending(c->ssl)) {
+      /* Decrypted bytes (or a whole record) wait inside OpenSSL, where poll() cannot see
+       * them: a read stopped at the buffer's end. Read them now. */
+      conn_read(c);
+      if (!c->broken)
+        conn_flush(c);
+      if (c->broken)
+        conn_break(c);
+      progress++;
+      continue;
+    }
     pfd[np].fd = c->fd;
     pfd[np].events = POLLIN;
     if (c->wlen > 0 || nghttp2_session_want_write(c->session))

@@ -3,6 +3,7 @@
 #ifndef EMBPS_CLIENT_CONN_H
 #define EMBPS_CLIENT_CONN_H
 
+#include <openssl/ssl.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -65,10 +66,13 @@ struct embps__stream {
 };
 
 /** Connects to addr within timeout_ms (TCP_NODELAY, HTTP/2 preface and SETTINGS with large
- * windows and frames). On success *out is a connection freed with embps__conn_free().
- * UNAVAILABLE with "cannot connect to host:port: reason"; DEADLINE_EXCEEDED;
- * RESOURCE_EXHAUSTED. */
-embps_status_t embps__conn_open(embps__conn_t **out, const embps__addr_t *addr, int64_t timeout_ms,
+ * windows and frames). With tls_ctx (borrowed; it and tls_server_name must outlive the
+ * connection) every connection is TLS, its server's certificate checked against
+ * tls_server_name, or addr's host when that is NULL. On success *out is a connection freed
+ * with embps__conn_free(). UNAVAILABLE with "cannot connect to host:port: reason" or the TLS
+ * handshake's failure; DEADLINE_EXCEEDED; RESOURCE_EXHAUSTED. */
+embps_status_t embps__conn_open(embps__conn_t **out, const embps__addr_t *addr, SSL_CTX *tls_ctx,
+                                const char *tls_server_name, int64_t timeout_ms,
                                 embps_error_t *err);
 
 /** Closes the connection; open streams finish with CANCELLED and released ones are freed. */

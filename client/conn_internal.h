@@ -5,6 +5,7 @@
 #define EMBPS_CLIENT_CONN_INTERNAL_H
 
 #include <nghttp2/nghttp2.h>
+#include <openssl/ssl.h>
 #include <sys/types.h>
 
 #include "client/conn.h"
@@ -12,6 +13,9 @@
 struct embps__conn {
   embps__addr_t addr;
   int fd;
+  SSL_CTX *tls_ctx;            /* borrowed from the client; NULL: cleartext h2c */
+  const char *tls_server_name; /* borrowed; the name the server's certificate must carry */
+  SSL *ssl;                    /* the TLS session on fd, when tls_ctx is set */
   nghttp2_session *session;
   int broken;
   embps_error_t why; /* why it broke (status and message), set inside callbacks and acted on

@@ -7,7 +7,8 @@ EMBPS_PACKAGES=(
   build-essential cmake pkg-config git
   clang libclang-rt-14-dev
   libuv1-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev zlib1g-dev
-  libmicrohttpd-dev libssl-dev
+  libmicrohttpd-dev
+  libssl-dev openssl
   python3 python3-grpcio python3-grpc-tools python3-numpy python3-protobuf protobuf-compiler
   python3-torch
   iproute2 iperf3 redis-server redis-tools clang-format prometheus

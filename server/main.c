@@ -370,6 +370,20 @@ static int checkpoint_setup(const embps_settings_t *set, uint32_t rank, uint32_t
   return 0;
 }
 
+/* Loads the client port's TLS files and opens the metrics and client listeners. Returns 0, or
+ * the exit code with err set: 2 for unusable TLS files (a configuration error), 1 for a listener
+ * that cannot open. */
+static int open_listeners(server_t *s, const embps_settings_t *set, const char *listen_addr,
+                          embps_error_t *err) {
+  if (set->tls_cert[0] &&
+      embps_net_use_tls(s->net, set->tls_cert, set->tls_key, set->tls_client_ca, err) != EMBPS_OK)
+    return 2;
+  if (set->metrics_listen[0] && embps_metrics_server_start(&s->metrics, set->metrics_listen,
+                                                           &s->metrics_src, err) != EMBPS_OK)
+    return 1;
+  return embps_net_listen(s->net, listen_addr, err) == EMBPS_OK ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
   static char peer_addrs_buf[EMBPS_SETTINGS_MAX_PEERS][300];
   const char *peer_addrs[EMBPS_SETTINGS_MAX_PEERS];
@@ -456,6 +470,16 @@ int main(int argc, char **argv) {
   if (embps_mesh_parse(&mesh, set.mesh, set.table_axis, set.data_axis, group_size, &err) !=
       EMBPS_OK) {
     fprintf(stderr, "embps-server: %s\n", err.message);
+    return 2;
+  }
+  if (!set.tls_cert[0] != !set.tls_key[0]) {
+    fprintf(stderr, "embps-server: --tls-cert and --tls-key go together: give both (TLS) or "
+                    "neither (cleartext)\n");
+    return 2;
+  }
+  if (set.tls_client_ca[0] && !set.tls_cert[0]) {
+    fprintf(stderr, "embps-server: --tls-client-ca needs --tls-cert and --tls-key (mutual TLS "
+                    "is TLS)\n");
     return 2;
   }
   if (client_listen_address(&set, num_peers ? &mine : NULL, listen_addr, sizeof(listen_addr),
@@ -552,11 +576,8 @@ int main(int argc, char **argv) {
   s.metrics_src.start_unix_s = (double)time(NULL);
   embps_service_set_metrics(s.service, render_metrics, &s.metrics_src);
   /* Clients may connect while the group forms: health answers NOT_SERVING until it is ready. */
-  if ((set.metrics_listen[0] && embps_metrics_server_start(&s.metrics, set.metrics_listen,
-                                                           &s.metrics_src, &err) != EMBPS_OK) ||
-      embps_net_listen(s.net, listen_addr, &err) != EMBPS_OK) {
+  if ((s.exit_code = open_listeners(&s, &set, listen_addr, &err)) != 0) {
     fprintf(stderr, "embps-server: %s\n", err.message);
-    s.exit_code = 1;
     s.closing = 1;
     embps_net_close(s.net);
     embps_group_close(s.group);
@@ -583,8 +604,11 @@ int main(int argc, char **argv) {
                "--auth-tokens-file)");
   /* The listening line is what scripts and tests wait for; its port is the real one when
    * --listen asked for port 0, and its host is as the user wrote it. */
-  EMBPS_INFO("listening on %s%s%s:%d", shown.ipv6 ? "[" : "", shown.host, shown.ipv6 ? "]" : "",
-             embps_net_port(s.net));
+  EMBPS_INFO("listening on %s%s%s:%d%s", shown.ipv6 ? "[" : "", shown.host, shown.ipv6 ? "]" : "",
+             embps_net_port(s.net),
+             !set.tls_cert[0]       ? " (cleartext h2c)"
+             : set.tls_client_ca[0] ? " (TLS, client certificates required)"
+                                    : " (TLS)");
   if (s.metrics)
     EMBPS_INFO("metrics on http://%s%s%s:%d/metrics", strchr(set.metrics_listen, '[') ? "[" : "",
                metrics_host(set.metrics_listen), strchr(set.metrics_listen, '[') ? "]" : "",

@@ -90,6 +90,13 @@
   X(restore, STR, "restore", "auto",                                                               \
     "at startup: auto (the latest complete checkpoint of every table in --checkpoint-dir, if "     \
     "any), none, or the path of a checkpoint")                                                     \
+  X(tls_cert, STR, "tls-cert", "",                                                                 \
+    "serve gRPC over TLS with this PEM certificate chain (needs --tls-key); empty: cleartext "     \
+    "HTTP/2, for loopback development")                                                            \
+  X(tls_key, STR, "tls-key", "", "the PEM private key of --tls-cert")                              \
+  X(tls_client_ca, STR, "tls-client-ca", "",                                                       \
+    "mutual TLS: clients must present a certificate signed by a CA in this PEM file; empty: "      \
+    "any client may connect")                                                                      \
   X(metrics_listen, ADDR, "metrics-listen", "",                                                    \
     "serve Prometheus metrics over HTTP at GET /metrics on this address (HOST:PORT); empty: "      \
     "off")                                                                                         \

@@ -33,7 +33,18 @@ typedef struct setting {
   const char *value;
 } setting_t;
 
-enum { S_SERVERS, S_DEADLINE, S_CONNECT_TIMEOUT, S_PAD, S_TOKEN_FILE, S_COUNT };
+enum {
+  S_SERVERS,
+  S_DEADLINE,
+  S_CONNECT_TIMEOUT,
+  S_PAD,
+  S_TOKEN_FILE,
+  S_TLS_CA,
+  S_TLS_CERT,
+  S_TLS_KEY,
+  S_TLS_SERVER_NAME,
+  S_COUNT
+};
 
 static setting_t settings[S_COUNT] = {
     [S_SERVERS] = {"--servers", "EMBPS_SERVERS", "127.0.0.1:7070",
@@ -48,6 +59,20 @@ static setting_t settings[S_COUNT] = {
                       "file holding the bearer token sent on every call (servers with "
                       "--auth-tokens-file); empty: none",
                       NULL},
+    [S_TLS_CA] = {"--tls-ca", "EMBPS_TLS_CA", "",
+                  "connect with TLS, trusting the CA certificates in this PEM file (empty: "
+                  "cleartext)",
+                  NULL},
+    /* Not EMBPS_TLS_CERT: that is the server's own certificate, and the CLI often runs in the
+     * server's container. */
+    [S_TLS_CERT] = {"--tls-cert", "EMBPS_TLS_CLIENT_CERT", "",
+                    "mutual TLS: this client's PEM certificate (with --tls-key)", NULL},
+    [S_TLS_KEY] = {"--tls-key", "EMBPS_TLS_CLIENT_KEY", "", "the PEM private key of --tls-cert",
+                   NULL},
+    [S_TLS_SERVER_NAME] = {"--tls-server-name", "EMBPS_TLS_SERVER_NAME", "",
+                           "the name the servers' certificates must carry (empty: each "
+                           "address's host)",
+                           NULL},
 };
 
 typedef struct flag {
@@ -1012,6 +1037,11 @@ int main(int argc, char **argv) {
       return usage_error("options", g_err);
     g_opts.token = g_token;
   }
+  g_opts.tls_ca = settings[S_TLS_CA].value;
+  g_opts.tls_cert = settings[S_TLS_CERT].value;
+  g_opts.tls_key = settings[S_TLS_KEY].value;
+  g_opts.tls_server_name =
+      settings[S_TLS_SERVER_NAME].value[0] ? settings[S_TLS_SERVER_NAME].value : NULL;
   if (i >= argc) {
     usage_global(stderr);
     return EXIT_USAGE;

@@ -74,6 +74,36 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+# ---- TLS --------------------------------------------------------------------------------------
+
+def _pem(value, what):
+    """A PEM argument's bytes: value itself when bytes, else the file it names."""
+    if value is None or isinstance(value, (bytes, bytearray)):
+        return None if value is None else bytes(value)
+    try:
+        with open(value, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError("%s %s: cannot read it: %s" % (what, value, e.strerror)) from None
+
+
+def _tls_credentials(ca, cert, key, server_name):
+    """(channel credentials, extra channel options) for the Client's TLS arguments, or None for
+    cleartext. grpcio offers ALPN h2 and checks the server's certificate and host name."""
+    if (cert is None) != (key is None):
+        raise ValueError("tls_cert and tls_key go together: give both (mutual TLS) or neither")
+    if ca is None:
+        if cert is not None or server_name is not None:
+            raise ValueError("tls_cert, tls_key and tls_server_name need tls_ca: TLS verifies "
+                             "the server too")
+        return None
+    creds = grpc.ssl_channel_credentials(root_certificates=_pem(ca, "tls_ca"),
+                                         private_key=_pem(key, "tls_key"),
+                                         certificate_chain=_pem(cert, "tls_cert"))
+    options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+    return creds, options
+
+
 # ---- addresses --------------------------------------------------------------------------------
 
 def _refuse(text, tail):
@@ -215,9 +245,15 @@ class BatchFuture(concurrent.futures.Future):
 class _Rank:
     """One rank's channel and the methods called on it."""
 
-    def __init__(self, address):
+    def __init__(self, address, tls=None):
         self.address = address
-        self.channel = grpc.insecure_channel(_check_address(address), options=_CHANNEL_OPTIONS)
+        if tls is None:
+            self.channel = grpc.insecure_channel(_check_address(address),
+                                                 options=_CHANNEL_OPTIONS)
+        else:
+            creds, options = tls
+            self.channel = grpc.secure_channel(_check_address(address), creds,
+                                               options=_CHANNEL_OPTIONS + options)
         ch = self.channel
         # The bulk calls take and return raw bytes (_wire.py); the rest protobuf messages.
         self.lookup = ch.unary_unary(_SERVICE + "Lookup")
@@ -289,17 +325,25 @@ class Client:
     with --auth-tokens-file); token_file: a file holding it; neither: the file named by
     EMBPS_TOKEN_FILE if set, else no token.
 
+    TLS (servers started with --tls-cert): tls_ca, the CA certificates that sign the servers'
+    certificates (a PEM file's path, or its bytes); the servers' certificates must chain to them
+    and name the host dialed, or tls_server_name. tls_cert and tls_key: this client's own
+    certificate and key for mutual TLS (servers with --tls-client-ca). Without tls_ca the
+    channels are cleartext (h2c).
+
     Raises ValueError (a bad address or token), embps.Error (UNAVAILABLE: a rank cannot be
     reached; FAILED_PRECONDITION: the number of addresses is not the group's size;
     UNAUTHENTICATED: the servers need a token and got none or an unknown one; ...).
     Use as a context manager or call close()."""
 
     def __init__(self, servers=None, *, timeout=None, padding=False, connect_timeout=10.0,
-                 token=None, token_file=None):
+                 token=None, token_file=None, tls_ca=None, tls_cert=None, tls_key=None,
+                 tls_server_name=None):
         self._addresses = tuple(parse_servers(servers))
         token = read_token(token, token_file)
         # Metadata of every call (grpcio's standard per-call metadata).
         self._metadata = None if token is None else (("authorization", "Bearer " + token),)
+        tls = _tls_credentials(tls_ca, tls_cert, tls_key, tls_server_name)
         self.timeout = timeout
         self.padding = bool(padding)
         self._lock = threading.Lock()
@@ -314,7 +358,7 @@ class Client:
         _malloc.tune()
         try:
             for a in self._addresses:
-                self._ranks.append(_Rank(a))
+                self._ranks.append(_Rank(a, tls))
             self._learn_group_size(connect_timeout)
         except BaseException:
             self.close()

@@ -139,6 +139,10 @@ uint32_t embps__h2_rst_code_of(int rv);
 /** An empty output batch, or NULL when out of memory. */
 embps__h2out_t *embps__h2out_new(void);
 
+/** Copies len bytes into the batch as its next segment (the TLS layer's ciphertext). Returns 0,
+ * or -1 when out of memory. */
+int embps__h2out_copy(embps__h2out_t *out, const uint8_t *data, size_t len);
+
 /** Drops a reference to b, releasing the body and freeing b with the last one. NULL is a
  * no-op. */
 void embps__h2body_unref(embps__h2body_t *b);

@@ -115,6 +115,10 @@ static int out_copy(embps__h2out_t *out, const uint8_t *data, size_t len) {
   return 0;
 }
 
+int embps__h2out_copy(embps__h2out_t *out, const uint8_t *data, size_t len) {
+  return out_copy(out, data, len);
+}
+
 /* Points the batch at len bytes of b, taking a reference on b for the batch. */
 static int out_ref(embps__h2out_t *out, embps__h2body_t *b, const uint8_t *data, size_t len) {
   if (out_reserve_segs(out, 1) < 0)

@@ -37,6 +37,7 @@
 #include "common/hostport.h"
 #include "common/log.h"
 #include "server/net/h2conn.h"
+#include "server/net/tls.h"
 
 #define READ_BUF_BYTES (256u << 10)
 #define LISTEN_BACKLOG 511
@@ -60,6 +61,8 @@ typedef struct conn {
   uv_write_t wreq;
   embps_net_t *net;
   embps__h2conn_t *h2;
+  embps__tls_t *tls;  /* NULL: cleartext */
+  char peer_name[64]; /* "host:port" of the client, for TLS failures (the socket may be gone) */
   struct conn *prev, *next;
   embps__h2out_t *writing; /* the batch of the write in flight */
   uv_buf_t *bufs;
@@ -81,6 +84,7 @@ struct embps_net {
   int closing;
   int handles; /* handles of ours not yet closed (listener, rejected sockets) */
   conn_t *conns;
+  embps__tls_ctx_t *tls_ctx; /* NULL: cleartext (h2c) */
   embps_net_stats_t stats;
   embps_net_metrics_t metrics; /* the same and more, for other threads (net.h) */
   uint8_t *read_buf;
@@ -100,6 +104,7 @@ static void conn_handle_closed(uv_handle_t *h) {
     return;
   c->net->handles--;
   embps__h2conn_free(c->h2); /* detaches calls still owed an answer */
+  embps__tls_free(c->tls);
   embps_free(c->bufs);
   embps_free(c);
 }
@@ -198,13 +203,18 @@ static void on_write(uv_write_t *req, int status) {
   conn_update_timer(c, 0, replies_written);
 }
 
+/* The next batch to write: the core's output, through the TLS layer when there is one. */
+static embps__h2out_t *conn_take_output(conn_t *c) {
+  return c->tls ? embps__tls_take_output(c->tls, c->h2) : embps__h2conn_take_output(c->h2);
+}
+
 /* Writes the core's pending output, one batch at a time; closes when the core is done. */
 static void conn_flush(conn_t *c) {
   if (c->closing || c->writing)
     return;
-  embps__h2out_t *out = embps__h2conn_take_output(c->h2);
+  embps__h2out_t *out = conn_take_output(c);
   if (!out) {
-    if (c->broken || embps__h2conn_want_close(c->h2))
+    if (c->broken || embps__h2conn_want_close(c->h2) || (c->tls && embps__tls_failed(c->tls)))
       conn_close(c);
     return;
   }
@@ -255,6 +265,48 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   *buf = uv_buf_init((char *)net->read_buf, READ_BUF_BYTES);
 }
 
+static embps_status_t feed_core(void *user, const uint8_t *data, size_t len) {
+  conn_t *c = user;
+  return embps__h2conn_feed(c->h2, data, len);
+}
+
+/* Feeds what was read to the core, through the TLS layer when there is one. A TLS failure is
+ * logged with the peer's address: a handshake refused (wrong CA, no client certificate, a
+ * cleartext client) at warn, the end of an established session at info. */
+static embps_status_t conn_feed(conn_t *c, const uint8_t *data, size_t len) {
+  embps_error_t err;
+  embps_status_t st;
+  if (!c->tls)
+    return embps__h2conn_feed(c->h2, data, len);
+  embps_error_clear(&err);
+  int handshaking = !embps__tls_handshake_done(c->tls);
+  st = embps__tls_feed(c->tls, data, len, feed_core, c, &err);
+  if (st != EMBPS_OK && err.status != EMBPS_OK)
+    EMBPS_LOG(handshaking ? EMBPS_LOG_WARN : EMBPS_LOG_INFO, "closing connection from %s: %s",
+              c->peer_name, err.message);
+  return st;
+}
+
+/* Writes the IP of a client address into ip ("?" when unknown). */
+static void peer_ip(const struct sockaddr_storage *peer, char *ip, size_t size) {
+  snprintf(ip, size, "?");
+  if (peer->ss_family == AF_INET6)
+    uv_ip6_name((const struct sockaddr_in6 *)peer, ip, size);
+  else if (peer->ss_family == AF_INET)
+    uv_ip4_name((const struct sockaddr_in *)peer, ip, size);
+}
+
+/* Writes the client's "host:port" (IPv6 in brackets) into c->peer_name. */
+static void conn_name_peer(conn_t *c) {
+  char ip[INET6_ADDRSTRLEN];
+  int port = c->peer.ss_family == AF_INET6
+                 ? ntohs(((const struct sockaddr_in6 *)&c->peer)->sin6_port)
+                 : ntohs(((const struct sockaddr_in *)&c->peer)->sin_port);
+  peer_ip(&c->peer, ip, sizeof(ip));
+  snprintf(c->peer_name, sizeof(c->peer_name), c->peer.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d",
+           ip, port);
+}
+
 static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
   conn_t *c = stream->data;
   embps_net_t *net = c->net;
@@ -272,7 +324,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     return;
   net->stats.bytes_in += (uint64_t)nread;
   atomic_fetch_add_explicit(&net->metrics.bytes_in, (uint64_t)nread, memory_order_relaxed);
-  if (embps__h2conn_feed(c->h2, (const uint8_t *)buf->base, (size_t)nread) != EMBPS_OK) {
+  if (conn_feed(c, (const uint8_t *)buf->base, (size_t)nread) != EMBPS_OK) {
     c->broken = 1;
     uv_read_stop(stream);
     uv_timer_stop(&c->timer);
@@ -321,7 +373,7 @@ static int same_host(const struct sockaddr_storage *a, const struct sockaddr_sto
 static int source_full(embps_net_t *net, conn_t *c) {
   int len = sizeof(c->peer);
   uint32_t limit = net->cfg.max_connections_per_source, n = 0;
-  char ip[INET6_ADDRSTRLEN] = "?", why[160];
+  char ip[INET6_ADDRSTRLEN], why[160];
   if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&c->peer, &len) < 0) {
     c->peer.ss_family = 0; /* unknown: not counted against any source */
     return 0;
@@ -332,10 +384,7 @@ static int source_full(embps_net_t *net, conn_t *c) {
     n += (uint32_t)same_host(&o->peer, &c->peer);
   if (n < limit)
     return 0;
-  if (c->peer.ss_family == AF_INET6)
-    uv_ip6_name((const struct sockaddr_in6 *)&c->peer, ip, sizeof(ip));
-  else
-    uv_ip4_name((const struct sockaddr_in *)&c->peer, ip, sizeof(ip));
+  peer_ip(&c->peer, ip, sizeof(ip));
   snprintf(why, sizeof(why), "%s already has max_connections_per_source=%u open", ip, limit);
   log_refusal(net, why);
   return 1;
@@ -388,6 +437,8 @@ static void on_connection(uv_stream_t *server, int status) {
   if (ret != EMBPS_OK)
     goto fail;
   embps__h2conn_set_reply_limit(c->h2, net->cfg.max_connection_reply_bytes);
+  if (net->tls_ctx && (ret = embps__tls_new(&c->tls, net->tls_ctx)) != EMBPS_OK)
+    goto fail;
   EMBPS_UV_CHECK_GOTO(uv_tcp_init(net->loop, &c->tcp), fail);
   c->tcp.data = c;
   c->handles = 1;
@@ -414,6 +465,8 @@ static void on_connection(uv_stream_t *server, int status) {
   atomic_fetch_add_explicit(&net->metrics.connections_accepted, 1, memory_order_relaxed);
   /* Small frames (HEADERS, trailers) must not wait for Nagle. */
   uv_tcp_nodelay(&c->tcp, 1);
+  if (c->tls)
+    conn_name_peer(c);
   if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0) {
     conn_close(c);
     return;
@@ -422,8 +475,10 @@ static void on_connection(uv_stream_t *server, int status) {
   conn_update_timer(c, 1, 0);
   return;
 fail:
-  if (c)
+  if (c) {
     embps__h2conn_free(c->h2);
+    embps__tls_free(c->tls);
+  }
   embps_free(c);
   (void)ret;
 }
@@ -541,6 +596,19 @@ fail:
   goto exit;
 }
 
+embps_status_t embps_net_use_tls(embps_net_t *net, const char *cert_file, const char *key_file,
+                                 const char *client_ca_file, embps_error_t *err) {
+  embps__tls_ctx_t *ctx;
+  embps_status_t ret;
+  if (net->listener || net->tls_ctx)
+    return embps_error_set(err, EMBPS_FAILED_PRECONDITION,
+                           "TLS is set up once, before the network layer listens");
+  if ((ret = embps__tls_ctx_new(&ctx, cert_file, key_file, client_ca_file, err)) != EMBPS_OK)
+    return ret;
+  net->tls_ctx = ctx;
+  return EMBPS_OK;
+}
+
 int embps_net_port(const embps_net_t *net) { return net->port; }
 
 void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) { *out = net->stats; }
@@ -569,6 +637,7 @@ void embps_net_free(embps_net_t *net) {
   if (net->handles > 0 || net->conns)
     EMBPS_ERROR("embps_net_free before embps_net_close and a turn of the loop: leaking it");
   else {
+    embps__tls_ctx_free(net->tls_ctx);
     embps_free(net->read_buf);
     embps_free(net);
   }

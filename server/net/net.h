@@ -1,7 +1,7 @@
-/* The network layer: gRPC over HTTP/2 cleartext (h2c), served by libuv and nghttp2 on one
- * event-loop thread. It knows nothing of tables or protobuf messages: it delivers each complete
- * unary request (method path and message bytes) to a handler, and sends back one answer per
- * call. Every function here runs on the loop thread. */
+/* The network layer: gRPC over HTTP/2, cleartext (h2c) or TLS (embps_net_use_tls), served by
+ * libuv and nghttp2 on one event-loop thread. It knows nothing of tables or protobuf messages: it
+ * delivers each complete unary request (method path and message bytes) to a handler, and sends back
+ * one answer per call. Every function here runs on the loop thread. */
 #ifndef EMBPS_NET_H
 #define EMBPS_NET_H
 
@@ -104,6 +104,18 @@ embps_status_t embps_net_new(embps_net_t **out, uv_loop_t *loop, const embps_net
  * address that does not parse, EMBPS_UNAVAILABLE when bind/listen fails (err says why).
  */
 embps_status_t embps_net_listen(embps_net_t *net, const char *host_port, embps_error_t *err);
+
+/**
+ * Serves TLS instead of cleartext HTTP/2 on the connections accepted from now on: the PEM
+ * certificate chain in cert_file with the private key in key_file, TLS 1.2 or 1.3, ALPN "h2"
+ * required. When client_ca_file is not NULL or empty, every client must present a certificate
+ * that chains to one of its CAs (mutual TLS). The files are read now (the strings are not kept).
+ * Call before embps_net_listen. Returns EMBPS_OK; EMBPS_INVALID_ARGUMENT (err names the flag
+ * and the file: unreadable, not PEM, or a key that does not match the certificate);
+ * EMBPS_FAILED_PRECONDITION (already listening, or TLS already set); RESOURCE_EXHAUSTED.
+ */
+embps_status_t embps_net_use_tls(embps_net_t *net, const char *cert_file, const char *key_file,
+                                 const char *client_ca_file, embps_error_t *err);
 
 /** The port the listener is bound to; 0 before listen. */
 int embps_net_port(const embps_net_t *net);

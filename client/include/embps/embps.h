@@ -72,6 +72,18 @@ typedef struct embps_client_options {
    * character outside visible ASCII, or longer than 1000 bytes, fails the connect with
    * EMBPS_INVALID_ARGUMENT. */
   const char *token;
+  /** TLS: a PEM file of the CA certificates that sign the servers' certificates. NULL or ""
+   * (the default): cleartext HTTP/2 (h2c). Set: every connection is TLS 1.2 or 1.3 with ALPN
+   * h2, and a server's certificate must chain to these CAs and name the host dialed (or
+   * tls_server_name). The files are read by embps_client_connect(). */
+  const char *tls_ca;
+  /** Mutual TLS: this client's PEM certificate chain and its private key, presented when a
+   * server asks (embps-server --tls-client-ca). Both or neither; they need tls_ca. */
+  const char *tls_cert;
+  const char *tls_key;
+  /** The name every server's certificate must carry (a DNS name or an IP address), for
+   * addresses that differ from it (a load balancer, an IP); NULL: each address's host. */
+  const char *tls_server_name;
 } embps_client_options_t;
 
 /** A table's specification: what embps_create_table() takes and embps_list_tables() returns.
