@@ -8,6 +8,10 @@
  * a random offset: drawing 4096 Zipf samples per op would cost ~0.2 ms, a large share of a
  * 2 MiB lookup's time on loopback, and would measure the sampler instead of the server.
  *
+ * The clock starts at the gate (gate_t), once every thread has drawn its pool and connected:
+ * under ThreadSanitizer on a loaded 2-core machine that setup alone took longer than a
+ * 1-second bench, which then measured no calls at all.
+ *
  * Latency is measured per op from its start to the return of its wait; only ops that start
  * after the warmup and end before the deadline count. Latencies are kept exactly (one double
  * per op) and sorted at the end; at tens of thousands of ops a second that is a few MB. */
@@ -31,14 +35,25 @@ typedef struct lat_vec {
   size_t n, cap;
 } lat_vec_t;
 
+/* Where the threads wait until all are ready, and learn when to measure: the main thread opens it
+ * once `ready` threads have arrived, having set t_measure and t_end. */
+typedef struct gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cond;
+  uint32_t ready;
+  int open;
+  double t_measure, t_end; /* seconds on the monotonic clock; set before open */
+} gate_t;
+
 typedef struct worker {
   pthread_t thread;
+  gate_t *gate;
   uint32_t index;
   const char *servers;
   const embps_client_options_t *copts;
   const embps_table_spec_t *table;
   const embps_bench_opts_t *o;
-  double t_measure, t_end; /* seconds on the monotonic clock */
+  double t_measure, t_end; /* copied from the gate when it opens */
   lat_vec_t lookup_lat, push_lat;
   int failed;
   char error[640];
@@ -60,6 +75,32 @@ static int lat_push(lat_vec_t *l, double v) {
   }
   l->v[l->n++] = v;
   return 0;
+}
+
+/* A worker's arrival at the gate (ready, or failed before it was): waits for it to open, then
+ * copies the measuring times. Once per worker. */
+static void gate_arrive(worker_t *w) {
+  gate_t *g = w->gate;
+  pthread_mutex_lock(&g->mu);
+  g->ready++;
+  pthread_cond_broadcast(&g->cond);
+  while (!g->open)
+    pthread_cond_wait(&g->cond, &g->mu);
+  w->t_measure = g->t_measure;
+  w->t_end = g->t_end;
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* Waits until n workers have arrived, starts the clock and lets them go. */
+static void gate_open(gate_t *g, uint32_t n, double warmup_s, double duration_s) {
+  pthread_mutex_lock(&g->mu);
+  while (g->ready < n)
+    pthread_cond_wait(&g->cond, &g->mu);
+  g->t_measure = now_s() + warmup_s;
+  g->t_end = g->t_measure + duration_s;
+  g->open = 1;
+  pthread_cond_broadcast(&g->cond);
+  pthread_mutex_unlock(&g->mu);
 }
 
 typedef struct slot {
@@ -84,6 +125,7 @@ static void *worker_main(void *arg) {
   void *grads = NULL;
   slot_t *slots = NULL;
   uint32_t k = o->pipeline, head = 0, inflight = 0;
+  int arrived = 0;
 
   embps_rng_seed(&rng, o->seed * 1000003u + w->index);
   embps_zipf_init(&z, w->table->rows - 1, o->zipf);
@@ -116,6 +158,8 @@ static void *worker_main(void *arg) {
     goto fail;
   }
   embps_client_set_padding(c, 1);
+  gate_arrive(w);
+  arrived = 1;
 
   for (;;) {
     double t = now_s();
@@ -168,6 +212,8 @@ static void *worker_main(void *arg) {
 fail:
   w->failed = 1;
   atomic_store(&g_stop, 1);
+  if (!arrived)
+    gate_arrive(w);
 exit:
   for (uint32_t i = 0; slots && i < k; i++) {
     if (slots[i].call)
@@ -218,6 +264,7 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
                     const embps_table_spec_t *table, const embps_bench_opts_t *o) {
   uint32_t nw = o->concurrency;
   worker_t *w = calloc(nw, sizeof(*w));
+  gate_t gate = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
   double t0, t_measure, t_end, elapsed;
   double row_bytes = (double)table->emb_width * (double)embps_dtype_size(table->dtype);
   size_t nl = 0, np = 0, na = 0;
@@ -233,17 +280,13 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
   atomic_store(&g_pushes, 0);
   atomic_store(&g_rows, 0);
   atomic_store(&g_stop, 0);
-  t0 = now_s();
-  t_measure = t0 + o->warmup_s;
-  t_end = t_measure + o->duration_s;
   for (uint32_t i = 0; i < nw; i++) {
     w[i].index = i;
+    w[i].gate = &gate;
     w[i].servers = servers;
     w[i].copts = copts;
     w[i].table = table;
     w[i].o = o;
-    w[i].t_measure = t_measure;
-    w[i].t_end = t_end;
     if (pthread_create(&w[i].thread, NULL, worker_main, &w[i]) != 0) {
       fprintf(stderr, "embps: bench: cannot start thread %u\n", i);
       atomic_store(&g_stop, 1);
@@ -252,6 +295,10 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
     }
     started++;
   }
+  gate_open(&gate, started, o->warmup_s, o->duration_s);
+  t_measure = gate.t_measure;
+  t_end = gate.t_end;
+  t0 = t_measure - o->warmup_s;
   if (!o->json) {
     uint64_t last_rows = 0;
     double last_t = now_s();
@@ -273,6 +320,8 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
   }
   for (uint32_t i = 0; i < started; i++)
     pthread_join(w[i].thread, NULL);
+  pthread_cond_destroy(&gate.cond);
+  pthread_mutex_destroy(&gate.mu);
   elapsed = (now_s() < t_end ? now_s() : t_end) - t_measure;
   for (uint32_t i = 0; i < started; i++)
     if (w[i].failed) {
