@@ -21,6 +21,10 @@
  * counts, including those that finish after the schedule ends: the thread waits for them (at
  * most DRAIN_S; any still in flight then count as DEADLINE_EXCEEDED).
  *
+ * The clock starts at a gate (gate_t) once every thread has drawn its pools and connected: under
+ * ThreadSanitizer on a loaded 2-core machine that setup alone took 1.5-1.7 s, longer than a
+ * 1-second bench, which then measured no calls at all.
+ *
  * Latencies go into one log-linear histogram per thread and op (hdr.h: 3 significant digits,
  * fixed memory however long the run); failed calls are counted by status, and the run goes on
  * after them, as ghz and wrk do. */
@@ -72,15 +76,26 @@ typedef struct slot {
   void *out;
 } slot_t;
 
+/* Where the threads wait until all are ready, and learn when to measure: the main thread opens it
+ * once `ready` threads have arrived, having set the times. */
+typedef struct gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cond;
+  uint32_t ready;
+  int open;
+  double t0, t_measure, t_end; /* seconds on the monotonic clock; set before open */
+} gate_t;
+
 typedef struct worker {
   pthread_t thread;
+  gate_t *gate;
   uint32_t index;
   const char *servers;
   const embps_client_options_t *copts;
   const embps_table_spec_t *const *tables;
   size_t ntables;
   const embps_bench_opts_t *o;
-  double t0, t_measure, t_end; /* seconds on the monotonic clock */
+  double t0, t_measure, t_end; /* copied from the gate when it opens */
   op_stats_t op[2];
   char first_error[NSTATUS][200]; /* the first message of each failing status */
   int failed;                     /* the thread could not run at all */
@@ -161,6 +176,34 @@ static void finish(worker_t *w, embps_client_t *c, slot_t *s, embps_status_t st,
   atomic_fetch_add_explicit(&g_rows, s->batch, memory_order_relaxed);
 }
 
+/* A worker's arrival at the gate (ready, or failed before it was): waits for it to open, then
+ * copies the times. Once per worker. */
+static void gate_arrive(worker_t *w) {
+  gate_t *g = w->gate;
+  pthread_mutex_lock(&g->mu);
+  g->ready++;
+  pthread_cond_broadcast(&g->cond);
+  while (!g->open)
+    pthread_cond_wait(&g->cond, &g->mu);
+  w->t0 = g->t0;
+  w->t_measure = g->t_measure;
+  w->t_end = g->t_end;
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* Waits until n workers have arrived, starts the clock and lets them go. */
+static void gate_open(gate_t *g, uint32_t n, double warmup_s, double duration_s) {
+  pthread_mutex_lock(&g->mu);
+  while (g->ready < n)
+    pthread_cond_wait(&g->cond, &g->mu);
+  g->t0 = now_s();
+  g->t_measure = g->t0 + warmup_s;
+  g->t_end = g->t_measure + duration_s;
+  g->open = 1;
+  pthread_cond_broadcast(&g->cond);
+  pthread_mutex_unlock(&g->mu);
+}
+
 static void *worker_main(void *arg) {
   worker_t *w = arg;
   const embps_bench_opts_t *o = w->o;
@@ -168,7 +211,7 @@ static void *worker_main(void *arg) {
   size_t pool_n = batch_max * 16 > (1u << 20) ? batch_max * 16 : (1u << 20);
   int open_loop = o->rate > 0;
   double interval = open_loop ? (double)o->concurrency / o->rate : 0;
-  double next_due = w->t0 + (open_loop ? (double)w->index / o->rate : 0);
+  double next_due;
   embps_client_t *c = NULL;
   embps_error_t err;
   embps_rng_t rng;
@@ -176,6 +219,7 @@ static void *worker_main(void *arg) {
   slot_t *slots = NULL;
   uint32_t k = o->pipeline, inflight = 0;
   uint64_t seq = 0;
+  int arrived = 0;
 
   embps_rng_seed(&rng, o->seed * 1000003u + w->index);
   ts = calloc(w->ntables, sizeof(*ts));
@@ -212,6 +256,9 @@ static void *worker_main(void *arg) {
              err.message);
     goto fail;
   }
+  gate_arrive(w);
+  arrived = 1;
+  next_due = w->t0 + (open_loop ? (double)w->index / o->rate : 0);
 
   for (;;) {
     double t;
@@ -317,6 +364,8 @@ oom:
 fail:
   w->failed = 1;
   atomic_store(&g_stop, 1);
+  if (!arrived)
+    gate_arrive(w);
 exit:
   for (uint32_t i = 0; slots && i < k; i++) {
     if (slots[i].call)
@@ -503,6 +552,7 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
   char names[512];
   size_t len = 0;
   double t0, t_measure, t_end, elapsed;
+  gate_t gate = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
   int rc = 0;
 
   memset(op, 0, sizeof(op));
@@ -542,9 +592,6 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
   atomic_store(&g_rows, 0);
   atomic_store(&g_errors, 0);
   atomic_store(&g_stop, 0);
-  t0 = now_s();
-  t_measure = t0 + o->warmup_s;
-  t_end = t_measure + o->duration_s;
   for (uint32_t i = 0; i < nw; i++) {
     w[i].index = i;
     w[i].servers = servers;
@@ -552,9 +599,7 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
     w[i].tables = tables;
     w[i].ntables = ntables;
     w[i].o = o;
-    w[i].t0 = t0;
-    w[i].t_measure = t_measure;
-    w[i].t_end = t_end;
+    w[i].gate = &gate;
     if (pthread_create(&w[i].thread, NULL, worker_main, &w[i]) != 0) {
       fprintf(stderr, "embps: bench: cannot start thread %u\n", i);
       atomic_store(&g_stop, 1);
@@ -563,6 +608,10 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
     }
     started++;
   }
+  gate_open(&gate, started, o->warmup_s, o->duration_s);
+  t0 = gate.t0;
+  t_measure = gate.t_measure;
+  t_end = gate.t_end;
   if (o->output == EMBPS_BENCH_TEXT) {
     uint64_t last_rows = 0;
     double last_t = now_s();

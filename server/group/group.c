@@ -98,7 +98,6 @@ struct embps_group {
   embps_table_config_t round_configs[EMBPS__ROUND_MAX];
   embps_op_t *parked; /* ops waiting for their round, arrival order */
   uint64_t next_create_id;
-  embps_comm_stats_t comm_stats; /* copy for other threads, guarded by mu */
 
   /* Checkpoints (group thread only). */
   char *ckpt_dir;                                    /* NULL: off */
@@ -625,19 +624,27 @@ static void admit_ckpt(embps_group_t *g, embps_op_t *op) {
 
 /* ---- rounds ---------------------------------------------------------------------------------- */
 
-/* A round's figures, once it ran: its time split into phases (see embps_round_phase_t), and the
- * communicator's totals published for other threads. */
+/* Publishes the communicator's totals for other threads (GetStats on the loop, /metrics on its
+ * own thread). The dispatcher counts in g->comm->stats, plain fields that only this thread may
+ * touch while it makes collectives; everyone else reads these atomic copies, as of the end of
+ * the group's last round (or of forming the group). */
+static void publish_comm_stats(embps_group_t *g) {
+  embps_group_metrics_t *m = &g->metrics;
+  if (!g->comm)
+    return;
+  atomic_store_explicit(&m->peer_bytes_sent, g->comm->stats.bytes_sent, memory_order_relaxed);
+  atomic_store_explicit(&m->peer_bytes_received, g->comm->stats.bytes_received,
+                        memory_order_relaxed);
+  atomic_store_explicit(&m->collective_calls, g->comm->stats.calls, memory_order_relaxed);
+}
+
+/* A round's figures, once it ran: its time split into phases (see embps_round_phase_t). */
 static void record_round(embps_group_t *g, uint64_t start_ns, uint64_t oldest_ns, size_t batches,
                          uint64_t comm_ns_before) {
   embps_group_metrics_t *m = &g->metrics;
   uint64_t now = embps_now_ns(), total = now - start_ns, coll = 0;
-  if (g->comm) {
-    embps_comm_stats_t cs = g->comm->stats;
-    coll = cs.ns - comm_ns_before;
-    atomic_store_explicit(&m->peer_bytes_sent, cs.bytes_sent, memory_order_relaxed);
-    atomic_store_explicit(&m->peer_bytes_received, cs.bytes_received, memory_order_relaxed);
-    atomic_store_explicit(&m->collective_calls, cs.calls, memory_order_relaxed);
-  }
+  if (g->comm)
+    coll = g->comm->stats.ns - comm_ns_before;
   if (coll > total)
     coll = total;
   atomic_fetch_add_explicit(&m->rounds, 1, memory_order_relaxed);
@@ -720,6 +727,7 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
   }
   if (batches && atomic_load(&g->state) != EMBPS_GROUP_BROKEN)
     record_round(g, start_ns, oldest_ns, batches, comm_ns);
+  publish_comm_stats(g);
 }
 
 static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
@@ -931,6 +939,7 @@ static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
     ret = start_checkpoints(g, err);
   if (ret == EMBPS_OK && g->cfg.restore_round)
     ret = restore(g, err);
+  publish_comm_stats(g);
   return ret;
 }
 
@@ -1142,13 +1151,13 @@ int embps_group_host_device(embps_group_t *g) { return atomic_load(&g->host_devi
 const embps_group_metrics_t *embps_group_metrics(const embps_group_t *g) { return &g->metrics; }
 
 void embps_group_comm_stats(embps_group_t *g, embps_comm_stats_t *out) {
-  /* The counters are written by the group thread; a torn read of a 64-bit counter cannot
-   * happen on the 64-bit hosts embps runs on, and stats tolerate a stale value. */
-  embps_comm_t *c = g->comm;
-  if (c && atomic_load(&g->state) != EMBPS_GROUP_STARTING)
-    *out = c->stats;
-  else
-    memset(out, 0, sizeof(*out));
+  /* Not g->comm->stats: the group thread writes those while this runs (see
+   * publish_comm_stats). */
+  const embps_group_metrics_t *m = &g->metrics;
+  memset(out, 0, sizeof(*out));
+  out->bytes_sent = atomic_load_explicit(&m->peer_bytes_sent, memory_order_relaxed);
+  out->bytes_received = atomic_load_explicit(&m->peer_bytes_received, memory_order_relaxed);
+  out->calls = atomic_load_explicit(&m->collective_calls, memory_order_relaxed);
 }
 
 const char *embps_group_checkpoint_dir(const embps_group_t *g) { return g->ckpt_dir; }

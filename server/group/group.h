@@ -156,7 +156,8 @@ const char *embps_group_backend(const embps_group_t *group);
  * CPU backend. Any thread. */
 int embps_group_host_device(embps_group_t *group);
 
-/** Collective traffic so far (payload bytes), for stats and benchmarks. */
+/** Collective traffic so far (payload bytes and calls; ns is 0), for stats and benchmarks, as of
+ * the end of the group's last round. Any thread. */
 void embps_group_comm_stats(embps_group_t *group, embps_comm_stats_t *out);
 
 /** The checkpoint directory; NULL when checkpoints are off. */

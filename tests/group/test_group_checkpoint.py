@@ -297,11 +297,14 @@ class KillTest(TmpDirs, unittest.TestCase):
                     done = restored_pushes
                     kill_all = lambda: [p.kill() for p in group.procs]  # noqa: E731
                     # Odd cycles kill within the first checkpoint after 0.3 s, while its files
-                    # are written; even ones at any moment.
+                    # are written; even ones at any moment, but cycle 0 only once its first
+                    # checkpoint is complete: cycle 1 must have one to restore, however slow
+                    # the machine (ThreadSanitizer's build takes over 2 s for the first four
+                    # pushes and the checkpoint on a loaded 2-core machine).
                     in_write = cycle % 2 == 1
                     started = time.time()
                     killer = threading.Timer(rng.uniform(0.3, 2.0), kill_all)
-                    if not in_write:
+                    if not in_write and cycle > 0:
                         killer.start()
                     in_checkpoint = False
                     try:
@@ -327,6 +330,9 @@ class KillTest(TmpDirs, unittest.TestCase):
                                     killer.start()
                                 checkpoint(client, rank=done // self.EVERY % 2)
                                 in_checkpoint = False
+                                if cycle == 0 and not killer.is_alive() and \
+                                        not killer.finished.is_set():
+                                    killer.start()
                     except gl.grpc.RpcError:
                         kills_in_checkpoint += in_checkpoint
                     if killer.is_alive() or killer.finished.is_set():

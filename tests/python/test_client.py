@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 
 import numpy as np
@@ -369,8 +370,17 @@ class GroupTests:
         counters move by the same amount with and without it (except for `lists` ListTables
         asked of rank 0, which a push makes to learn a table's width and dtype)."""
         c = self.client
-        r0 = requests_per_rank(c)
-        r1 = requests_per_rank(c)
+        # The baseline is what one GetStats round adds, read until two rounds agree: a rank may
+        # still be counting a shard of an earlier call whose error the client already raised
+        # from another rank (a window that ThreadSanitizer's slower servers widen).
+        r0, r1 = requests_per_rank(c), requests_per_rank(c)
+        for _ in range(20):
+            r2 = requests_per_rank(c)
+            if [b - a for a, b in zip(r0, r1)] == [b - a for a, b in zip(r1, r2)]:
+                break
+            r0, r1 = r1, r2
+            time.sleep(0.05)
+        r0, r1 = r1, r2
         with self.assertRaises(exc) as cm:
             fn()
         self.assertIn(fragment, str(cm.exception))
