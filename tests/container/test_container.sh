@@ -135,6 +135,10 @@ out=$(pod network create "$net" 2>&1) || skip "podman cannot create a network he
 log "network $net; rank 0 at $servers (client), metrics 127.0.0.1:$m0 and :$m1"
 cports=("$c0" "$c1")
 mports=("$m0" "$m1")
+# The group secret, as deploy/ mounts it: a read-only file only the image's user (65534) reads.
+head -c 32 /dev/urandom | base64 >"$work/group-secret"
+chown 65534:65534 "$work/group-secret"
+chmod 0400 "$work/group-secret"
 for r in 0 1; do
   # The image's HEALTHCHECK stays, without podman's timer (a systemd unit, absent on hosts
   # without systemd); `podman healthcheck run` runs it below.
@@ -142,6 +146,8 @@ for r in 0 1; do
           --network "$net" --network-alias "embps-$r" --health-interval disable \
           -p "127.0.0.1:${cports[$r]}:7070" -p "127.0.0.1:${mports[$r]}:9100" \
           -e EMBPS_RANK=$r -e EMBPS_PEERS=embps-0:7070,embps-1:7070 \
+          -v "$work/group-secret:/etc/embps/group-secret:ro" \
+          -e EMBPS_GROUP_SECRET_FILE=/etc/embps/group-secret \
           -e EMBPS_MAX_TABLE_BYTES=1G "$image" 2>&1) ||
     { dump_logs; skip "podman cannot run the container here: $(echo "$out" | tail -n 2 | tr '\n' ' ')"; }
 done
@@ -184,6 +190,14 @@ EOF
 rc=$?
 cat "$work/py.log"
 [ $rc = 0 ] || { dump_logs; die "gRPC health from the host failed (rc $rc)"; }
+# The group formed with the secret: a rank without one, or one that every user may read, warns.
+for n in "${names[@]}"; do
+  if pod logs "$n" 2>&1 | grep -E "no --group-secret-file|group secret file .* has mode"; then
+    dump_logs
+    die "$n did not take the group secret as mounted"
+  fi
+done
+log "both ranks formed the group with the mounted group secret"
 
 # A table through the Python library (its own process: embps_testlib's generated stubs are a
 # package named embps too).

@@ -231,12 +231,20 @@ class DropTest(GroupCase):
         checkpoint completes with the table in it, and the group serves on."""
         c = self.client
         rows = 200000  # 3.2 MB per rank: the writer takes a while
-        c.create("big", rows, W, "sgd")
-        c.push("big", np.arange(8), np.ones((8, W)))
-        fut = c.stubs[0].Checkpoint.future(pb.CheckpointRequest(), timeout=gl.CALL_TIMEOUT)
-        drop(c, "big")
-        resp = fut.result()
-        self.assertGreater(resp.bytes, 2 * rows * (W // 2) * 4)
+        # grpcio sends the Checkpoint future from its own thread, so on a loaded machine the
+        # drop may reach the leader first: then the checkpoint has no table, which is right but
+        # not this case. Try until the checkpoint was ordered first (bounded).
+        for attempt in range(5):
+            c.create("big", rows, W, "sgd")
+            c.push("big", np.arange(8), np.ones((8, W)))
+            fut = c.stubs[0].Checkpoint.future(pb.CheckpointRequest(), timeout=gl.CALL_TIMEOUT)
+            time.sleep(0.05 * attempt)
+            drop(c, "big")
+            resp = fut.result()
+            if resp.bytes > 2 * rows * (W // 2) * 4:
+                break
+        self.assertGreater(resp.bytes, 2 * rows * (W // 2) * 4,
+                           "the drop was ordered before the checkpoint in 5 attempts")
         listed = c.stubs[0].ListCheckpoints(pb.ListCheckpointsRequest(), timeout=gl.CALL_TIMEOUT)
         last = [x for x in listed.checkpoints if x.round == resp.round]
         self.assertEqual(len(last), 1)

@@ -76,6 +76,25 @@ class Server:
             raise RuntimeError("server did not start:\n" + self.log_text())
         self.address = "127.0.0.1:%d" % self.port
 
+    def wait_serving(self, timeout=60):
+        """Waits (bounded) until the health check says SERVING: a rank answers calls other than
+        health with UNAVAILABLE while its group (even of one) forms, which takes longer on a
+        loaded machine or under a sanitizer."""
+        deadline = time.time() + timeout
+        with channel(self.address) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            while True:
+                try:
+                    r = stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                    if r.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.time() > deadline or not self.alive():
+                    raise RuntimeError("server not SERVING within %d s:\n%s" % (timeout,
+                                                                                self.log_text()))
+                time.sleep(0.05)
+
     def log_text(self):
         with open(self.log.name) as f:
             return f.read()
