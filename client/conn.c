@@ -304,8 +304,14 @@ static uint8_t *read_target(embps__conn_t *c, size_t *cap, int *direct) {
   return c->rbuf;
 }
 
-/* Reads what the socket has and hands it to nghttp2, row bytes read in place. */
+/* Reads what the socket has and hands it to nghttp2, row bytes read in place. Returns once a
+ * stream closes, so that its caller may send its next request while the replies behind it are
+ * still arriving: reading on through a pipelined reply held the next request back until both
+ * replies were in, and the server then idled while the client read (issue 13: two lookups in
+ * flight ran at 1.8-2.2 GB/s against 2.1-3.7 GB/s for one, strace showing requests arriving in
+ * pairs). */
 static void conn_read(embps__conn_t *c) {
+  const uint64_t closed = c->streams_closed;
   for (int rounds = 0; rounds < 64 && !c->broken; rounds++) {
     size_t cap;
     int direct;
@@ -328,8 +334,9 @@ static void conn_read(embps__conn_t *c) {
       conn_fail(c, status_of_nghttp2((int)k), "HTTP/2: %s", nghttp2_strerror((int)k));
       return;
     }
-    if ((size_t)n < cap)
-      return; /* drained, most likely: do not pay for a recv that says EAGAIN */
+    if ((size_t)n < cap || c->streams_closed != closed)
+      return; /* drained, most likely (do not pay for a recv that says EAGAIN), or a reply is
+                 complete */
   }
 }
 

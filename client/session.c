@@ -254,6 +254,7 @@ static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
                            void *user_data) {
   embps__conn_t *c = user_data;
   embps__stream_t *s = stream_of(session, stream_id);
+  c->streams_closed++;
   if (!s)
     return 0;
   settle(c, s, error_code);

@@ -5,7 +5,7 @@
  * has read each piece. The rows must arrive byte-identical, nothing may be written past the
  * buffer or after the stream is cancelled, and the rows must have come by the in-place read
  * (direct_bytes), not by a copy. Padded DATA frames and two streams with interleaved frames
- * take the same checks. */
+ * take the same checks, and a read must stop when a reply is complete. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -235,7 +235,8 @@ typedef struct run {
   size_t frame_size; /* the server's DATA frames */
   size_t padding;
   int nstreams;
-  size_t cancel_at; /* cancel stream 0 after this many reply bytes; 0: never */
+  size_t cancel_at;  /* cancel stream 0 after this many reply bytes; 0: never */
+  int stop_at_close; /* all bytes at once: one pump must stop reading when one stream is done */
 } run_t;
 
 /* One connection, nstreams lookups, the reply bytes written as r says; checks the rows. Returns
@@ -262,7 +263,15 @@ static uint64_t run(const run_t *r) {
   assert_int_equal(f.nids, r->nstreams);
   fake_drain(&f);
 
-  if (r->cut > 0) {
+  if (r->stop_at_close) {
+    int avail = 0;
+    write_all(f.sfd, f.out, f.out_n);
+    embps__conns_pump(&c, 1, 100);
+    assert_int_equal(ioctl(c->fd, FIONREAD, &avail), 0);
+    assert_true(avail > 0);                             /* the other reply still waits */
+    assert_int_equal(sh[0].s->done + sh[1].s->done, 1); /* one is complete */
+    client_read_all(c);
+  } else if (r->cut > 0) {
     size_t cut = r->cut < f.out_n ? r->cut : f.out_n;
     write_all(f.sfd, f.out, cut);
     client_read_all(c);
@@ -350,6 +359,14 @@ static void test_two_streams(void **state) {
     run(&r);
 }
 
+/* A read stops when a reply is complete, so that the caller can send its next request while
+ * the reply behind it is still arriving. */
+static void test_read_stops_at_a_complete_reply(void **state) {
+  run_t r = {.frame_size = 16384, .nstreams = 2, .stop_at_close = 1};
+  fill_rows();
+  run(&r);
+}
+
 /* A stream cancelled halfway through its rows takes no more bytes into the caller's buffer. */
 static void test_cancelled(void **state) {
   run_t r = {.frame_size = 16384, .nstreams = 1, .cancel_at = 200 + ROWS_BYTES / 2};
@@ -361,7 +378,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_every_split), cmocka_unit_test(test_small_frames),
       cmocka_unit_test(test_padded),      cmocka_unit_test(test_two_streams),
-      cmocka_unit_test(test_cancelled),
+      cmocka_unit_test(test_cancelled),   cmocka_unit_test(test_read_stops_at_a_complete_reply),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
