@@ -22,6 +22,11 @@ static embps_status_t lookup_sink(void *arg, const uint8_t *p, size_t n, embps_e
   return embps__lookup_parser_feed(&sh->parser, p, n, err);
 }
 
+static uint8_t *lookup_direct(void *arg, size_t *n) {
+  embps__shard_t *sh = arg;
+  return embps__lookup_parser_direct(&sh->parser, n);
+}
+
 static embps_status_t lookup_finish(void *arg, embps_error_t *err) {
   embps__shard_t *sh = arg;
   embps_status_t st = embps__lookup_parser_finish(&sh->parser, err);
@@ -178,6 +183,7 @@ static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const
       sh->stream->sink = lookup_sink;
       sh->stream->sink_arg = sh;
       sh->stream->sink_finish = lookup_finish;
+      sh->stream->sink_direct = lookup_direct;
     }
   }
   embps__call_kick(call);

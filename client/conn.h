@@ -22,6 +22,10 @@ typedef struct embps__seg {
 
 #define EMBPS__MAX_SEGS 8
 
+/** Where the sink would copy its next n bytes, when it copies them to one place (see
+ * embps__lookup_parser_direct); NULL otherwise. */
+typedef uint8_t *(*embps__sink_direct)(void *arg, size_t *n);
+
 /** Called when the body is complete and grpc-status is OK; returns the final status. */
 typedef embps_status_t (*embps__sink_finish)(void *arg, embps_error_t *err);
 
@@ -40,6 +44,7 @@ struct embps__stream {
    * gathered into buf for protobuf-c */
   embps__body_sink sink;
   embps__sink_finish sink_finish;
+  embps__sink_direct sink_direct; /* optional: lets the connection read rows in place */
   void *sink_arg;
   uint8_t *buf;
   size_t buf_len, buf_cap;

@@ -27,6 +27,13 @@ struct embps__conn {
   embps__stream_t *send_head; /* bodies not yet fully sent, in submission order */
   embps__stream_t *send_tail;
   int resume_head; /* the new send_head was deferred: resume it */
+  /* The frame the next byte from the server belongs to (conn.c's frame tracker, which walks the
+   * byte stream beside nghttp2 so that row bytes can be read in place). */
+  uint8_t fhd[9];          /* the frame header, fhd_have bytes of it so far */
+  size_t fhd_have;         /* 9: in the payload */
+  size_t fpay_left;        /* payload bytes of the frame not yet read */
+  uint64_t direct_bytes;   /* bytes read straight into a caller's buffer (tests, tuning) */
+  uint64_t streams_closed; /* counts on_stream_close: a read stops when a reply completes */
 };
 
 /* ---- session.c ---- */
@@ -43,6 +50,12 @@ void embps__stream_finish(embps__stream_t *s, embps_status_t st, const char *fmt
 /** The HTTP/2 stream no longer refers to s: takes it off c's lists, and frees it when its owner
  * has released it. */
 void embps__stream_detach(embps__conn_t *c, embps__stream_t *s);
+
+/** Where the next n (set) bytes of DATA payload on stream_id go when they are row bytes that
+ * the stream's sink copies to one place (the caller's lookup buffer): the connection may read
+ * them there. NULL when they are anything else, or the stream is done or released; then *later
+ * says whether later bytes of the stream may still be read in place. */
+uint8_t *embps__stream_direct(nghttp2_session *session, int32_t stream_id, size_t *n, int *later);
 
 /** The data source read callback of a request body (source->ptr is the stream): sends the
  * body's segments, deferring it until the bodies submitted before it are sent. */

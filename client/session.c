@@ -168,6 +168,23 @@ static embps_status_t stream_body_sink(void *arg, const uint8_t *p, size_t n, em
   return buffer_sink(s, p, n, err);
 }
 
+uint8_t *embps__stream_direct(nghttp2_session *session, int32_t stream_id, size_t *n, int *later) {
+  embps__stream_t *s = stream_of(session, stream_id);
+  uint64_t body;
+  uint8_t *p;
+  /* Once done or released the caller may own (or have freed) the destination again. */
+  *later = 0;
+  if (!s || s->done || s->released || !s->sink_direct)
+    return NULL;
+  *later = 1;
+  body = embps__deframer_body_left(&s->deframer);
+  if (body == 0 || !(p = s->sink_direct(s->sink_arg, n)))
+    return NULL;
+  if (*n > body)
+    *n = (size_t)body;
+  return p;
+}
+
 static int on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream_id,
                          const uint8_t *data, size_t len, void *user_data) {
   embps__stream_t *s = stream_of(session, stream_id);
@@ -237,6 +254,7 @@ static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
                            void *user_data) {
   embps__conn_t *c = user_data;
   embps__stream_t *s = stream_of(session, stream_id);
+  c->streams_closed++;
   if (!s)
     return 0;
   settle(c, s, error_code);

@@ -201,6 +201,10 @@ embps_status_t embps__deframer_feed(embps__deframer_t *d, const uint8_t *p, size
   return EMBPS_OK;
 }
 
+uint64_t embps__deframer_body_left(const embps__deframer_t *d) {
+  return d->prefix_have == 5 ? d->msg_len - d->msg_have : 0;
+}
+
 embps_status_t embps__deframer_finish(const embps__deframer_t *d, embps_error_t *err) {
   if (d->prefix_have != 0)
     return embps_error_set(err, EMBPS_INTERNAL,
@@ -330,7 +334,8 @@ embps_status_t embps__lookup_parser_feed(embps__lookup_parser_t *p, const uint8_
     }
     case P_BYTES: {
       size_t k = (uint64_t)(n - i) < p->left ? n - i : (size_t)p->left;
-      if (p->rows_have < p->dst_cap) {
+      /* data + i is dst + rows_have when the transport read the bytes in place. */
+      if (p->rows_have < p->dst_cap && data + i != p->dst + p->rows_have) {
         size_t room = p->dst_cap - (size_t)p->rows_have;
         memcpy(p->dst + p->rows_have, data + i, k < room ? k : room);
       }
@@ -354,6 +359,14 @@ embps_status_t embps__lookup_parser_feed(embps__lookup_parser_t *p, const uint8_
     }
   }
   return EMBPS_OK;
+}
+
+uint8_t *embps__lookup_parser_direct(const embps__lookup_parser_t *p, size_t *n) {
+  if (p->state != P_BYTES || p->left == 0 || p->rows_have >= p->dst_cap)
+    return NULL;
+  size_t room = p->dst_cap - (size_t)p->rows_have;
+  *n = p->left < room ? (size_t)p->left : room;
+  return p->dst + p->rows_have;
 }
 
 embps_status_t embps__lookup_parser_sink(void *arg, const uint8_t *data, size_t n,

@@ -81,6 +81,8 @@ void embps__deframer_init(embps__deframer_t *d);
 /** Feeds n bytes of DATA. INTERNAL on a compressed message or a second message. */
 embps_status_t embps__deframer_feed(embps__deframer_t *d, const uint8_t *p, size_t n,
                                     embps__body_sink sink, void *arg, embps_error_t *err);
+/** How many of the next DATA bytes are message body (0 while a prefix is due). */
+uint64_t embps__deframer_body_left(const embps__deframer_t *d);
 /** At end of stream: INTERNAL if no message or a truncated one arrived. */
 embps_status_t embps__deframer_finish(const embps__deframer_t *d, embps_error_t *err);
 
@@ -124,6 +126,12 @@ embps_status_t embps__lookup_parser_feed(embps__lookup_parser_t *p, const uint8_
 /** A body sink (embps__body_sink) feeding the parser given as arg. */
 embps_status_t embps__lookup_parser_sink(void *arg, const uint8_t *data, size_t n,
                                          embps_error_t *err);
+/** Where the parser would copy the next body bytes, when they are row bytes: returns dst at
+ * the next row byte and sets *n to how many of the next body bytes go there contiguously
+ * (the rest of the rows field that fits in dst_cap); NULL when the next byte is anything else.
+ * A transport may read those bytes straight there and feed them from there: the parser then
+ * sees data already in place and copies nothing. */
+uint8_t *embps__lookup_parser_direct(const embps__lookup_parser_t *p, size_t *n);
 /** At the end of the body: INTERNAL if a field is cut short; INVALID_ARGUMENT if the rows
  * are missing or their size disagrees with rows_bytes or emb_width x dtype disagrees with
  * row_bytes (the caller's output buffer does not fit the table). */
