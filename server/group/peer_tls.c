@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -58,13 +59,17 @@
 
 struct embps_group_peer_tls {
   SSL_CTX *ctx;
+  pthread_mutex_t mu;
+  pthread_cond_t idle;
+  int live; /* relay threads running, which the context must outlive */
 };
 
 struct embps__peer_link {
   pthread_mutex_t mu;
   int refs; /* the caller's and the thread's */
   char why[sizeof(((embps_error_t *)0)->message)];
-  int failure;     /* embps__peer_link_failure's answer */
+  int failure; /* embps__peer_link_failure's answer */
+  embps_group_peer_tls_t *tls;
   X509 *peer_cert; /* the acceptor's view of the connector's certificate, once verified */
   /* The thread's alone from here on. */
   SSL *ssl;
@@ -86,6 +91,8 @@ embps_status_t embps_group_peer_tls_new(embps_group_peer_tls_t **out, const char
   embps_group_peer_tls_t *t = embps_calloc(1, sizeof(*t));
   if (!t)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for peer TLS");
+  pthread_mutex_init(&t->mu, NULL);
+  pthread_cond_init(&t->idle, NULL);
   /* TLS_method(): each rank is a client towards lower ranks and a server towards higher ones. */
   if ((ret = embps_tls_ctx_new(&t->ctx, TLS_method(), err)) != EMBPS_OK ||
       (ret = embps_tls_load_identity(t->ctx, cert_file, "--peer-tls-cert", key_file,
@@ -105,9 +112,26 @@ fail:
 }
 
 void embps_group_peer_tls_free(embps_group_peer_tls_t *tls) {
+  struct timespec until;
+  int live;
   if (!tls)
     return;
+  /* The group closed its ends of every link, so each relay is on its way out: wait for them
+   * (a second at most), so none outlives the process's teardown with OpenSSL state. */
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 1;
+  pthread_mutex_lock(&tls->mu);
+  while (tls->live > 0 && pthread_cond_timedwait(&tls->idle, &tls->mu, &until) == 0) {
+  }
+  live = tls->live;
+  pthread_mutex_unlock(&tls->mu);
+  if (live > 0) {
+    EMBPS_WARN("%d peer TLS relay(s) still running at shutdown", live);
+    return; /* they still use it */
+  }
   SSL_CTX_free(tls->ctx); /* every SSL object holds its own reference */
+  pthread_cond_destroy(&tls->idle);
+  pthread_mutex_destroy(&tls->mu);
   embps_free(tls);
 }
 
@@ -380,7 +404,9 @@ static void relay(embps__peer_link_t *l, dir_t *in, dir_t *out) {
                             {.fd = l->app_fd, .events = app_ev}};
     if (poll(pfd, 2, -1) < 0 && errno != EINTR)
       return;
-    if ((pfd[1].revents & (POLLERR | POLLNVAL)) || (pfd[0].revents & POLLNVAL))
+    /* POLLHUP on the plaintext end: its owner closed it (or shut it both ways), so nothing
+     * more can be delivered either way. */
+    if ((pfd[1].revents & (POLLERR | POLLNVAL | POLLHUP)) || (pfd[0].revents & POLLNVAL))
       return;
   }
 }
@@ -434,7 +460,12 @@ exit:
     close(l->app_fd);
   ERR_clear_error();
   OPENSSL_thread_stop();
+  embps_group_peer_tls_t *tls = l->tls;
   link_unref(l);
+  pthread_mutex_lock(&tls->mu);
+  if (--tls->live == 0)
+    pthread_cond_broadcast(&tls->idle);
+  pthread_mutex_unlock(&tls->mu);
   return NULL;
 }
 
@@ -489,11 +520,18 @@ embps_status_t embps__peer_link_start(embps__peer_link_t **out, embps_group_peer
     goto fail_ssl;
   }
   l->app_fd = pair[1];
+  l->tls = tls;
+  pthread_mutex_lock(&tls->mu);
+  tls->live++;
+  pthread_mutex_unlock(&tls->mu);
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   int rc = pthread_create(&thread, &attr, link_main, l);
   pthread_attr_destroy(&attr);
   if (rc != 0) {
+    pthread_mutex_lock(&tls->mu);
+    tls->live--;
+    pthread_mutex_unlock(&tls->mu);
     ret = embps_error_set(err, EMBPS_INTERNAL, "cannot start a peer TLS relay thread: %s",
                           strerror(rc));
     goto fail_ssl;
