@@ -42,7 +42,8 @@ typedef struct server {
   embps_group_t *group;
   embps_service_t *service;
   embps_net_t *net;
-  embps_metrics_server_t *metrics; /* NULL without --metrics-listen */
+  embps_metrics_server_t *metrics;  /* NULL without --metrics-listen */
+  embps_group_peer_tls_t *peer_tls; /* NULL without --peer-tls-cert */
   embps_metrics_sources_t metrics_src;
   const char *auth_path; /* --auth-tokens-file; NULL: client auth is off */
   embps_auth_t *auth;    /* its tokens, which the service checks calls against */
@@ -255,6 +256,26 @@ static int peer_addresses(const embps_settings_t *set, char (*bufs)[300], const 
     *mine = peers[set->rank];
   embps_free(peers);
   return ret;
+}
+
+/* TLS between ranks: --peer-tls-cert, --peer-tls-key and --peer-tls-ca all or none, their files
+ * read now so that a bad one stops the server at once rather than at bootstrap. */
+static int peer_tls(const embps_settings_t *set, embps_group_peer_tls_t **out) {
+  embps_error_t err;
+  int given = !!set->peer_tls_cert[0] + !!set->peer_tls_key[0] + !!set->peer_tls_ca[0];
+  if (given == 0)
+    return 0;
+  if (given != 3) {
+    fprintf(stderr, "embps-server: --peer-tls-cert, --peer-tls-key and --peer-tls-ca go "
+                    "together: give all three (TLS between ranks) or none (cleartext)\n");
+    return 1;
+  }
+  if (embps_group_peer_tls_new(out, set->peer_tls_cert, set->peer_tls_key, set->peer_tls_ca,
+                               &err) != EMBPS_OK) {
+    fprintf(stderr, "embps-server: %s\n", err.message);
+    return 1;
+  }
+  return 0;
 }
 
 /* The group secret: read from --group-secret-file, refused when unusable, warned about when
@@ -507,6 +528,8 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  if (peer_tls(&set, &s.peer_tls) != 0)
+    return 2;
 
   memset(&scfg, 0, sizeof(scfg));
   scfg.max_table_bytes = set.max_table_bytes ? set.max_table_bytes : default_max_table_bytes();
@@ -530,6 +553,7 @@ int main(int argc, char **argv) {
   gcfg.identity = identity;
   gcfg.secret = secret;
   gcfg.secret_len = secret_len;
+  gcfg.peer_tls = s.peer_tls;
   gcfg.bootstrap_timeout_ms = set.bootstrap_timeout_ms;
   gcfg.peer_timeout_ms = set.peer_timeout_ms;
   gcfg.batch_deadline_ms = set.batch_deadline_ms;
@@ -620,6 +644,7 @@ exit:
   embps_service_free(s.service);
   embps_auth_free(s.auth);
   embps_group_free(s.group);
+  embps_group_peer_tls_free(s.peer_tls);
   embps_store_free(s.store);
   uv_loop_close(&s.loop);
   return s.exit_code;

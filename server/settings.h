@@ -97,6 +97,14 @@
   X(tls_client_ca, STR, "tls-client-ca", "",                                                       \
     "mutual TLS: clients must present a certificate signed by a CA in this PEM file; empty: "      \
     "any client may connect")                                                                      \
+  X(peer_tls_cert, STR, "peer-tls-cert", "",                                                       \
+    "TLS between ranks: this rank's PEM certificate chain, naming the host of its --peers "        \
+    "address (needs --peer-tls-key and --peer-tls-ca; every rank the same way); empty: "           \
+    "cleartext between ranks. The cuda backend's NCCL traffic is not encrypted by embps: "         \
+    "isolate it on the pod network")                                                               \
+  X(peer_tls_key, STR, "peer-tls-key", "", "the PEM private key of --peer-tls-cert")               \
+  X(peer_tls_ca, STR, "peer-tls-ca", "",                                                           \
+    "TLS between ranks: the PEM CA certificates every rank's --peer-tls-cert must chain to")       \
   X(metrics_listen, ADDR, "metrics-listen", "",                                                    \
     "serve Prometheus metrics over HTTP at GET /metrics on this address (HOST:PORT); empty: "      \
     "off")                                                                                         \

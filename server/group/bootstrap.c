@@ -49,8 +49,11 @@
 #include "server/group/agreement.h"
 #include "server/group/control.h"
 #include "server/group/control_io.h"
+#include "server/group/peer_tls.h"
 #include "server/group/secret.h"
 
+/* The first byte of a TLS handshake record: what a rank with peer TLS sends first. */
+#define TLS_HANDSHAKE_BYTE 0x16
 /* How often a connector retries a peer that is not listening yet. */
 #define RETRY_MS 50
 /* Accepted connections still reading their hello; beyond this the oldest is dropped, so a
@@ -72,6 +75,7 @@ typedef struct pending {
   uint8_t nonce[EMBPS__NONCE_LEN]; /* the challenge's */
   uint8_t auth[EMBPS__AUTH_LEN];   /* its answer */
   size_t auth_have;
+  embps__peer_link_t *link; /* with peer TLS: its relay (fd is the relay's plaintext end) */
 } pending_t;
 
 typedef struct boot {
@@ -81,6 +85,7 @@ typedef struct boot {
   size_t identity_len;
   const uint8_t *secret; /* secret_len bytes; none when 0 */
   size_t secret_len;
+  embps_group_peer_tls_t *tls; /* NULL: cleartext */
   uint64_t timeout_ms;
   uint64_t deadline;
   embps_hostport_t *addrs; /* size entries, owned */
@@ -385,6 +390,7 @@ static embps_status_t connect_peer(boot_t *b, uint32_t peer, uint8_t kind, int *
   embps__buf_t hello = {0};
   char *msg = NULL;
   int fd = -1;
+  embps__peer_link_t *link = NULL;
   embps_status_t ret = EMBPS_OK;
 
   if (embps__hello_encode(&hello, kind, b->rank, b->size, b->identity, b->identity_len) !=
@@ -417,10 +423,33 @@ static embps_status_t connect_peer(boot_t *b, uint32_t peer, uint8_t kind, int *
     }
     if (fd < 0)
       continue;
+    if (b->tls) {
+      char addr[ADDR_MAX];
+      embps__peer_link_release(link);
+      link = NULL;
+      embps_hostport_format(a, addr, sizeof(addr));
+      if ((ret = embps__peer_link_start(&link, b->tls, fd, EMBPS__PEER_CONNECTOR, b->rank, peer,
+                                        addr, a->host, b->deadline, &fd, err)) != EMBPS_OK) {
+        fd = -1; /* closed by the failed start */
+        goto fail;
+      }
+    }
     int verdict = exchange_hello(b, peer, fd, &hello, &msg, last_why, sizeof(last_why), err);
     if (verdict == -2) {
       ret = err->status;
       goto fail;
+    }
+    if (verdict < 0 && link) {
+      /* The relay closed the plaintext end: its reason says more than end-of-file does. */
+      char why[sizeof(err->message)];
+      int failure = embps__peer_link_failure(link, why, sizeof(why));
+      if (failure == 2) {
+        ret = embps_error_set(err, EMBPS_FAILED_PRECONDITION, "rank %u could not join: %s", b->rank,
+                              why);
+        goto fail;
+      }
+      if (failure)
+        snprintf(last_why, sizeof(last_why), "%.150s", why);
     }
     if (verdict < 0)
       continue;
@@ -442,6 +471,7 @@ static embps_status_t connect_peer(boot_t *b, uint32_t peer, uint8_t kind, int *
 exit:
   embps__buf_free(&hello);
   embps_free(msg);
+  embps__peer_link_release(link);
   return ret;
 fail:
   close_fd(&fd);
@@ -461,6 +491,7 @@ static void peer_name(int fd, char *out, size_t cap) {
 
 static void pending_drop(pending_t *pend, size_t *n, size_t i) {
   close_fd(&pend[i].fd);
+  embps__peer_link_release(pend[i].link);
   embps_free(pend[i].identity);
   pend[i] = pend[*n - 1];
   (*n)--;
@@ -585,6 +616,16 @@ static int check_answer(const boot_t *b, const pending_t *p, uint8_t *out, char 
   return 0;
 }
 
+/* With peer TLS: whether pending connection p's certificate fails to name the host of the rank
+ * its hello claims (then why says so). The connector checked ours before sending the hello. */
+static int wrong_name(const boot_t *b, const pending_t *p, char *why, size_t cap) {
+  char detail[sizeof(((embps_error_t *)0)->message)];
+  if (!embps__peer_link_check_name(p->link, b->addrs[p->hello.rank].host, detail, sizeof(detail)))
+    return 0;
+  snprintf(why, cap, "rank %u at %s: %.380s", p->hello.rank, p->addr, detail);
+  return 1;
+}
+
 /* Handles what poll says about pending connection i; returns EMBPS_OK unless out of memory. */
 static embps_status_t serve_pending(boot_t *b, pending_t *pend, size_t *npend, size_t i,
                                     uint32_t *joined, embps_error_t *err) {
@@ -606,6 +647,20 @@ static embps_status_t serve_pending(boot_t *b, pending_t *pend, size_t *npend, s
              p->hello.rank, p->addr);
     EMBPS_WARN("rank %u refused a peer: %s", b->rank, why);
     snprintf(b->last_refusal, sizeof(b->last_refusal), "%s", why);
+  } else if (rc == READ_DROP && p->link && embps__peer_link_failure(p->link, why, sizeof(why))) {
+    /* Its relay said why (and logged it): a refused certificate, a cleartext rank. */
+    snprintf(b->last_refusal, sizeof(b->last_refusal), "%s", why);
+  } else if (rc == READ_DROP && !b->tls && p->have > 0 && p->header[0] == TLS_HANDSHAKE_BYTE) {
+    snprintf(why, sizeof(why),
+             "a peer at %s opened a TLS connection, but rank %u is started without peer TLS: "
+             "start every rank with the same --peer-tls-cert, --peer-tls-key and --peer-tls-ca, "
+             "or none",
+             p->addr, b->rank);
+    /* Its ClientHello is read out first: closing on unread bytes would send a reset that may
+     * overtake the answer. In cleartext, the answer makes its TLS client fail at once. */
+    while (recv(p->fd, p->auth, sizeof(p->auth), MSG_DONTWAIT) > 0) {
+    }
+    refuse(b, p, why);
   } else if (rc == READ_DROP) {
     if (!embps__hello_magic_ok(p->header, p->have) || p->have < EMBPS__HELLO_MAGIC_LEN)
       EMBPS_DEBUG("rank %u: ignored a connection that is not an embps peer", b->rank);
@@ -614,6 +669,8 @@ static embps_status_t serve_pending(boot_t *b, pending_t *pend, size_t *npend, s
   } else if (embps__judge_hello(b->rank, b->size, b->identity, &p->hello, p->identity,
                                 b->control_fds, b->data_fds, why, sizeof(why))) {
     /* Judged again after the answer: another connection may have taken the rank meanwhile. */
+    refuse(b, p, why);
+  } else if (p->link && !p->challenged && wrong_name(b, p, why, sizeof(why))) {
     refuse(b, p, why);
   } else if (!b->secret_len) {
     admit(b, p, joined, NULL);
@@ -684,9 +741,19 @@ static embps_status_t accept_peers(boot_t *b, int listen_fd, embps_error_t *err)
         }
         if (npend == MAX_PENDING)
           pending_drop(pend, &npend, 0); /* the oldest idle one makes room */
-        memset(&pend[npend], 0, sizeof(pend[npend]));
-        pend[npend].fd = fd;
-        peer_name(fd, pend[npend].addr, sizeof(pend[npend].addr));
+        pending_t *p = &pend[npend];
+        memset(p, 0, sizeof(*p));
+        peer_name(fd, p->addr, sizeof(p->addr));
+        if (b->tls) {
+          embps_error_t lerr;
+          if (embps__peer_link_start(&p->link, b->tls, fd, EMBPS__PEER_ACCEPTOR, b->rank,
+                                     EMBPS__PEER_UNKNOWN, p->addr, NULL, b->deadline, &fd,
+                                     &lerr) != EMBPS_OK) {
+            EMBPS_WARN("rank %u: %s", b->rank, lerr.message); /* fd is closed */
+            continue;
+          }
+        }
+        p->fd = fd;
         npend++;
       }
     }
@@ -793,8 +860,9 @@ fail:
 
 embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *const *peer_addrs,
                                      int bind_any, const char *identity, const uint8_t *secret,
-                                     size_t secret_len, uint64_t timeout_ms, int cancel_fd,
-                                     int *control_fds, int *data_fds, embps_error_t *err) {
+                                     size_t secret_len, embps_group_peer_tls_t *tls,
+                                     uint64_t timeout_ms, int cancel_fd, int *control_fds,
+                                     int *data_fds, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
   embps_error_t local_err;
   boot_t b;
@@ -836,6 +904,7 @@ embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *c
   b.identity = identity;
   b.secret = secret;
   b.secret_len = secret_len;
+  b.tls = tls;
   b.timeout_ms = timeout_ms;
   b.deadline = embps_now_ms() + timeout_ms;
   b.control_fds = control_fds;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "server/group/group.h"
 
 /** Connection kinds: every pair of ranks shares one connection of each kind. */
 #define EMBPS_GROUP_CONN_CONTROL 0
@@ -27,6 +28,14 @@
  * connection this rank accepts or makes is authenticated both ways by challenge-response
  * (control.h, secret.h) before it counts, and a peer that cannot prove the secret is refused;
  * without one, any process that reaches the peer port and presents the same identity joins.
+ *
+ * tls (borrowed; NULL for none) puts every connection under TLS from its first byte, hello
+ * included (peer_tls.h): certificates are checked both ways, and each side checks that the
+ * other's certificate names the host of that rank's peer address. The descriptors handed back
+ * are then the plaintext ends of the TLS relays (AF_UNIX stream sockets, not TCP ones). A rank
+ * with TLS facing one without (either way round) fails FAILED_PRECONDITION at once on the
+ * connecting side, naming the peer; the accepting side logs it and fails with it when the
+ * deadline passes, as for any refusal. So does a certificate that is refused.
  *
  * For every other rank two connections are made, a control one and a data one. On EMBPS_OK,
  * control_fds[r] and data_fds[r] (arrays of `size`, caller-allocated) are connected, blocking,
@@ -59,7 +68,8 @@
  * - EMBPS_INTERNAL: a socket call failed unexpectedly (out of descriptors, say). */
 embps_status_t embps_group_bootstrap(uint32_t rank, uint32_t size, const char *const *peer_addrs,
                                      int bind_any, const char *identity, const uint8_t *secret,
-                                     size_t secret_len, uint64_t timeout_ms, int cancel_fd,
-                                     int *control_fds, int *data_fds, embps_error_t *err);
+                                     size_t secret_len, embps_group_peer_tls_t *tls,
+                                     uint64_t timeout_ms, int cancel_fd, int *control_fds,
+                                     int *data_fds, embps_error_t *err);
 
 #endif

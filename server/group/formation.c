@@ -200,9 +200,9 @@ embps_status_t embps__group_form(const embps_group_config_t *cfg, int cancel_fd,
   if (N > 1) {
     EMBPS_INFO("rank %u of %u: waiting for the group (peer address %s)", cfg->rank, N,
                cfg->peer_addrs[cfg->rank]);
-    ret = embps_group_bootstrap(cfg->rank, N, cfg->peer_addrs, cfg->bind_any, cfg->identity,
-                                cfg->secret, cfg->secret_len, cfg->bootstrap_timeout_ms, cancel_fd,
-                                f.control_fds, f.data_fds, err);
+    ret = embps_group_bootstrap(
+        cfg->rank, N, cfg->peer_addrs, cfg->bind_any, cfg->identity, cfg->secret, cfg->secret_len,
+        cfg->peer_tls, cfg->bootstrap_timeout_ms, cancel_fd, f.control_fds, f.data_fds, err);
     if (ret != EMBPS_OK)
       goto fail;
     /* Only the leader's control connections carry traffic. */

@@ -85,6 +85,25 @@ embps_status_t embps_group_peer_addr(const char *client_addr, int port_offset, c
 embps_status_t embps_group_secret_load(const char *path, uint8_t *out, size_t cap, size_t *len,
                                        unsigned *loose_mode, embps_error_t *err);
 
+/** TLS between the ranks (peer_tls.c): every rank's certificate and key, and the CA that
+ * signed every rank's certificate. Shared by every peer connection; read-only once made. */
+typedef struct embps_group_peer_tls embps_group_peer_tls_t;
+
+/**
+ * Reads the peer TLS files now: cert_file (PEM chain), key_file (its PEM key) and ca_file (the
+ * PEM CAs a peer's certificate must chain to). Every rank-to-rank connection made with it runs
+ * TLS 1.2 or later with certificates checked both ways. The caller owns *out
+ * (embps_group_peer_tls_free); on failure *out is untouched. Returns EMBPS_OK;
+ * EMBPS_INVALID_ARGUMENT with err naming the flag and the file (unreadable, not PEM, a key that
+ * does not match); EMBPS_RESOURCE_EXHAUSTED.
+ */
+embps_status_t embps_group_peer_tls_new(embps_group_peer_tls_t **out, const char *cert_file,
+                                        const char *key_file, const char *ca_file,
+                                        embps_error_t *err);
+
+/** Frees what embps_group_peer_tls_new made; connections still open keep working. NULL: no-op. */
+void embps_group_peer_tls_free(embps_group_peer_tls_t *tls);
+
 typedef struct embps_group_config {
   uint32_t rank;
   uint32_t size;
@@ -96,6 +115,9 @@ typedef struct embps_group_config {
    * connection at bootstrap is authenticated both ways (embps_group_bootstrap). */
   const uint8_t *secret;
   size_t secret_len;
+  /** TLS on every peer connection (borrowed, outlives the group); NULL: cleartext. The cuda
+   * backend's NCCL links are NCCL's own and stay unencrypted. */
+  embps_group_peer_tls_t *peer_tls;
   uint64_t bootstrap_timeout_ms; /* how long to wait for every rank at startup */
   uint64_t peer_timeout_ms;      /* bound on one collective */
   uint64_t batch_deadline_ms;    /* a batch whose shards do not all arrive in time fails */

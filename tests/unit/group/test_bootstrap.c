@@ -88,8 +88,8 @@ static void *rank_main(void *arg) {
   sleep_ms(r->delay_ms);
   uint64_t t0 = now_ms();
   r->status = embps_group_bootstrap(r->rank, r->size, r->addrs, r->bind_any, r->identity, r->secret,
-                                    r->secret_len, r->timeout_ms, r->cancel_fd, r->control_fds,
-                                    r->data_fds, &r->err);
+                                    r->secret_len, NULL, r->timeout_ms, r->cancel_fd,
+                                    r->control_fds, r->data_fds, &r->err);
   r->elapsed_ms = now_ms() - t0;
   return NULL;
 }
@@ -809,19 +809,23 @@ static void test_invalid_arguments(void **state) {
   (void)state;
   setup_group(runs, 2, 0);
   const char *const *addrs = runs[0].addrs;
-  assert_int_equal(embps_group_bootstrap(2, 2, addrs, 0, "x=1\n", NULL, 0, 100, -1, cfd, dfd, &err),
-                   EMBPS_INVALID_ARGUMENT);
-  assert_int_equal(embps_group_bootstrap(0, 0, addrs, 0, "x=1\n", NULL, 0, 100, -1, cfd, dfd, &err),
-                   EMBPS_INVALID_ARGUMENT);
-  assert_int_equal(embps_group_bootstrap(0, 2, addrs, 0, NULL, NULL, 0, 100, -1, cfd, dfd, &err),
-                   EMBPS_INVALID_ARGUMENT);
-  assert_int_equal(embps_group_bootstrap(0, 2, NULL, 0, "x=1\n", NULL, 0, 100, -1, cfd, dfd, &err),
-                   EMBPS_INVALID_ARGUMENT);
+  assert_int_equal(
+      embps_group_bootstrap(2, 2, addrs, 0, "x=1\n", NULL, 0, NULL, 100, -1, cfd, dfd, &err),
+      EMBPS_INVALID_ARGUMENT);
+  assert_int_equal(
+      embps_group_bootstrap(0, 0, addrs, 0, "x=1\n", NULL, 0, NULL, 100, -1, cfd, dfd, &err),
+      EMBPS_INVALID_ARGUMENT);
+  assert_int_equal(
+      embps_group_bootstrap(0, 2, addrs, 0, NULL, NULL, 0, NULL, 100, -1, cfd, dfd, &err),
+      EMBPS_INVALID_ARGUMENT);
+  assert_int_equal(
+      embps_group_bootstrap(0, 2, NULL, 0, "x=1\n", NULL, 0, NULL, 100, -1, cfd, dfd, &err),
+      EMBPS_INVALID_ARGUMENT);
   for (size_t i = 0; i < sizeof(bad_addrs) / sizeof(bad_addrs[0]); i++) {
     const char *list[2] = {runs[0].addrs[0], bad_addrs[i]};
     cfd[0] = cfd[1] = dfd[0] = dfd[1] = 5;
     assert_int_equal(
-        embps_group_bootstrap(0, 2, list, 0, "x=1\n", NULL, 0, 100, -1, cfd, dfd, &err),
+        embps_group_bootstrap(0, 2, list, 0, "x=1\n", NULL, 0, NULL, 100, -1, cfd, dfd, &err),
         EMBPS_INVALID_ARGUMENT);
     assert_contains(err.message, "rank 1");
     assert_int_equal(cfd[0], -1);
