@@ -81,10 +81,14 @@ void embps_segment_sum_stats_cpu(const void *grads, embps_dtype_t dtype, size_t 
     uint32_t c = count[s];
     if (i + EMBPS_PREFETCH_ROWS < n)
       embps_prefetch_row(out + (size_t)segment_ids[i + EMBPS_PREFETCH_ROWS] * width, out_row, NULL);
-    if (!(c & SEEN))
-      (bf16 ? first_row_bf16 : first_row_f32)(acc, g + i * in_row, width);
+    if (bf16 && !(c & SEEN))
+      first_row_bf16(acc, g + i * in_row, width);
+    else if (bf16)
+      add_row_bf16(acc, g + i * in_row, width);
+    else if (!(c & SEEN))
+      first_row_f32(acc, g + i * in_row, width);
     else
-      (bf16 ? add_row_bf16 : add_row_f32)(acc, g + i * in_row, width);
+      add_row_f32(acc, g + i * in_row, width);
     c = (c | SEEN) - 1;
     count[s] = c;
     if (c == SEEN && nb) /* the segment's last position: its row is complete */
