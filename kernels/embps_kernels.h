@@ -77,6 +77,21 @@ void embps_expand_cpu(const void *src, embps_dtype_t dtype, size_t width,
 void embps_segment_sum_cpu(const void *grads, embps_dtype_t dtype, size_t width,
                            const uint32_t *segment_ids, size_t n, size_t num_unique, float *out);
 
+/** Bytes of scratch that embps_segment_sum_stats_cpu needs for num_unique segments. */
+size_t embps_segment_sum_stats_workspace_bytes(size_t num_unique);
+
+/**
+ * embps_segment_sum_cpu fused with embps_row_partials_cpu of its output, in one pass: out is
+ * bitwise what embps_segment_sum_cpu writes, and partials (num_unique x width / block) what
+ * embps_row_partials_cpu(out, num_unique, width, block, partials) then writes (nothing when
+ * block is 0). grads may have any alignment (it is read as bytes); out must not overlap it.
+ * workspace holds embps_segment_sum_stats_workspace_bytes(num_unique) bytes, aligned for
+ * uint32_t. segment_ids must take every value in [0, num_unique) (as embps_dedup_cpu's do).
+ */
+void embps_segment_sum_stats_cpu(const void *grads, embps_dtype_t dtype, size_t width,
+                                 const uint32_t *segment_ids, size_t n, size_t num_unique,
+                                 size_t block, float *out, float *partials, void *workspace);
+
 /* ---- row statistics: finite check, norm, rowwise mean square -------------------------------- */
 
 /** Columns per row-statistics block: partial sums of squares are taken over blocks of this many

@@ -17,6 +17,7 @@
 
 #include "client/cli/args.h"
 #include "client/cli/bench.h"
+#include "client/cli/zipf.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "embps/embps.h"
@@ -802,7 +803,12 @@ static flag_t bench_flags[] = {
      "open loop: R batches per second over all threads on a fixed schedule, latency from each "
      "call's intended start (default: closed loop)",
      NULL},
-    {"--zipf", "A", "Zipf exponent of token ids over [1, rows); 0: uniform (default 0)", NULL},
+    {"--tokens", "DIST",
+     "token ids over [1, rows): uniform (default; every row alike, so batches reach memory) or "
+     "zipf (exponent --zipf, default 1.05)",
+     NULL},
+    {"--zipf", "A", "Zipf exponent of token ids; alone, the same as --tokens zipf (0: uniform)",
+     NULL},
     {"--push-ratio", "P", "probability that an op is a push (default 0)", NULL},
     {"--async", NULL, "pushes are async", NULL},
     {"--seed", "S", "random seed (default 1)", NULL},
@@ -855,6 +861,10 @@ static int cmd_bench(const char *cmd, flag_t *f, const char *name) {
       (rc = get_double(cmd, f, "--rate", 0.0, 1e7, 0.0, &o.rate)) ||
       (rc = get_u64(cmd, f, "--pipeline", 1, 4096, o.rate > 0 ? 64 : 1, &pipe)) ||
       (rc = get_double(cmd, f, "--zipf", 0.0, 100.0, 0.0, &o.zipf)) ||
+      (rc = embps_token_exponent(flag(f, "--tokens"), flag(f, "--zipf"), o.zipf, &o.zipf)
+                ? usage_error(cmd, "--tokens takes uniform or zipf, and --tokens uniform no "
+                                   "--zipf other than 0")
+                : 0) ||
       (rc = get_double(cmd, f, "--push-ratio", 0.0, 1.0, 0.0, &o.push_ratio)) ||
       (rc = get_u64(cmd, f, "--seed", 0, UINT64_MAX, 1, &o.seed)))
     return rc;
@@ -952,7 +962,7 @@ static command_t commands[] = {
     {"checkpoints", NULL, "List the complete checkpoints: round, time, ranks, bytes, tables.",
      cmd_checkpoints, checkpoints_flags},
     {"bench", "NAME[,NAME...]",
-     "Load test: C threads keep K lookups/pushes of T Zipf-distributed tokens in flight (closed "
+     "Load test: C threads keep K lookups/pushes of T random tokens (uniform or Zipf) in flight (closed "
      "loop) or send R batches/s on a schedule (--rate), and report batches/s, rows/s, GB/s, "
      "latency percentiles and errors by status.",
      cmd_bench, bench_flags},

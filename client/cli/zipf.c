@@ -10,6 +10,7 @@
 #include "client/cli/zipf.h"
 
 #include <math.h>
+#include <string.h>
 
 static uint64_t splitmix64(uint64_t *x) {
   uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -94,4 +95,22 @@ uint64_t embps_zipf_sample(const embps_zipf_t *z, embps_rng_t *r) {
     if (kd - x <= z->s || u >= h_integral(z, kd + 0.5) - h(z, kd))
       return k;
   }
+}
+
+int embps_token_exponent(const char *dist, const char *zipf, double a, double *exponent) {
+  if (!dist) {
+    *exponent = zipf ? a : 0.0;
+    return 0;
+  }
+  if (strcmp(dist, "uniform") == 0) {
+    if (zipf && a != 0.0)
+      return -1;
+    *exponent = 0.0;
+    return 0;
+  }
+  if (strcmp(dist, "zipf") == 0) {
+    *exponent = zipf ? a : EMBPS_ZIPF_DEFAULT_EXPONENT;
+    return 0;
+  }
+  return -1;
 }

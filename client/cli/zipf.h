@@ -32,4 +32,13 @@ int embps_zipf_init(embps_zipf_t *z, uint64_t n, double exponent);
 /** One rank in [1, n]. */
 uint64_t embps_zipf_sample(const embps_zipf_t *z, embps_rng_t *r);
 
+/** The exponent of --tokens zipf without --zipf: the skew of recommender token ids. */
+#define EMBPS_ZIPF_DEFAULT_EXPONENT 1.05
+
+/** The Zipf exponent of the bench's --tokens DIST and --zipf A (zipf NULL when not given):
+ * uniform (the default) is 0, so every row is alike and a batch reaches memory; zipf takes A,
+ * 1.05 when not given; A alone (the older spelling) is Zipf(A). Returns -1 for another DIST or
+ * for uniform with an A other than 0. */
+int embps_token_exponent(const char *dist, const char *zipf, double a, double *exponent);
+
 #endif

@@ -288,17 +288,20 @@ fail:
 
 /* Each unique row's sum of squares over the full width, into s->row_sumsq, from the column-block
  * partials of every rank added in column order; with bad and total, also the number of rows
- * that are not finite and the total sum of squares (host). */
+ * that are not finite and the total sum of squares (host). This rank's partials are those of g,
+ * taken here, or `ready` when the segment sum took them already. */
 static embps_status_t row_figures(embps_engine_t *e, const embps__engine_shape_t *sh,
                                   const embps__engine_scratch_t *s, const float *g, size_t m,
-                                  uint64_t *bad, double *total, embps_error_t *err) {
+                                  const float *ready, uint64_t *bad, double *total,
+                                  embps_error_t *err) {
   const size_t block = sh->nb ? sh->w / sh->nb : 0;
-  const float *parts = s->partials;
+  const float *parts = ready ? ready : s->partials;
   embps_status_t ret;
 
-  STEP(e->ops->row_partials(e->be, g, m, sh->w, block, s->partials, err));
+  if (!ready)
+    STEP(e->ops->row_partials(e->be, g, m, sh->w, block, s->partials, err));
   if (sh->group_size > 1) {
-    STEP(embps_comm_all_gather(e->comm, s->partials, m * sh->nb * sizeof(float), s->gathered, err));
+    STEP(embps_comm_all_gather(e->comm, parts, m * sh->nb * sizeof(float), s->gathered, err));
     parts = s->gathered;
   }
   STEP(e->ops->row_combine(e->be, parts, sh->group_size, m, sh->nb, s->row_sumsq, bad, total, err));
@@ -320,6 +323,7 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   embps__engine_scratch_t s;
   const void *tokens, *grads;
   const int64_t *unique, *rows;
+  const float *ready;
   int64_t first_unique = -1;
   size_t U, first, m;
   uint64_t bad = 0;
@@ -352,17 +356,24 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
     grads = s.recv; /* T x w: every position's gradient for this rank's columns */
   }
   STEP(ops->unique(be, &U, &first_unique, &unique, err));
-  STEP(ops->segment_sum(be, t, grads, T, U, s.summed, err));
+  /* Where the backend can, the row statistics are taken while each summed row is still in cache
+   * (kernels/segment_sum_stats.c says what that saves). */
+  if (ops->segment_sum_stats)
+    STEP(ops->segment_sum_stats(be, t, grads, T, U, sh->nb ? w / sh->nb : 0, s.summed, s.partials,
+                                err));
+  else
+    STEP(ops->segment_sum(be, t, grads, T, U, s.summed, err));
   /* Unique tokens are ascending, so the padding row, when present, is the first. */
   first = (U > 0 && first_unique == 0) ? 1 : 0;
   rows = unique + first;
   m = U - first;
   g = s.summed + first * w;
+  ready = ops->segment_sum_stats ? s.partials + first * sh->nb : NULL;
   op->num_unique = m;
   atomic_fetch_add_explicit(&counters->unique_tokens, m, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
 
-  STEP(row_figures(e, sh, &s, g, m, &bad, &total, err));
+  STEP(row_figures(e, sh, &s, g, m, ready, &bad, &total, err));
   if (bad != 0) { /* the gate: one non-finite gradient anywhere skips the step */
     op->skipped = 1;
     atomic_fetch_add_explicit(&counters->steps_skipped, 1, memory_order_relaxed);
@@ -373,7 +384,7 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   if (c->weight_decay != 0.0f) {
     STEP(ops->weight_decay(be, t, rows, m, g, err));
     if (rowwise) /* the mean square of the gradient the update sees */
-      STEP(row_figures(e, sh, &s, g, m, NULL, NULL, err));
+      STEP(row_figures(e, sh, &s, g, m, NULL, NULL, NULL, err));
   }
   p = embps__engine_next_step(t);
   STEP(ops->update(be, t, rows, m, g, s.row_sumsq, &p, err));

@@ -22,6 +22,7 @@ typedef struct buf {
 struct embps__engine_backend {
   embps_comm_t *comm;
   buf_t all_tokens, unique, segment_ids, dedup_ws, row_sumsq, summed, partials, gathered;
+  buf_t segment_counts; /* embps_segment_sum_stats_cpu's workspace */
   buf_t send, recv, rows;
   size_t num_unique; /* the last dedup's */
 };
@@ -38,7 +39,7 @@ embps_status_t embps__engine_cpu_new(embps__engine_backend_t **out, embps_comm_t
 static void cpu_destroy(embps__engine_backend_t *be) {
   buf_t *bufs[] = {&be->all_tokens, &be->unique, &be->segment_ids, &be->dedup_ws,
                    &be->row_sumsq,  &be->summed, &be->partials,    &be->gathered,
-                   &be->send,       &be->recv,   &be->rows};
+                   &be->send,       &be->recv,   &be->rows,        &be->segment_counts};
   for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
     embps_free(bufs[i]->p);
   embps_free(be);
@@ -70,6 +71,7 @@ static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engi
   if (ok && push)
     ok = grow(&be->summed, T * sh->w * sizeof(float)) && grow(&be->row_sumsq, T * sizeof(float)) &&
          grow(&be->partials, T * sh->nb * sizeof(float)) &&
+         grow(&be->segment_counts, embps_segment_sum_stats_workspace_bytes(T)) &&
          (!exchange || grow(&be->gathered, sh->group_size * T * sh->nb * sizeof(float)));
   if (!ok)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
@@ -175,6 +177,17 @@ static embps_status_t cpu_segment_sum(embps__engine_backend_t *be, embps_table_t
   (void)err;
   embps_segment_sum_cpu(grads, embps_table_config(t)->dtype, embps_table_shard_width(t),
                         be->segment_ids.p, T, num_unique, out);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_segment_sum_stats(embps__engine_backend_t *be, embps_table_t *t,
+                                            const void *grads, size_t T, size_t num_unique,
+                                            size_t block, float *out, float *partials,
+                                            embps_error_t *err) {
+  (void)err;
+  embps_segment_sum_stats_cpu(grads, embps_table_config(t)->dtype, embps_table_shard_width(t),
+                              be->segment_ids.p, T, num_unique, block, out, partials,
+                              be->segment_counts.p);
   return EMBPS_OK;
 }
 
@@ -290,6 +303,7 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .expand = cpu_expand,
     .copy2d = cpu_copy2d,
     .segment_sum = cpu_segment_sum,
+    .segment_sum_stats = cpu_segment_sum_stats,
     .row_partials = cpu_row_partials,
     .row_combine = cpu_row_combine,
     .weight_decay = cpu_weight_decay,

@@ -93,6 +93,12 @@ typedef struct embps__engine_ops {
    * position order, f32. */
   embps_status_t (*segment_sum)(embps__engine_backend_t *be, embps_table_t *t, const void *grads,
                                 size_t T, size_t num_unique, float *out, embps_error_t *err);
+  /** segment_sum and then row_partials of its output (block columns per partial) in one pass:
+   * the same bits in out and partials (num_unique x nb). grads may have any alignment. NULL
+   * where the backend has no fused form (engine.c then calls the two). */
+  embps_status_t (*segment_sum_stats)(embps__engine_backend_t *be, embps_table_t *t,
+                                      const void *grads, size_t T, size_t num_unique, size_t block,
+                                      float *out, float *partials, embps_error_t *err);
 
   /** embps_row_partials_cpu's contract. */
   embps_status_t (*row_partials)(embps__engine_backend_t *be, const float *g, size_t m, size_t w,

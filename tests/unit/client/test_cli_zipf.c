@@ -96,10 +96,35 @@ static void test_uniform_double(void **state) {
   assert_true(fabs(sum / 100000 - 0.5) < 0.01);
 }
 
+/* --tokens: uniform by default and whatever --zipf says only when zipf is asked for (or --zipf
+ * alone); nonsense and contradictions are refused. The sampler at the chosen exponent is
+ * tested above. */
+static void test_token_distribution_option(void **state) {
+  double e = -1;
+  (void)state;
+  assert_int_equal(embps_token_exponent(NULL, NULL, 0.0, &e), 0);
+  assert_true(e == 0.0);
+  assert_int_equal(embps_token_exponent("uniform", NULL, 0.0, &e), 0);
+  assert_true(e == 0.0);
+  assert_int_equal(embps_token_exponent("zipf", NULL, 0.0, &e), 0);
+  assert_true(e == EMBPS_ZIPF_DEFAULT_EXPONENT && e == 1.05);
+  assert_int_equal(embps_token_exponent("zipf", "1.3", 1.3, &e), 0);
+  assert_true(e == 1.3);
+  assert_int_equal(embps_token_exponent(NULL, "0.9", 0.9, &e), 0);
+  assert_true(e == 0.9);
+  assert_int_equal(embps_token_exponent("uniform", "0", 0.0, &e), 0);
+  assert_true(e == 0.0);
+  e = 7;
+  assert_int_equal(embps_token_exponent("uniform", "1.1", 1.1, &e), -1);
+  assert_int_equal(embps_token_exponent("gauss", NULL, 0.0, &e), -1);
+  assert_true(e == 7); /* untouched on refusal */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_zipf_follows_distribution),
       cmocka_unit_test(test_range_and_edges),
+      cmocka_unit_test(test_token_distribution_option),
       cmocka_unit_test(test_uniform_double),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

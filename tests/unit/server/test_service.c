@@ -107,9 +107,12 @@ const char *embps_group_checkpoint_dir(const embps_group_t *group) {
   return NULL;
 }
 
+/* -1: a host backend (cpu); a device number: cuda, whose requests are unpacked into the pool. */
+static int fake_host_device = -1;
+
 int embps_group_host_device(embps_group_t *group) {
   (void)group;
-  return -1;
+  return fake_host_device;
 }
 
 /* The engine's host memory, plain here (the real one pins for the CUDA backend). */
@@ -145,6 +148,10 @@ static void fail_queued(embps_status_t status, const char *msg) {
   num_queued = 0;
 }
 
+/* The last push the fake engine ran: where its gradients were, and a copy of them. */
+static const void *pushed_grads;
+static uint8_t *pushed_copy;
+
 static void run_engine(void) {
   for (int i = 0; i < num_queued; i++) {
     embps_op_t *op = queued[i];
@@ -162,6 +169,11 @@ static void run_engine(void) {
                        embps_table_shard_width(op->table), op->tokens, op->num_tokens,
                        op->rows_out);
     } else {
+      const size_t bytes = op->num_tokens * embps_table_config(op->table)->emb_width * 4;
+      pushed_grads = op->grads;
+      free(pushed_copy);
+      pushed_copy = malloc(bytes ? bytes : 1);
+      memcpy(pushed_copy, op->grads, bytes);
       op->applied = 1;
       op->num_unique = op->num_tokens;
     }
@@ -188,16 +200,30 @@ static int teardown(void **state) {
   return 0;
 }
 
-/* Packs m into a fresh embps_malloc'd buffer and calls the service. */
-static void call(embps_net_call_t *c, const char *method, const ProtobufCMessage *m) {
+/* The last request's bytes (valid while the service holds them). */
+static const uint8_t *called_bytes;
+
+/* Calls the service with the bytes of m, followed by those of m2 when not NULL (protobuf merges
+ * the two: a field in both takes m2's value), in a fresh embps_malloc'd buffer. */
+static void call2(embps_net_call_t *c, const char *method, const ProtobufCMessage *m,
+                  const ProtobufCMessage *m2) {
   size_t len = m ? protobuf_c_message_get_packed_size(m) : 0;
+  size_t len2 = m2 ? protobuf_c_message_get_packed_size(m2) : 0;
   uint8_t *buf = NULL;
   memset(c, 0, sizeof(*c));
-  if (len) {
-    buf = malloc(len);
-    protobuf_c_message_pack(m, buf);
+  if (len + len2) {
+    buf = malloc(len + len2);
+    if (len)
+      protobuf_c_message_pack(m, buf);
+    if (len2)
+      protobuf_c_message_pack(m2, buf + len);
   }
-  embps_service_on_request(svc, c, method, buf, len);
+  called_bytes = buf;
+  embps_service_on_request(svc, c, method, buf, len + len2);
+}
+
+static void call(embps_net_call_t *c, const char *method, const ProtobufCMessage *m) {
+  call2(c, method, m, NULL);
 }
 
 static void create(embps_net_call_t *c, const char *name, uint64_t rows, uint32_t width) {
@@ -372,6 +398,72 @@ static void test_async_push_answered_when_ordered(void **state) {
   assert_int_equal(embps_service_inflight(svc), 0);
 }
 
+/* On a host backend a push's gradients are read where they arrived, inside the request's bytes
+ * (which the request then keeps until it is done); with the CUDA backend they are unpacked into
+ * the pool. Either way the op sees the same gradients and the fields after them (mode). A
+ * message that repeats the gradients takes the last, as protobuf does; a wrong length is
+ * refused. */
+static void test_push_gradients_in_place(void **state) {
+  embps_net_call_t c;
+  Embps__V1__PushGradientsRequest req = EMBPS__V1__PUSH_GRADIENTS_REQUEST__INIT;
+  Embps__V1__PushGradientsRequest again = EMBPS__V1__PUSH_GRADIENTS_REQUEST__INIT;
+  int64_t tokens[] = {3, 1, 3};
+  float g[12], junk[3] = {7, 7, 7};
+  (void)state;
+  for (int i = 0; i < 12; i++)
+    g[i] = (float)i - 5.5f;
+  create(&c, "inplace", 10, 4);
+  release_call(&c);
+  req.table = "inplace";
+  req.tokens.data = (uint8_t *)tokens;
+  req.tokens.len = sizeof(tokens);
+  req.gradients.data = (uint8_t *)g;
+  req.gradients.len = sizeof(g);
+  req.mode = EMBPS__V1__UPDATE_MODE__UPDATE_MODE_ASYNC; /* packed after the gradients */
+
+  for (int device = -1; device <= 0; device++) {
+    const uint8_t *bytes;
+    size_t len = protobuf_c_message_get_packed_size(&req.base);
+    fake_host_device = device;
+    call(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base);
+    bytes = called_bytes;
+    assert_int_equal(num_queued, 1);
+    order_queued();
+    assert_true(c.answered); /* async: the mode after the gradients was read */
+    assert_int_equal(c.status, EMBPS_OK);
+    release_call(&c);
+    run_engine();
+    assert_memory_equal(pushed_copy, g, sizeof(g));
+    if (device < 0) /* in place: inside the request's bytes */
+      assert_true((const uint8_t *)pushed_grads > bytes &&
+                  (const uint8_t *)pushed_grads + sizeof(g) <= bytes + len);
+    assert_int_equal(embps_service_inflight(svc), 0);
+  }
+  fake_host_device = -1;
+
+  /* The gradients twice: the last wins. */
+  req.mode = EMBPS__V1__UPDATE_MODE__UPDATE_MODE_SYNC;
+  req.gradients.data = (uint8_t *)junk;
+  req.gradients.len = sizeof(junk);
+  again.gradients.data = (uint8_t *)g;
+  again.gradients.len = sizeof(g);
+  call2(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base, &again.base);
+  assert_int_equal(num_queued, 1);
+  run_engine();
+  assert_int_equal(c.status, EMBPS_OK);
+  assert_memory_equal(pushed_copy, g, sizeof(g));
+  release_call(&c);
+
+  /* And once, of the wrong length: refused, nothing queued. */
+  call(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base);
+  assert_int_equal(num_queued, 0);
+  assert_int_equal(c.status, EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(c.message, "gradients hold 12 bytes, but 3 tokens"));
+  release_call(&c);
+  free(pushed_copy);
+  pushed_copy = NULL;
+}
+
 /* Async pushes need a fused update on the group's backend, as the optimizer registry says.
  * Every real combination has one, so the check is driven through a backend the registry does
  * not know. */
@@ -535,6 +627,7 @@ int main(void) {
       cmocka_unit_test(test_validation_messages),
       cmocka_unit_test(test_reply_limits),
       cmocka_unit_test(test_async_push_answered_when_ordered),
+      cmocka_unit_test(test_push_gradients_in_place),
       cmocka_unit_test(test_async_needs_fused_update),
       cmocka_unit_test(test_allocation_failures),
       cmocka_unit_test(test_auth_checked_before_dispatch),
