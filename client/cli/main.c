@@ -962,7 +962,8 @@ static command_t commands[] = {
     {"checkpoints", NULL, "List the complete checkpoints: round, time, ranks, bytes, tables.",
      cmd_checkpoints, checkpoints_flags},
     {"bench", "NAME[,NAME...]",
-     "Load test: C threads keep K lookups/pushes of T random tokens (uniform or Zipf) in flight (closed "
+     "Load test: C threads keep K lookups/pushes of T random tokens (uniform or Zipf) in flight "
+     "(closed "
      "loop) or send R batches/s on a schedule (--rate), and report batches/s, rows/s, GB/s, "
      "latency percentiles and errors by status.",
      cmd_bench, bench_flags},
