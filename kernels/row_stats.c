@@ -43,7 +43,9 @@ size_t embps_row_stats_block(size_t width) {
  * f32 took 3.14 ms plain and 1.39 ms with the clone, 4096 x 128 0.188 and 0.082 ms (this
  * project's 2-core VM, both built in one program and run alternately, medians of 21 and 201,
  * equal bits). Cloning embps_row_partials_cpu instead gained nothing (3.13 ms). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+/* Not under ThreadSanitizer: the clone's ifunc resolver runs while the dynamic loader relocates
+ * the binary, before TSan's runtime is up, and the server segfaulted there at startup. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx2", "default")))
 #endif
 static double
