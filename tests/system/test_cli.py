@@ -559,7 +559,16 @@ class TestBench(CliTestCase):
             p = subprocess.Popen([CLI_BIN, "--servers", server.address, "bench", "t", "--batch",
                                   "64", "--duration", "2", "--warmup", "0", "--json"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            time.sleep(0.8)
+            # Kill once the bench is calling (its threads connect before the clock starts, which
+            # takes a while under ThreadSanitizer): bounded, then the kill comes regardless.
+            deadline = time.time() + 60
+            while time.time() < deadline and p.poll() is None:
+                st = embps("stats", "--json", servers=server.address)
+                if st.returncode == 0 and any(
+                        t["name"] == "t" and t["lookups"] >= 5
+                        for t in json.loads(st.stdout)[0]["tables"]):
+                    break
+                time.sleep(0.1)
             server.proc.kill()
             out, err = p.communicate(timeout=CMD_TIMEOUT)
         finally:
