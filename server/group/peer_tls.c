@@ -16,11 +16,13 @@
  * it are encrypted, each direction through its own buffer, waiting in poll() only when neither
  * direction can move. A full plaintext end stops reading from TLS (back-pressure reaches the
  * TCP peer), never the other direction. The plaintext end's end-of-file becomes a close_notify
- * and a TCP half-close; the peer's close_notify (or its reset) becomes a half-close of the
- * plaintext end, so the loops above see a peer go away as before. Partial writes are enabled
- * (SSL_MODE_ENABLE_PARTIAL_WRITE) so a large buffer goes out record by record as the socket
- * takes it. SIGPIPE is ignored by the server (main.c) and the plaintext end is written with
- * MSG_NOSIGNAL.
+ * and a TCP half-close, also when the owner closes its end outright: what it wrote before
+ * closing is still sent (for at most RELAY_LINGER_MS), as the kernel would for a TCP socket it
+ * closed, while what the peer still sends is dropped; the peer's close_notify (or its reset)
+ * becomes a half-close of the plaintext end, so the loops above see a peer go away as before.
+ * Partial writes are enabled (SSL_MODE_ENABLE_PARTIAL_WRITE) so a large buffer goes out record by
+ * record as the socket takes it. SIGPIPE is ignored by the server (main.c) and the plaintext end is
+ * written with MSG_NOSIGNAL.
  *
  * Session tickets are off: they are post-handshake messages nobody uses (every connection
  * lives as long as the group), and with them gone the only records after the handshake carry
@@ -327,8 +329,22 @@ typedef struct dir {
   int done; /* its source ended */
 } dir_t;
 
+/* How long a relay whose owner closed its end may take to hand the peer what the owner wrote
+ * before closing: well inside the second embps_group_peer_tls_free waits for relays. */
+#define RELAY_LINGER_MS 500
+
+/* The plaintext end's owner closed it: nothing more is delivered to it (what the peer sends is
+ * dropped), and the relay ends once the owner's last bytes are out, or at *linger. */
+static void owner_gone(dir_t *in, uint64_t *linger) {
+  in->done = 1;
+  in->off = in->len;
+  if (!*linger)
+    *linger = embps_now_ms() + RELAY_LINGER_MS;
+}
+
 /* Moves bytes both ways until the connection ends. */
 static void relay(embps__peer_link_t *l, dir_t *in, dir_t *out) {
+  uint64_t linger = 0; /* set once the owner closed its end */
   for (;;) {
     short tcp_ev = 0, app_ev = 0;
     int moved = 0;
@@ -363,7 +379,7 @@ static void relay(embps__peer_link_t *l, dir_t *in, dir_t *out) {
       } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         app_ev |= POLLOUT;
       } else if (k < 0 && errno != EINTR) {
-        return; /* the owner closed its end */
+        owner_gone(in, &linger); /* what it wrote before closing still goes out below */
       }
     }
     /* plaintext end -> peer */
@@ -402,12 +418,19 @@ static void relay(embps__peer_link_t *l, dir_t *in, dir_t *out) {
       continue;
     struct pollfd pfd[2] = {{.fd = l->tcp_fd, .events = tcp_ev},
                             {.fd = l->app_fd, .events = app_ev}};
-    if (poll(pfd, 2, -1) < 0 && errno != EINTR)
+    int left = linger ? embps__remaining_ms(linger) : -1;
+    if (left == 0)
+      return; /* a peer that takes nothing more does not hold the relay past the linger */
+    if ((poll(pfd, 2, left) < 0 && errno != EINTR) || (pfd[1].revents & POLLNVAL) ||
+        (pfd[0].revents & POLLNVAL))
       return;
-    /* POLLHUP on the plaintext end: its owner closed it (or shut it both ways), so nothing
-     * more can be delivered either way. */
-    if ((pfd[1].revents & (POLLERR | POLLNVAL | POLLHUP)) || (pfd[0].revents & POLLNVAL))
-      return;
+    /* POLLHUP or POLLERR on the plaintext end: its owner closed it (or shut it both ways), so
+     * nothing more can be delivered to it. But the bytes it wrote before closing are still
+     * queued on our end, and they must reach the peer (bootstrap's READY byte, written just
+     * before a non-leader closes the control connection it no longer needs): the reads above
+     * take them until end-of-file, which sends the close_notify. */
+    if (pfd[1].revents & (POLLERR | POLLHUP))
+      owner_gone(in, &linger);
   }
 }
 

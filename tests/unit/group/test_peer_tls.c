@@ -203,6 +203,53 @@ static void test_bytes_cross_encrypted(void **state) {
   free(got);
 }
 
+/* Writes CLOSE_BYTES on the connector's plaintext end, then closes it at once. */
+#define CLOSE_BYTES (2u << 20)
+typedef struct writer {
+  int fd;
+  const uint8_t *bytes;
+} writer_t;
+
+static void *writer_main(void *arg) {
+  writer_t *w = arg;
+  embps__io_t io = embps__send_all(w->fd, w->bytes, CLOSE_BYTES, embps_now_ms() + 10000);
+  close(w->fd);
+  return (void *)(intptr_t)io;
+}
+
+/* What the owner writes just before closing its plaintext end still reaches the peer, then
+ * end-of-file (bootstrap's READY byte is written right before a non-leader closes a control
+ * connection it no longer needs). The reader is slow, so the close comes while the relays are
+ * full and the connector's relay waits for the wire with the owner's last bytes still queued on
+ * its plaintext end. */
+static void test_bytes_before_close_arrive(void **state) {
+  (void)state;
+  pair_t p;
+  pthread_t t;
+  void *io;
+  char why[512];
+  uint8_t *plain = malloc(CLOSE_BYTES), *got = malloc(CLOSE_BYTES);
+  for (size_t i = 0; i < CLOSE_BYTES; i++)
+    plain[i] = (uint8_t)(i * 7 + i / 251);
+  pair_start(&p, "rank");
+  writer_t w = {p.conn_fd, plain};
+  p.conn_fd = socket(AF_UNIX, SOCK_STREAM, 0); /* the writer closes the real one */
+  assert_int_equal(pthread_create(&t, NULL, writer_main, &w), 0);
+  for (size_t have = 0; have < CLOSE_BYTES; have += 65536) {
+    usleep(2000);
+    recv_all(p.acc_fd, got + have, 65536);
+  }
+  pthread_join(t, &io);
+  assert_int_equal((intptr_t)io, EMBPS__IO_OK);
+  assert_memory_equal(got, plain, CLOSE_BYTES);
+  assert_int_equal(embps__recv_all(p.acc_fd, got, 1, embps_now_ms() + 10000), EMBPS__IO_EOF);
+  /* The connector sent close_notify: the acceptor saw an orderly end, not a failure. */
+  assert_int_equal(embps__peer_link_failure(p.acc, why, sizeof(why)), 0);
+  pair_stop(&p);
+  free(plain);
+  free(got);
+}
+
 static void test_other_ca_refused(void **state) {
   (void)state;
   pair_t p;
@@ -268,6 +315,7 @@ int main(void) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bytes_cross_encrypted),
+      cmocka_unit_test(test_bytes_before_close_arrive),
       cmocka_unit_test(test_other_ca_refused),
       cmocka_unit_test(test_cleartext_hello_refused),
   };
