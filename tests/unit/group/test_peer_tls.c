@@ -33,8 +33,17 @@ static char dir[64];
 typedef struct pump {
   int a, b;
   uint8_t *wire;
-  size_t wire_len;
+  size_t wire_len; /* guarded by mu: the pump may still record while the test reads */
+  pthread_mutex_t mu;
 } pump_t;
+
+/* What the pump has recorded so far; the bytes below it no longer change. */
+static size_t pump_recorded(pump_t *p) {
+  pthread_mutex_lock(&p->mu);
+  size_t n = p->wire_len;
+  pthread_mutex_unlock(&p->mu);
+  return n;
+}
 
 static void *pump_main(void *arg) {
   pump_t *p = arg;
@@ -51,9 +60,11 @@ static void *pump_main(void *arg) {
         open_a = 0;
         shutdown(p->b, SHUT_WR);
       } else {
+        pthread_mutex_lock(&p->mu);
         size_t room = WIRE_MAX - p->wire_len, n = (size_t)k < room ? (size_t)k : room;
         memcpy(p->wire + p->wire_len, buf, n);
         p->wire_len += n;
+        pthread_mutex_unlock(&p->mu);
         send(p->b, buf, (size_t)k, MSG_NOSIGNAL);
       }
     }
@@ -134,7 +145,7 @@ static void pair_start(pair_t *p, const char *conn_cert) {
   memset(p, 0, sizeof(*p));
   assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, a), 0);
   assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, b), 0);
-  p->pump = (pump_t){a[1], b[1], malloc(WIRE_MAX), 0};
+  p->pump = (pump_t){a[1], b[1], malloc(WIRE_MAX), 0, PTHREAD_MUTEX_INITIALIZER};
   assert_int_equal(pthread_create(&p->thread, NULL, pump_main, &p->pump), 0);
   p->tc = ctx_of(conn_cert);
   p->ta = ctx_of("rank");
@@ -185,10 +196,11 @@ static void test_bytes_cross_encrypted(void **state) {
   recv_all(p.conn_fd, got, 1000);
   assert_memory_equal(got, plain, 1000);
   /* On the wire: a TLS handshake first, and not one 16-byte run of the plaintext. */
-  assert_true(p.pump.wire_len > PLAIN_BYTES);
+  size_t recorded = pump_recorded(&p.pump);
+  assert_true(recorded > PLAIN_BYTES);
   assert_int_equal(p.pump.wire[0], 0x16);
   for (size_t off = 0; off + 16 <= PLAIN_BYTES; off += 4096)
-    assert_null(memmem(p.pump.wire, p.pump.wire_len, plain + off, 16));
+    assert_null(memmem(p.pump.wire, recorded, plain + off, 16));
   /* The acceptor checks the connector's certificate against the host its hello claims. */
   assert_int_equal(embps__peer_link_check_name(p.acc, "127.0.0.1", why, sizeof(why)), 0);
   assert_int_equal(embps__peer_link_check_name(p.acc, "10.0.0.9", why, sizeof(why)), 1);
