@@ -35,16 +35,6 @@ def bearer(token):
     return (("authorization", "Bearer " + token),)
 
 
-def wait_serving(chan):
-    """Waits (bounded) until the server's health says SERVING: its group of one has formed."""
-    stub = health_pb2_grpc.HealthStub(chan)
-    deadline = time.time() + 30
-    while stub.Check(health_pb2.HealthCheckRequest(), timeout=10).status != \
-            health_pb2.HealthCheckResponse.SERVING:
-        assert time.time() < deadline, "the server never served"
-        time.sleep(0.02)
-
-
 class AuthTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -59,7 +49,7 @@ class AuthTest(unittest.TestCase):
         cls.chan = lib.channel(cls.server.address)
         cls.stub = pbg.EmbeddingServiceStub(cls.chan)
         cls.health = health_pb2_grpc.HealthStub(cls.chan)
-        wait_serving(cls.chan)  # without a token: health is open
+        cls.server.wait_serving()  # without a token: health is open
         spec = pb.TableSpec(name="t", rows=16, emb_width=4, seed=3,
                             optimizer=pb.OptimizerConfig(kind=pb.OPTIMIZER_SGD, lr=0.5))
         cls.stub.CreateTable(pb.CreateTableRequest(spec=spec), metadata=bearer(ADMIN), timeout=30)
@@ -219,8 +209,8 @@ class StartupTest(unittest.TestCase):
         server = lib.Server("--backend", "cpu")
         try:
             self.assertIn("client auth is off", server.log_text())
+            server.wait_serving()
             with lib.channel(server.address) as ch:
-                wait_serving(ch)
                 stub = pbg.EmbeddingServiceStub(ch)
                 stub.CreateTable(pb.CreateTableRequest(spec=pb.TableSpec(
                     name="open", rows=4, emb_width=2)), timeout=30)
