@@ -37,6 +37,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -756,23 +757,108 @@ typedef struct range_job {
   uint32_t *crcs;
   embps_error_t err;
   uint64_t failed; /* the block that failed, or UINT64_MAX */
+  int in_place;    /* read_block_in_place, not read_block */
   pthread_t thread;
 } range_job_t;
+
+/* Whether a block's payload can be read straight into sc's destination: the file's slice is
+ * exactly the destination's columns, so each of the payload's arrays is one run of the
+ * destination's (data, state0, state1 at the block's first row). */
+static int reads_in_place(const scatter_t *sc, const infile_t *f, const size_t rb[3]) {
+  const embps_ckpt_dest_t *d = sc->dst;
+  const int per_row_state = rb[1] && embps_optimizer_info(f->config.optimizer)->state_per_row;
+  return sc->from == 0 && sc->to == 0 && sc->width == f->shard_width &&
+         d->shard_width == f->shard_width && (!per_row_state || sc->per_row) &&
+         (!rb[1] || d->state0) && (!rb[2] || d->state1);
+}
+
+/* Reads block b of a full slice (rows first..first+n-1, len payload bytes) with one preadv: its
+ * header into bh and its payload's arrays straight into the destination, then verifies both.
+ * No bounce buffer and no copy: the restore's cost is the kernel's copy and the crc32. A block
+ * that fails leaves unverified rows in the destination; a failed restore discards the table. */
+static embps_status_t read_block_in_place(const range_job_t *j, uint64_t b, uint64_t off,
+                                          uint64_t first, uint32_t n, uint32_t *crc_out,
+                                          embps_error_t *err) {
+  const infile_t *f = j->rd.f;
+  const embps_ckpt_dest_t *d = j->rd.sc->dst;
+  const size_t *rb = j->rd.rb;
+  uint8_t bh[BLOCK_HEADER];
+  uint8_t *arrays[3] = {(uint8_t *)d->data, (uint8_t *)d->state0, (uint8_t *)d->state1};
+  struct iovec iov[4] = {{.iov_base = bh, .iov_len = sizeof(bh)}};
+  size_t want_len = sizeof(bh);
+  int cnt = 1;
+  char what[48];
+  uint32_t want, got;
+
+  for (int a = 0; a < 3; a++)
+    if (rb[a]) {
+      iov[cnt].iov_base = arrays[a] + first * rb[a];
+      iov[cnt++].iov_len = (size_t)n * rb[a];
+      want_len += (size_t)n * rb[a];
+    }
+  snprintf(what, sizeof(what), "block %" PRIu64, b);
+  for (size_t done = 0; done < want_len;) {
+    ssize_t r = preadv(f->fd, iov, cnt, (off_t)(off + done));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0)
+      return embps_error_set(err, EMBPS_INTERNAL, "cannot read %s: %s", f->path, strerror(errno));
+    if (r == 0)
+      return truncated(err, f->path, what);
+    done += (size_t)r;
+    for (int i = 0; r > 0; i++) { /* step past what this read filled */
+      size_t take = (size_t)r < iov[i].iov_len ? (size_t)r : iov[i].iov_len;
+      iov[i].iov_base = (uint8_t *)iov[i].iov_base + take;
+      iov[i].iov_len -= take;
+      r -= (ssize_t)take;
+    }
+  }
+  want = embps_get_le32(bh + 16);
+  if (embps_get_le64(bh) != first || embps_get_le32(bh + 8) != n ||
+      embps_get_le32(bh + 12) != want_len - sizeof(bh))
+    return embps_error_set(err, EMBPS_DATA_LOSS,
+                           "checkpoint file %s is corrupt: block %" PRIu64 " claims rows %" PRIu64
+                           "+%" PRIu32 " in %" PRIu32 " bytes where a full slice's block holds "
+                           "%" PRIu64 "+%" PRIu32 " in %zu",
+                           f->path, b, embps_get_le64(bh), embps_get_le32(bh + 8),
+                           embps_get_le32(bh + 12), first, n, want_len - sizeof(bh));
+  got = crc(0, bh, 16);
+  for (int a = 0; a < 3; a++)
+    if (rb[a])
+      got = crc(got, arrays[a] + first * rb[a], (size_t)n * rb[a]);
+  if (got != want)
+    return embps_error_set(err, EMBPS_DATA_LOSS,
+                           "checkpoint file %s is corrupt: block %" PRIu64 " (rows %" PRIu64
+                           "..%" PRIu64 ") fails its crc32 (expected %08" PRIx32
+                           ", actual %08" PRIx32 ")",
+                           f->path, b, first, first + n - 1, want, got);
+  *crc_out = want;
+  return EMBPS_OK;
+}
 
 static void *read_range(void *arg) {
   range_job_t *j = arg;
   const uint64_t stride = BLOCK_HEADER + j->per_block * j->rd.per_row;
+  const uint64_t rows = j->rd.f->config.rows;
   j->failed = UINT64_MAX;
   for (uint64_t b = j->begin; b < j->end; b++) {
+    const uint64_t want_first = b * j->per_block;
+    const uint64_t want_n = rows - want_first < j->per_block ? rows - want_first : j->per_block;
     uint64_t first;
     uint32_t n, len;
-    if (read_block(&j->rd, b, j->base + b * stride, b * j->per_block, &j->crcs[b], &first, &n, &len,
+    if (j->in_place) {
+      if (read_block_in_place(j, b, j->base + b * stride, want_first, (uint32_t)want_n,
+                              &j->crcs[b], &j->err) != EMBPS_OK) {
+        j->failed = b;
+        break;
+      }
+      continue;
+    }
+    if (read_block(&j->rd, b, j->base + b * stride, want_first, &j->crcs[b], &first, &n, &len,
                    &j->err) != EMBPS_OK) {
       j->failed = b;
       break;
     }
-    const uint64_t rows = j->rd.f->config.rows, want_first = b * j->per_block;
-    const uint64_t want_n = rows - want_first < j->per_block ? rows - want_first : j->per_block;
     if (first != want_first || n != want_n) {
       embps_error_set(&j->err, EMBPS_DATA_LOSS,
                       "checkpoint file %s is corrupt: block %" PRIu64 " holds rows %" PRIu64
@@ -796,11 +882,12 @@ static embps_status_t read_parallel(infile_t *f, const scatter_t *sc, uint32_t *
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   embps_status_t ret = EMBPS_OK;
   size_t started = 0;
+  int in_place;
 
   row_bytes(&f->config, f->shard_width, proto.rb);
   proto.per_row = proto.rb[0] + proto.rb[1] + proto.rb[2];
   per_block = proto.per_row >= BLOCK_TARGET ? 1 : BLOCK_TARGET / proto.per_row;
-  threads = cpus > 1 ? (uint64_t)cpus : 1;
+  threads = cpus > 1 ? (uint64_t)cpus * 2 : 1;
   if (threads > READ_THREADS_MAX)
     threads = READ_THREADS_MAX;
   if (threads > f->blocks / READ_BLOCKS_PER_THREAD_MIN)
@@ -809,6 +896,7 @@ static embps_status_t read_parallel(infile_t *f, const scatter_t *sc, uint32_t *
               f->blocks == (f->config.rows + per_block - 1) / per_block && threads > 1;
   if (!*parallel)
     return EMBPS_OK;
+  in_place = reads_in_place(sc, f, proto.rb);
   for (uint64_t k = 0; k < threads; k++) {
     range_job_t *j = &jobs[k];
     memset(j, 0, sizeof(*j));
@@ -819,6 +907,7 @@ static embps_status_t read_parallel(infile_t *f, const scatter_t *sc, uint32_t *
     j->base = f->off;
     j->crcs = crcs;
     j->failed = UINT64_MAX;
+    j->in_place = in_place;
     if (k > 0 && pthread_create(&j->thread, NULL, read_range, j) != 0)
       break; /* the blocks of this range and the later ones are read below, in this thread */
     started = k + 1;

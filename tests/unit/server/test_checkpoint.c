@@ -1109,6 +1109,29 @@ static void test_parallel_read(void **state) {
   expect_range(fx->dir, 1, &s, 0, 96);
   free(orig);
   source_free(&s);
+
+  /* bf16 rows with one accumulator per row, read straight into the destination (the whole
+   * width) and through the bounce buffer (some columns): both land, and a flipped accumulator
+   * (the payload's last bytes) is caught in place */
+  per_row = 96 * 2 + 4;
+  per_block = BLOCK_BYTES / per_row;
+  source_init(&s, "q", 120000, 96, EMBPS_DTYPE_BF16, EMBPS_OPTIMIZER_ROWWISE_ADAGRAD);
+  source_fill(&s, 7, NULL);
+  write_full(fx->dir, 1, 1, &s);
+  slice_path(path, sizeof(path), fx->dir, 1, 0, "q");
+  orig = slurp(path, &len);
+  hlen = embps_get_le32(orig + 12);
+  stride = 20 + per_block * per_row;
+  nblocks = (120000 + per_block - 1) / per_block;
+  assert_true(nblocks >= 16);
+  expect_range(fx->dir, 1, &s, 0, 96);
+  expect_range(fx->dir, 1, &s, 8, 48);
+  flip_byte(path, hlen + 9 * stride - 2);
+  expect_read_error(fx->dir, 1, &s, EMBPS_DATA_LOSS, "block 8 ", "crc32");
+  restore_file(path, orig, len);
+  expect_range(fx->dir, 1, &s, 0, 96);
+  free(orig);
+  source_free(&s);
 }
 
 /* ---- 5. refused slices leave nothing behind ------------------------------------------------- */
