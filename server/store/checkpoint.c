@@ -746,8 +746,9 @@ static embps_status_t read_block(reader_t *rd, uint64_t b, uint64_t off, uint64_
 
 /* A full slice's blocks all hold per_block rows but the last (the writer's rule, part of the
  * format), so block b starts at a known offset and threads can read ranges of blocks at once:
- * a restore is bound by copying and by the first touch of the new table's pages, which one
- * core alone does at about half a disk's sequential read. */
+ * a restore is bound by the kernel's copy, the crc32 and the first touch of the new table's
+ * pages, which one core alone does at about half a disk's sequential read. Two readers per core
+ * keep the disk busy while the other computes. */
 #define READ_THREADS_MAX 4
 #define READ_BLOCKS_PER_THREAD_MIN 8
 
