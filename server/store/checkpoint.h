@@ -13,7 +13,8 @@
  *
  * Every file is written to a temporary name, fsynced and renamed; the caller fsyncs the
  * directory (embps_ckpt_sync_dir) before it reports the files durable. Every header and every
- * block carries zlib's crc32, so a torn or corrupt file is detected, never restored.
+ * block carries a crc32 (zlib's, computed with ISA-L), so a torn or corrupt file is detected, never
+ * restored.
  *
  * Slices are restored onto any group size: embps_ckpt_read_columns gathers any column range
  * from the N files that a group of N ranks wrote. Incremental checkpoints hold only the rows

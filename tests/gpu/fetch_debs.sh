@@ -15,7 +15,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DIR=${1:-${EMBPS_GPU_DEBS:-$ROOT/.gpu-debs}}
-ROOTS=(libuv1-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev zlib1g-dev libmicrohttpd-dev pkgconf)
+ROOTS=(libuv1-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libisal-dev libmicrohttpd-dev pkgconf)
 BASE=" libc6 libgcc-s1 libstdc++6 zlib1g libcrypt1 gcc-12-base debconf "
 MODULES=(libuv libnghttp2 libprotobuf-c cmocka)
 

@@ -22,11 +22,13 @@ import os
 import random
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import threading
 import time
 import unittest
+import zlib
 
 import numpy as np
 
@@ -459,6 +461,23 @@ class FaultTest(TmpDirs, unittest.TestCase):
         self.assertEqual(code, 1, out)
         for f in frags:
             self.assertIn(f, out)
+
+    def test_checksums_are_zlibs_crc32(self):
+        # The format's checksums are zlib's crc32 (checkpoint.c computes them with ISA-L), so any
+        # tool can verify a file: the header's, and every block's over its 16 bytes and payload.
+        d, path = self.written(1)
+        data = read_bytes(os.path.join(path, "r0-f.embps"))
+        hlen = struct.unpack_from("<I", data, 12)[0]
+        self.assertEqual(zlib.crc32(data[:hlen - 4]), struct.unpack_from("<I", data, hlen - 4)[0])
+        off, blocks = hlen, 0
+        while data[off:off + 8] != b"EMBPSEND":
+            _, _, plen, want = struct.unpack_from("<QIII", data, off)
+            self.assertEqual(zlib.crc32(data[off + 20:off + 20 + plen],
+                                        zlib.crc32(data[off:off + 16])), want)
+            off += 20 + plen
+            blocks += 1
+        self.assertGreater(blocks, 0)
+        self.assertEqual(zlib.crc32(data[off:off + 28]), struct.unpack_from("<I", data, off + 28)[0])
 
     def test_corrupt_truncated_missing(self):
         d, path = self.written()
