@@ -2,8 +2,9 @@
 
 On one filesystem (--dir, default a fresh directory under /var/tmp):
   - the disk's sequential write and read bandwidth with dd (write: conv=fsync; read: after
-    dropping the page cache when this process may), measured right before each checkpoint and
-    each restore, since the disk's speed swings between runs; ratios are medians of the pairs;
+    dropping the page cache when this process may), measured right before and after each
+    checkpoint and right before each restore, since the disk's speed swings between runs;
+    ratios are medians of the pairs (and, for checkpoints, of the pairs where dd held steady);
   - a full checkpoint of a ROWS x 128 f32 rowwise_adagrad table (one rank): its bytes and GB/s,
     median of --repeat;
   - restore of it into a fresh server (time from start to SERVING, and the restore time the server
@@ -46,9 +47,12 @@ def drop_caches():
         return False
 
 
-def dd_write(d, mib):
-    """GB/s of a sequential write of mib MiB with fsync; leaves the file for dd_read."""
-    path = os.path.join(d, "dd.bin")
+def dd_write(d, mib, name="dd.bin"):
+    """GB/s of a sequential write of mib MiB with fsync into file `name` of d, which is left (the
+    default one for dd_read). A checkpoint always writes new files, and on this VM's disk a new
+    file's blocks write at a third of the speed of a file rewritten in place (fresh blocks of a
+    thin disk), so the reference for a checkpoint is a new file too."""
+    path = os.path.join(d, name)
     out = subprocess.run(["dd", "if=/dev/zero", "of=" + path, "bs=4M", "count=%d" % (mib // 4),
                           "conv=fsync"], capture_output=True, text=True).stderr
     return parse_dd(out)
@@ -117,20 +121,27 @@ def main():
             client.create("bench", args.rows, WIDTH, "rowwise_adagrad")
             dd_ws = []
             for _ in range(args.repeat):
-                dd_ws.append(dd_write(base, mib))
+                before = dd_write(base, mib, "dd-%d-before.bin" % len(writes))
                 # a checkpoint of one table does not move the chain: every one here is full
                 t0 = time.perf_counter()
                 resp = client.stubs[0].Checkpoint(pb.CheckpointRequest(table="bench"),
                                                   timeout=600)
                 writes.append((time.perf_counter() - t0, resp.bytes))
                 paths.append(resp.path)
+                # and right after: this VM's disk switches between about 0.4 and 1.6 GB/s for
+                # seconds at a time, so each checkpoint is set against the mean of the two
+                dd_ws.append((before, dd_write(base, mib, "dd-%d-after.bin" % len(paths))))
             wt = statistics.median(w[0] for w in writes)
-            ratios = [w[1] / w[0] / 1e9 / d for w, d in zip(writes, dd_ws)]
+            ratios = [w[1] / w[0] / 1e9 / ((a + b) / 2) for w, (a, b) in zip(writes, dd_ws)]
+            # the pairs where the disk held its speed (dd before and after within 25%)
+            steady = [r for r, (a, b) in zip(ratios, dd_ws) if max(a, b) <= 1.25 * min(a, b)]
             print("full checkpoint: %d bytes, median %.3f s of %d = %.2f GB/s; dd write "
-                  "(conv=fsync) just before each: %s GB/s; checkpoint/dd median %.0f%% (%s)" %
+                  "(conv=fsync, new files) before/after each: %s GB/s; checkpoint/dd median %.0f%% (%s); "
+                  "where the disk held its speed (%d of %d): median %s" %
                   (writes[0][1], wt, len(writes), writes[0][1] / wt / 1e9,
-                   "/".join("%.2f" % d for d in dd_ws), 100 * statistics.median(ratios),
-                   "/".join("%.0f%%" % (100 * r) for r in ratios)))
+                   " ".join("%.2f/%.2f" % d for d in dd_ws), 100 * statistics.median(ratios),
+                   "/".join("%.0f%%" % (100 * r) for r in ratios), len(steady), len(ratios),
+                   "%.0f%%" % (100 * statistics.median(steady)) if steady else "-"))
             # pauses: the same lookup loop without and with a checkpoint in the middle
             for label, take in (("no checkpoint", False), ("checkpoint", True)):
                 stop, worst = threading.Event(), []
@@ -167,6 +178,8 @@ def main():
             group.close()
         restores, dd_rs = [], []
         for _ in range(args.repeat):
+            if not dd_rs:
+                dd_write(base, mib)
             dd_rs.append(dd_read(base))
             cold = drop_caches()
             t0 = time.perf_counter()
