@@ -14,6 +14,10 @@
 #include "common/alloc.h"
 #include "server/engine/engine_ops.h"
 
+/* A lookup's rows are published to the reply in chunks of about this many bytes, so the loop
+ * writes chunk k while chunk k+1 is gathered (see the commit that set it for the figures). */
+#define CHUNK_BYTES (1u << 20)
+
 typedef struct buf {
   void *p;
   size_t cap;
@@ -273,9 +277,9 @@ static embps_status_t cpu_table_copy(embps__engine_backend_t *be, embps_table_t 
 static embps_status_t cpu_output_begin(embps__engine_backend_t *be, void *host, size_t n,
                                        size_t row_bytes, void **out, size_t *chunk_rows,
                                        embps_error_t *err) {
-  (void)be, (void)row_bytes, (void)err;
-  *out = host; /* the rows are assembled in the reply itself, in one chunk */
-  *chunk_rows = n ? n : 1;
+  (void)be, (void)err;
+  *out = host; /* the rows are assembled in the reply itself, published chunk by chunk */
+  *chunk_rows = row_bytes < CHUNK_BYTES ? CHUNK_BYTES / row_bytes : 1;
   return EMBPS_OK;
 }
 
@@ -311,6 +315,7 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .mark_dirty = cpu_mark_dirty,
     .table_copy = cpu_table_copy,
     .output_begin = cpu_output_begin,
+    .output_in_place = 1,
     .output = cpu_output,
     .finish = cpu_nothing_to_wait,
     .abort = cpu_abort,
