@@ -676,3 +676,7 @@ const char *embps_net_call_authorization(const embps_net_call_t *call) {
 int embps_net_call_cancelled(const embps_net_call_t *call) {
   return call->cancelled || !call->conn || !call->stream;
 }
+
+int embps_net_call_conn_sending(const embps_net_call_t *call) {
+  return call->conn && call->conn->unsent_bodies > call->conn->deferred_bodies;
+}

@@ -206,4 +206,10 @@ const char *embps_net_call_authorization(const embps_net_call_t *call);
 /** Non-zero when the call's peer has gone (connection closed or stream reset). */
 int embps_net_call_cancelled(const embps_net_call_t *call);
 
+/** Whether the call's connection has other replies' bytes ready and not yet written (0 when the
+ * client has gone). A reply that could leave in pieces waits while this holds: starting it would
+ * interleave its frames with the earlier reply's and delay that one's end, which is what the
+ * client waits for. */
+int embps_net_call_conn_sending(const embps_net_call_t *call);
+
 #endif

@@ -365,7 +365,9 @@ static void on_push_ordered(embps_op_t *op) {
  * while the engine gathers the rest, instead of after the whole reply is made. The first chunk
  * begins the reply, which from then on owns the buffer (the net keeps it until the call ends,
  * so the engine never writes into freed memory when the client goes). When the reply cannot
- * begin (client gone, out of memory) nothing changed, and done answers it whole as before. */
+ * begin (client gone, out of memory) nothing changed, and done answers it whole as before. A
+ * reply does not begin while the connection is still sending another one (two calls in flight):
+ * that one's end would wait behind this one's frames. */
 static void on_lookup_progress(embps_op_t *op) {
   request_t *r = op->user;
   size_t rows = atomic_load_explicit(&op->rows_ready, memory_order_acquire);
@@ -374,7 +376,8 @@ static void on_lookup_progress(embps_op_t *op) {
     return;
   if (r->streaming) {
     embps_net_call_reply_ready(r->call, ready);
-  } else if (embps_net_call_reply_begin(r->call, r->reply, r->reply_len, ready, embps__bufpool_put,
+  } else if (!embps_net_call_conn_sending(r->call) &&
+             embps_net_call_reply_begin(r->call, r->reply, r->reply_len, ready, embps__bufpool_put,
                                         r->reply) == EMBPS_OK) {
     r->reply = NULL;
     r->streaming = 1;

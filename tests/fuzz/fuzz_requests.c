@@ -36,6 +36,11 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
 }
 
 /* The fake engine never publishes progress, so no reply streams here. */
+int embps_net_call_conn_sending(const embps_net_call_t *call) {
+  (void)call;
+  return 0;
+}
+
 embps_status_t embps_net_call_reply_begin(embps_net_call_t *call, const uint8_t *body, size_t len,
                                           size_t ready, void (*release)(void *),
                                           void *release_arg) {
