@@ -677,6 +677,7 @@ int embps_net_call_cancelled(const embps_net_call_t *call) {
   return call->cancelled || !call->conn || !call->stream;
 }
 
-int embps_net_call_conn_sending(const embps_net_call_t *call) {
-  return call->conn && call->conn->unsent_bodies > call->conn->deferred_bodies;
+int embps_net_call_conn_shared(const embps_net_call_t *call) {
+  const embps__h2conn_t *conn = call->conn;
+  return conn && (conn->nstreams > 1 || conn->unsent_bodies > conn->deferred_bodies);
 }

@@ -366,8 +366,7 @@ static void on_push_ordered(embps_op_t *op) {
  * begins the reply, which from then on owns the buffer (the net keeps it until the call ends,
  * so the engine never writes into freed memory when the client goes). When the reply cannot
  * begin (client gone, out of memory) nothing changed, and done answers it whole as before. A
- * reply does not begin while the connection is still sending another one (two calls in flight):
- * that one's end would wait behind this one's frames. */
+ * reply does not begin while its connection carries other calls (embps_net_call_conn_shared). */
 static void on_lookup_progress(embps_op_t *op) {
   request_t *r = op->user;
   size_t rows = atomic_load_explicit(&op->rows_ready, memory_order_acquire);
@@ -376,7 +375,7 @@ static void on_lookup_progress(embps_op_t *op) {
     return;
   if (r->streaming) {
     embps_net_call_reply_ready(r->call, ready);
-  } else if (!embps_net_call_conn_sending(r->call) &&
+  } else if (!embps_net_call_conn_shared(r->call) &&
              embps_net_call_reply_begin(r->call, r->reply, r->reply_len, ready, embps__bufpool_put,
                                         r->reply) == EMBPS_OK) {
     r->reply = NULL;
@@ -879,7 +878,8 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
   r->op.rows_out = r->reply + head;
   r->reply_head = head;
   r->row_bytes = embps_table_config(t)->emb_width * embps_dtype_size(embps_table_config(t)->dtype);
-  r->op.progress = on_lookup_progress;
+  /* decided here too, so that a call that arrives beside others costs the engine no wakeups */
+  r->op.progress = embps_net_call_conn_shared(call) ? NULL : on_lookup_progress;
   submit(r);
 }
 

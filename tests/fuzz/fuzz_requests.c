@@ -36,7 +36,7 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
 }
 
 /* The fake engine never publishes progress, so no reply streams here. */
-int embps_net_call_conn_sending(const embps_net_call_t *call) {
+int embps_net_call_conn_shared(const embps_net_call_t *call) {
   (void)call;
   return 0;
 }

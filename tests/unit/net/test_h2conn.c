@@ -646,9 +646,9 @@ static void test_streamed_reply(void **state) {
     for (size_t i = k ? steps[k - 1] : 0; i < steps[k]; i++)
       body[i] = (uint8_t)(i * 31 + 7);
     embps_net_call_reply_ready(sv.calls[0], steps[k]);
-    assert_true(embps_net_call_conn_sending(sv.calls[0])); /* new bytes (or the prefix) wait */
+    assert_true(embps_net_call_conn_shared(sv.calls[0])); /* new bytes (or the prefix) wait */
     pump(&c, &sv);
-    assert_false(embps_net_call_conn_sending(sv.calls[0])); /* all made is out: it defers */
+    assert_false(embps_net_call_conn_shared(sv.calls[0])); /* all made is out: it defers */
     assert_false(st->closed);
     assert_int_equal(st->data_len, GRPC_PREFIX + steps[k]);
     assert_int_equal(st->grpc_status, -1);
@@ -717,6 +717,8 @@ static void test_streamed_reply_outlives_reset(void **state) {
   pump(&c, &sv);
   uint8_t *b0 = calloc(1, 4096), *b1 = calloc(1, 4096);
   releases = 0;
+  assert_true(embps_net_call_conn_shared(sv.calls[0])); /* two calls on one connection */
+  assert_true(embps_net_call_conn_shared(sv.calls[1]));
   assert_int_equal(embps_net_call_reply_begin(sv.calls[0], b0, 4096, 10, count_release, b0),
                    EMBPS_OK);
   assert_int_equal(embps_net_call_reply_begin(sv.calls[1], b1, 4096, 10, count_release, b1),
