@@ -263,7 +263,8 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
     STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
   }
   /* The rows go back in chunks, so that the copy of chunk k to the host (on a backend that
-   * copies) overlaps the work of chunk k+1. */
+   * copies) overlaps the work of chunk k+1; on a backend that fills the reply in place, chunk k
+   * is published to the loop, which sends it while chunk k+1 is gathered. */
   STEP(ops->output_begin(be, op->rows_out, n, row_bytes, (void **)&out, &chunk_rows, err));
   for (size_t a = 0; a < n; a += chunk_rows, k++) {
     const size_t m = n - a < chunk_rows ? n - a : chunk_rows;
@@ -276,6 +277,10 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
                          (const uint8_t *)s.recv + r * block + a * w * ds, w * ds, w * ds, m, err));
     }
     STEP(ops->output(be, k, a, m, err));
+    if (ops->output_in_place && op->publish) {
+      atomic_store_explicit(&op->rows_ready, a + m, memory_order_release);
+      op->publish(op, op->publish_arg);
+    }
   }
   STEP(ops->finish(be, err));
   return EMBPS_OK;

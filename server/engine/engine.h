@@ -12,6 +12,7 @@
 #ifndef EMBPS_ENGINE_H
 #define EMBPS_ENGINE_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -73,6 +74,19 @@ struct embps_op {
    * "ordered" is true when it is said; a batch that fails before it is ordered only gets done,
    * with the error. */
   void (*ordered)(embps_op_t *op);
+  /** Lookup, when not NULL: called on the loop thread when more of rows_out is final
+   * (rows_ready grew), so the reply can leave while the engine fills the rest; always before
+   * done. A backend that copies its rows out asynchronously (CUDA) reports none. */
+  void (*progress)(embps_op_t *op);
+  /** Lookup: the rows of rows_out [0, rows_ready) are final; the engine stores it (release)
+   * after each chunk, a reader loads it (acquire). */
+  atomic_size_t rows_ready;
+  /** Set by whoever runs the op (the group) when progress is set: called on the engine's
+   * thread after rows_ready grew, to wake the loop. */
+  void (*publish)(embps_op_t *op, void *publish_arg);
+  void *publish_arg;
+  atomic_int progress_queued; /* publish queued it and the loop has not yet run progress */
+  embps_op_t *progress_next;  /* the group's queue of progress notifications */
   void *user;
   uint64_t submitted_ns;    /* set by embps_group_submit (embps_now_ns), for queue-wait metrics */
   embps_op_t *next;         /* queue link, owned by whoever holds the op */

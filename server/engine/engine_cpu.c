@@ -4,7 +4,8 @@
  * Everything runs at once on the calling thread (the group's), so input_wait, output, finish and
  * abort have nothing to wait for. The request's arrays are used in place (a group of one reads
  * the gradients straight from the request) and a lookup assembles its rows straight in the
- * reply, so a batch costs no copy beyond the column slices the exchange needs.
+ * reply, publishing them chunk by chunk so the reply leaves while the rest is gathered, so a
+ * batch costs no copy beyond the column slices the exchange needs.
  *
  * Scratch arrays only grow, since batch sizes repeat from step to step; an array whose growth
  * failed is released with capacity zero, so the next call tries again from scratch. */
@@ -13,6 +14,14 @@
 
 #include "common/alloc.h"
 #include "server/engine/engine_ops.h"
+
+/* A lookup's rows are published to the reply in chunks of about this many bytes, so the loop
+ * writes chunk k while chunk k+1 is gathered; a chunk costs one atomic store and at most one
+ * uv_async_send. 1 MiB is the write size of the iperf3 ceiling the issue 13 targets use; 256 KiB
+ * and 4 MiB measured no better (tests/bench/lookup_ab.sh 3 2 over main, 256 KiB, 1 MiB, 4 MiB
+ * builds, 2026-12-03, a 2-core machine loaded by other builds: medians of 65536 tokens x 1 in
+ * flight 55%, 50%, 56% of iperf3, 4096 x 2 74%, 76%, 76%, inside the rounds' spread). */
+#define CHUNK_BYTES (1u << 20)
 
 typedef struct buf {
   void *p;
@@ -273,9 +282,9 @@ static embps_status_t cpu_table_copy(embps__engine_backend_t *be, embps_table_t 
 static embps_status_t cpu_output_begin(embps__engine_backend_t *be, void *host, size_t n,
                                        size_t row_bytes, void **out, size_t *chunk_rows,
                                        embps_error_t *err) {
-  (void)be, (void)row_bytes, (void)err;
-  *out = host; /* the rows are assembled in the reply itself, in one chunk */
-  *chunk_rows = n ? n : 1;
+  (void)be, (void)err;
+  *out = host; /* the rows are assembled in the reply itself, published chunk by chunk */
+  *chunk_rows = row_bytes < CHUNK_BYTES ? CHUNK_BYTES / row_bytes : 1;
   return EMBPS_OK;
 }
 
@@ -311,6 +320,7 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .mark_dirty = cpu_mark_dirty,
     .table_copy = cpu_table_copy,
     .output_begin = cpu_output_begin,
+    .output_in_place = 1,
     .output = cpu_output,
     .finish = cpu_nothing_to_wait,
     .abort = cpu_abort,

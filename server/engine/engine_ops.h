@@ -130,6 +130,9 @@ typedef struct embps__engine_ops {
   embps_status_t (*output_begin)(embps__engine_backend_t *be, void *host, size_t n,
                                  size_t row_bytes, void **out, size_t *chunk_rows,
                                  embps_error_t *err);
+  /** Non-zero when output() leaves the chunk's rows final in the host buffer when it returns
+   * (no copy in flight), so the engine may publish them to the reply at once. */
+  int output_in_place;
   /** Starts sending rows [first, first + count) of the assembled output to the host. */
   embps_status_t (*output)(embps__engine_backend_t *be, size_t chunk, size_t first, size_t count,
                            embps_error_t *err);

@@ -72,11 +72,12 @@ struct embps_group {
   int cancel_fd; /* eventfd made readable by embps_group_close: stops a bootstrap in progress */
 
   pthread_mutex_t mu;
-  embps_op_t *in_head, *in_tail;           /* guarded by mu */
-  embps_op_t *done_head, *done_tail;       /* guarded by mu */
-  embps_op_t *ordered_head, *ordered_tail; /* ops whose `ordered` is due; guarded by mu */
-  int stopping;                            /* guarded by mu */
-  char state_msg[400];                     /* guarded by mu */
+  embps_op_t *in_head, *in_tail;             /* guarded by mu */
+  embps_op_t *done_head, *done_tail;         /* guarded by mu */
+  embps_op_t *ordered_head, *ordered_tail;   /* ops whose `ordered` is due; guarded by mu */
+  embps_op_t *progress_head, *progress_tail; /* ops whose `progress` is due; guarded by mu */
+  int stopping;                              /* guarded by mu */
+  char state_msg[400];                       /* guarded by mu */
   atomic_int state;
   atomic_int fatal_pending;
   embps_status_t fatal_status;
@@ -157,6 +158,24 @@ static void announce_ordered(embps_group_t *g, embps_op_t *op) {
   uv_async_send(&g->async);
 }
 
+/* The engine made more of a lookup's rows final (engine thread): the loop runs op->progress. An
+ * op is queued once until the loop has taken it, so a fast engine costs one wake per loop turn,
+ * not one per chunk. */
+static void publish_progress(embps_op_t *op, void *arg) {
+  embps_group_t *g = arg;
+  if (atomic_exchange_explicit(&op->progress_queued, 1, memory_order_acq_rel))
+    return;
+  op->progress_next = NULL;
+  pthread_mutex_lock(&g->mu);
+  if (g->progress_tail)
+    g->progress_tail->progress_next = op;
+  else
+    g->progress_head = op;
+  g->progress_tail = op;
+  pthread_mutex_unlock(&g->mu);
+  uv_async_send(&g->async);
+}
+
 static void fail_op(embps_group_t *g, embps_op_t *op, embps_status_t status, const char *msg) {
   embps_error_set(&op->error, status, "%s", msg);
   complete(g, op);
@@ -164,7 +183,7 @@ static void fail_op(embps_group_t *g, embps_op_t *op, embps_status_t status, con
 
 static void on_async(uv_async_t *handle) {
   embps_group_t *g = handle->data;
-  embps_op_t *op, *ordered;
+  embps_op_t *op, *ordered, *progress;
   if (atomic_exchange(&g->fatal_pending, 0) && g->cfg.on_fatal) {
     char msg[400];
     embps_group_state(g, msg, sizeof(msg));
@@ -173,6 +192,8 @@ static void on_async(uv_async_t *handle) {
   pthread_mutex_lock(&g->mu);
   ordered = g->ordered_head;
   g->ordered_head = g->ordered_tail = NULL;
+  progress = g->progress_head;
+  g->progress_head = g->progress_tail = NULL;
   op = g->done_head;
   g->done_head = g->done_tail = NULL;
   pthread_mutex_unlock(&g->mu);
@@ -183,6 +204,15 @@ static void on_async(uv_async_t *handle) {
     ordered->ordered_next = NULL;
     ordered->ordered(ordered);
     ordered = next;
+  }
+  /* Progress is queued before its op's completion too, so it runs before done frees the op. The
+   * flag is cleared first: a chunk published meanwhile queues the op again. */
+  while (progress) {
+    embps_op_t *next = progress->progress_next;
+    progress->progress_next = NULL;
+    atomic_store_explicit(&progress->progress_queued, 0, memory_order_release);
+    progress->progress(progress);
+    progress = next;
   }
   while (op) {
     embps_op_t *next = op->next;
@@ -708,6 +738,10 @@ static void apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n
       return;
     }
     embps_error_clear(&err);
+    if (op->progress) {
+      op->publish = publish_progress;
+      op->publish_arg = g;
+    }
     if (embps_engine_run(g->engine, op, &err) != EMBPS_OK) {
       if (op != &tmp)
         fail_op(g, op, EMBPS_UNAVAILABLE, err.message);

@@ -168,23 +168,61 @@ embps__h2body_t *embps__grpc_body_new(const uint8_t *data, size_t len, void (*re
   b->prefix[4] = (uint8_t)len;
   b->data = data;
   b->len = len;
+  b->ready = len;
+  b->ended = 1;
   b->release = release;
   b->release_arg = release_arg;
   return b;
 }
 
+int embps__grpc_submit_trailers(nghttp2_session *session, int32_t id, embps_status_t status,
+                                const char *message) {
+  char code[8], clipped[MESSAGE_MAX + 1];
+  snprintf(code, sizeof(code), "%d", embps_status_grpc_code(status));
+  if (status == EMBPS_OK) {
+    nghttp2_nv ok[] = {EMBPS__H2_NV("grpc-status", "0", 1)};
+    return nghttp2_submit_trailer(session, id, ok, 1);
+  }
+  snprintf(clipped, sizeof(clipped), "%s", message ? message : "");
+  char *enc = embps__h2_percent_encode(clipped);
+  nghttp2_nv nva[] = {
+      EMBPS__H2_NV("grpc-status", code, strlen(code)),
+      EMBPS__H2_NV("grpc-message", enc ? enc : "", enc ? strlen(enc) : 0),
+  };
+  int rv = nghttp2_submit_trailer(session, id, nva, sizeof(nva) / sizeof(nva[0]));
+  embps_free(enc);
+  return rv;
+}
+
 ssize_t embps__grpc_reply_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t *buf,
                                   size_t length, uint32_t *data_flags, nghttp2_data_source *source,
                                   void *user) {
+  embps__h2conn_t *conn = user;
   embps__h2stream_t *s = source->ptr;
-  size_t total = EMBPS__GRPC_PREFIX_LEN + s->body->len;
-  size_t n = total - s->read_off < length ? total - s->read_off : length;
-  s->read_off += n;
+  const embps__h2body_t *b = s->body;
+  size_t made = EMBPS__GRPC_PREFIX_LEN + b->ready;
   *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
-  if (s->read_off == total) {
-    nghttp2_nv trailers[] = {EMBPS__H2_NV("grpc-status", "0", 1)};
+  if (s->fail_status != EMBPS_OK) {
+    /* A streamed reply failed after its HEADERS (and maybe part of its message) went out: the
+     * trailers say so, and a client never takes the cut message for a reply. */
     *data_flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
-    if (nghttp2_submit_trailer(session, stream_id, trailers, 1) < 0)
+    if (embps__grpc_submit_trailers(session, stream_id, s->fail_status, s->fail_message) < 0)
+      return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    return 0;
+  }
+  if (s->read_off == made && !b->ended) {
+    /* The rest is still being made: embps_net_call_reply_ready resumes the stream. */
+    if (!s->deferred) {
+      s->deferred = 1;
+      conn->deferred_bodies++;
+    }
+    return NGHTTP2_ERR_DEFERRED;
+  }
+  size_t n = made - s->read_off < length ? made - s->read_off : length;
+  s->read_off += n;
+  if (b->ended && s->read_off == made) {
+    *data_flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    if (embps__grpc_submit_trailers(session, stream_id, EMBPS_OK, NULL) < 0)
       return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
   }
   return (ssize_t)n;

@@ -131,6 +131,7 @@ static void stream_free(embps__h2stream_t *s) {
     explicit_bzero(s->authorization, strlen(s->authorization));
   embps_free(s->authorization);
   embps_free(s->msg);
+  embps_free(s->fail_message);
   embps__h2body_unref(s->body);
   embps_free(s);
 }
@@ -285,6 +286,8 @@ static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
   conn->reply_bytes -= s->reply_held;
   if (s->body)
     conn->unsent_bodies--;
+  if (s->deferred)
+    conn->deferred_bodies--;
   if (s->prev)
     s->prev->next = s->next;
   else
@@ -466,7 +469,8 @@ int embps__h2conn_want_close(const embps__h2conn_t *conn) {
 }
 
 embps__h2conn_phase_t embps__h2conn_phase(const embps__h2conn_t *conn) {
-  if (conn->unsent_bodies > 0)
+  /* A reply waiting only for bytes still being made waits on us, not on the peer. */
+  if (conn->unsent_bodies > conn->deferred_bodies)
     return EMBPS__H2_SENDING;
   if (!conn->got_preface || conn->receiving > 0)
     return EMBPS__H2_RECEIVING;
@@ -522,9 +526,94 @@ static embps__h2stream_t *call_finish(embps_net_call_t *call, embps__h2conn_t **
   }
   if (s)
     s->call = NULL;
+  embps__h2body_unref(call->body);
   embps_free(call);
   *conn_out = conn;
   return conn ? s : NULL;
+}
+
+/* Submits the response HEADERS of s with b as its body (the stream takes over the reference the
+ * caller made for it), and passes the call's reply hold to the stream. */
+static void submit_body(embps__h2conn_t *conn, embps__h2stream_t *s, embps__h2body_t *b,
+                        size_t held) {
+  s->body = b; /* freed with the stream, whatever happens below */
+  conn->unsent_bodies++;
+  s->reply_held = held; /* the call's hold passes to the stream until it closes */
+  conn->reply_bytes += held;
+  s->read_off = s->sent_off = 0;
+  s->state = EMBPS__H2S_ANSWERED;
+  nghttp2_nv nva[] = {EMBPS__H2_NV(":status", "200", 3),
+                      EMBPS__H2_NV("content-type", "application/grpc", 16)};
+  nghttp2_data_provider prd = {.source.ptr = s, .read_callback = embps__grpc_reply_read_cb};
+  int rv = nghttp2_submit_response(conn->session, s->id, nva, 2, &prd);
+  if (rv < 0) {
+    EMBPS_ERROR("nghttp2_submit_response(stream %d): %s", s->id, nghttp2_strerror(rv));
+    nghttp2_submit_rst_stream(conn->session, NGHTTP2_FLAG_NONE, s->id, embps__h2_rst_code_of(rv));
+  }
+}
+
+/* A streamed reply has more to send (bytes, its end or its failure): wakes its data source. */
+static void resume(embps__h2conn_t *conn, embps__h2stream_t *s) {
+  if (!s->deferred)
+    return;
+  s->deferred = 0;
+  conn->deferred_bodies--;
+  int rv = nghttp2_session_resume_data(conn->session, s->id);
+  if (rv < 0) {
+    EMBPS_ERROR("nghttp2_session_resume_data(stream %d): %s", s->id, nghttp2_strerror(rv));
+    nghttp2_submit_rst_stream(conn->session, NGHTTP2_FLAG_NONE, s->id, embps__h2_rst_code_of(rv));
+  }
+}
+
+embps_status_t embps_net_call_reply_begin(embps_net_call_t *call, const uint8_t *body, size_t len,
+                                          size_t ready, void (*release)(void *),
+                                          void *release_arg) {
+  embps__h2conn_t *conn = call->conn;
+  if (call->body)
+    return EMBPS_FAILED_PRECONDITION;
+  if (embps_net_call_cancelled(call))
+    return EMBPS_CANCELLED;
+  if (len > UINT32_MAX)
+    return EMBPS_INVALID_ARGUMENT;
+  embps__h2body_t *b = embps__grpc_body_new(body, len, release, release_arg);
+  if (!b)
+    return EMBPS_RESOURCE_EXHAUSTED;
+  b->ready = ready < len ? ready : len;
+  b->ended = 0;
+  b->refs++; /* the call's, until it ends: its bytes are still being written */
+  call->body = b;
+  /* The hold moves to the stream now, so call_finish finds none left to give back. */
+  size_t held = call->reply_held;
+  conn->reply_bytes -= held;
+  call->reply_held = 0;
+  submit_body(conn, call->stream, b, held);
+  notify_output(conn);
+  return EMBPS_OK;
+}
+
+void embps_net_call_reply_ready(embps_net_call_t *call, size_t ready) {
+  embps__h2body_t *b = call->body;
+  if (!b || ready <= b->ready)
+    return;
+  b->ready = ready < b->len ? ready : b->len;
+  if (call->conn && call->stream) {
+    resume(call->conn, call->stream);
+    notify_output(call->conn);
+  }
+}
+
+void embps_net_call_reply_end(embps_net_call_t *call) {
+  embps__h2conn_t *conn;
+  embps__h2stream_t *s;
+  embps__h2body_t *b = call->body;
+  b->ready = b->len;
+  b->ended = 1;
+  count_handled(call, EMBPS_OK, b->len);
+  s = call_finish(call, &conn);
+  if (s) {
+    resume(conn, s);
+    notify_output(conn);
+  }
 }
 
 void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t len,
@@ -552,20 +641,7 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
       release(release_arg);
     return;
   }
-  s->body = b; /* freed with the stream, whatever happens below */
-  conn->unsent_bodies++;
-  s->reply_held = held; /* the call's hold passes to the stream until it closes */
-  conn->reply_bytes += held;
-  s->read_off = s->sent_off = 0;
-  s->state = EMBPS__H2S_ANSWERED;
-  nghttp2_nv nva[] = {EMBPS__H2_NV(":status", "200", 3),
-                      EMBPS__H2_NV("content-type", "application/grpc", 16)};
-  nghttp2_data_provider prd = {.source.ptr = s, .read_callback = embps__grpc_reply_read_cb};
-  int rv = nghttp2_submit_response(conn->session, s->id, nva, 2, &prd);
-  if (rv < 0) {
-    EMBPS_ERROR("nghttp2_submit_response(stream %d): %s", s->id, nghttp2_strerror(rv));
-    nghttp2_submit_rst_stream(conn->session, NGHTTP2_FLAG_NONE, s->id, embps__h2_rst_code_of(rv));
-  }
+  submit_body(conn, s, b, held);
   notify_output(conn);
 }
 
@@ -573,6 +649,7 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
   embps__h2conn_t *conn;
   embps__h2stream_t *s;
   count_handled(call, status == EMBPS_OK ? EMBPS_UNKNOWN : status, 0);
+  int streamed = call->body != NULL;
   s = call_finish(call, &conn);
   if (!s)
     return;
@@ -580,7 +657,15 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
     status = EMBPS_UNKNOWN; /* the contract forbids OK here; never send a bodiless success */
   s->state = EMBPS__H2S_ANSWERED;
   count_error(conn);
-  embps__grpc_submit_status(conn, s->id, 200, status, message);
+  if (streamed) {
+    /* The HEADERS are out: the status goes in trailers after what was sent (read_cb). Without
+     * memory for the message, the status alone still says it failed. */
+    s->fail_status = status;
+    s->fail_message = embps_strdup(message ? message : "");
+    resume(conn, s);
+  } else {
+    embps__grpc_submit_status(conn, s->id, 200, status, message);
+  }
   notify_output(conn);
 }
 
@@ -590,4 +675,9 @@ const char *embps_net_call_authorization(const embps_net_call_t *call) {
 
 int embps_net_call_cancelled(const embps_net_call_t *call) {
   return call->cancelled || !call->conn || !call->stream;
+}
+
+int embps_net_call_conn_shared(const embps_net_call_t *call) {
+  const embps__h2conn_t *conn = call->conn;
+  return conn && (conn->nstreams > 1 || conn->unsent_bodies > conn->deferred_bodies);
 }

@@ -31,6 +31,8 @@ typedef struct embps__h2body {
   uint8_t prefix[EMBPS__GRPC_PREFIX_LEN];
   const uint8_t *data;
   size_t len;
+  size_t ready; /* of data, the bytes made so far (len unless the reply is streamed) */
+  int ended;    /* every byte is made and the answer is OK: the trailers may follow them */
   void (*release)(void *);
   void *release_arg;
 } embps__h2body_t;
@@ -64,7 +66,10 @@ typedef struct embps__h2stream {
   size_t msg_len, msg_got;
   embps__h2body_t *body;
   size_t read_off, sent_off;
-  size_t reply_held; /* bytes counted in conn->reply_bytes until the stream goes */
+  size_t reply_held;          /* bytes counted in conn->reply_bytes until the stream goes */
+  int deferred;               /* its reply waits for bytes still being made (counted in conn) */
+  embps_status_t fail_status; /* a streamed reply failed: its trailers carry this */
+  char *fail_message;
 } embps__h2stream_t;
 
 struct embps_net_call {
@@ -75,6 +80,7 @@ struct embps_net_call {
   embps_net_method_metrics_t *gm; /* counts the answer; NULL once counted (or no metrics) */
   uint64_t start_ns;              /* when the request was delivered */
   size_t reply_held;              /* embps_net_call_hold_reply's bytes, in conn->reply_bytes */
+  embps__h2body_t *body;          /* a streamed reply being made: the call's reference */
 };
 
 typedef struct embps__h2idq {
@@ -90,6 +96,7 @@ struct embps__h2conn {
   size_t max_reply_bytes; /* the bound on reply_bytes (embps__h2conn_set_reply_limit); 0: none */
   size_t reply_bytes;     /* replies held: being made (calls) or not yet sent (streams) */
   size_t unsent_bodies;   /* answered streams whose reply body is not yet all sent */
+  size_t deferred_bodies; /* of those, streams waiting for bytes still being made */
   embps__h2stream_t *streams;
   size_t nstreams;
   size_t receiving;
@@ -121,7 +128,9 @@ embps__h2body_t *embps__grpc_body_new(const uint8_t *data, size_t len, void (*re
                                       void *release_arg);
 
 /** The data source read callback of a reply (source->ptr is the stream): its prefix and body,
- * without copying them, then the trailers with grpc-status 0. */
+ * without copying them, then the trailers with grpc-status 0. A streamed reply defers
+ * (NGHTTP2_ERR_DEFERRED) at the end of the bytes made so far, and ends with the failure's
+ * status when it failed. */
 ssize_t embps__grpc_reply_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t *buf,
                                   size_t length, uint32_t *data_flags, nghttp2_data_source *source,
                                   void *user);
@@ -130,6 +139,11 @@ ssize_t embps__grpc_reply_read_cb(nghttp2_session *session, int32_t stream_id, u
  * cannot take it, resets the stream instead. */
 void embps__grpc_submit_status(embps__h2conn_t *conn, int32_t id, int http_status,
                                embps_status_t status, const char *message);
+
+/** Submits the trailers of a reply whose HEADERS went out: grpc-status for status and, when it
+ * is not OK, grpc-message (percent-encoded). Returns nghttp2_submit_trailer's result. */
+int embps__grpc_submit_trailers(nghttp2_session *session, int32_t id, embps_status_t status,
+                                const char *message);
 
 /** The RST_STREAM code for a stream that cannot be answered because nghttp2 failed with rv. */
 uint32_t embps__h2_rst_code_of(int rv);

@@ -74,8 +74,11 @@ typedef struct request {
   uint8_t *wire; /* a push read in place: the request's bytes, which op.grads points into */
   embps_op_t op;
   uint32_t shard_index;
-  uint8_t *reply; /* lookup: from svc->buffers */
+  uint8_t *reply; /* lookup: from svc->buffers; NULL once the net streams it */
   size_t reply_len;
+  size_t reply_head; /* lookup: the reply's bytes before the rows */
+  size_t row_bytes;  /* lookup: bytes of one row */
+  int streaming;     /* lookup: the reply began leaving as the engine fills it */
 } request_t;
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -358,6 +361,28 @@ static void on_push_ordered(embps_op_t *op) {
   r->call = NULL;
 }
 
+/* More of a lookup's rows are final (the CPU engine publishes them chunk by chunk): they leave
+ * while the engine gathers the rest, instead of after the whole reply is made. The first chunk
+ * begins the reply, which from then on owns the buffer (the net keeps it until the call ends,
+ * so the engine never writes into freed memory when the client goes). When the reply cannot
+ * begin (client gone, out of memory) nothing changed, and done answers it whole as before. A
+ * reply does not begin while its connection carries other calls (embps_net_call_conn_shared). */
+static void on_lookup_progress(embps_op_t *op) {
+  request_t *r = op->user;
+  size_t rows = atomic_load_explicit(&op->rows_ready, memory_order_acquire);
+  size_t ready = r->reply_head + rows * r->row_bytes;
+  if (!r->call)
+    return;
+  if (r->streaming) {
+    embps_net_call_reply_ready(r->call, ready);
+  } else if (!embps_net_call_conn_shared(r->call) &&
+             embps_net_call_reply_begin(r->call, r->reply, r->reply_len, ready, embps__bufpool_put,
+                                        r->reply) == EMBPS_OK) {
+    r->reply = NULL;
+    r->streaming = 1;
+  }
+}
+
 static void on_op_done(embps_op_t *op) {
   request_t *r = op->user;
   embps_service_t *svc = r->svc;
@@ -398,6 +423,10 @@ static void on_op_done(embps_op_t *op) {
   }
   case REQ_LOOKUP: {
     uint8_t *buf = r->reply;
+    if (r->streaming) {
+      embps_net_call_reply_end(r->call);
+      break;
+    }
     r->reply = NULL; /* the call owns it now */
     embps_net_call_reply(r->call, buf, r->reply_len, embps__bufpool_put, buf);
     break;
@@ -847,6 +876,10 @@ static void handle_lookup(embps_service_t *svc, embps_net_call_t *call, const ui
   r->reply_len = head + rows_bytes;
   set_batch(r, EMBPS_OP_LOOKUP, req->client_id, req->batch_id, req->shard_index, t, &req->tokens);
   r->op.rows_out = r->reply + head;
+  r->reply_head = head;
+  r->row_bytes = embps_table_config(t)->emb_width * embps_dtype_size(embps_table_config(t)->dtype);
+  /* decided here too, so that a call that arrives beside others costs the engine no wakeups */
+  r->op.progress = embps_net_call_conn_shared(call) ? NULL : on_lookup_progress;
   submit(r);
 }
 

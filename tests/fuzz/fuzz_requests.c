@@ -35,6 +35,26 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
     release(release_arg);
 }
 
+/* The fake engine never publishes progress, so no reply streams here. */
+int embps_net_call_conn_shared(const embps_net_call_t *call) {
+  (void)call;
+  return 0;
+}
+
+embps_status_t embps_net_call_reply_begin(embps_net_call_t *call, const uint8_t *body, size_t len,
+                                          size_t ready, void (*release)(void *),
+                                          void *release_arg) {
+  (void)call, (void)body, (void)len, (void)ready, (void)release, (void)release_arg;
+  return EMBPS_CANCELLED;
+}
+
+void embps_net_call_reply_ready(embps_net_call_t *call, size_t ready) { (void)call, (void)ready; }
+
+void embps_net_call_reply_end(embps_net_call_t *call) {
+  (void)call;
+  abort();
+}
+
 void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const char *message) {
   if (status == EMBPS_OK || !message)
     abort();

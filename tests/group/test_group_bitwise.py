@@ -2,9 +2,11 @@
 sequence of sync pushes (duplicates, padding token 0, weight decay) and lookups, for every
 optimizer in f32 and bf16, on a table of 256 columns (a shard width that is a multiple of the
 32-column row-statistics block on 1, 2, 4 and 8 ranks). Every lookup, the final rows and every
-push reply's grad_norm and num_unique must be bitwise those of the 1-rank group, and a second
+push reply's grad_norm and num_unique must be bitwise those of the 1-rank group (the last lookup's
+reply is large enough to leave in several chunks), and a second
 1-rank run must repeat the first bit for bit. (test_group_consistency covers widths that do not
 split into whole blocks, where results agree to rounding.)"""
+import hashlib
 import struct
 import unittest
 
@@ -14,6 +16,7 @@ import grouplib as gl
 from grouplib import pb
 
 ROWS, WIDTH, STEPS = 48, 256, 8
+BIG = 8192  # tokens of the last lookup: 8 MiB of f32 rows over the group
 SIZES = (1, 2, 4, 8)
 BATCHES = (16, 32, 48)  # divisible by every size
 OPTS = {
@@ -63,6 +66,11 @@ def run_group(n):
                                          struct.pack("<d", resp.grad_norm)))
                     else:
                         seen.append(("rows", client.lookup_bytes(name, op[1])))
+                # Replies of several 1 MiB chunks on a rank of 1 or 2, one chunk on 8: the rows
+                # sent as the engine publishes them are those of the whole reply.
+                # (A digest: a failing comparison of 8 MiB would spend minutes in difflib.)
+                big = client.lookup_bytes(name, np.arange(BIG) * 7 % ROWS)
+                seen.append(("big", len(big), hashlib.sha256(big).hexdigest()))
                 seen.append(("final", client.lookup_bytes(name, np.arange(ROWS))))
 
     return gl.run_on_group(n, body)

@@ -186,6 +186,28 @@ class InteropTest(unittest.TestCase):
     def test_rowwise_adagrad_bf16(self):
         self.run_optimizer("rowwise_adagrad", dtype=pb.DTYPE_BF16)
 
+    def test_lookup_reply_in_chunks(self):
+        """A lookup reply larger than the engine's 1 MiB chunk leaves chunk by chunk while the
+        rest is gathered; grpcio reads three such replies at once on one connection, each equal
+        to the same rows looked up in small single-chunk batches."""
+        width, rows = 64, 4096
+        self.create("interop_chunks", rows=rows, width=width)
+        rng = np.random.default_rng(13)
+        batches = [rng.integers(0, rows, size=14000 + 777 * i) for i in range(3)]  # 3.6-4.2 MB
+        futures = []
+        for tok in batches:
+            InteropTest.batch_id += 1
+            t = np.asarray(tok, dtype="<i8")
+            futures.append(self.stub.Lookup.future(pb.LookupRequest(
+                table="interop_chunks", batch_id=self.batch_id, shard_index=0, shard_count=1,
+                tokens_per_batch=len(t), tokens=t.tobytes())))
+        reference = np.concatenate([self.lookup("interop_chunks", np.arange(a, a + 512), width=width)
+                                    for a in range(0, rows, 512)])
+        for tok, fut in zip(batches, futures):
+            resp = fut.result(timeout=60)
+            got = np.frombuffer(resp.rows, dtype="<f4").reshape(len(tok), width)
+            np.testing.assert_array_equal(got, reference[tok])
+
     def test_list_and_stats(self):
         self.create("interop_list", rows=10, width=8)
         r = self.stub.ListTables(pb.ListTablesRequest())

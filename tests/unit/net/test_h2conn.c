@@ -16,6 +16,7 @@
 #define MAX_CALLS 32
 #define PATH "/embps.v1.EmbeddingService/Lookup"
 #define CT "application/grpc"
+#define GRPC_PREFIX 5 /* the gRPC message prefix: flags and length */
 
 typedef struct server {
   embps__h2conn_t *conn;
@@ -620,6 +621,142 @@ static void test_batch_outlives_connection(void **state) {
   server_fini(&sv);
 }
 
+/* A reply streamed in odd-sized steps, as an engine fills it, reaches the client byte-identical
+ * to the whole body; while it waits for bytes still being made, the connection is BUSY (the
+ * stall timer is not the client's to blame), and the trailers wait for the end. */
+static void test_streamed_reply(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  const size_t len = 300001;
+  size_t steps[] = {0, 1, 4, 5, 6, 17, 65536, 65537, 200000, 300001};
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 1);
+  uint8_t *p = h2c_frame(0, "abc", 3, &plen);
+  h2c_stream_t *st = h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  uint8_t *body = malloc(len);
+  memset(body, 0xee, len); /* not yet made: must never reach the client */
+  releases = 0;
+  assert_int_equal(embps_net_call_reply_begin(sv.calls[0], body, len, 0, count_release, body),
+                   EMBPS_OK);
+  assert_int_equal(embps_net_call_reply_begin(sv.calls[0], body, len, 0, count_release, body),
+                   EMBPS_FAILED_PRECONDITION);
+  for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++) {
+    for (size_t i = k ? steps[k - 1] : 0; i < steps[k]; i++)
+      body[i] = (uint8_t)(i * 31 + 7);
+    embps_net_call_reply_ready(sv.calls[0], steps[k]);
+    assert_true(embps_net_call_conn_shared(sv.calls[0])); /* new bytes (or the prefix) wait */
+    pump(&c, &sv);
+    assert_false(embps_net_call_conn_shared(sv.calls[0])); /* all made is out: it defers */
+    assert_false(st->closed);
+    assert_int_equal(st->data_len, GRPC_PREFIX + steps[k]);
+    assert_int_equal(st->grpc_status, -1);
+    assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_BUSY);
+  }
+  assert_int_equal(releases, 0);
+  uint8_t *want = malloc(len);
+  memcpy(want, body, len);
+  embps_net_call_reply_end(sv.calls[0]);
+  pump(&c, &sv);
+  assert_int_equal(releases, 1); /* body is freed now */
+  assert_ok_reply(st, want, len);
+  free(want);
+  assert_int_equal(embps__h2conn_reply_bytes(sv.conn), 0);
+  assert_int_equal(embps__h2conn_phase(sv.conn), EMBPS__H2_IDLE);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+/* A streamed reply that fails after bytes went out ends with the error in trailers: the client
+ * sees a non-OK grpc-status and the cut message, never an OK reply. */
+static void test_streamed_reply_fails(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen, n;
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 1);
+  uint8_t *p = h2c_frame(0, "abc", 3, &plen);
+  h2c_stream_t *st = h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  uint8_t *body = calloc(1, 1000);
+  releases = 0;
+  assert_int_equal(embps_net_call_reply_begin(sv.calls[0], body, 1000, 100, count_release, body),
+                   EMBPS_OK);
+  pump(&c, &sv);
+  assert_int_equal(st->data_len, GRPC_PREFIX + 100);
+  embps_net_call_fail(sv.calls[0], EMBPS_UNAVAILABLE, "rank 1 is gone");
+  pump(&c, &sv);
+  assert_true(st->closed);
+  assert_int_equal(st->http_status, 200);
+  assert_int_equal(st->header_blocks, 2); /* headers, then trailers */
+  assert_int_equal(st->grpc_status, 14);  /* UNAVAILABLE */
+  assert_string_equal(st->grpc_message, "rank 1 is gone");
+  assert_int_equal(st->data_len, GRPC_PREFIX + 100);
+  assert_null(h2c_message(st, &n)); /* the cut message is not a message */
+  assert_int_equal(releases, 1);
+  assert_int_equal(sv.stats.errors, 1);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+/* The client resets the stream, or the connection goes, while the body is still being made: the
+ * body stays allocated (the producer keeps writing into it) until the call ends. Under ASan a
+ * write after an early free would fail. */
+static void test_streamed_reply_outlives_reset(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 1);
+  uint8_t *p = h2c_frame(0, "abc", 3, &plen);
+  for (int i = 0; i < 2; i++)
+    h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  uint8_t *b0 = calloc(1, 4096), *b1 = calloc(1, 4096);
+  releases = 0;
+  assert_true(embps_net_call_conn_shared(sv.calls[0])); /* two calls on one connection */
+  assert_true(embps_net_call_conn_shared(sv.calls[1]));
+  assert_int_equal(embps_net_call_reply_begin(sv.calls[0], b0, 4096, 10, count_release, b0),
+                   EMBPS_OK);
+  assert_int_equal(embps_net_call_reply_begin(sv.calls[1], b1, 4096, 10, count_release, b1),
+                   EMBPS_OK);
+  pump(&c, &sv);
+  nghttp2_submit_rst_stream(c.session, NGHTTP2_FLAG_NONE, c.streams[0].id, NGHTTP2_CANCEL);
+  pump(&c, &sv);
+  assert_true(embps_net_call_cancelled(sv.calls[0]));
+  assert_int_equal(releases, 0);
+  memset(b0, 1, 4096); /* the engine carries on */
+  embps_net_call_reply_ready(sv.calls[0], 4096);
+  embps_net_call_reply_end(sv.calls[0]);
+  assert_int_equal(releases, 1);
+  embps__h2conn_free(sv.conn);
+  sv.conn = NULL;
+  assert_int_equal(releases, 1);
+  memset(b1, 2, 4096);
+  embps_net_call_reply_ready(sv.calls[1], 4096);
+  embps_net_call_fail(sv.calls[1], EMBPS_CANCELLED, "gone");
+  assert_int_equal(releases, 2);
+  /* A call whose client is gone does not begin: the caller still owns the body. */
+  server_fini(&sv);
+  server_init(&sv, 1 << 20);
+  h2c_free(&c);
+  h2c_init(&c, 1);
+  h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  nghttp2_submit_rst_stream(c.session, NGHTTP2_FLAG_NONE, c.streams[0].id, NGHTTP2_CANCEL);
+  pump(&c, &sv);
+  assert_int_equal(embps_net_call_reply_begin(sv.calls[0], b0, 4096, 10, count_release, b0),
+                   EMBPS_CANCELLED);
+  embps_net_call_fail(sv.calls[0], EMBPS_CANCELLED, "gone");
+  assert_int_equal(releases, 2);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
 static void test_phases(void **state) {
   server_t sv;
   h2c_t c;
@@ -821,6 +958,9 @@ int main(void) {
       cmocka_unit_test(test_answer_after_teardown),
       cmocka_unit_test(test_batch_outlives_connection),
       cmocka_unit_test(test_phases),
+      cmocka_unit_test(test_streamed_reply),
+      cmocka_unit_test(test_streamed_reply_fails),
+      cmocka_unit_test(test_streamed_reply_outlives_reset),
       cmocka_unit_test(test_reply_hold_accounting),
       cmocka_unit_test(test_unsent_reply_freed_with_connection),
       cmocka_unit_test(test_authorization_header),

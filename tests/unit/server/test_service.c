@@ -19,6 +19,14 @@ struct embps_net_call {
   char message[512];
   uint8_t *body;
   size_t len;
+  /* a streamed reply (embps_net_call_reply_begin): the body as the net holds it, and a copy of
+   * every byte announced ready, taken when announced, to prove later writes never changed it */
+  int begun, readies;
+  const uint8_t *stream_body;
+  size_t stream_len, stream_ready;
+  uint8_t *announced;
+  void (*stream_release)(void *);
+  void *stream_release_arg;
 };
 
 void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t len,
@@ -33,7 +41,73 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
     release(release_arg);
 }
 
+static void announce(embps_net_call_t *call, size_t ready) {
+  if (ready > call->stream_len)
+    ready = call->stream_len;
+  assert_true(ready >= call->stream_ready);
+  memcpy(call->announced + call->stream_ready, call->stream_body + call->stream_ready,
+         ready - call->stream_ready);
+  call->stream_ready = ready;
+  call->readies++;
+}
+
+embps_status_t embps_net_call_reply_begin(embps_net_call_t *call, const uint8_t *body, size_t len,
+                                          size_t ready, void (*release)(void *),
+                                          void *release_arg) {
+  assert_false(call->answered);
+  assert_false(call->begun);
+  call->begun = 1;
+  call->stream_body = body;
+  call->stream_len = len;
+  call->stream_ready = 0;
+  call->announced = malloc(len ? len : 1);
+  call->stream_release = release;
+  call->stream_release_arg = release_arg;
+  announce(call, ready);
+  return EMBPS_OK;
+}
+
+/* The fake connection's answers to whether it carries other calls, one character per question
+ * ('1': it does), then "no" once they run out. */
+static const char *conn_shared_script = "";
+
+int embps_net_call_conn_shared(const embps_net_call_t *call) {
+  (void)call;
+  if (!*conn_shared_script)
+    return 0;
+  return *conn_shared_script++ == '1';
+}
+
+void embps_net_call_reply_ready(embps_net_call_t *call, size_t ready) {
+  assert_true(call->begun);
+  assert_false(call->answered);
+  announce(call, ready);
+}
+
+/* The end of a streamed reply: what the client receives is the bytes as they were announced,
+ * then the rest. */
+static void end_stream(embps_net_call_t *call) {
+  if (call->stream_release)
+    call->stream_release(call->stream_release_arg);
+  call->stream_release = NULL;
+}
+
+void embps_net_call_reply_end(embps_net_call_t *call) {
+  assert_true(call->begun);
+  assert_false(call->answered);
+  announce(call, call->stream_len);
+  call->answered = 1;
+  call->status = EMBPS_OK;
+  assert_memory_equal(call->announced, call->stream_body, call->stream_len);
+  call->body = call->announced;
+  call->announced = NULL;
+  call->len = call->stream_len;
+  end_stream(call);
+}
+
 void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const char *message) {
+  if (call->begun)
+    end_stream(call);
   assert_false(call->answered);
   assert_int_not_equal(status, EMBPS_OK);
   call->answered = 1;
@@ -152,10 +226,38 @@ static void fail_queued(embps_status_t status, const char *msg) {
 static const void *pushed_grads;
 static uint8_t *pushed_copy;
 
+/* How the fake engine fills a lookup: whole (0), or in chunks of this many rows, publishing
+ * each as the group would; fail_after_chunk: the op fails after its first chunk. */
+static size_t chunk_rows;
+static int fail_after_chunk;
+
+static void lookup_in_chunks(embps_op_t *op) {
+  const embps_table_config_t *c = embps_table_config(op->table);
+  const size_t row_bytes = c->emb_width * embps_dtype_size(c->dtype);
+  for (size_t a = 0; a < op->num_tokens; a += chunk_rows) {
+    size_t m = op->num_tokens - a < chunk_rows ? op->num_tokens - a : chunk_rows;
+    embps_gather_cpu(embps_table_arrays(op->table).data, c->dtype,
+                     embps_table_shard_width(op->table), op->tokens + a, m,
+                     (uint8_t *)op->rows_out + a * row_bytes);
+    atomic_store(&op->rows_ready, a + m);
+    if (op->progress)
+      op->progress(op);
+    if (fail_after_chunk) {
+      embps_error_set(&op->error, EMBPS_UNAVAILABLE, "fake: the group broke mid-round");
+      return;
+    }
+  }
+}
+
 static void run_engine(void) {
   for (int i = 0; i < num_queued; i++) {
     embps_op_t *op = queued[i];
     embps_error_clear(&op->error);
+    if (op->kind == EMBPS_OP_LOOKUP && chunk_rows) {
+      lookup_in_chunks(op);
+      op->done(op);
+      continue;
+    }
     if (op->kind == EMBPS_OP_CREATE_TABLE) {
       embps_table_t *t;
       if (embps_table_new(&t, &op->create, 0, 1) != EMBPS_OK)
@@ -249,9 +351,81 @@ static void lookup(embps_net_call_t *c, const char *table, const int64_t *tokens
   run_engine();
 }
 
-static void release_call(embps_net_call_t *c) { free(c->body); }
+static void release_call(embps_net_call_t *c) {
+  free(c->body);
+  free(c->announced);
+}
 
 /* ---- tests ------------------------------------------------------------------------------- */
+
+/* A lookup whose engine publishes its rows in odd-sized chunks answers with a streamed reply
+ * byte-identical to the whole one, and every byte was final when it was announced (the fake net
+ * copies bytes as they are announced and compares at the end). */
+static void test_lookup_streamed_in_chunks(void **state) {
+  embps_net_call_t c, whole;
+  int64_t tokens[37];
+  (void)state;
+  for (size_t i = 0; i < 37; i++)
+    tokens[i] = (int64_t)((i * 7) % 50);
+  create(&c, "chunks", 50, 6);
+  assert_int_equal(c.status, EMBPS_OK);
+  release_call(&c);
+  lookup(&whole, "chunks", tokens, 37, 5);
+  assert_int_equal(whole.status, EMBPS_OK);
+  assert_false(whole.begun);
+  size_t sizes[] = {1, 3, 5, 36, 37, 64};
+  for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+    chunk_rows = sizes[k];
+    lookup(&c, "chunks", tokens, 37, 5);
+    chunk_rows = 0;
+    assert_true(c.begun);
+    assert_int_equal(c.readies, (37 + sizes[k] - 1) / sizes[k] + 1); /* chunks, then the end */
+    assert_int_equal(c.status, EMBPS_OK);
+    assert_int_equal(c.len, whole.len);
+    assert_memory_equal(c.body, whole.body, whole.len);
+    release_call(&c);
+  }
+  /* While the connection carries other calls the stream does not begin: shared when the call
+   * arrives, the engine publishes nothing and the reply goes whole; shared for the first two
+   * chunks only, it begins with the third. Same bytes either way. */
+  const char *scripts[] = {"1", "011"};
+  for (size_t k = 0; k < 2; k++) {
+    chunk_rows = 5;
+    conn_shared_script = scripts[k];
+    lookup(&c, "chunks", tokens, 37, 5);
+    chunk_rows = 0;
+    assert_int_equal(*conn_shared_script, 0); /* every answer was asked for */
+    assert_int_equal(c.begun, k == 1);
+    if (k == 1)
+      assert_int_equal(c.readies, 8 - 2 + 1); /* the third chunk begins it, then the end */
+    assert_int_equal(c.status, EMBPS_OK);
+    assert_int_equal(c.len, whole.len);
+    assert_memory_equal(c.body, whole.body, whole.len);
+    release_call(&c);
+  }
+  release_call(&whole);
+}
+
+/* A lookup that fails after its first chunk went out ends its streamed reply with the error
+ * (the net sends it in trailers), never with OK, and its buffer goes back once. */
+static void test_lookup_fails_after_first_chunk(void **state) {
+  embps_net_call_t c;
+  int64_t tokens[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  (void)state;
+  create(&c, "midfail", 10, 4);
+  release_call(&c);
+  chunk_rows = 3;
+  fail_after_chunk = 1;
+  lookup(&c, "midfail", tokens, 8, 1);
+  chunk_rows = 0;
+  fail_after_chunk = 0;
+  assert_true(c.begun);
+  assert_true(c.answered);
+  assert_int_equal(c.status, EMBPS_UNAVAILABLE);
+  assert_string_equal(c.message, "fake: the group broke mid-round");
+  assert_null(c.stream_release); /* released */
+  release_call(&c);
+}
 
 static void test_create_and_lookup_reply_encoding(void **state) {
   embps_net_call_t c;
@@ -623,6 +797,8 @@ static void test_auth_checked_before_dispatch(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_lookup_streamed_in_chunks),
+      cmocka_unit_test(test_lookup_fails_after_first_chunk),
       cmocka_unit_test(test_create_and_lookup_reply_encoding),
       cmocka_unit_test(test_validation_messages),
       cmocka_unit_test(test_reply_limits),
