@@ -428,7 +428,7 @@ static embps_status_t check_slice(const embps_ckpt_slice_t *s, size_t rb[3], emb
 
 embps_status_t embps_ckpt_write_slice(const char *path, const embps_ckpt_slice_t *s,
                                       uint64_t *bytes, embps_error_t *err) {
-  size_t rb[3], per_row;
+  size_t rb[3] = {0}, per_row; /* zeroed: -O3 cannot see check_slice set it */
   uint64_t nblocks = 0, nrows = 0, first, written = 0;
   uint32_t n, blocks_crc = 0;
   blocks_t it;

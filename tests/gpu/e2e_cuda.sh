@@ -11,7 +11,10 @@
 # are bit for bit the CPU's), and the push must have moved every looked-up value. Then `stats`
 # must say backend cuda, the server's log must show its 1-rank NCCL communicator, and
 # `bench --batch 65536 --duration 5 --json` measures lookups and pushes (Zipf 1.05) on the
-# CUDA server; the server must stop with exit 0 on SIGTERM.
+# CUDA server; the server must stop with exit 0 on SIGTERM. Checkpoints cross the backends: the
+# CUDA server's checkpoint (its device-to-host capture) restored into a CPU server and the CPU
+# server's restored into a CUDA one (its import) must look up the same rows as the servers that
+# wrote them, and take one more push alike (the optimizer state came across too).
 # Exit 0: passed; 77: skipped (no CUDA backend in the server yet, or no GPU visible); else
 # failed. Writes server logs, CLI outputs and the bench JSON to OUT_DIR.
 # EMBPS_E2E_BACKEND=cpu runs the same flow with the "cuda" server on --backend cpu: a dry run of
@@ -92,8 +95,9 @@ cuda_flags=(--backend "$BACKEND")
 if [ "$BACKEND" = cuda ] && grep -q -- '^ *--device' <<<"$help"; then
   cuda_flags+=(--device "$DEVICE")
 fi
-start_server cuda "${cuda_flags[@]}"
-start_server cpu --backend cpu
+mkdir -p "$OUTD/ckpt-cuda" "$OUTD/ckpt-cpu"
+start_server cuda "${cuda_flags[@]}" --checkpoint-dir "$OUTD/ckpt-cuda" --restore none
+start_server cpu --backend cpu --checkpoint-dir "$OUTD/ckpt-cpu" --restore none
 
 cli() { # cli NAME ARGS...: the CLI against server NAME, output also saved
   local name=$1
@@ -163,6 +167,58 @@ if [ "$BACKEND" = cuda ]; then
     fail "the cuda server's log does not show its 1-rank NCCL communicator ('comm nccl rank 0/1 ... ready')"
   echo "ok: 1-rank NCCL group: ${nccl#*comm nccl }"
 fi
+
+# ---- checkpoints across backends ------------------------------------------------------------------
+for name in cuda cpu; do
+  cli "$name" checkpoint >"$OUTD/$name-checkpoint.txt" 2>&1 ||
+    fail "$name: checkpoint: $(cat "$OUTD/$name-checkpoint.txt")"
+done
+ckpt_of() { sed -n 's/^checkpoint complete: .*bytes, //p' "$OUTD/$1-checkpoint.txt"; }
+# the CUDA server's checkpoint into a CPU server, the CPU server's into a CUDA one
+start_server from_cuda --backend cpu --restore "$(ckpt_of cuda)"
+start_server from_cpu "${cuda_flags[@]}" --restore "$(ckpt_of cpu)"
+for name in from_cuda from_cpu; do # NOT_SERVING until the restore is done
+  for ((i = 0; i < 600; i++)); do
+    grep -q SERVING <<<"$(cli "$name" health 2>&1 | grep -v NOT_SERVING)" && break
+    sleep 0.1
+  done
+  [ "$i" -lt 600 ] || fail "$name: not SERVING 60 s after it started (log: $OUTD/server-$name.log)"
+done
+second_push() { # second_push NAME TABLE: one more push, then lookup3
+  cli "$1" push "$2" --tokens "$tokens" --grad-value 0.25 >"$OUTD/$1-$2-push2.txt" 2>&1 ||
+    fail "$1: push $2: $(cat "$OUTD/$1-$2-push2.txt")"
+  cli "$1" lookup "$2" --tokens "$tokens" >"$OUTD/$1-$2-lookup3.txt" 2>&1 ||
+    fail "$1: lookup $2 after the push: $(head -3 "$OUTD/$1-$2-lookup3.txt")"
+}
+for pair in "from_cuda cuda" "from_cpu cpu"; do
+  # shellcheck disable=SC2086 # the pair is split on purpose
+  set -- $pair
+  for t in "${tables[@]}"; do
+    table=${t%% *}
+    cli "$1" lookup "$table" --tokens "$tokens" >"$OUTD/$1-$table-lookup.txt" 2>&1 ||
+      fail "$1: lookup $table: $(head -3 "$OUTD/$1-$table-lookup.txt")"
+    cmp -s "$OUTD/$1-$table-lookup.txt" "$OUTD/$2-$table-lookup2.txt" ||
+      fail "$table: restored from the $2 server's checkpoint, the $1 server looks up other rows"
+    # the same push on the restored server and on the one that wrote the checkpoint: equal rows
+    # after it only if the accumulators came across too
+    second_push "$1" "$table"
+    second_push "$2" "$table"
+    if ! cmp -s "$OUTD/$1-$table-lookup3.txt" "$OUTD/$2-$table-lookup3.txt"; then
+      diff "$OUTD/$2-$table-lookup3.txt" "$OUTD/$1-$table-lookup3.txt" | head -6
+      fail "$table: after one more push the $1 server differs from the $2 server (optimizer state lost?)"
+    fi
+  done
+done
+for t in "${tables[@]}"; do
+  echo "ok: ${t%% *}: checkpoints restored across backends (cuda -> cpu, cpu -> cuda): same rows, same next push"
+done
+for name in from_cuda from_cpu; do
+  kill -TERM "${PID[$name]}"
+  wait "${PID[$name]}"
+  rc=$?
+  unset "PID[$name]"
+  [ "$rc" -eq 0 ] || fail "the $name server exited with $rc on SIGTERM (log: $OUTD/server-$name.log)"
+done
 
 # ---- throughput ---------------------------------------------------------------------------------
 for kind in lookup push; do
