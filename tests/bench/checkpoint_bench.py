@@ -11,7 +11,7 @@ On one filesystem (--dir, default a fresh directory under /var/tmp):
     logs), GB/s, median of --repeat, with the page cache dropped first when allowed;
   - an incremental checkpoint after --pushes pushes of 4096 zipf-distributed tokens: bytes, time;
   - the longest pause a concurrent lookup+push loop sees while a checkpoint is taken, against
-    the longest it sees without one in the same run;
+    the longest it sees without one for as long in the same run (and their p99 and p50);
   - how fast the machine fills fresh memory (the restore's other ceiling).
 
 Run: /usr/bin/python3 tests/bench/checkpoint_bench.py [--rows 1000000] [--repeat 3]
@@ -73,18 +73,16 @@ def parse_dd(text):
 
 def call_pauses(client, rows, stop, out):
     """A bench loop of lookups and pushes of 256 tokens spread over the table (a push writes
-    rows, so under a copy-on-write capture it pays for the blocks it touches); out gets the
-    longest call."""
+    rows, so under a copy-on-write capture it pays for the blocks it touches); out gets every
+    call's seconds."""
     rng = np.random.default_rng(1)
     grads = np.full((256, WIDTH), 1e-3, np.float32)
-    worst = 0.0
     while not stop.is_set():
         tokens = rng.integers(1, rows, size=256)
         t0 = time.perf_counter()
         client.lookup_bytes("bench", tokens)
         client.push("bench", tokens, grads)
-        worst = max(worst, time.perf_counter() - t0)
-    out.append(worst)
+        out.append(time.perf_counter() - t0)
 
 
 def first_touch_gbps(nbytes):
@@ -142,21 +140,28 @@ def main():
                    " ".join("%.2f/%.2f" % d for d in dd_ws), 100 * statistics.median(ratios),
                    "/".join("%.0f%%" % (100 * r) for r in ratios), len(steady), len(ratios),
                    "%.0f%%" % (100 * statistics.median(steady)) if steady else "-"))
-            # pauses: the same lookup loop without and with a checkpoint in the middle
-            for label, take in (("no checkpoint", False), ("checkpoint", True)):
-                stop, worst = threading.Event(), []
-                th = threading.Thread(target=call_pauses, args=(client, args.rows, stop, worst))
+            # pauses: the same lookup loop with a checkpoint in the middle, then without one
+            # for as long (the longest of more calls is longer by itself)
+            window = None
+            for label, take in (("checkpoint", True), ("no checkpoint", False)):
+                stop, calls = threading.Event(), []
+                th = threading.Thread(target=call_pauses, args=(client, args.rows, stop, calls))
+                t0 = time.perf_counter()
                 th.start()
                 time.sleep(0.5)
                 if take:
                     client.stubs[0].Checkpoint(pb.CheckpointRequest(), timeout=600)
+                    time.sleep(0.3)
+                    window = time.perf_counter() - t0
                 else:
-                    time.sleep(1.0)
-                time.sleep(0.3)
+                    time.sleep(window)
                 stop.set()
                 th.join()
-                print("longest lookup+push (256 tokens) during %s: %.1f ms" %
-                      (label, worst[0] * 1e3))
+                calls.sort()
+                print("lookup+push (256 tokens) during %s, %.1f s: longest %.1f ms, p99 %.1f ms, "
+                      "p50 %.1f ms of %d calls" %
+                      (label, window, calls[-1] * 1e3, calls[int(0.99 * (len(calls) - 1))] * 1e3,
+                       calls[len(calls) // 2] * 1e3, len(calls)))
             # incremental after pushes of 4096 zipf tokens, and nothing else: a checkpoint first
             # takes the rows the pause loop wrote
             client.stubs[0].Checkpoint(pb.CheckpointRequest(), timeout=600)
