@@ -6,6 +6,7 @@
 #   tests/gpu/fetch_debs.sh [DIR]      DIR: default $EMBPS_GPU_DEBS, else .gpu-debs/ in the repo
 #
 # The set: the dev packages the build needs (libuv, nghttp2, protobuf-c with protoc-c, cmocka,
+# ISA-L, libmicrohttpd, OpenSSL,
 # pkg-config) and the closure of their Depends/Pre-Depends computed with apt-cache depends,
 # stopping at BASE, the packages any machine with a CUDA toolkit has (the C/C++ runtime).
 # It then checks the set standalone: everything is unpacked into an empty prefix and
@@ -15,9 +16,9 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DIR=${1:-${EMBPS_GPU_DEBS:-$ROOT/.gpu-debs}}
-ROOTS=(libuv1-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libisal-dev libmicrohttpd-dev pkgconf)
+ROOTS=(libuv1-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libisal-dev libmicrohttpd-dev libssl-dev pkgconf)
 BASE=" libc6 libgcc-s1 libstdc++6 zlib1g libcrypt1 gcc-12-base debconf "
-MODULES=(libuv libnghttp2 libprotobuf-c cmocka)
+MODULES=(libuv libnghttp2 libprotobuf-c cmocka libisal libmicrohttpd openssl)
 
 # shellcheck source=tests/gpu/debs_env.sh
 . "$ROOT/tests/gpu/debs_env.sh"
@@ -103,9 +104,11 @@ embps_debs_unpack "$DIR" "$tmp/prefix"
   [ "$bad" -eq 0 ] || exit 1
   # The newest glibc symbol version anything in the set needs: the GPU machine needs at least it.
   glibc=$(find "$tmp/prefix/usr/bin" "$tmp/prefix/usr/lib" -type f \( -name '*.so*' -o -perm -u+x \) \
-    -exec objdump -T {} + 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -t. -k1,1 -k2,2n -u | tail -1)
+    -exec objdump -T {} + 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -t. -k1,1 -k2,2n -u | tail -1 ||
+    true) # objdump fails on the set's scripts (find then fails): only its output matters
   cxx=$(find "$tmp/prefix/usr/bin" "$tmp/prefix/usr/lib" -type f \( -name '*.so*' -o -perm -u+x \) \
-    -exec objdump -T {} + 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' | sort -t. -k1,1 -k2,2n -k3,3n -u | tail -1)
+    -exec objdump -T {} + 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' | sort -t. -k1,1 -k2,2n -k3,3n -u | tail -1 ||
+    true)
   echo "newest symbol versions needed: ${glibc:-unknown}, ${cxx:-unknown} (this machine: $(ldd --version | head -1))"
 )
 echo "OK: $DIR works standalone; carry it with the device tool (carry: [\".gpu-debs\"])"
