@@ -670,23 +670,45 @@ static void scatter_block(const scatter_t *sc, const infile_t *f, const size_t r
     memcpy(d->state0 + first, state0, (size_t)n * sizeof(float));
 }
 
-/* Reads exactly n bytes at off; EMBPS_OK, DATA_LOSS (the file ends first) or INTERNAL. */
-static embps_status_t pread_exact(const infile_t *f, void *p, size_t n, uint64_t off,
-                                  const char *what, embps_error_t *err) {
-  uint8_t *b = p;
-  while (n) {
-    ssize_t r = pread(f->fd, b, n, (off_t)off);
+/* Fills the cnt buffers of iov (which it consumes) from the bytes at off on; EMBPS_OK,
+ * DATA_LOSS (the file ends first) or INTERNAL. */
+static embps_status_t preadv_exact(const infile_t *f, struct iovec *iov, int cnt, uint64_t off,
+                                   const char *what, embps_error_t *err) {
+  for (; cnt > 0 && iov->iov_len == 0; iov++, cnt--) /* nothing to read into */
+    ;
+  while (cnt > 0) {
+    ssize_t r = preadv(f->fd, iov, cnt, (off_t)off);
     if (r < 0 && errno == EINTR)
       continue;
     if (r < 0)
       return embps_error_set(err, EMBPS_INTERNAL, "cannot read %s: %s", f->path, strerror(errno));
     if (r == 0)
       return truncated(err, f->path, what);
-    b += r;
     off += (uint64_t)r;
-    n -= (size_t)r;
+    for (; cnt > 0 && (size_t)r >= iov->iov_len; iov++, cnt--) /* the buffers it filled */
+      r -= (ssize_t)iov->iov_len;
+    if (cnt > 0) { /* and the part of the next */
+      iov->iov_base = (uint8_t *)iov->iov_base + r;
+      iov->iov_len -= (size_t)r;
+    }
   }
   return EMBPS_OK;
+}
+
+/* Reads exactly n bytes at off; as preadv_exact. */
+static embps_status_t pread_exact(const infile_t *f, void *p, size_t n, uint64_t off,
+                                  const char *what, embps_error_t *err) {
+  struct iovec iov = {.iov_base = p, .iov_len = n};
+  return preadv_exact(f, &iov, 1, off, what, err);
+}
+
+static embps_status_t block_crc_mismatch(embps_error_t *err, const infile_t *f, uint64_t b,
+                                         uint64_t first, uint32_t n, uint32_t want, uint32_t got) {
+  return embps_error_set(err, EMBPS_DATA_LOSS,
+                         "checkpoint file %s is corrupt: block %" PRIu64 " (rows %" PRIu64
+                         "..%" PRIu64 ") fails its crc32 (expected %08" PRIx32 ", actual %08" PRIx32
+                         ")",
+                         f->path, b, first, first + n - 1, want, got);
 }
 
 /* One reader of blocks: its payload buffer, reused from block to block. */
@@ -735,11 +757,7 @@ static embps_status_t read_block(reader_t *rd, uint64_t b, uint64_t off, uint64_
     return ret;
   got = crc(crc(0, bh, 16), rd->payload, len);
   if (got != want)
-    return embps_error_set(err, EMBPS_DATA_LOSS,
-                           "checkpoint file %s is corrupt: block %" PRIu64 " (rows %" PRIu64
-                           "..%" PRIu64 ") fails its crc32 (expected %08" PRIx32
-                           ", actual %08" PRIx32 ")",
-                           f->path, b, first, first + n - 1, want, got);
+    return block_crc_mismatch(err, f, b, first, n, want, got);
   scatter_block(rd->sc, f, rd->rb, rd->payload, first, n);
   *crc_out = want;
   *first_out = first;
@@ -794,6 +812,7 @@ static embps_status_t read_block_in_place(const range_job_t *j, uint64_t b, uint
   int cnt = 1;
   char what[48];
   uint32_t want, got;
+  embps_status_t ret;
 
   for (int a = 0; a < 3; a++)
     if (rb[a]) {
@@ -802,22 +821,8 @@ static embps_status_t read_block_in_place(const range_job_t *j, uint64_t b, uint
       want_len += (size_t)n * rb[a];
     }
   snprintf(what, sizeof(what), "block %" PRIu64, b);
-  for (size_t done = 0; done < want_len;) {
-    ssize_t r = preadv(f->fd, iov, cnt, (off_t)(off + done));
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0)
-      return embps_error_set(err, EMBPS_INTERNAL, "cannot read %s: %s", f->path, strerror(errno));
-    if (r == 0)
-      return truncated(err, f->path, what);
-    done += (size_t)r;
-    for (int i = 0; r > 0; i++) { /* step past what this read filled */
-      size_t take = (size_t)r < iov[i].iov_len ? (size_t)r : iov[i].iov_len;
-      iov[i].iov_base = (uint8_t *)iov[i].iov_base + take;
-      iov[i].iov_len -= take;
-      r -= (ssize_t)take;
-    }
-  }
+  if ((ret = preadv_exact(f, iov, cnt, off, what, err)) != EMBPS_OK)
+    return ret;
   want = embps_get_le32(bh + 16);
   if (embps_get_le64(bh) != first || embps_get_le32(bh + 8) != n ||
       embps_get_le32(bh + 12) != want_len - sizeof(bh))
@@ -832,11 +837,7 @@ static embps_status_t read_block_in_place(const range_job_t *j, uint64_t b, uint
     if (rb[a])
       got = crc(got, arrays[a] + first * rb[a], (size_t)n * rb[a]);
   if (got != want)
-    return embps_error_set(err, EMBPS_DATA_LOSS,
-                           "checkpoint file %s is corrupt: block %" PRIu64 " (rows %" PRIu64
-                           "..%" PRIu64 ") fails its crc32 (expected %08" PRIx32
-                           ", actual %08" PRIx32 ")",
-                           f->path, b, first, first + n - 1, want, got);
+    return block_crc_mismatch(err, f, b, first, n, want, got);
   *crc_out = want;
   return EMBPS_OK;
 }
