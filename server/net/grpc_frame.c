@@ -52,19 +52,28 @@ uint32_t embps__h2_rst_code_of(int rv) {
 
 /* Submits a trailers-only response (one HEADERS with END_STREAM) carrying status and message;
  * when nghttp2 cannot take it, resets the stream instead. */
+/* The grpc-status and grpc-message fields of a status: code gets its text, *enc the message
+ * clipped and percent-encoded (NULL without memory: the message is then sent empty; the caller
+ * frees it). */
+static void status_fields(nghttp2_nv nv[2], char code[8], char **enc, embps_status_t status,
+                          const char *message) {
+  char clipped[MESSAGE_MAX + 1];
+  snprintf(code, 8, "%d", embps_status_grpc_code(status));
+  snprintf(clipped, sizeof(clipped), "%s", message ? message : "");
+  *enc = embps__h2_percent_encode(clipped);
+  nv[0] = (nghttp2_nv)EMBPS__H2_NV("grpc-status", code, strlen(code));
+  nv[1] = (nghttp2_nv)EMBPS__H2_NV("grpc-message", *enc ? *enc : "", *enc ? strlen(*enc) : 0);
+}
+
 void embps__grpc_submit_status(embps__h2conn_t *conn, int32_t id, int http_status,
                                embps_status_t status, const char *message) {
-  char http[8], code[8], clipped[MESSAGE_MAX + 1];
+  char http[8], code[8], *enc;
   snprintf(http, sizeof(http), "%d", http_status);
-  snprintf(code, sizeof(code), "%d", embps_status_grpc_code(status));
-  snprintf(clipped, sizeof(clipped), "%s", message ? message : "");
-  char *enc = embps__h2_percent_encode(clipped);
-  nghttp2_nv nva[] = {
+  nghttp2_nv nva[4] = {
       EMBPS__H2_NV(":status", http, strlen(http)),
       EMBPS__H2_NV("content-type", "application/grpc", 16),
-      EMBPS__H2_NV("grpc-status", code, strlen(code)),
-      EMBPS__H2_NV("grpc-message", enc ? enc : "", enc ? strlen(enc) : 0),
   };
+  status_fields(nva + 2, code, &enc, status, message);
   int rv = nghttp2_submit_response(conn->session, id, nva, sizeof(nva) / sizeof(nva[0]), NULL);
   embps_free(enc);
   if (rv < 0) {
@@ -177,19 +186,14 @@ embps__h2body_t *embps__grpc_body_new(const uint8_t *data, size_t len, void (*re
 
 int embps__grpc_submit_trailers(nghttp2_session *session, int32_t id, embps_status_t status,
                                 const char *message) {
-  char code[8], clipped[MESSAGE_MAX + 1];
-  snprintf(code, sizeof(code), "%d", embps_status_grpc_code(status));
+  char code[8], *enc;
+  nghttp2_nv nva[2];
   if (status == EMBPS_OK) {
     nghttp2_nv ok[] = {EMBPS__H2_NV("grpc-status", "0", 1)};
     return nghttp2_submit_trailer(session, id, ok, 1);
   }
-  snprintf(clipped, sizeof(clipped), "%s", message ? message : "");
-  char *enc = embps__h2_percent_encode(clipped);
-  nghttp2_nv nva[] = {
-      EMBPS__H2_NV("grpc-status", code, strlen(code)),
-      EMBPS__H2_NV("grpc-message", enc ? enc : "", enc ? strlen(enc) : 0),
-  };
-  int rv = nghttp2_submit_trailer(session, id, nva, sizeof(nva) / sizeof(nva[0]));
+  status_fields(nva, code, &enc, status, message);
+  int rv = nghttp2_submit_trailer(session, id, nva, 2);
   embps_free(enc);
   return rv;
 }
