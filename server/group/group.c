@@ -24,6 +24,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -58,6 +59,13 @@ typedef struct ckpt_request {
   struct ckpt_request *next;
 } ckpt_request_t;
 
+/* A queue of ops for the loop thread, linked through one of the op's link fields (`link`, its
+ * offset): an op can sit in the done, ordered and progress queues at once. */
+typedef struct op_queue {
+  embps_op_t *head, *tail;
+  size_t link;
+} op_queue_t;
+
 struct embps_group {
   embps_group_config_t cfg;
   char **peer_addrs;
@@ -72,12 +80,12 @@ struct embps_group {
   int cancel_fd; /* eventfd made readable by embps_group_close: stops a bootstrap in progress */
 
   pthread_mutex_t mu;
-  embps_op_t *in_head, *in_tail;             /* guarded by mu */
-  embps_op_t *done_head, *done_tail;         /* guarded by mu */
-  embps_op_t *ordered_head, *ordered_tail;   /* ops whose `ordered` is due; guarded by mu */
-  embps_op_t *progress_head, *progress_tail; /* ops whose `progress` is due; guarded by mu */
-  int stopping;                              /* guarded by mu */
-  char state_msg[400];                       /* guarded by mu */
+  embps_op_t *in_head, *in_tail; /* guarded by mu */
+  op_queue_t done;               /* ops whose `done` is due; guarded by mu */
+  op_queue_t ordered;            /* ops whose `ordered` is due; guarded by mu */
+  op_queue_t progress;           /* ops whose `progress` is due; guarded by mu */
+  int stopping;                  /* guarded by mu */
+  char state_msg[400];           /* guarded by mu */
   atomic_int state;
   atomic_int fatal_pending;
   embps_status_t fatal_status;
@@ -131,31 +139,44 @@ static int is_leader(const embps_group_t *g) { return g->cfg.rank == 0; }
 
 /* ---- completion ------------------------------------------------------------------------------ */
 
-static void complete(embps_group_t *g, embps_op_t *op) {
-  op->next = NULL;
+static embps_op_t **op_link(embps_op_t *op, size_t link) {
+  return (embps_op_t **)((char *)op + link);
+}
+
+/* Appends op to q and wakes the loop (any thread). */
+static void post(embps_group_t *g, op_queue_t *q, embps_op_t *op) {
+  *op_link(op, q->link) = NULL;
   pthread_mutex_lock(&g->mu);
-  if (g->done_tail)
-    g->done_tail->next = op;
+  if (q->tail)
+    *op_link(q->tail, q->link) = op;
   else
-    g->done_head = op;
-  g->done_tail = op;
+    q->head = op;
+  q->tail = op;
   pthread_mutex_unlock(&g->mu);
   uv_async_send(&g->async);
 }
 
+/* Empties q (under mu), returning its ops in order. */
+static embps_op_t *take_all(op_queue_t *q) {
+  embps_op_t *head = q->head;
+  q->head = q->tail = NULL;
+  return head;
+}
+
+/* The first op of a list take_all returned, unlinked; *list moves past it. */
+static embps_op_t *pop(embps_op_t **list, size_t link) {
+  embps_op_t *op = *list;
+  *list = *op_link(op, link);
+  *op_link(op, link) = NULL;
+  return op;
+}
+
+static void complete(embps_group_t *g, embps_op_t *op) { post(g, &g->done, op); }
+
 /* Tells the loop that op's batch is ordered (op->ordered runs there, before op->done). */
 static void announce_ordered(embps_group_t *g, embps_op_t *op) {
-  if (!op->ordered)
-    return;
-  op->ordered_next = NULL;
-  pthread_mutex_lock(&g->mu);
-  if (g->ordered_tail)
-    g->ordered_tail->ordered_next = op;
-  else
-    g->ordered_head = op;
-  g->ordered_tail = op;
-  pthread_mutex_unlock(&g->mu);
-  uv_async_send(&g->async);
+  if (op->ordered)
+    post(g, &g->ordered, op);
 }
 
 /* The engine made more of a lookup's rows final (engine thread): the loop runs op->progress. An
@@ -163,17 +184,8 @@ static void announce_ordered(embps_group_t *g, embps_op_t *op) {
  * not one per chunk. */
 static void publish_progress(embps_op_t *op, void *arg) {
   embps_group_t *g = arg;
-  if (atomic_exchange_explicit(&op->progress_queued, 1, memory_order_acq_rel))
-    return;
-  op->progress_next = NULL;
-  pthread_mutex_lock(&g->mu);
-  if (g->progress_tail)
-    g->progress_tail->progress_next = op;
-  else
-    g->progress_head = op;
-  g->progress_tail = op;
-  pthread_mutex_unlock(&g->mu);
-  uv_async_send(&g->async);
+  if (!atomic_exchange_explicit(&op->progress_queued, 1, memory_order_acq_rel))
+    post(g, &g->progress, op);
 }
 
 static void fail_op(embps_group_t *g, embps_op_t *op, embps_status_t status, const char *msg) {
@@ -190,36 +202,27 @@ static void on_async(uv_async_t *handle) {
     g->cfg.on_fatal(g->cfg.on_fatal_arg, g->fatal_status, msg);
   }
   pthread_mutex_lock(&g->mu);
-  ordered = g->ordered_head;
-  g->ordered_head = g->ordered_tail = NULL;
-  progress = g->progress_head;
-  g->progress_head = g->progress_tail = NULL;
-  op = g->done_head;
-  g->done_head = g->done_tail = NULL;
+  ordered = take_all(&g->ordered);
+  progress = take_all(&g->progress);
+  op = take_all(&g->done);
   pthread_mutex_unlock(&g->mu);
-  /* Every op's ordered notice was queued before its completion: taking both queues at once and
+  /* Every op's ordered notice was queued before its completion: taking the queues at once and
    * running the notices first keeps that order. */
   while (ordered) {
-    embps_op_t *next = ordered->ordered_next;
-    ordered->ordered_next = NULL;
-    ordered->ordered(ordered);
-    ordered = next;
+    embps_op_t *o = pop(&ordered, g->ordered.link);
+    o->ordered(o);
   }
   /* Progress is queued before its op's completion too, so it runs before done frees the op. The
    * flag is cleared first: a chunk published meanwhile queues the op again. */
   while (progress) {
-    embps_op_t *next = progress->progress_next;
-    progress->progress_next = NULL;
-    atomic_store_explicit(&progress->progress_queued, 0, memory_order_release);
-    progress->progress(progress);
-    progress = next;
+    embps_op_t *o = pop(&progress, g->progress.link);
+    atomic_store_explicit(&o->progress_queued, 0, memory_order_release);
+    o->progress(o);
   }
   while (op) {
-    embps_op_t *next = op->next;
-    op->next = NULL;
+    embps_op_t *o = pop(&op, g->done.link);
     atomic_fetch_sub_explicit(&g->pending, 1, memory_order_relaxed);
-    op->done(op);
-    op = next;
+    o->done(o);
   }
 }
 
@@ -1127,6 +1130,9 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
       (g->cancel_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
     goto fail;
   pthread_mutex_init(&g->mu, NULL);
+  g->done.link = offsetof(embps_op_t, next);
+  g->ordered.link = offsetof(embps_op_t, ordered_next);
+  g->progress.link = offsetof(embps_op_t, progress_next);
   atomic_store(&g->state, EMBPS_GROUP_STARTING);
   snprintf(g->state_msg, sizeof(g->state_msg),
            "the shard group is starting: waiting for all %u ranks to join", cfg->size);
