@@ -92,6 +92,18 @@ void embps_segment_sum_stats_cpu(const void *grads, embps_dtype_t dtype, size_t 
                                  const uint32_t *segment_ids, size_t n, size_t num_unique,
                                  size_t block, float *out, float *partials, void *workspace);
 
+/**
+ * embps_segment_sum_stats_cpu for the segments [seg_lo, seg_hi) alone: their rows of out and
+ * partials, and their entries of the workspace (which holds num_unique counts, as there), are
+ * written, nothing else. Calls over disjoint ranges may run at once on other threads with the
+ * same out, partials and workspace, and together write exactly what one call over
+ * [0, num_unique) writes, bit for bit (each segment's sum keeps its order).
+ */
+void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
+                                       const uint32_t *segment_ids, size_t n, size_t num_unique,
+                                       size_t block, float *out, float *partials, void *workspace,
+                                       size_t seg_lo, size_t seg_hi);
+
 /* ---- row statistics: finite check, norm, rowwise mean square -------------------------------- */
 
 /** Columns per row-statistics block: partial sums of squares are taken over blocks of this many

@@ -20,7 +20,15 @@
  * reads them in place from the received request, where the bytes field starts wherever the
  * fields before it end. The loads still vectorize (unaligned vector loads; -fopt-info-vec).
  * The next rows' accumulators are prefetched for writing a few positions ahead, as the
- * scattered stores otherwise stall on each miss. */
+ * scattered stores otherwise stall on each miss.
+ *
+ * The range form sums the segments [seg_lo, seg_hi) alone, so that the CPU engine's threads can
+ * share a batch: each walks every position but sums only its own segments, and every segment
+ * still has one thread and its order. Measured in the server with timers around the round's
+ * steps (a 1M x 128 f32 rowwise Adagrad table, 65536 uniform tokens a push, one and two threads
+ * alternating, 4 rounds on the 2-core VM): the update went from 4.4-5.7 ms to 2.6-3.4 ms, this
+ * sum only from 5.7-6.3 ms to 5.0-6.2 ms (it reads the gradients just received on the loop's
+ * core, and its stores were already prefetched). */
 #include <string.h>
 
 #include "kernels/embps_kernels.h"
@@ -63,24 +71,44 @@ static void add_row_bf16(float *restrict acc, const unsigned char *restrict g, s
   }
 }
 
-void embps_segment_sum_stats_cpu(const void *grads, embps_dtype_t dtype, size_t width,
-                                 const uint32_t *segment_ids, size_t n, size_t num_unique,
-                                 size_t block, float *out, float *partials, void *workspace) {
+void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
+                                       const uint32_t *segment_ids, size_t n, size_t num_unique,
+                                       size_t block, float *out, float *partials, void *workspace,
+                                       size_t seg_lo, size_t seg_hi) {
   const int bf16 = dtype == EMBPS_DTYPE_BF16;
   const size_t in_row = width * embps_dtype_size(dtype), out_row = width * sizeof(float);
   const size_t nb = block ? width / block : 0;
   const unsigned char *g = grads;
   uint32_t *count = workspace;
+  const uint32_t lo = (uint32_t)seg_lo, span = (uint32_t)(seg_hi - seg_lo);
+  size_t ahead = 0; /* positions before it are prefetched, or not this range's */
 
-  memset(count, 0, num_unique * sizeof(uint32_t));
+  (void)num_unique;
+  if (span == 0)
+    return;
+  memset(count + lo, 0, span * sizeof(uint32_t));
+  /* segment_ids[i] - lo < span (unsigned) is the range test: one compare per position. */
   for (size_t i = 0; i < n; i++)
-    count[segment_ids[i]]++;
+    if (segment_ids[i] - lo < span)
+      count[segment_ids[i]]++;
+  /* The accumulators are prefetched EMBPS_PREFETCH_ROWS of this range's positions ahead (another
+   * range's rows are another thread's to touch): the first ones here, then one more with each
+   * position summed. */
+  for (size_t k = 0; ahead < n && k < EMBPS_PREFETCH_ROWS; ahead++)
+    if (segment_ids[ahead] - lo < span) {
+      embps_prefetch_row(out + (size_t)segment_ids[ahead] * width, out_row, NULL);
+      k++;
+    }
   for (size_t i = 0; i < n; i++) {
     const uint32_t s = segment_ids[i];
+    if (s - lo >= span)
+      continue;
     float *acc = out + (size_t)s * width;
     uint32_t c = count[s];
-    if (i + EMBPS_PREFETCH_ROWS < n)
-      embps_prefetch_row(out + (size_t)segment_ids[i + EMBPS_PREFETCH_ROWS] * width, out_row, NULL);
+    while (ahead < n && segment_ids[ahead] - lo >= span)
+      ahead++;
+    if (ahead < n)
+      embps_prefetch_row(out + (size_t)segment_ids[ahead++] * width, out_row, NULL);
     if (bf16 && !(c & SEEN))
       first_row_bf16(acc, g + i * in_row, width);
     else if (bf16)
@@ -94,4 +122,11 @@ void embps_segment_sum_stats_cpu(const void *grads, embps_dtype_t dtype, size_t 
     if (c == SEEN && nb) /* the segment's last position: its row is complete */
       embps_row_partials_cpu(acc, 1, width, block, partials + (size_t)s * nb);
   }
+}
+
+void embps_segment_sum_stats_cpu(const void *grads, embps_dtype_t dtype, size_t width,
+                                 const uint32_t *segment_ids, size_t n, size_t num_unique,
+                                 size_t block, float *out, float *partials, void *workspace) {
+  embps_segment_sum_stats_range_cpu(grads, dtype, width, segment_ids, n, num_unique, block, out,
+                                    partials, workspace, 0, num_unique);
 }

@@ -75,6 +75,10 @@
     "when a GPU is visible)")                                                                      \
   X(device, STR, "device", "auto",                                                                 \
     "cuda: the CUDA device this rank uses; auto = rank modulo the devices visible")                \
+  X(engine_threads, U64, "engine-threads", "0",                                                    \
+    "cpu: threads that apply a push (segment sum, row statistics, optimizer update), the "         \
+    "engine's own included; every row stays on one thread, so the tables get the same bits with "  \
+    "any number; 0 = the CPUs this process may use (affinity, cgroup CPU limit), at most 8")       \
   X(checkpoint_dir, STR, "checkpoint-dir", "",                                                     \
     "directory for checkpoints, one filesystem shared by every rank; empty: tables live in "       \
     "memory only")                                                                                 \

@@ -81,6 +81,10 @@ void embps_engine_free(embps_engine_t *e) {
   embps_free(e);
 }
 
+unsigned embps_engine_set_threads(embps_engine_t *e, unsigned threads) {
+  return e->ops->set_threads ? e->ops->set_threads(e->be, threads) : 1;
+}
+
 embps_backend_t embps_engine_backend(const embps_engine_t *e) { return e->ops->backend; }
 
 uint64_t embps_engine_memory_total(embps_engine_t *e) {

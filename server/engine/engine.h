@@ -115,6 +115,16 @@ embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_
 void embps_engine_free(embps_engine_t *engine);
 
 /**
+ * The host threads that run a push's per-row kernels (the segment sum with the row statistics,
+ * the optimizer update) on the cpu backend, the engine's own thread included: the rows are
+ * split into contiguous shares and every row's arithmetic stays on one thread, so the tables
+ * get the same bits with any number. The cuda backend runs its kernels on the GPU and ignores
+ * this. Call between ops (not during embps_engine_run). Returns the threads the engine now
+ * uses (1 on cuda, or when no helper thread could start).
+ */
+unsigned embps_engine_set_threads(embps_engine_t *engine, unsigned threads);
+
+/**
  * Runs op (lookup, push, create or drop) collectively: every rank must call this for the same
  * batches in the same order. Results go into op; a failure of the op itself (e.g. out of
  * memory on some rank, agreed on by every rank) is op->error. A create first checks the table

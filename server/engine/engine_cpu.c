@@ -14,6 +14,7 @@
 
 #include "common/alloc.h"
 #include "server/engine/engine_ops.h"
+#include "server/engine/workers.h"
 
 /* A lookup's rows are published to the reply in chunks of about this many bytes, so the loop
  * writes chunk k while chunk k+1 is gathered; a chunk costs one atomic store and at most one
@@ -22,6 +23,11 @@
  * builds, 2026-12-03, a 2-core machine loaded by other builds: medians of 65536 tokens x 1 in
  * flight 55%, 50%, 56% of iperf3, 4096 x 2 74%, 76%, 76%, inside the rounds' spread). */
 #define CHUNK_BYTES (1u << 20)
+
+/* The fewest rows (segments, for the segment sum) a share of a per-row kernel gets: below it,
+ * waking a helper (tens of microseconds on a VM) costs more than the share's cache misses. At
+ * 50-110 ns per row for the rowwise Adagrad update, 512 rows are 25-55 us. */
+#define MIN_SHARE_ROWS 512
 
 typedef struct buf {
   void *p;
@@ -33,7 +39,8 @@ struct embps__engine_backend {
   buf_t all_tokens, unique, segment_ids, dedup_ws, row_sumsq, summed, partials, gathered;
   buf_t segment_counts; /* embps_segment_sum_stats_cpu's workspace */
   buf_t send, recv, rows;
-  size_t num_unique; /* the last dedup's */
+  size_t num_unique;        /* the last dedup's */
+  embps_workers_t *workers; /* NULL: every kernel on the engine's thread */
 };
 
 embps_status_t embps__engine_cpu_new(embps__engine_backend_t **out, embps_comm_t *comm) {
@@ -51,7 +58,15 @@ static void cpu_destroy(embps__engine_backend_t *be) {
                    &be->send,       &be->recv,   &be->rows,        &be->segment_counts};
   for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
     embps_free(bufs[i]->p);
+  embps_workers_free(be->workers);
   embps_free(be);
+}
+
+static unsigned cpu_set_threads(embps__engine_backend_t *be, unsigned threads) {
+  unsigned got = 1;
+  embps_workers_free(be->workers);
+  be->workers = threads > 1 ? embps_workers_new(threads, &got) : NULL;
+  return be->workers ? got : 1;
 }
 
 /* Makes b hold at least `bytes`; returns 0 when out of memory. */
@@ -189,14 +204,37 @@ static embps_status_t cpu_segment_sum(embps__engine_backend_t *be, embps_table_t
   return EMBPS_OK;
 }
 
+typedef struct sum_job {
+  embps__engine_backend_t *be;
+  const void *grads;
+  embps_dtype_t dtype;
+  size_t width, T, num_unique, block;
+  float *out, *partials;
+} sum_job_t;
+
+static void sum_share(void *arg, size_t lo, size_t hi) {
+  const sum_job_t *j = arg;
+  embps_segment_sum_stats_range_cpu(j->grads, j->dtype, j->width, j->be->segment_ids.p, j->T,
+                                    j->num_unique, j->block, j->out, j->partials,
+                                    j->be->segment_counts.p, lo, hi);
+}
+
+/* Split by segments: each thread reads every segment id but sums only its own segments' rows. */
 static embps_status_t cpu_segment_sum_stats(embps__engine_backend_t *be, embps_table_t *t,
                                             const void *grads, size_t T, size_t num_unique,
                                             size_t block, float *out, float *partials,
                                             embps_error_t *err) {
+  sum_job_t j = {.be = be,
+                 .grads = grads,
+                 .dtype = embps_table_config(t)->dtype,
+                 .width = embps_table_shard_width(t),
+                 .T = T,
+                 .num_unique = num_unique,
+                 .block = block,
+                 .out = out,
+                 .partials = partials};
   (void)err;
-  embps_segment_sum_stats_cpu(grads, embps_table_config(t)->dtype, embps_table_shard_width(t),
-                              be->segment_ids.p, T, num_unique, block, out, partials,
-                              be->segment_counts.p);
+  embps_workers_run(be->workers, num_unique, MIN_SHARE_ROWS, sum_share, &j);
   return EMBPS_OK;
 }
 
@@ -231,30 +269,61 @@ static embps_status_t cpu_weight_decay(embps__engine_backend_t *be, embps_table_
   return EMBPS_OK;
 }
 
+typedef struct update_job {
+  const embps_table_config_t *c;
+  embps_table_arrays_t a;
+  size_t w;
+  const int64_t *rows;
+  const float *g, *row_sumsq;
+  const embps_opt_params_t *p;
+} update_job_t;
+
+/* The unique rows [lo, hi): rows are distinct, so shares touch disjoint table rows and state. */
+static void update_share(void *arg, size_t lo, size_t hi) {
+  const update_job_t *j = arg;
+  const embps_table_config_t *c = j->c;
+  const int64_t *rows = j->rows + lo;
+  const float *g = j->g + lo * j->w;
+  const size_t m = hi - lo;
+  switch (c->optimizer) {
+  case EMBPS_OPTIMIZER_SGD:
+    embps_update_sgd_cpu(j->a.data, c->dtype, j->w, rows, m, g, j->p);
+    return;
+  case EMBPS_OPTIMIZER_ADAGRAD:
+    embps_update_adagrad_cpu(j->a.data, c->dtype, j->w, rows, m, g, j->a.state0, j->p);
+    return;
+  case EMBPS_OPTIMIZER_ROWWISE_ADAGRAD:
+    embps_update_rowwise_adagrad_cpu(j->a.data, c->dtype, j->w, rows, m, g, j->row_sumsq + lo,
+                                     c->emb_width, j->a.state0, j->p);
+    return;
+  case EMBPS_OPTIMIZER_ADAM:
+    embps_update_adam_cpu(j->a.data, c->dtype, j->w, rows, m, g, j->a.state0, j->a.state1, j->p);
+    return;
+  }
+}
+
 static embps_status_t cpu_update(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
                                  size_t m, const float *g, const float *row_sumsq,
                                  const embps_opt_params_t *p, embps_error_t *err) {
-  const embps_table_config_t *c = embps_table_config(t);
-  const embps_table_arrays_t a = embps_table_arrays(t);
-  const size_t w = embps_table_shard_width(t);
-  (void)be;
-  embps_table_before_write(t, rows, m); /* an open checkpoint snapshot copies them first */
-  switch (c->optimizer) {
+  const update_job_t j = {.c = embps_table_config(t),
+                          .a = embps_table_arrays(t),
+                          .w = embps_table_shard_width(t),
+                          .rows = rows,
+                          .g = g,
+                          .row_sumsq = row_sumsq,
+                          .p = p};
+  switch (j.c->optimizer) {
   case EMBPS_OPTIMIZER_SGD:
-    embps_update_sgd_cpu(a.data, c->dtype, w, rows, m, g, p);
-    return EMBPS_OK;
   case EMBPS_OPTIMIZER_ADAGRAD:
-    embps_update_adagrad_cpu(a.data, c->dtype, w, rows, m, g, a.state0, p);
-    return EMBPS_OK;
   case EMBPS_OPTIMIZER_ROWWISE_ADAGRAD:
-    embps_update_rowwise_adagrad_cpu(a.data, c->dtype, w, rows, m, g, row_sumsq, c->emb_width,
-                                     a.state0, p);
-    return EMBPS_OK;
   case EMBPS_OPTIMIZER_ADAM:
-    embps_update_adam_cpu(a.data, c->dtype, w, rows, m, g, a.state0, a.state1, p);
-    return EMBPS_OK;
+    break;
+  default:
+    return embps_error_set(err, EMBPS_INTERNAL, "unknown optimizer %d", (int)j.c->optimizer);
   }
-  return embps_error_set(err, EMBPS_INTERNAL, "unknown optimizer %d", (int)c->optimizer);
+  embps_table_before_write(t, rows, m); /* an open checkpoint snapshot copies them first */
+  embps_workers_run(be->workers, m, MIN_SHARE_ROWS, update_share, (void *)&j);
+  return EMBPS_OK;
 }
 
 static embps_status_t cpu_mark_dirty(embps__engine_backend_t *be, embps_table_t *t,
@@ -300,6 +369,7 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .backend = EMBPS_BACKEND_CPU,
     .memory = "memory",
     .destroy = cpu_destroy,
+    .set_threads = cpu_set_threads,
     .reserve = cpu_reserve,
     .table_new = cpu_table_new,
     .memory_total = cpu_memory_total,

@@ -51,6 +51,10 @@ typedef struct embps__engine_ops {
   const char *memory; /* where tables live, for messages: "memory", "GPU memory" */
 
   void (*destroy)(embps__engine_backend_t *be);
+  /** Optional (NULL: the backend's kernels take no host threads): runs the per-row kernels on
+   * `threads` host threads from now on; returns how many it has (fewer when some could not
+   * start). */
+  unsigned (*set_threads)(embps__engine_backend_t *be, unsigned threads);
   /** Grows the scratch for an op of this shape (only what its path uses) and fills s. */
   embps_status_t (*reserve)(embps__engine_backend_t *be, const embps__engine_shape_t *shape,
                             embps__engine_scratch_t *s, embps_error_t *err);

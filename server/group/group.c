@@ -970,6 +970,9 @@ static embps_status_t form_group(embps_group_t *g, embps_error_t *err) {
                     embps_backend_name(cfg.backend));
   else if (cfg.backend == EMBPS_BACKEND_CUDA)
     atomic_store(&g->host_device, cfg.device);
+  else if (cfg.engine_threads > 1)
+    EMBPS_INFO("engine: pushes applied on %u threads",
+               embps_engine_set_threads(g->engine, cfg.engine_threads));
   if (ret == EMBPS_OK)
     set_budget(g);
   if (ret == EMBPS_OK && g->ckpt_dir)

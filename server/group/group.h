@@ -123,6 +123,7 @@ typedef struct embps_group_config {
   uint64_t batch_deadline_ms;    /* a batch whose shards do not all arrive in time fails */
   embps_backend_t backend;       /* cpu, or cuda (tables on `device`, NCCL between ranks) */
   int device;                    /* cuda: the CUDA device this rank uses */
+  unsigned engine_threads;       /* cpu: threads for a push's per-row kernels; 0 or 1: one */
   /* Checkpoints (DESIGN.md, Durability); all off without checkpoint_dir. */
   const char *checkpoint_dir;      /* NULL or "": no checkpoints; else a directory every rank
                                       shares (checked and, on the leader, locked by the caller) */

@@ -3,7 +3,8 @@
  * skewed tokens (many duplicates, most segments split over distant positions), singletons
  * only, one token repeated, f32 and bf16, widths whose row-statistics block is 32, a smaller
  * divisor or none, gradients at every byte alignment (the engine reads them in place from the
- * request), and negative zeros (a first position stores 0.0f + g, as the zeroed sum does). */
+ * request), and negative zeros (a first position stores 0.0f + g, as the zeroed sum does).
+ * embps_segment_sum_stats_range_cpu over ranges that cover the segments gives the same bits. */
 #include <math.h>
 
 #include "kernel_test_util.h"
@@ -62,6 +63,23 @@ static void run_case(embps_dtype_t dtype, size_t n, size_t width, size_t vocab, 
   assert_memory_equal(got, want, nu * width * sizeof(float));
   assert_memory_equal(got_p, want_p, nu * nb * sizeof(float));
   assert_true(isnan(got_p[nu * nb])); /* nothing written past the partials */
+
+  /* The same in three segment ranges, last range first (as threads may finish), and a range
+   * writes its own segments' rows and nothing else. */
+  const size_t edges[4] = {0, nu / 3, nu - nu / 4, nu};
+  for (size_t k = 0; k < nu * width; k++)
+    got[k] = NAN;
+  for (size_t k = 0; k < nu * nb + 1; k++)
+    got_p[k] = NAN;
+  for (size_t r = 3; r-- > 0;) {
+    embps_segment_sum_stats_range_cpu(grads, dtype, width, seg, n, nu, block, got, got_p, cws,
+                                      edges[r], edges[r + 1]);
+    for (size_t k = 0; k < edges[r] * width; k++)
+      assert_true(isnan(got[k])); /* the ranges before it are not written yet */
+  }
+  assert_memory_equal(got, want, nu * width * sizeof(float));
+  assert_memory_equal(got_p, want_p, nu * nb * sizeof(float));
+  assert_true(isnan(got_p[nu * nb]));
 
   free(cws);
   free(got_p);

@@ -330,11 +330,108 @@ static void test_close_for_narrow_slices(void **state) {
   }
 }
 
+/* ---- threads: the same bits with any number ---------------------------------------------- */
+
+#define T_ROWS 6000
+#define T_WIDTH 64
+#define T_BATCH 4096 /* 8 shares of the engine's 512-row minimum: every thread count splits */
+#define T_STEPS 4
+
+/* One rank with `threads` threads applies T_STEPS pushes of T_BATCH tokens (singletons,
+ * duplicates, padding) and returns its table's three arrays, concatenated, and the norms. */
+static uint8_t *pushed_with_threads(const embps_table_config_t *c, unsigned threads,
+                                    double norms[T_STEPS], size_t *bytes) {
+  rank_ctx_t r;
+  int fds[1] = {-1};
+  const size_t ds = embps_dtype_size(c->dtype);
+  int64_t *tokens = calloc(T_BATCH, sizeof(int64_t));
+  uint8_t *grads = calloc((size_t)T_BATCH * T_WIDTH, ds), *all;
+  size_t sizes[3];
+  embps_table_t *t;
+  embps_error_t err;
+  uint64_t x = 0x2545f4914f6cdd1dull;
+
+  rank_init(&r, 0, 1, fds);
+  assert_int_equal(embps_engine_set_threads(r.engine, threads), threads);
+  create(&r, c);
+  t = embps_store_find(r.store, "t");
+  for (int step = 0; step < T_STEPS; step++) {
+    embps_op_t op;
+    for (size_t i = 0; i < T_BATCH; i++) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      /* a quarter of the positions on 64 hot rows (0 among them), the rest over the table */
+      tokens[i] = (int64_t)(x % 4 == 0 ? (x >> 8) % 64 : (x >> 8) % T_ROWS);
+      for (size_t col = 0; col < T_WIDTH; col++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        float v = (float)((double)(x % 2001) / 1000.0 - 1.0);
+        if (c->dtype == EMBPS_DTYPE_BF16)
+          ((uint16_t *)grads)[i * T_WIDTH + col] = embps_f32_to_bf16(v);
+        else
+          ((float *)grads)[i * T_WIDTH + col] = v;
+      }
+    }
+    op = batch_op(EMBPS_OP_PUSH, t, tokens, T_BATCH, 1);
+    op.grads = grads;
+    assert_int_equal(embps_engine_run(r.engine, &op, &err), EMBPS_OK);
+    assert_true(op.applied);
+    norms[step] = op.grad_norm;
+  }
+  embps_table_array_bytes(t, sizes);
+  *bytes = sizes[0] + sizes[1] + sizes[2];
+  all = malloc(*bytes);
+  {
+    const embps_table_arrays_t a = embps_table_arrays(t);
+    const void *arrays[3] = {a.data, a.state0, a.state1};
+    size_t at = 0;
+    for (int i = 0; i < 3; i++) {
+      if (sizes[i])
+        memcpy(all + at, arrays[i], sizes[i]);
+      at += sizes[i];
+    }
+  }
+  free(tokens);
+  free(grads);
+  rank_fini(&r);
+  return all;
+}
+
+/* The cpu engine splits a push's segment sum and update over its threads: 2, 3 and 5 threads
+ * leave the table (weights and optimizer state) and the norms bitwise as one thread does, for
+ * every optimizer and both dtypes, weight decay on. */
+static void test_threads_bitwise(void **state) {
+  const embps_dtype_t dtypes[] = {EMBPS_DTYPE_F32, EMBPS_DTYPE_BF16};
+  const unsigned counts[] = {2, 3, 5};
+  (void)state;
+  for (size_t d = 0; d < 2; d++)
+    for (size_t o = 0; o < 4; o++) {
+      embps_table_config_t c = table_config(all_optimizers[o]);
+      double ref_norms[T_STEPS], norms[T_STEPS];
+      size_t ref_bytes, bytes;
+      uint8_t *ref, *got;
+      embps_error_t err;
+      c.rows = T_ROWS;
+      c.emb_width = T_WIDTH;
+      c.dtype = dtypes[d];
+      assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
+      ref = pushed_with_threads(&c, 1, ref_norms, &ref_bytes);
+      for (size_t k = 0; k < 3; k++) {
+        got = pushed_with_threads(&c, counts[k], norms, &bytes);
+        assert_int_equal(bytes, ref_bytes);
+        if (memcmp(got, ref, bytes) != 0 || memcmp(norms, ref_norms, sizeof(norms)) != 0)
+          fail_msg("%s %s on %u threads: the table or the norms differ from 1 thread's",
+                   embps_dtype_name(c.dtype), embps_optimizer_name(c.optimizer), counts[k]);
+        free(got);
+      }
+      free(ref);
+    }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_single_rank),
       cmocka_unit_test(test_bitwise_independent_of_n),
       cmocka_unit_test(test_close_for_narrow_slices),
+      cmocka_unit_test(test_threads_bitwise),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
