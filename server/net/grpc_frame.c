@@ -151,7 +151,10 @@ int embps__grpc_on_data_chunk_recv(nghttp2_session *session, uint8_t flags, int3
       }
     } else {
       size_t take = s->msg_len - s->msg_got < len ? s->msg_len - s->msg_got : len;
-      memcpy(s->msg + s->msg_got, data, take);
+      if (data == s->msg + s->msg_got) /* read in place (embps__h2conn_read_target) */
+        conn->direct_bytes += take;
+      else
+        memcpy(s->msg + s->msg_got, data, take);
       s->msg_got += take;
       data += take;
       len -= take;

@@ -325,6 +325,7 @@ embps_status_t embps__h2conn_new(embps__h2conn_t **out, size_t max_message_bytes
   EMBPS_CHECK_GOTO(conn, EMBPS_RESOURCE_EXHAUSTED, fail, "out of memory for a connection");
   conn->hooks = *hooks;
   conn->max_message_bytes = max_message_bytes;
+  conn->preface_left = NGHTTP2_CLIENT_MAGIC_LEN;
 
   EMBPS_CHECK_GOTO(nghttp2_session_callbacks_new(&cbs) == 0, EMBPS_RESOURCE_EXHAUSTED, fail,
                    "nghttp2_session_callbacks_new failed");
@@ -422,9 +423,76 @@ static void deliver(embps__h2conn_t *conn) {
   conn->deliver.n = 0;
 }
 
+/* Walks n bytes about to be fed, keeping conn's place in the client's frames. */
+static void frames_track(embps__h2conn_t *conn, const uint8_t *p, size_t n) {
+  size_t k = conn->preface_left < n ? conn->preface_left : n;
+  conn->preface_left -= k;
+  p += k;
+  n -= k;
+  while (n > 0) {
+    if (conn->fhd_have < 9) {
+      k = 9 - conn->fhd_have < n ? 9 - conn->fhd_have : n;
+      memcpy(conn->fhd + conn->fhd_have, p, k);
+      conn->fhd_have += k;
+      p += k;
+      n -= k;
+      if (conn->fhd_have == 9) {
+        conn->fpay_left = (size_t)conn->fhd[0] << 16 | (size_t)conn->fhd[1] << 8 | conn->fhd[2];
+        if (conn->fpay_left == 0)
+          conn->fhd_have = 0;
+      }
+      continue;
+    }
+    k = conn->fpay_left < n ? conn->fpay_left : n;
+    conn->fpay_left -= k;
+    p += k;
+    n -= k;
+    if (conn->fpay_left == 0)
+      conn->fhd_have = 0;
+  }
+}
+
+/* The stream id's message buffer, when it is receiving a message with at least
+ * EMBPS__H2_DIRECT_MIN bytes still to come. */
+static embps__h2stream_t *large_message(embps__h2conn_t *conn, int32_t id) {
+  embps__h2stream_t *s = id ? nghttp2_session_get_stream_user_data(conn->session, id) : NULL;
+  return s && s->state == EMBPS__H2S_RECEIVING && s->in_msg &&
+                 s->msg_len - s->msg_got >= EMBPS__H2_DIRECT_MIN
+             ? s
+             : NULL;
+}
+
+uint8_t *embps__h2conn_read_target(embps__h2conn_t *conn, size_t *cap) {
+  *cap = SIZE_MAX;
+  if (conn->fatal || conn->preface_left > 0)
+    return NULL;
+  if (conn->fhd_have == 9 && conn->fhd[3] == NGHTTP2_DATA &&
+      !(conn->fhd[4] & NGHTTP2_FLAG_PADDED)) {
+    int32_t id = (int32_t)((uint32_t)(conn->fhd[5] & 0x7f) << 24 | (uint32_t)conn->fhd[6] << 16 |
+                           (uint32_t)conn->fhd[7] << 8 | conn->fhd[8]);
+    embps__h2stream_t *s = large_message(conn, id);
+    if (s) {
+      size_t left = s->msg_len - s->msg_got;
+      conn->direct_stream = id;
+      *cap = left < conn->fpay_left ? left : conn->fpay_left;
+      return s->msg + s->msg_got;
+    }
+  }
+  if (!large_message(conn, conn->direct_stream)) {
+    conn->direct_stream = 0;
+    return NULL;
+  }
+  /* A large message is arriving: stop at the end of the next frame header. */
+  *cap = conn->fhd_have < 9 ? 9 - conn->fhd_have : conn->fpay_left + 9;
+  return NULL;
+}
+
+uint64_t embps__h2conn_direct_bytes(const embps__h2conn_t *conn) { return conn->direct_bytes; }
+
 embps_status_t embps__h2conn_feed(embps__h2conn_t *conn, const uint8_t *data, size_t len) {
   if (conn->fatal)
     return EMBPS_UNAVAILABLE;
+  frames_track(conn, data, len);
   conn->in_feed = 1;
   ssize_t rv = nghttp2_session_mem_recv(conn->session, data, len);
   if (rv < 0) {

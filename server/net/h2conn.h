@@ -83,6 +83,25 @@ void embps__h2conn_free(embps__h2conn_t *conn);
 embps_status_t embps__h2conn_feed(embps__h2conn_t *conn, const uint8_t *data, size_t len);
 
 /**
+ * Where the next read from the socket should go, for a cleartext connection. When the next
+ * bytes are the body of a large request message (at least EMBPS__H2_DIRECT_MIN bytes left, in an
+ * unpadded DATA frame), returns the place in that message's buffer they belong at, with *cap the
+ * most bytes that belong there: the caller reads into it and feeds exactly what it read to
+ * embps__h2conn_feed, which then finds the bytes in place and does not copy them. Otherwise
+ * returns NULL and sets *cap to the most bytes a read into the caller's own buffer should take
+ * (SIZE_MAX: no bound): while a large message is arriving, reads stop at the next frame's
+ * header, so that its payload can be read in place.
+ */
+uint8_t *embps__h2conn_read_target(embps__h2conn_t *conn, size_t *cap);
+
+/** Bytes embps__h2conn_read_target placed, read in place so far (for tests and profiling). */
+uint64_t embps__h2conn_direct_bytes(const embps__h2conn_t *conn);
+
+/** Messages smaller than this are read through the connection's buffer: a read per frame
+ * boundary would cost more than the copy. */
+#define EMBPS__H2_DIRECT_MIN (64u << 10)
+
+/**
  * Takes the output ready now, or NULL when there is none. The caller owns the batch: write its
  * segments in order, then free it with embps__h2out_free (which releases the reply bodies it
  * references). A batch is bounded in size; call again after writing it for more.

@@ -106,6 +106,13 @@ struct embps__h2conn {
   int in_feed;
   int got_preface;
   int fatal;
+  /* Where the bytes fed so far stand in the client's frames (embps__h2conn_read_target): the
+   * rest of the connection preface, then each frame's 9-byte header and its payload. */
+  size_t preface_left;
+  uint8_t fhd[9];
+  size_t fhd_have, fpay_left;
+  int32_t direct_stream; /* the stream whose message last took bytes in place; 0: none */
+  uint64_t direct_bytes; /* bytes read in place so far */
 };
 
 /* ---- h2conn.c ---- */

@@ -328,6 +328,107 @@ static void test_split_frames(void **state) {
   server_fini(&sv);
 }
 
+/* Feeds the server as net.c does: each read goes where embps__h2conn_read_target says (a large
+ * message's own buffer, or a bounded read into the connection's buffer), `steps` giving how many
+ * bytes the socket has for each read in turn; replies go back to the client as pump's do. */
+static void pump_reads(h2c_t *c, server_t *sv, const size_t *steps, size_t nsteps) {
+  static uint8_t rbuf[256u << 10];
+  uint8_t *q = NULL;
+  size_t qlen = 0, qoff = 0, k = 0;
+  for (int round = 0; round < 100000; round++) {
+    int progress = 0;
+    const uint8_t *d;
+    ssize_t n;
+    while ((n = nghttp2_session_mem_send(c->session, &d)) > 0) {
+      q = realloc(q, qlen + (size_t)n);
+      assert_non_null(q);
+      memcpy(q + qlen, d, (size_t)n);
+      qlen += (size_t)n;
+    }
+    assert_true(n == 0);
+    while (qoff < qlen) {
+      size_t cap, take = steps[k++ % nsteps];
+      uint8_t *p = embps__h2conn_read_target(sv->conn, &cap);
+      if (!p) {
+        p = rbuf;
+        if (cap > sizeof(rbuf))
+          cap = sizeof(rbuf);
+      }
+      assert_true(cap > 0);
+      if (take > cap)
+        take = cap;
+      if (take > qlen - qoff)
+        take = qlen - qoff;
+      memcpy(p, q + qoff, take); /* the socket's read */
+      qoff += take;
+      sv->last_feed = embps__h2conn_feed(sv->conn, p, take);
+      assert_int_equal(sv->last_feed, EMBPS_OK);
+      progress = 1;
+    }
+    embps__h2out_t *out;
+    while ((out = embps__h2conn_take_output(sv->conn)) != NULL) {
+      size_t nsegs;
+      const embps__h2seg_t *segs = embps__h2out_segs(out, &nsegs);
+      for (size_t i = 0; i < nsegs; i++)
+        assert_int_equal(nghttp2_session_mem_recv(c->session, segs[i].base, segs[i].len),
+                         (ssize_t)segs[i].len);
+      embps__h2out_free(out);
+      progress = 1;
+    }
+    if (!progress)
+      break;
+  }
+  free(q);
+}
+
+/* Large request messages are read straight into their buffers (embps__h2conn_read_target): two
+ * of them interleaved in 16 KiB frames and a third in 1 MiB frames arrive intact whatever the
+ * reads' sizes, most of their bytes in place; a small one and one in padded frames go through
+ * the connection's buffer, intact too. */
+static void test_request_read_in_place(void **state) {
+  const size_t big = 700u << 10, small = 1000;
+  const size_t steps[][3] = {{1u << 20, 1u << 20, 1u << 20}, {7, 100003, 1}, {4096, 65536, 9}};
+  (void)state;
+  for (size_t v = 0; v < sizeof(steps) / sizeof(steps[0]); v++)
+    for (int pad = 0; pad < 2; pad++) {
+      server_t sv;
+      h2c_t c;
+      uint8_t *msg[4], *p[4];
+      size_t len[4] = {big, big, big + 11, small}, plen[4];
+      server_init(&sv, 8u << 20);
+      sv.answer_inline = 1;
+      h2c_init(&c, 1);
+      c.pad = pad;
+      h2c_stream_t *st[4];
+      for (int i = 0; i < 4; i++) {
+        msg[i] = malloc(len[i]);
+        for (size_t j = 0; j < len[i]; j++)
+          msg[i][j] = (uint8_t)(j * (7 + 2 * i) + (j >> 11) + i);
+        p[i] = h2c_frame(0, msg[i], len[i], &plen[i]);
+        /* padded frames need room for their padding below the frame size (16 KiB until the
+         * client has the server's SETTINGS) */
+        st[i] = h2c_request(&c, PATH, CT, p[i], plen[i], pad ? 16000 : i < 2 ? 16384 : 0, plen[i]);
+      }
+      pump_reads(&c, &sv, steps[v], 3);
+      assert_int_equal(sv.ncalls, 4);
+      for (int i = 0; i < 4; i++)
+        assert_ok_reply(st[i], msg[i], len[i]);
+      uint64_t direct = embps__h2conn_direct_bytes(sv.conn);
+      if (pad)
+        assert_int_equal(direct, 0);
+      else if (!(v == 1)) /* 7-byte and 1-byte reads leave few bytes for the big ones */
+        assert_true(direct >= (3 * big) / 2);
+      else
+        assert_true(direct > 0);
+      for (int i = 0; i < 4; i++) {
+        free(p[i]);
+        free(msg[i]);
+      }
+      h2c_free(&c);
+      server_fini(&sv);
+    }
+}
+
 static void test_concurrent_out_of_order(void **state) {
   enum { N = 6 };
   server_t sv;
@@ -949,6 +1050,7 @@ int main(void) {
       cmocka_unit_test(test_large_request_and_reply),
       cmocka_unit_test(test_reply_under_small_windows),
       cmocka_unit_test(test_split_frames),
+      cmocka_unit_test(test_request_read_in_place),
       cmocka_unit_test(test_concurrent_out_of_order),
       cmocka_unit_test(test_oversized_message),
       cmocka_unit_test(test_receiving_budget),
