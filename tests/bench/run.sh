@@ -158,7 +158,7 @@ if [ "$perf" = 1 ] && command -v perf >/dev/null; then
       perf record -g -o "$work/perf.data" -p "$spid" -- sleep "$((duration > 3 ? duration - 2 : 1))" >/dev/null 2>&1 || true
       wait $bpid || true
       echo "---- server profile ($([ "$ratio" = 1 ] && echo push || echo lookup) $batch x 128, $tokens tokens) ----"
-      perf report -i "$work/perf.data" --no-children --percent-limit 2 --stdio 2>/dev/null | grep -E '^ +[0-9]' | head -15 || true
+      perf report -i "$work/perf.data" --no-children --percent-limit 2 --stdio 2>/dev/null | grep -E '^ +[0-9.]+%' | head -15 || true
     done
   done
 fi
