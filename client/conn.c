@@ -65,8 +65,7 @@ static void conn_close_socket(embps__conn_t *c) {
   }
   c->wlen = c->woff = 0;
   c->resume_head = 0;
-  c->fhd_have = 0; /* a new connection starts at a frame */
-  c->fpay_left = 0;
+  memset(&c->frames, 0, sizeof(c->frames)); /* a new connection starts at a frame */
 }
 
 /* Fails every stream with the connection's reason (UNAVAILABLE unless conn_fail said
@@ -249,31 +248,6 @@ void embps__conn_kick(embps__conn_t *c) {
     conn_break(c);
 }
 
-/* Walks n bytes that the session is fed, keeping c's place in the server's frames. */
-static void frames_track(embps__conn_t *c, const uint8_t *p, size_t n) {
-  while (n > 0) {
-    if (c->fhd_have < 9) {
-      size_t k = 9 - c->fhd_have < n ? 9 - c->fhd_have : n;
-      memcpy(c->fhd + c->fhd_have, p, k);
-      c->fhd_have += k;
-      p += k;
-      n -= k;
-      if (c->fhd_have == 9) {
-        c->fpay_left = (size_t)c->fhd[0] << 16 | (size_t)c->fhd[1] << 8 | c->fhd[2];
-        if (c->fpay_left == 0)
-          c->fhd_have = 0;
-      }
-      continue;
-    }
-    size_t k = c->fpay_left < n ? c->fpay_left : n;
-    c->fpay_left -= k;
-    p += k;
-    n -= k;
-    if (c->fpay_left == 0)
-      c->fhd_have = 0;
-  }
-}
-
 /* Where the next read goes, and at most how many bytes: row bytes of a lookup reply go
  * straight into the caller's buffer (an unpadded DATA frame whose stream can take them in
  * place); anything else goes into rbuf. A read into rbuf stops PEEK_BYTES into a DATA frame
@@ -283,23 +257,23 @@ static uint8_t *read_target(embps__conn_t *c, size_t *cap, int *direct) {
   size_t want;
   int later = 0;
   *direct = 0;
-  if (c->fhd_have == 9 && c->fhd[3] == NGHTTP2_DATA && !(c->fhd[4] & NGHTTP2_FLAG_PADDED)) {
-    int32_t id = (int32_t)((uint32_t)(c->fhd[5] & 0x7f) << 24 | (uint32_t)c->fhd[6] << 16 |
-                           (uint32_t)c->fhd[7] << 8 | c->fhd[8]);
+  const embps_h2_frames_t *f = &c->frames;
+  const int32_t id = embps_h2_frames_data_stream(f);
+  if (id) {
     size_t n = 0;
     uint8_t *p = embps__stream_direct(c->session, id, &n, &later);
     if (p) {
-      *cap = n < c->fpay_left ? n : c->fpay_left;
+      *cap = n < f->left ? n : f->left;
       *direct = 1;
       return p;
     }
   }
-  if (c->fhd_have < 9)
-    want = 9 - c->fhd_have + PEEK_BYTES;
+  if (f->have < EMBPS_H2_FRAME_HEADER)
+    want = EMBPS_H2_FRAME_HEADER - f->have + PEEK_BYTES;
   else if (later)
-    want = c->fpay_left < PEEK_BYTES ? c->fpay_left : PEEK_BYTES;
+    want = f->left < PEEK_BYTES ? f->left : PEEK_BYTES;
   else
-    want = c->fpay_left + 9 + PEEK_BYTES;
+    want = f->left + EMBPS_H2_FRAME_HEADER + PEEK_BYTES;
   *cap = want < RBUF_SIZE ? want : RBUF_SIZE;
   return c->rbuf;
 }
@@ -326,7 +300,7 @@ static void conn_read(embps__conn_t *c) {
       conn_fail(c, EMBPS_UNAVAILABLE, "server closed the connection");
       return;
     }
-    frames_track(c, buf, (size_t)n);
+    embps_h2_frames_walk(&c->frames, buf, (size_t)n);
     if (direct)
       c->direct_bytes += (uint64_t)n;
     ssize_t k = nghttp2_session_mem_recv(c->session, buf, (size_t)n);

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include "client/conn.h"
+#include "common/h2frames.h"
 
 struct embps__conn {
   embps__addr_t addr;
@@ -27,11 +28,9 @@ struct embps__conn {
   embps__stream_t *send_head; /* bodies not yet fully sent, in submission order */
   embps__stream_t *send_tail;
   int resume_head; /* the new send_head was deferred: resume it */
-  /* The frame the next byte from the server belongs to (conn.c's frame tracker, which walks the
-   * byte stream beside nghttp2 so that row bytes can be read in place). */
-  uint8_t fhd[9];          /* the frame header, fhd_have bytes of it so far */
-  size_t fhd_have;         /* 9: in the payload */
-  size_t fpay_left;        /* payload bytes of the frame not yet read */
+  /* The frame the next byte from the server belongs to (walked beside nghttp2 so that row bytes
+   * can be read in place). */
+  embps_h2_frames_t frames;
   uint64_t direct_bytes;   /* bytes read straight into a caller's buffer (tests, tuning) */
   uint64_t streams_closed; /* counts on_stream_close: a read stops when a reply completes */
 };

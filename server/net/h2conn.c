@@ -423,33 +423,11 @@ static void deliver(embps__h2conn_t *conn) {
   conn->deliver.n = 0;
 }
 
-/* Walks n bytes about to be fed, keeping conn's place in the client's frames. */
+/* Walks n bytes about to be fed, keeping conn's place in the client's preface and frames. */
 static void frames_track(embps__h2conn_t *conn, const uint8_t *p, size_t n) {
   size_t k = conn->preface_left < n ? conn->preface_left : n;
   conn->preface_left -= k;
-  p += k;
-  n -= k;
-  while (n > 0) {
-    if (conn->fhd_have < 9) {
-      k = 9 - conn->fhd_have < n ? 9 - conn->fhd_have : n;
-      memcpy(conn->fhd + conn->fhd_have, p, k);
-      conn->fhd_have += k;
-      p += k;
-      n -= k;
-      if (conn->fhd_have == 9) {
-        conn->fpay_left = (size_t)conn->fhd[0] << 16 | (size_t)conn->fhd[1] << 8 | conn->fhd[2];
-        if (conn->fpay_left == 0)
-          conn->fhd_have = 0;
-      }
-      continue;
-    }
-    k = conn->fpay_left < n ? conn->fpay_left : n;
-    conn->fpay_left -= k;
-    p += k;
-    n -= k;
-    if (conn->fpay_left == 0)
-      conn->fhd_have = 0;
-  }
+  embps_h2_frames_walk(&conn->frames, p + k, n - k);
 }
 
 /* The stream id's message buffer, when it is receiving a message with at least
@@ -466,24 +444,22 @@ uint8_t *embps__h2conn_read_target(embps__h2conn_t *conn, size_t *cap) {
   *cap = SIZE_MAX;
   if (conn->fatal || conn->preface_left > 0)
     return NULL;
-  if (conn->fhd_have == 9 && conn->fhd[3] == NGHTTP2_DATA &&
-      !(conn->fhd[4] & NGHTTP2_FLAG_PADDED)) {
-    int32_t id = (int32_t)((uint32_t)(conn->fhd[5] & 0x7f) << 24 | (uint32_t)conn->fhd[6] << 16 |
-                           (uint32_t)conn->fhd[7] << 8 | conn->fhd[8]);
-    embps__h2stream_t *s = large_message(conn, id);
-    if (s) {
-      size_t left = s->msg_len - s->msg_got;
-      conn->direct_stream = id;
-      *cap = left < conn->fpay_left ? left : conn->fpay_left;
-      return s->msg + s->msg_got;
-    }
+  const embps_h2_frames_t *f = &conn->frames;
+  const int32_t id = embps_h2_frames_data_stream(f);
+  embps__h2stream_t *s = large_message(conn, id);
+  if (s) {
+    size_t left = s->msg_len - s->msg_got;
+    conn->direct_stream = id;
+    *cap = left < f->left ? left : f->left;
+    return s->msg + s->msg_got;
   }
   if (!large_message(conn, conn->direct_stream)) {
     conn->direct_stream = 0;
     return NULL;
   }
   /* A large message is arriving: stop at the end of the next frame header. */
-  *cap = conn->fhd_have < 9 ? 9 - conn->fhd_have : conn->fpay_left + 9;
+  *cap = f->have < EMBPS_H2_FRAME_HEADER ? EMBPS_H2_FRAME_HEADER - f->have
+                                         : f->left + EMBPS_H2_FRAME_HEADER;
   return NULL;
 }
 

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/h2frames.h"
 #include "server/net/h2conn.h"
 
 /* The gRPC message prefix: a flags byte and a 4-byte big-endian length. */
@@ -109,8 +110,7 @@ struct embps__h2conn {
   /* Where the bytes fed so far stand in the client's frames (embps__h2conn_read_target): the
    * rest of the connection preface, then each frame's 9-byte header and its payload. */
   size_t preface_left;
-  uint8_t fhd[9];
-  size_t fhd_have, fpay_left;
+  embps_h2_frames_t frames;
   int32_t direct_stream; /* the stream whose message last took bytes in place; 0: none */
   uint64_t direct_bytes; /* bytes read in place so far */
 };
