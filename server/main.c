@@ -4,7 +4,6 @@
  * cannot form, then closes them top-down so that calls in flight are answered or dropped
  * before the tables go away. */
 #include <malloc.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/cpus.h"
 #include "common/hostport.h"
 #include "common/log.h"
 #include "server/engine/engine.h"
@@ -190,35 +190,13 @@ static const char *metrics_host(const char *listen) {
   return host;
 }
 
-/* The CPUs a cgroup v2 CPU limit allows (a container's cpu limit: "QUOTA PERIOD" in cpu.max,
- * rounded up), or 0 when there is none or it cannot be read. */
-static long cgroup_cpu_limit(void) {
-  FILE *f = fopen("/sys/fs/cgroup/cpu.max", "r");
-  long quota = 0, period = 0;
-  char first[32] = "";
-  if (!f)
-    return 0;
-  if (fscanf(f, "%31s %ld", first, &period) != 2 || strcmp(first, "max") == 0 || period <= 0)
-    period = 0;
-  else
-    quota = strtol(first, NULL, 10);
-  fclose(f);
-  return quota > 0 && period > 0 ? (quota + period - 1) / period : 0;
-}
-
-/* --engine-threads: 0 is the CPUs this process may run on (its affinity mask, which a
- * container's cpuset narrows, and its cgroup's CPU limit), at most 8: split finer, a 4096-row
- * batch's shares would come down to the engine's smallest (512 rows) anyway. */
+/* --engine-threads: 0 is the CPUs this process may use (embps_usable_cpus), at most 8: split
+ * finer, a 4096-row batch's shares would come down to the engine's smallest (512 rows) anyway. */
 static unsigned engine_threads(uint64_t asked) {
-  cpu_set_t set;
-  long cpus = 1, limit = cgroup_cpu_limit();
+  unsigned cpus = embps_usable_cpus();
   if (asked > 0)
     return asked > 256 ? 256u : (unsigned)asked;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0)
-    cpus = CPU_COUNT(&set);
-  if (limit > 0 && limit < cpus)
-    cpus = limit;
-  return cpus < 1 ? 1u : cpus > 8 ? 8u : (unsigned)cpus;
+  return cpus > 8 ? 8u : cpus;
 }
 
 static uint64_t default_max_table_bytes(void) {

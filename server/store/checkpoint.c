@@ -44,6 +44,7 @@
 
 #include "common/alloc.h"
 #include "common/byteorder.h"
+#include "common/cpus.h"
 #include "common/dtype.h"
 
 #define SLICE_MAGIC "EMBPSCKP"
@@ -885,7 +886,7 @@ static embps_status_t read_parallel(infile_t *f, const scatter_t *sc, uint32_t *
   range_job_t jobs[READ_THREADS_MAX];
   reader_t proto = {.f = f, .sc = sc};
   uint64_t per_block, threads;
-  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  const unsigned cpus = embps_usable_cpus();
   embps_status_t ret = EMBPS_OK;
   size_t started = 0;
   int in_place;
@@ -893,7 +894,7 @@ static embps_status_t read_parallel(infile_t *f, const scatter_t *sc, uint32_t *
   row_bytes(&f->config, f->shard_width, proto.rb);
   proto.per_row = proto.rb[0] + proto.rb[1] + proto.rb[2];
   per_block = proto.per_row >= BLOCK_TARGET ? 1 : BLOCK_TARGET / proto.per_row;
-  threads = cpus > 1 ? (uint64_t)cpus * 2 : 1;
+  threads = cpus > 1 ? (uint64_t)cpus * 2 : 1; /* the CPUs the process may use, not the host's */
   if (threads > READ_THREADS_MAX)
     threads = READ_THREADS_MAX;
   if (threads > f->blocks / READ_BLOCKS_PER_THREAD_MIN)
