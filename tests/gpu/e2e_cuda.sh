@@ -95,6 +95,10 @@ cuda_flags=(--backend "$BACKEND")
 if [ "$BACKEND" = cuda ] && grep -q -- '^ *--device' <<<"$help"; then
   cuda_flags+=(--device "$DEVICE")
 fi
+# Empty checkpoint directories: a reused OUTD (ctest's build directory) keeps an earlier run's
+# checkpoints, whose rounds can be higher than this run's, and --checkpoint-keep would then
+# remove this run's checkpoint as the oldest before it is restored.
+rm -rf "$OUTD/ckpt-cuda" "$OUTD/ckpt-cpu"
 mkdir -p "$OUTD/ckpt-cuda" "$OUTD/ckpt-cpu"
 start_server cuda "${cuda_flags[@]}" --checkpoint-dir "$OUTD/ckpt-cuda" --restore none
 start_server cpu --backend cpu --checkpoint-dir "$OUTD/ckpt-cpu" --restore none
