@@ -104,6 +104,24 @@ void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, s
                                        size_t block, float *out, float *partials, void *workspace,
                                        size_t seg_lo, size_t seg_hi);
 
+/**
+ * The first half of embps_segment_sum_stats_range_cpu: counts each segment of [seg_lo, seg_hi)'s
+ * positions among segment_ids[0..n) into the workspace.
+ */
+void embps_segment_sum_stats_count_cpu(const uint32_t *segment_ids, size_t n, void *workspace,
+                                       size_t seg_lo, size_t seg_hi);
+
+/**
+ * The second half: sums the positions [pos_lo, pos_hi) of the segments [seg_lo, seg_hi), taking
+ * a row's partials when its last position is summed. grads is the gradient row of position 0
+ * (only rows pos_lo..pos_hi are read). Calls over consecutive position ranges after one count
+ * write what embps_segment_sum_stats_range_cpu writes over their union, bit for bit.
+ */
+void embps_segment_sum_stats_positions_cpu(const void *grads, embps_dtype_t dtype, size_t width,
+                                           const uint32_t *segment_ids, size_t pos_lo,
+                                           size_t pos_hi, size_t block, float *out, float *partials,
+                                           void *workspace, size_t seg_lo, size_t seg_hi);
+
 /* ---- row statistics: finite check, norm, rowwise mean square -------------------------------- */
 
 /** Columns per row-statistics block: partial sums of squares are taken over blocks of this many

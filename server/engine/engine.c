@@ -345,6 +345,15 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
     return ret;
   atomic_fetch_add_explicit(&counters->pushes, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->rows_pushed, n, memory_order_relaxed);
+  if (op->prepared && N == 1 && ops->backend == EMBPS_BACKEND_CPU) {
+    /* Deduplicated and summed while the request arrived: the gate and the update are left. */
+    unique = op->prepared->unique;
+    U = op->prepared->num_unique;
+    first_unique = U > 0 ? unique[0] : -1;
+    s.summed = op->prepared->summed;
+    ready = op->prepared->partials;
+    goto summed;
+  }
   /* The gradients (the bulk of the request) travel while the tokens are all-gathered and
    * deduplicated, which need only the tokens. */
   STEP(ops->input(be, EMBPS__IN_TOKENS, op->tokens, n * sizeof(int64_t), &tokens, err));
@@ -372,12 +381,15 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
                                 err));
   else
     STEP(ops->segment_sum(be, t, grads, T, U, s.summed, err));
+  ready = ops->segment_sum_stats ? s.partials : NULL;
+summed:
   /* Unique tokens are ascending, so the padding row, when present, is the first. */
   first = (U > 0 && first_unique == 0) ? 1 : 0;
   rows = unique + first;
   m = U - first;
   g = s.summed + first * w;
-  ready = ops->segment_sum_stats ? s.partials + first * sh->nb : NULL;
+  if (ready)
+    ready += first * sh->nb;
   op->num_unique = m;
   atomic_fetch_add_explicit(&counters->unique_tokens, m, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);

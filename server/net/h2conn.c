@@ -104,6 +104,9 @@ static void stop_receiving(embps__h2conn_t *conn, embps__h2stream_t *s) {
 
 /* Drops a stream's half-received message and its share of the connection's budget. */
 static void drop_msg(embps__h2conn_t *conn, embps__h2stream_t *s) {
+  if (s->progress_state && conn->hooks.free_state)
+    conn->hooks.free_state(conn->hooks.request_user, s->progress_state);
+  s->progress_state = NULL;
   if (s->msg)
     conn->receiving_bytes -= s->msg_len;
   embps_free(s->msg);
@@ -379,6 +382,7 @@ void embps__h2conn_free(embps__h2conn_t *conn) {
   while (conn->streams) {
     embps__h2stream_t *s = conn->streams;
     conn->streams = s->next;
+    drop_msg(conn, s);
     stream_free(s);
   }
   embps_free(conn->deliver.ids);
@@ -418,7 +422,16 @@ static void deliver(embps__h2conn_t *conn) {
     if (msg)
       conn->receiving_bytes -= s->msg_len;
     s->msg = NULL;
+    /* The state moves to the connection: the handler may answer (and so free the call, and
+     * maybe the stream) before it returns. */
+    conn->delivering = call;
+    conn->delivering_state = s->progress_state;
+    s->progress_state = NULL;
     conn->hooks.on_request(conn->hooks.request_user, call, s->path, msg, s->msg_len);
+    if (conn->delivering_state && conn->hooks.free_state) /* not taken */
+      conn->hooks.free_state(conn->hooks.request_user, conn->delivering_state);
+    conn->delivering = NULL;
+    conn->delivering_state = NULL;
   }
   conn->deliver.n = 0;
 }
@@ -711,6 +724,16 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
     embps__grpc_submit_status(conn, s->id, 200, status, message);
   }
   notify_output(conn);
+}
+
+void *embps_net_call_take_state(embps_net_call_t *call) {
+  embps__h2conn_t *conn = call->conn;
+  void *state = NULL;
+  if (conn && conn->delivering == call) {
+    state = conn->delivering_state;
+    conn->delivering_state = NULL;
+  }
+  return state;
 }
 
 const char *embps_net_call_authorization(const embps_net_call_t *call) {

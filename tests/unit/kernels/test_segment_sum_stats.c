@@ -81,6 +81,25 @@ static void run_case(embps_dtype_t dtype, size_t n, size_t width, size_t vocab, 
   assert_memory_equal(got_p, want_p, nu * nb * sizeof(float));
   assert_true(isnan(got_p[nu * nb]));
 
+  /* Position by position in uneven pieces after one count, as a push summed while it arrives
+   * is: the same bits, and a row's partials appear only once its last position is in. */
+  for (size_t k = 0; k < nu * width; k++)
+    got[k] = NAN;
+  for (size_t k = 0; k < nu * nb + 1; k++)
+    got_p[k] = NAN;
+  embps_segment_sum_stats_count_cpu(seg, n, cws, 0, nu);
+  for (size_t lo = 0, step = 1; lo < n; step = step * 3 + 1) {
+    size_t hi = lo + step < n ? lo + step : n;
+    embps_segment_sum_stats_positions_cpu(grads, dtype, width, seg, lo, hi, block, got, got_p, cws,
+                                          0, nu);
+    if (nb && hi < n) /* position n - 1 is its segment's last: that row is not complete yet */
+      assert_true(isnan(got_p[(size_t)seg[n - 1] * nb]));
+    lo = hi;
+  }
+  assert_memory_equal(got, want, nu * width * sizeof(float));
+  assert_memory_equal(got_p, want_p, nu * nb * sizeof(float));
+  assert_true(isnan(got_p[nu * nb]));
+
   free(cws);
   free(got_p);
   free(want_p);

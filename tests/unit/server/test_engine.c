@@ -17,6 +17,7 @@
 
 #include "common/alloc.h"
 #include "common/dtype.h"
+#include "kernels/embps_kernels.h"
 #include "server/engine/engine.h"
 
 #define WIDTH 12
@@ -337,10 +338,42 @@ static void test_close_for_narrow_slices(void **state) {
 #define T_BATCH 4096 /* 8 shares of the engine's 512-row minimum: every thread count splits */
 #define T_STEPS 4
 
+/* How a push's dedup and segment sum reach the engine: made by it, made beforehand as the
+ * service does while a request arrives (op.prepared), or made beforehand and then doubled (to
+ * show the engine uses what it is given). */
+enum { PREP_NONE, PREP_MADE, PREP_DOUBLED };
+
+/* The kernels' dedup and fused segment sum of a batch, as server/service/push_prep.c makes
+ * them; the arrays are freed with free_prepared. */
+static embps_push_prepared_t make_prepared(const int64_t *tokens, size_t n, const void *grads,
+                                           embps_dtype_t dtype, size_t width, int doubled) {
+  const size_t block = embps_row_stats_block(width), nb = block ? width / block : 0;
+  int64_t *unique = malloc(n * sizeof(int64_t));
+  uint32_t *seg = malloc(n * sizeof(uint32_t));
+  void *ws = embps_aligned_alloc(embps_dedup_workspace_bytes(n));
+  float *sum = malloc(n * width * sizeof(float)), *parts = malloc(n * nb * sizeof(float) + 4);
+  size_t U = embps_dedup_cpu(tokens, n, unique, seg, ws);
+  void *cws = malloc(embps_segment_sum_stats_workspace_bytes(U));
+  embps_segment_sum_stats_cpu(grads, dtype, width, seg, n, U, block, sum, parts, cws);
+  if (doubled)
+    for (size_t k = 0; k < U * width; k++)
+      sum[k] *= 2.0f;
+  free(cws);
+  embps_free(ws);
+  free(seg);
+  return (embps_push_prepared_t){unique, U, sum, parts};
+}
+
+static void free_prepared(embps_push_prepared_t *p) {
+  free((void *)p->unique);
+  free(p->summed);
+  free((void *)p->partials);
+}
+
 /* One rank with `threads` threads applies T_STEPS pushes of T_BATCH tokens (singletons,
  * duplicates, padding) and returns its table's three arrays, concatenated, and the norms. */
 static uint8_t *pushed_with_threads(const embps_table_config_t *c, unsigned threads,
-                                    double norms[T_STEPS], size_t *bytes) {
+                                    double norms[T_STEPS], size_t *bytes, int prep) {
   rank_ctx_t r;
   int fds[1] = {-1};
   const size_t ds = embps_dtype_size(c->dtype);
@@ -372,9 +405,16 @@ static uint8_t *pushed_with_threads(const embps_table_config_t *c, unsigned thre
     }
     op = batch_op(EMBPS_OP_PUSH, t, tokens, T_BATCH, 1);
     op.grads = grads;
+    embps_push_prepared_t made;
+    if (prep != PREP_NONE) {
+      made = make_prepared(tokens, T_BATCH, grads, c->dtype, T_WIDTH, prep == PREP_DOUBLED);
+      op.prepared = &made;
+    }
     assert_int_equal(embps_engine_run(r.engine, &op, &err), EMBPS_OK);
     assert_true(op.applied);
     norms[step] = op.grad_norm;
+    if (prep != PREP_NONE)
+      free_prepared(&made);
   }
   embps_table_array_bytes(t, sizes);
   *bytes = sizes[0] + sizes[1] + sizes[2];
@@ -413,15 +453,27 @@ static void test_threads_bitwise(void **state) {
       c.emb_width = T_WIDTH;
       c.dtype = dtypes[d];
       assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
-      ref = pushed_with_threads(&c, 1, ref_norms, &ref_bytes);
+      ref = pushed_with_threads(&c, 1, ref_norms, &ref_bytes, PREP_NONE);
       for (size_t k = 0; k < 3; k++) {
-        got = pushed_with_threads(&c, counts[k], norms, &bytes);
+        got = pushed_with_threads(&c, counts[k], norms, &bytes, PREP_NONE);
         assert_int_equal(bytes, ref_bytes);
         if (memcmp(got, ref, bytes) != 0 || memcmp(norms, ref_norms, sizeof(norms)) != 0)
           fail_msg("%s %s on %u threads: the table or the norms differ from 1 thread's",
                    embps_dtype_name(c.dtype), embps_optimizer_name(c.optimizer), counts[k]);
         free(got);
       }
+      /* A push deduplicated and summed before the engine ran it (the service's push_prep.c):
+       * the same bits on 1 and 3 threads; and the engine does use what it is given. */
+      for (unsigned th = 1; th <= 3; th += 2) {
+        got = pushed_with_threads(&c, th, norms, &bytes, PREP_MADE);
+        if (memcmp(got, ref, bytes) != 0 || memcmp(norms, ref_norms, sizeof(norms)) != 0)
+          fail_msg("%s %s prepared, %u threads: the table or the norms differ",
+                   embps_dtype_name(c.dtype), embps_optimizer_name(c.optimizer), th);
+        free(got);
+      }
+      got = pushed_with_threads(&c, 1, norms, &bytes, PREP_DOUBLED);
+      assert_true(memcmp(got, ref, bytes) != 0); /* the update took the doubled sums */
+      free(got);
       free(ref);
     }
 }
