@@ -18,7 +18,9 @@
 # The table ends with the ratios issue 13 asks for: lookup GB/s at 4096 (one and two in flight)
 # and 65536 against the iperf3 1 MiB ceiling, push rows/s against lookup rows/s at 4096 and
 # 65536 (measured one after the other on the same server in the same run), and p99/p50 of the
-# 4096 lookup.
+# 4096 lookup; then the lookups against tests/bench/lookup_ref.c over raw TCP: a call with the
+# same request and reply sizes and no work (the loopback's ceiling for a lookup-sized reply), and
+# the same lookup with nothing but the row gather and the send.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -34,7 +36,7 @@ while [ $# -gt 0 ]; do
     --rows) rows=$2; shift 2 ;;
     --perf) perf=1; shift ;;
     --tokens) tokens=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -42,7 +44,7 @@ case $tokens in uniform|zipf) ;; *) echo "--tokens takes uniform or zipf, not '$
 
 deploy/packages.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j "$(nproc)" --target embps-server embps >/dev/null
+cmake --build build -j "$(nproc)" --target embps-server embps lookup_ref >/dev/null
 
 work=$(mktemp -d /tmp/embps-bench.XXXXXX)
 pids=()
@@ -72,6 +74,32 @@ for len in 128K 1M; do
   echo "iperf3 single stream, ${len} writes: ${vals[*]} GB/s (median ${iperf_at[$len]})"
 done
 iperf=$(printf '%s\n' "${iperf_at[128K]}" "${iperf_at[1M]}" | sort -g | tail -1)
+
+# ---- 1b. the lookup reference -------------------------------------------------------------------
+# tests/bench/lookup_ref.c, over raw loopback TCP with one call in flight: "transfer" is a call
+# with a lookup's request and reply sizes and no work (the reply buffer sent as it stands), the
+# loopback's ceiling for a reply of this size; "lookup" is a plain program doing only what a
+# lookup must (one thread gathers the rows from a table of the same shape in the engine's 1 MiB
+# chunks, another sends each chunk as it is ready, the client reads them into one buffer);
+# "gather" is the row gather alone on one thread. iperf3 streams between two cache-warm buffers;
+# a lookup's reply is received into a buffer of its own size, and its rows are read at random
+# from memory first.
+zipf_a=0
+[ "$tokens" = zipf ] && zipf_a=1.05
+declare -A ref
+for batch in 4096 65536; do
+  vals=(); tvals=(); gvals=()
+  for _ in $(seq "$repeat"); do
+    out=$(build/bin/lookup_ref --rows "$rows" --batch "$batch" --seconds "$duration" --zipf "$zipf_a")
+    vals+=("$(jget gbytes_per_s <<<"$out")")
+    tvals+=("$(jget transfer_gbytes_per_s <<<"$out")")
+    gvals+=("$(jget gather_gbytes_per_s <<<"$out")")
+  done
+  ref[$batch]=$(printf '%s\n' "${vals[@]}" | median)
+  ref[t$batch]=$(printf '%s\n' "${tvals[@]}" | median)
+  ref[g$batch]=$(printf '%s\n' "${gvals[@]}" | median)
+  echo "raw TCP $batch x 128: plain lookup ${vals[*]} GB/s (median ${ref[$batch]}), transfer ${tvals[*]} (median ${ref[t$batch]}), gather alone ${gvals[*]} (median ${ref[g$batch]})"
+done
 
 # ---- 2. embps ---------------------------------------------------------------------------------
 build/bin/embps-server --listen 127.0.0.1:0 >"$work/server.log" 2>&1 &
@@ -227,11 +255,19 @@ awk -v ip="$iperf" -v ip128="${iperf_at[128K]}" -v ip1m="${iperf_at[1M]}" -v lg=
     -v pr="${result[push4096_rows]}" \
     -v l65="${result[lookup65536_rows]}" -v g65="${result[lookup65536_gbs]}" -v p65="${result[push65536_rows]}" \
     -v lp="${result[lookup4096_p50]}" -v pp="${result[push4096_p50]}" -v lp99="${result[lookup4096_p99]}" \
+    -v r4="${ref[4096]}" -v r65="${ref[65536]}" -v rt4="${ref[t4096]}" -v rt65="${ref[t65536]}" \
+    -v rg4="${ref[g4096]}" -v rg65="${ref[g65536]}" \
     -v tok="$tokens" 'BEGIN {
   printf "\n(tokens %s over the table)\n", tok
   printf "\n%-44s %14s\n", "measurement (median)", "value"
   printf "%-44s %14.3f\n", "iperf3 single stream, 128 KiB writes, GB/s", ip128
   printf "%-44s %14.3f\n", "iperf3 single stream, 1 MiB writes, GB/s", ip1m
+  printf "%-44s %14.3f\n", "raw TCP transfer, 4096-row reply, GB/s", rt4
+  printf "%-44s %14.3f\n", "raw TCP transfer, 65536-row reply, GB/s", rt65
+  printf "%-44s %14.3f\n", "plain raw-TCP lookup 4096, GB/s", r4
+  printf "%-44s %14.3f\n", "plain raw-TCP lookup 65536, GB/s", r65
+  printf "%-44s %14.3f\n", "row gather alone, one thread, 4096, GB/s", rg4
+  printf "%-44s %14.3f\n", "row gather alone, one thread, 65536, GB/s", rg65
   printf "%-44s %14.0f\n", "embps lookup 4096x128 f32 rows/s", lk
   printf "%-44s %14.3f\n", "embps lookup 4096x128 f32 GB/s", lg
   printf "%-44s %14.3f\n", "embps lookup 4096x128 p50 ms", lp
@@ -256,6 +292,11 @@ awk -v ip="$iperf" -v ip128="${iperf_at[128K]}" -v ip1m="${iperf_at[1M]}" -v lg=
   printf "%-44s %13.2fx  (target >= 0.8x)\n", "push / lookup rows/s, 4096", pr/lk
   printf "%-44s %13.2fx  (target >= 0.8x)\n", "push / lookup rows/s, 65536", p65/l65
   printf "%-44s %13.2fx\n", "lookup 4096 p99 / p50, 1 in flight", lp99/lp
+  printf "\n%-44s %14s\n", "the same lookups against raw TCP", "value"
+  printf "%-44s %13.1f%%\n", "lookup 4096, 1 in flight / raw TCP transfer", 100*lg/rt4
+  printf "%-44s %13.1f%%\n", "lookup 65536 / raw TCP transfer", 100*g65/rt65
+  printf "%-44s %13.1f%%\n", "lookup 4096, 1 in flight / plain raw-TCP lookup", 100*lg/r4
+  printf "%-44s %13.1f%%\n", "lookup 65536 / plain raw-TCP lookup", 100*g65/r65
 }'
 row2() { # LABEL KEY FORMAT
   awk -v l="$1" -v a="${result[$2]}" -v b="${result[g2_$2]}" -v f="$3" 'BEGIN {
