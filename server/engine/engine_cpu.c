@@ -13,16 +13,27 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/cpus.h"
 #include "server/engine/engine_ops.h"
 #include "server/engine/workers.h"
 
-/* A lookup's rows are published to the reply in chunks of about this many bytes, so the loop
- * writes chunk k while chunk k+1 is gathered; a chunk costs one atomic store and at most one
- * uv_async_send. 1 MiB is the write size of the iperf3 ceiling the issue 13 targets use; 256 KiB
- * and 4 MiB measured no better (tests/bench/lookup_ab.sh 3 2 over main, 256 KiB, 1 MiB, 4 MiB
- * builds, 2026-12-03, a 2-core machine loaded by other builds: medians of 65536 tokens x 1 in
- * flight 55%, 50%, 56% of iperf3, 4096 x 2 74%, 76%, 76%, inside the rounds' spread). */
-#define CHUNK_BYTES (1u << 20)
+/* A lookup's rows are published to the reply in chunks, so the loop writes chunk k while chunk
+ * k+1 is gathered; a chunk costs one atomic store and at most one uv_async_send. A chunk and the
+ * table rows it is gathered from take a third of the gathering core's L2 (a sixth each), so that
+ * chunk k is still in that cache when the loop's copy into the socket reads it. With 1 MiB chunks
+ * on a core with 2 MiB of L2, each chunk's gather pushed the previous chunk out, and the replies
+ * of 1-8 MiB took up to twice as long. Measured on a 2-core VM (Xeon, 2 MiB L2 per core; one
+ * server, the chunk size switched between interleaved 3 s runs of embps bench, 4-6 rounds,
+ * uniform tokens over 1M x 128 f32, one call in flight), p50 with 342 KiB chunks against 1 MiB:
+ * 2048 tokens 0.46 against 0.60 ms, 4096 0.68 against 0.88, 8192 1.14 against 1.85, 16384 2.14
+ * against 3.89; 65536 17.2 against 16.7 (even: the reply no longer fits any cache); 4096 with two
+ * in flight 1.49 against 1.62. 256 KiB measured within a few percent of 342 KiB, 683 KiB 5-15%
+ * slower than it, and 768 KiB at 4096 tokens as slow as 1 MiB. An earlier machine (1 MiB chunks
+ * against 256 KiB and 4 MiB, tests/bench/lookup_ab.sh, 2026-12-03) had shown no difference at 65536
+ * tokens or two in flight. Where the L2 size is not known, 256 KiB. */
+#define CHUNK_MIN_BYTES ((size_t)64 << 10)
+#define CHUNK_MAX_BYTES ((size_t)1 << 20)
+#define CHUNK_UNKNOWN_L2_BYTES ((size_t)256 << 10)
 
 /* The fewest rows (segments, for the segment sum) a share of a per-row kernel gets: below it,
  * waking a helper (tens of microseconds on a VM) costs more than the share's cache misses. At
@@ -40,6 +51,7 @@ struct embps__engine_backend {
   buf_t segment_counts; /* embps_segment_sum_stats_cpu's workspace */
   buf_t send, recv, rows;
   size_t num_unique;        /* the last dedup's */
+  size_t chunk_bytes;       /* a lookup reply's chunk, from the L2 size */
   embps_workers_t *workers; /* NULL: every kernel on the engine's thread */
 };
 
@@ -48,8 +60,14 @@ embps_status_t embps__engine_cpu_new(embps__engine_backend_t **out, embps_comm_t
   if (!be)
     return EMBPS_RESOURCE_EXHAUSTED;
   be->comm = comm;
+  be->chunk_bytes = embps__engine_cpu_chunk_bytes(embps_l2_cache_bytes());
   *out = be;
   return EMBPS_OK;
+}
+
+size_t embps__engine_cpu_chunk_bytes(size_t l2_bytes) {
+  size_t c = l2_bytes ? l2_bytes / 6 : CHUNK_UNKNOWN_L2_BYTES;
+  return c < CHUNK_MIN_BYTES ? CHUNK_MIN_BYTES : c > CHUNK_MAX_BYTES ? CHUNK_MAX_BYTES : c;
 }
 
 static void cpu_destroy(embps__engine_backend_t *be) {
@@ -351,9 +369,9 @@ static embps_status_t cpu_table_copy(embps__engine_backend_t *be, embps_table_t 
 static embps_status_t cpu_output_begin(embps__engine_backend_t *be, void *host, size_t n,
                                        size_t row_bytes, void **out, size_t *chunk_rows,
                                        embps_error_t *err) {
-  (void)be, (void)err;
+  (void)err;
   *out = host; /* the rows are assembled in the reply itself, published chunk by chunk */
-  *chunk_rows = row_bytes < CHUNK_BYTES ? CHUNK_BYTES / row_bytes : 1;
+  *chunk_rows = row_bytes < be->chunk_bytes ? be->chunk_bytes / row_bytes : 1;
   return EMBPS_OK;
 }
 

@@ -155,6 +155,9 @@ embps_opt_params_t embps__engine_next_step(embps_table_t *table);
 
 /** The CPU backend (engine_cpu.c). */
 embps_status_t embps__engine_cpu_new(embps__engine_backend_t **out, embps_comm_t *comm);
+/** The bytes of a lookup reply's chunk on the CPU backend, for a core with l2_bytes of L2 cache
+ * (0: not known). */
+size_t embps__engine_cpu_chunk_bytes(size_t l2_bytes);
 extern const embps__engine_ops_t embps__engine_cpu_ops;
 
 /** The CUDA backend (engine_cuda.c; engine_nocuda.c answers EMBPS_UNIMPLEMENTED). `stream` is

@@ -8,7 +8,7 @@
  *
  *   - lookup: a plain program that does only what a lookup must: a client sends T int64 tokens
  *     on a loopback TCP connection; on the server side one thread gathers their rows
- *     (embps_gather_cpu) in 1 MiB chunks, the CPU engine's chunk, and another writes each chunk
+ *     (embps_gather_cpu) in chunks of the CPU engine's size, and another writes each chunk
  *     with blocking writes as soon as it is gathered, as the engine and the network loop share
  *     the work; the client reads the rows into one buffer and checks every row against the
  *     table. One call in flight, closed loop, as `embps bench --pipeline 1`. (Not a ceiling:
@@ -43,9 +43,9 @@
 
 #include "client/cli/zipf.h"
 #include "common/alloc.h"
+#include "common/cpus.h"
 #include "kernels/embps_kernels.h"
-
-#define CHUNK_BYTES ((size_t)1 << 20) /* server/engine/engine_cpu.c's CHUNK_BYTES */
+#include "server/engine/engine_ops.h"
 
 enum { CALL_LOOKUP, CALL_TRANSFER };
 
@@ -256,7 +256,8 @@ int main(int argc, char **argv) {
   s.width = width;
   s.batch = batch;
   s.row_bytes = row_bytes;
-  s.chunk_rows = row_bytes < CHUNK_BYTES ? CHUNK_BYTES / row_bytes : 1;
+  const size_t chunk_bytes = embps__engine_cpu_chunk_bytes(embps_l2_cache_bytes());
+  s.chunk_rows = row_bytes < chunk_bytes ? chunk_bytes / row_bytes : 1;
   pthread_mutex_init(&s.mu, NULL);
   pthread_cond_init(&s.cv, NULL);
   if (pthread_create(&gatherer, NULL, gather_main, &s) ||

@@ -79,7 +79,7 @@ iperf=$(printf '%s\n' "${iperf_at[128K]}" "${iperf_at[1M]}" | sort -g | tail -1)
 # tests/bench/lookup_ref.c, over raw loopback TCP with one call in flight: "transfer" is a call
 # with a lookup's request and reply sizes and no work (the reply buffer sent as it stands), the
 # loopback's ceiling for a reply of this size; "lookup" is a plain program doing only what a
-# lookup must (one thread gathers the rows from a table of the same shape in the engine's 1 MiB
+# lookup must (one thread gathers the rows from a table of the same shape in the CPU engine's
 # chunks, another sends each chunk as it is ready, the client reads them into one buffer);
 # "gather" is the row gather alone on one thread. iperf3 streams between two cache-warm buffers;
 # a lookup's reply is received into a buffer of its own size, and its rows are read at random

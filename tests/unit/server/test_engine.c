@@ -18,7 +18,9 @@
 #include "common/alloc.h"
 #include "common/dtype.h"
 #include "kernels/embps_kernels.h"
+#include "common/cpus.h"
 #include "server/engine/engine.h"
+#include "server/engine/engine_ops.h"
 
 #define WIDTH 12
 #define ROWS 40
@@ -139,6 +141,75 @@ static void test_single_rank(void **state) {
   assert_memory_equal(embps_table_arrays(t).data, before, sizeof(before));
   assert_int_equal(embps_table_counters(t)->steps_skipped, 1);
   rank_fini(&r);
+}
+
+/* A lookup's rows go back in chunks of a sixth of the L2 (64 KiB to 1 MiB, 256 KiB when the L2 is
+ * not known); each publish covers whole chunks in order, and the rows it covers are final. */
+#define CHUNKED_WIDTH 128
+#define CHUNKED_ROWS 5000
+
+typedef struct chunk_seen {
+  const embps_table_config_t *config;
+  const int64_t *tokens;
+  const float *out;
+  size_t ready[64], publishes;
+  int rows_wrong;
+} chunk_seen_t;
+
+static void on_publish(embps_op_t *op, void *arg) {
+  chunk_seen_t *seen = arg;
+  size_t ready = atomic_load(&op->rows_ready),
+         from = seen->publishes ? seen->ready[seen->publishes - 1] : 0;
+  if (seen->publishes < 64)
+    seen->ready[seen->publishes] = ready;
+  seen->publishes++;
+  for (size_t i = from; i < ready; i++)
+    for (size_t col = 0; col < CHUNKED_WIDTH; col++)
+      seen->rows_wrong += seen->out[i * CHUNKED_WIDTH + col] !=
+                          embps_init_value(seen->config->seed, (uint64_t)seen->tokens[i], col,
+                                           seen->config->init_scale);
+}
+
+static void test_lookup_published_in_chunks(void **state) {
+  rank_ctx_t r;
+  int fds[1] = {-1};
+  embps_table_config_t c = table_config(EMBPS_OPTIMIZER_SGD);
+  embps_error_t err;
+  const size_t row_bytes = CHUNKED_WIDTH * sizeof(float);
+  const size_t chunk = embps__engine_cpu_chunk_bytes(embps_l2_cache_bytes()) / row_bytes;
+  const size_t n = 4 * chunk + 7;
+  (void)state;
+  assert_int_equal(embps__engine_cpu_chunk_bytes(2u << 20), (2u << 20) / 6);
+  assert_int_equal(embps__engine_cpu_chunk_bytes(0), 256u << 10);
+  assert_int_equal(embps__engine_cpu_chunk_bytes(64u << 10), 64u << 10);
+  assert_int_equal(embps__engine_cpu_chunk_bytes(256u << 20), 1u << 20);
+
+  c.rows = CHUNKED_ROWS;
+  c.emb_width = CHUNKED_WIDTH;
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
+  assert_true(n < CHUNKED_ROWS && n <= 64 * chunk);
+  int64_t *tokens = malloc(n * sizeof(int64_t));
+  float *out = malloc(n * row_bytes);
+  assert_non_null(tokens);
+  assert_non_null(out);
+  for (size_t i = 0; i < n; i++)
+    tokens[i] = (int64_t)((i * 7919) % (CHUNKED_ROWS - 1)) + 1;
+  rank_init(&r, 0, 1, fds);
+  create(&r, &c);
+  chunk_seen_t seen = {.config = &c, .tokens = tokens, .out = out};
+  embps_op_t op = batch_op(EMBPS_OP_LOOKUP, embps_store_find(r.store, "t"), tokens, n, 1);
+  op.rows_out = out;
+  op.publish = on_publish;
+  op.publish_arg = &seen;
+  assert_int_equal(embps_engine_run(r.engine, &op, &err), EMBPS_OK);
+  assert_int_equal(seen.publishes, 5);
+  for (size_t k = 0; k < 4; k++)
+    assert_int_equal(seen.ready[k], (k + 1) * chunk);
+  assert_int_equal(seen.ready[4], n);
+  assert_int_equal(seen.rows_wrong, 0);
+  rank_fini(&r);
+  free(tokens);
+  free(out);
 }
 
 /* ---- groups of N: results do not depend on N --------------------------------------------- */
@@ -481,6 +552,7 @@ static void test_threads_bitwise(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_single_rank),
+      cmocka_unit_test(test_lookup_published_in_chunks),
       cmocka_unit_test(test_bitwise_independent_of_n),
       cmocka_unit_test(test_close_for_narrow_slices),
       cmocka_unit_test(test_threads_bitwise),
