@@ -22,15 +22,20 @@
  * table rows it is gathered from take a third of the gathering core's L2 (a sixth each), so that
  * chunk k is still in that cache when the loop's copy into the socket reads it. With 1 MiB chunks
  * on a core with 2 MiB of L2, each chunk's gather pushed the previous chunk out, and the replies
- * of 1-8 MiB took up to twice as long. Measured on a 2-core VM (Xeon, 2 MiB L2 per core; one
- * server, the chunk size switched between interleaved 3 s runs of embps bench, 4-6 rounds,
- * uniform tokens over 1M x 128 f32, one call in flight), p50 with 342 KiB chunks against 1 MiB:
- * 2048 tokens 0.46 against 0.60 ms, 4096 0.68 against 0.88, 8192 1.14 against 1.85, 16384 2.14
- * against 3.89; 65536 17.2 against 16.7 (even: the reply no longer fits any cache); 4096 with two
- * in flight 1.49 against 1.62. 256 KiB measured within a few percent of 342 KiB, 683 KiB 5-15%
- * slower than it, and 768 KiB at 4096 tokens as slow as 1 MiB. An earlier machine (1 MiB chunks
- * against 256 KiB and 4 MiB, tests/bench/lookup_ab.sh, 2026-12-03) had shown no difference at 65536
- * tokens or two in flight. Where the L2 size is not known, 256 KiB. */
+ * of 1-8 MiB took up to twice as long. Measured on a 2-core VM (Xeon, 2 MiB L2 per core; uniform
+ * tokens over 1M x 128 f32, one call in flight), the two builds A/B with a fresh server per 3 s
+ * run of embps bench, 6 rounds, medians of p50 (rows/s) with 341 KiB chunks against 1 MiB: 2048
+ * tokens 0.48 against 0.60 ms (4.03M against 3.06M), 4096 0.79 against 0.87 ms (4.66M against
+ * 4.14M), 8192 1.11 against 1.97 ms (6.00M against 4.13M); 65536 16.7 against 16.5 ms (even: the
+ * reply no longer fits any cache). With two calls in flight on one connection at 4096 tokens it
+ * was the other way round, 4.36-4.66M against 4.96-5.09M rows/s (two runs of 6 rounds): there
+ * the calls already overlap each other, so probably the more frequent wake-ups of the loop are
+ * not paid back. One
+ * server with the chunk size switched between runs also had 16384 tokens at 2.14 against 3.89 ms;
+ * 256 KiB within a few percent of 341 KiB, 683 KiB 5-15% slower than it, and 768 KiB at 4096
+ * tokens as slow as 1 MiB. An earlier machine (1 MiB chunks against 256 KiB and 4 MiB,
+ * tests/bench/lookup_ab.sh, 2026-12-03) had shown no difference at 65536 tokens or two in
+ * flight. Where the L2 size is not known, 256 KiB. */
 #define CHUNK_MIN_BYTES ((size_t)64 << 10)
 #define CHUNK_MAX_BYTES ((size_t)1 << 20)
 #define CHUNK_UNKNOWN_L2_BYTES ((size_t)256 << 10)
