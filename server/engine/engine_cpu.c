@@ -30,11 +30,10 @@
  * reply no longer fits any cache). With two calls in flight on one connection at 4096 tokens it
  * was the other way round, 4.36-4.66M against 4.96-5.09M rows/s (two runs of 6 rounds): there
  * the calls already overlap each other, so probably the more frequent wake-ups of the loop are
- * not paid back. One
- * server with the chunk size switched between runs also had 16384 tokens at 2.14 against 3.89 ms;
- * 256 KiB within a few percent of 341 KiB, 683 KiB 5-15% slower than it, and 768 KiB at 4096
- * tokens as slow as 1 MiB. An earlier machine (1 MiB chunks against 256 KiB and 4 MiB,
- * tests/bench/lookup_ab.sh, 2026-12-03) had shown no difference at 65536 tokens or two in
+ * not paid back. One server with the chunk size switched between runs also had 16384 tokens at
+ * 2.14 against 3.89 ms, 256 KiB within a few percent of 341 KiB, 683 KiB 5-15% slower than it,
+ * and 768 KiB at 4096 tokens as slow as 1 MiB. An earlier machine (1 MiB chunks against 256 KiB and
+ * 4 MiB, tests/bench/lookup_ab.sh, 2026-12-03) had shown no difference at 65536 tokens or two in
  * flight. Where the L2 size is not known, 256 KiB. */
 #define CHUNK_MIN_BYTES ((size_t)64 << 10)
 #define CHUNK_MAX_BYTES ((size_t)1 << 20)

@@ -86,20 +86,25 @@ static void write_all(int fd, const void *p, size_t len) {
   }
 }
 
-static void read_all(int fd, void *p, size_t len) {
+/* Reads exactly len bytes: 1 when they all arrived, 0 when the peer closed before the first. */
+static int read_all(int fd, void *p, size_t len) {
   uint8_t *b = p;
-  while (len) {
-    ssize_t k = read(fd, b, len);
+  size_t left = len;
+  while (left) {
+    ssize_t k = read(fd, b, left);
     if (k < 0 && errno == EINTR)
       continue;
+    if (k == 0 && left == len)
+      return 0;
     if (k <= 0) {
       if (k == 0)
         errno = ECONNRESET;
       die("read");
     }
     b += k;
-    len -= (size_t)k;
+    left -= (size_t)k;
   }
+  return 1;
 }
 
 /* Tokens as embps bench draws them: Zipf(exponent) over [1, rows), exponent 0 uniform. */
@@ -140,19 +145,9 @@ static void *gather_main(void *arg) {
 static void *server_main(void *arg) {
   server_t *s = arg;
   for (;;) {
-    uint8_t *b = (uint8_t *)s->request;
-    size_t len = (s->batch + 1) * sizeof(int64_t), sent = 0;
-    while (len) {
-      ssize_t k = read(s->fd, b, len);
-      if (k == 0 && b == (uint8_t *)s->request)
-        return NULL; /* the client is done */
-      if (k < 0 && errno == EINTR)
-        continue;
-      if (k <= 0)
-        die("server read");
-      b += k;
-      len -= (size_t)k;
-    }
+    size_t sent = 0;
+    if (!read_all(s->fd, s->request, (s->batch + 1) * sizeof(int64_t)))
+      return NULL; /* the client is done */
     if (s->request[0] == CALL_TRANSFER) {
       write_all(s->fd, s->reply, s->batch * s->row_bytes);
       continue;
@@ -274,7 +269,10 @@ int main(int argc, char **argv) {
     if (call == 2)
       end = t0 + seconds;
     write_all(cfd, request, (batch + 1) * sizeof(int64_t));
-    read_all(cfd, rows_in, reply_bytes);
+    if (!read_all(cfd, rows_in, reply_bytes)) {
+      errno = ECONNRESET;
+      die("read");
+    }
     double t1 = now_s();
     if (kind == CALL_LOOKUP)
       for (size_t i = 0; i < batch; i++)

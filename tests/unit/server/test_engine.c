@@ -16,9 +16,9 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/cpus.h"
 #include "common/dtype.h"
 #include "kernels/embps_kernels.h"
-#include "common/cpus.h"
 #include "server/engine/engine.h"
 #include "server/engine/engine_ops.h"
 
