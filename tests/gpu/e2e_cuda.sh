@@ -109,13 +109,24 @@ cli() { # cli NAME ARGS...: the CLI against server NAME, output also saved
   timeout 60 "$CLI" --servers "${ADDR[$name]}" "$@"
 }
 
+# wait_serving NAME: health until it says SERVING, 60 s at most. A server listens before its
+# group is ready (on a GPU, NCCL's set-up alone took 0.5 s on the H200) and says NOT_SERVING
+# until then, or until a restore is done.
+wait_serving() {
+  local i out
+  for ((i = 0; i < 600; i++)); do
+    out=$(cli "$1" health 2>&1) && grep -qw SERVING <<<"${out//NOT_SERVING/}" && return 0
+    sleep 0.1
+  done
+  fail "$1: not SERVING 60 s after it started: $out (log: $OUTD/server-$1.log)"
+}
+
 # ---- the same calls on both servers -------------------------------------------------------------
 tables=("e2e_f32 --rows 1000000 --emb-width 128 --dtype f32"
   "e2e_bf16 --rows 100000 --emb-width 1024 --dtype bf16")
 tokens=1,2,3,999,2,0,77777
 for name in cuda cpu; do
-  out=$(cli "$name" health) || fail "$name: health: $out"
-  grep -q SERVING <<<"$out" || fail "$name: health says: $out"
+  wait_serving "$name"
   for t in "${tables[@]}"; do
     # shellcheck disable=SC2086 # the table spec is split on purpose
     set -- $t
@@ -181,12 +192,8 @@ ckpt_of() { sed -n 's/^checkpoint complete: .*bytes, //p' "$OUTD/$1-checkpoint.t
 # the CUDA server's checkpoint into a CPU server, the CPU server's into a CUDA one
 start_server from_cuda --backend cpu --restore "$(ckpt_of cuda)"
 start_server from_cpu "${cuda_flags[@]}" --restore "$(ckpt_of cpu)"
-for name in from_cuda from_cpu; do # NOT_SERVING until the restore is done
-  for ((i = 0; i < 600; i++)); do
-    grep -q SERVING <<<"$(cli "$name" health 2>&1 | grep -v NOT_SERVING)" && break
-    sleep 0.1
-  done
-  [ "$i" -lt 600 ] || fail "$name: not SERVING 60 s after it started (log: $OUTD/server-$name.log)"
+for name in from_cuda from_cpu; do
+  wait_serving "$name"
 done
 second_push() { # second_push NAME TABLE: one more push, then lookup3
   cli "$1" push "$2" --tokens "$tokens" --grad-value 0.25 >"$OUTD/$1-$2-push2.txt" 2>&1 ||

@@ -17,7 +17,10 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DIR=${1:-${EMBPS_GPU_DEBS:-$ROOT/.gpu-debs}}
 ROOTS=(libuv1-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libisal-dev libmicrohttpd-dev libssl-dev pkgconf)
-BASE=" libc6 libgcc-s1 libstdc++6 zlib1g libcrypt1 gcc-12-base debconf "
+# The C library's own headers (libc6-dev and what it pulls in) are the toolchain's: unpacked
+# under the prefix, whose include directory comes first, Debian's glibc 2.36 stdio.h met another
+# glibc's bits/ on the H200 machine and the build stopped (L_tmpnam undeclared).
+BASE=" libc6 libgcc-s1 libstdc++6 zlib1g libcrypt1 gcc-12-base debconf libc6-dev libc-dev-bin linux-libc-dev libcrypt-dev "
 MODULES=(libuv libnghttp2 libprotobuf-c cmocka libisal libmicrohttpd openssl)
 
 # shellcheck source=tests/gpu/debs_env.sh
