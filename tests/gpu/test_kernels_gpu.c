@@ -544,6 +544,77 @@ static void check_dedup_wide(rng_t *r) {
   dev_free(d_offsets), dev_free(d_nu), dev_free(d_ws);
 }
 
+/* Segment sums whose segments straddle the hot-segment limit of kernels/cuda/segment_sum.cu
+ * (128 rows, walked by a whole block 448 rows a stage): lengths 127, 128, 129, 447, 448, 449,
+ * 896 (two whole stages) and 60001 (a Zipf head), among single rows, in shuffled positions; at
+ * widths that give 1 to 32 column slices of 32, the last one partial or not, f32 and bf16,
+ * against the CPU bit for bit. */
+static void check_segment_sum_hot(rng_t *r) {
+  static const size_t lengths[] = {127, 128, 129, 447, 448, 449, 896, 60001};
+  static const struct {
+    embps_dtype_t dt;
+    size_t w;
+  } cfgs[] = {{EMBPS_DTYPE_F32, 128},
+              {EMBPS_DTYPE_BF16, 128},
+              {EMBPS_DTYPE_F32, 7},
+              {EMBPS_DTYPE_BF16, 1024},
+              {EMBPS_DTYPE_F32, 1000}};
+  const size_t singles = 20000;
+  size_t n = singles;
+  for (size_t i = 0; i < sizeof(lengths) / sizeof(lengths[0]); i++)
+    n += lengths[i];
+  int64_t *tokens = xmalloc(n * sizeof(int64_t));
+  size_t k = 0;
+  for (size_t i = 0; i < sizeof(lengths) / sizeof(lengths[0]); i++)
+    for (size_t j = 0; j < lengths[i]; j++)
+      tokens[k++] = (int64_t)(i + 1) * 1000003;
+  for (size_t j = 0; j < singles; j++)
+    tokens[k++] = (int64_t)(100 + j);
+  for (size_t i = n - 1; i > 0; i--) { /* shuffled: each segment's positions spread out */
+    size_t o = next_u64(r) % (i + 1);
+    int64_t t = tokens[i];
+    tokens[i] = tokens[o], tokens[o] = t;
+  }
+  int64_t *unique = xmalloc(n * sizeof(int64_t));
+  uint32_t *seg = xmalloc(n * sizeof(uint32_t));
+  void *ws = xmalloc(embps_dedup_workspace_bytes(n));
+  size_t u = embps_dedup_cpu(tokens, n, unique, seg, ws);
+  free(ws);
+  /* The grouping the kernel takes: offsets from the segment sizes, positions ascending. */
+  uint32_t *offsets = xmalloc((u + 1) * sizeof(uint32_t));
+  memset(offsets, 0, (u + 1) * sizeof(uint32_t));
+  uint32_t *sorted = xmalloc(n * sizeof(uint32_t));
+  for (size_t i = 0; i < n; i++)
+    offsets[seg[i] + 1]++;
+  for (size_t s = 0; s < u; s++)
+    offsets[s + 1] += offsets[s];
+  uint32_t *fill = host_copy(offsets, u * sizeof(uint32_t));
+  for (size_t i = 0; i < n; i++)
+    sorted[fill[seg[i]]++] = (uint32_t)i;
+  free(fill);
+  uint32_t *d_sorted = dev_upload(sorted, n * sizeof(uint32_t));
+  uint32_t *d_offsets = dev_upload(offsets, (u + 1) * sizeof(uint32_t));
+  for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++) {
+    size_t w = cfgs[c].w, row_bytes = w * embps_dtype_size(cfgs[c].dt);
+    char name[64];
+    snprintf(name, sizeof(name), "hot segments %s width %zu", embps_dtype_name(cfgs[c].dt), w);
+    void *grads = xmalloc(n * row_bytes);
+    fill_values(grads, cfgs[c].dt, n * w, r, -1.0f, 1.0f);
+    void *d_grads = dev_upload(grads, n * row_bytes);
+    float *h_sum = host_poisoned(u * w * sizeof(float));
+    float *d_sum = dev_poisoned(u * w * sizeof(float));
+    embps_segment_sum_cpu(grads, cfgs[c].dt, w, seg, n, u, h_sum);
+    STATUS_OK(
+        embps_segment_sum_cuda(d_grads, cfgs[c].dt, w, d_sorted, d_offsets, u, d_sum, stream));
+    float *g_sum = dev_download(d_sum, u * w * sizeof(float));
+    same_bits("segment sum", name, h_sum, g_sum, u * w * sizeof(float), sizeof(float));
+    free(g_sum), free(h_sum), free(grads);
+    dev_free(d_grads), dev_free(d_sum);
+  }
+  free(tokens), free(unique), free(seg), free(offsets), free(sorted);
+  dev_free(d_sorted), dev_free(d_offsets);
+}
+
 /* The device bf16 conversion against common/dtype.h: every high half with a set of low halves
  * around the rounding points (ties, NaN payloads, infinities, denormals), plus random bits;
  * and every bf16 pattern back to f32. */
@@ -640,6 +711,10 @@ int main(void) {
   int before = failures;
   check_dedup_wide(&r);
   printf("%-4s dedup of 1M wide-range signed tokens\n", failures == before ? "ok" : "FAIL");
+  before = failures;
+  check_segment_sum_hot(&r);
+  printf("%-4s segment sums over segments of 127 to 60001 rows\n",
+         failures == before ? "ok" : "FAIL");
   before = failures;
   check_convert(&r);
   printf("%-4s bf16 conversions\n", failures == before ? "ok" : "FAIL");
