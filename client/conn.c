@@ -50,6 +50,11 @@ static embps_status_t status_of_nghttp2(int rv) {
   return rv == NGHTTP2_ERR_NOMEM ? EMBPS_RESOURCE_EXHAUSTED : EMBPS_UNAVAILABLE;
 }
 
+/* Empties the output queue (what it held is dropped). */
+static void out_reset(embps__conn_t *c) {
+  c->wlen = c->nout = c->out_i = c->out_off = c->out_bytes = 0;
+}
+
 static void conn_close_socket(embps__conn_t *c) {
   if (c->session) {
     nghttp2_session_del(c->session);
@@ -63,7 +68,7 @@ static void conn_close_socket(embps__conn_t *c) {
     close(c->fd);
     c->fd = -1;
   }
-  c->wlen = c->woff = 0;
+  out_reset(c);
   c->resume_head = 0;
   memset(&c->frames, 0, sizeof(c->frames)); /* a new connection starts at a frame */
 }
@@ -120,6 +125,7 @@ void embps__conn_free(embps__conn_t *c) {
   conn_close_socket(c);
   embps_free(c->rbuf);
   embps_free(c->wbuf);
+  embps_free(c->out);
   embps_free(c);
 }
 
@@ -160,24 +166,30 @@ static ssize_t conn_recv(embps__conn_t *c, uint8_t *buf, size_t n) {
   return k;
 }
 
-/* Sends the write buffer; returns 0 when all is sent, 1 when the socket is full, -1 broken. */
-static int write_pending(embps__conn_t *c) {
-  while (c->woff < c->wlen) {
-    ssize_t n = conn_send(c, c->wbuf + c->woff, c->wlen - c->woff);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK)
-        return 1;
+/* ---- the output queue ---- */
+
+static const uint8_t *piece_bytes(const embps__conn_t *c, const embps__out_piece_t *q) {
+  return q->p ? q->p : c->wbuf + q->off;
+}
+
+static int out_push(embps__conn_t *c, embps__out_piece_t q) {
+  if (c->nout == c->out_cap) {
+    size_t cap = c->out_cap ? 2 * c->out_cap : 16;
+    embps__out_piece_t *o = embps_realloc(c->out, cap * sizeof(*o));
+    if (!o) {
+      conn_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
       return -1;
     }
-    c->woff += (size_t)n;
+    c->out = o;
+    c->out_cap = cap;
   }
-  c->woff = c->wlen = 0;
+  c->out[c->nout++] = q;
+  c->out_bytes += q.len;
   return 0;
 }
 
-static int wbuf_append(embps__conn_t *c, const uint8_t *p, size_t n) {
+/* Appends n bytes to wbuf; their offset in *off. */
+static int wbuf_put(embps__conn_t *c, const uint8_t *p, size_t n, size_t *off) {
   if (c->wlen + n > c->wcap) {
     size_t cap = c->wcap ? c->wcap : 64u << 10;
     uint8_t *b;
@@ -192,32 +204,131 @@ static int wbuf_append(embps__conn_t *c, const uint8_t *p, size_t n) {
     c->wcap = cap;
   }
   memcpy(c->wbuf + c->wlen, p, n);
+  *off = c->wlen;
   c->wlen += n;
   return 0;
 }
 
-/* Serializes and sends what nghttp2 has, until done or the socket is full. */
+int embps__conn_out_copy(embps__conn_t *c, const uint8_t *p, size_t n) {
+  size_t off;
+  if (n == 0)
+    return 0;
+  if (wbuf_put(c, p, n, &off) != 0)
+    return -1;
+  embps__out_piece_t *last = c->nout > c->out_i ? &c->out[c->nout - 1] : NULL;
+  if (last && !last->p && last->off + last->len == off) { /* extends the last copied piece */
+    last->len += n;
+    c->out_bytes += n;
+    return 0;
+  }
+  return out_push(c, (embps__out_piece_t){.off = off, .len = n});
+}
+
+int embps__conn_out_ref(embps__conn_t *c, const uint8_t *p, size_t n, embps__stream_t *s) {
+  if (n == 0)
+    return 0;
+  c->ref_bytes += n;
+  return out_push(c, (embps__out_piece_t){.p = p, .len = n, .s = s});
+}
+
+void embps__conn_out_own(embps__conn_t *c, embps__stream_t *s) {
+  for (size_t i = c->out_i; i < c->nout; i++) {
+    embps__out_piece_t *q = &c->out[i];
+    if (!q->p || q->s != s)
+      continue;
+    size_t off;
+    if (i == c->out_i) { /* only its unwritten bytes are kept */
+      q->p += c->out_off;
+      q->len -= c->out_off;
+      c->out_off = 0;
+    }
+    if (wbuf_put(c, q->p, q->len, &off) != 0) {
+      /* Out of memory: the stream's bytes cannot be kept, so the connection must not write
+       * them; it breaks before it writes again (conn_flush checks broken first). */
+      out_reset(c);
+      return;
+    }
+    q->p = NULL;
+    q->s = NULL;
+    q->off = off;
+  }
+}
+
+int embps__conn_out_by_ref(const embps__conn_t *c) { return c->ssl == NULL; }
+
+/* Writes the queue; returns 0 when all is written, 1 when the socket is full, -1 broken. */
+static int write_pending(embps__conn_t *c) {
+  while (c->out_i < c->nout) {
+    ssize_t n;
+    if (!c->ssl) {
+      struct iovec iov[64];
+      int k = 0;
+      for (size_t i = c->out_i; i < c->nout && k < 64; i++, k++) {
+        size_t skip = i == c->out_i ? c->out_off : 0;
+        iov[k].iov_base = (void *)(piece_bytes(c, &c->out[i]) + skip);
+        iov[k].iov_len = c->out[i].len - skip;
+      }
+      struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+      n = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        conn_fail(c, EMBPS_UNAVAILABLE, "send: %s", strerror(errno));
+    } else {
+      const embps__out_piece_t *q = &c->out[c->out_i];
+      n = conn_send(c, piece_bytes(c, q) + c->out_off, q->len - c->out_off);
+    }
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK)
+        return 1;
+      return -1;
+    }
+    c->out_bytes -= (size_t)n;
+    while (n > 0) {
+      size_t left = c->out[c->out_i].len - c->out_off;
+      if ((size_t)n < left) {
+        c->out_off += (size_t)n;
+        break;
+      }
+      n -= (ssize_t)left;
+      c->out_i++;
+      c->out_off = 0;
+    }
+  }
+  out_reset(c);
+  return 0;
+}
+
+/* Serializes and sends what nghttp2 has, until done or the socket is full. Frames nghttp2
+ * serializes are copied into the queue, except a large one met with the queue empty, which
+ * goes to the socket directly; DATA frames of request bodies come through send_data
+ * (session.c), by reference on a cleartext connection. */
 static void conn_flush(embps__conn_t *c) {
   for (;;) {
     int sent_any = 0;
     if (c->broken || !c->session)
       return;
-    if (c->wlen > 0 && write_pending(c) != 0)
+    if (c->out_bytes > 0 && write_pending(c) != 0)
       return; /* full (POLLOUT resumes) or broken */
     if (c->resume_head && c->send_head && c->send_head->deferred && c->send_head->id > 0)
       nghttp2_session_resume_data(c->session, c->send_head->id);
     c->resume_head = 0;
     for (;;) {
       const uint8_t *data;
+      size_t queued = c->out_bytes;
       ssize_t n = nghttp2_session_mem_send(c->session, &data);
       if (n < 0) {
         conn_fail(c, status_of_nghttp2((int)n), "HTTP/2: %s", nghttp2_strerror((int)n));
         return;
       }
+      if (c->broken)
+        return;
+      if (c->out_bytes != queued)
+        sent_any = 1; /* send_data queued DATA frames */
       if (n == 0)
         break;
       sent_any = 1;
-      if ((size_t)n >= DIRECT_WRITE && c->wlen == 0) {
+      if ((size_t)n >= DIRECT_WRITE && c->out_bytes == 0) {
         ssize_t k = conn_send(c, data, (size_t)n);
         if (k < 0) {
           if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
@@ -225,17 +336,17 @@ static void conn_flush(embps__conn_t *c) {
           k = 0;
         }
         if (k < n) {
-          wbuf_append(c, data + k, (size_t)(n - k)); /* the socket is full: rest waits */
+          embps__conn_out_copy(c, data + k, (size_t)(n - k)); /* the socket is full: rest waits */
           return;
         }
         continue;
       }
-      if (wbuf_append(c, data, (size_t)n) != 0)
+      if (embps__conn_out_copy(c, data, (size_t)n) != 0)
         return;
-      if (c->wlen >= WBUF_FLUSH)
+      if (c->out_bytes >= WBUF_FLUSH)
         break;
     }
-    if (c->wlen > 0 && write_pending(c) != 0)
+    if (c->out_bytes > 0 && write_pending(c) != 0)
       return;
     if (!sent_any && !(c->resume_head && c->send_head))
       return;
@@ -550,7 +661,7 @@ int embps__conns_pump(embps__conn_t **conns, size_t n, int timeout_ms) {
       progress++;
       continue;
     }
-    if (!c->streams && c->wlen == 0)
+    if (!c->streams && c->out_bytes == 0)
       continue; /* idle: nothing to wait for (server frames are read with the next call) */
     if (c->ssl && SSL_has_pending(c->ssl)) {
       /* Decrypted bytes (or a whole record) wait inside OpenSSL, where poll() cannot see
@@ -565,7 +676,7 @@ int embps__conns_pump(embps__conn_t **conns, size_t n, int timeout_ms) {
     }
     pfd[np].fd = c->fd;
     pfd[np].events = POLLIN;
-    if (c->wlen > 0 || nghttp2_session_want_write(c->session))
+    if (c->out_bytes > 0 || nghttp2_session_want_write(c->session))
       pfd[np].events |= POLLOUT;
     pfd[np].revents = 0;
     pc[np++] = c;

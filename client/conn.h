@@ -62,6 +62,8 @@ struct embps__stream {
   int body_sent;
   int seg_i;
   uint64_t seg_off;
+  int frame_seg_i; /* where the DATA frame being sent by reference starts */
+  uint64_t frame_seg_off;
   int http_status;
   int grpc_status; /* -1: not received */
   char grpc_message[512];

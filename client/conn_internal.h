@@ -11,6 +11,14 @@
 #include "client/conn.h"
 #include "common/h2frames.h"
 
+/* A piece of the output: wbuf[off, off + len) when p is NULL, else p[0, len) in the memory of
+ * stream s's caller, which stays valid until s finishes (embps__conn_out_own copies it then). */
+typedef struct embps__out_piece {
+  const uint8_t *p;
+  size_t off, len;
+  embps__stream_t *s;
+} embps__out_piece_t;
+
 struct embps__conn {
   embps__addr_t addr;
   int fd;
@@ -22,8 +30,15 @@ struct embps__conn {
   embps_error_t why; /* why it broke (status and message), set inside callbacks and acted on
                         after them */
   uint8_t *rbuf;
+  /* What waits to be written, in order: pieces of wbuf (bytes copied there) and, on a
+   * cleartext connection, pieces of request bodies in the callers' memory (DATA payload sent
+   * without a copy, NGHTTP2_DATA_FLAG_NO_COPY). out_i is the first piece not fully written,
+   * out_off how much of it is. */
   uint8_t *wbuf;
-  size_t wlen, woff, wcap;
+  size_t wlen, wcap;
+  embps__out_piece_t *out;
+  size_t nout, out_cap, out_i, out_off;
+  size_t out_bytes;           /* not yet written */
   embps__stream_t *streams;   /* attached streams */
   embps__stream_t *send_head; /* bodies not yet fully sent, in submission order */
   embps__stream_t *send_tail;
@@ -32,8 +47,25 @@ struct embps__conn {
    * can be read in place). */
   embps_h2_frames_t frames;
   uint64_t direct_bytes;   /* bytes read straight into a caller's buffer (tests, tuning) */
+  uint64_t ref_bytes;      /* request body bytes queued by reference, not copied (likewise) */
   uint64_t streams_closed; /* counts on_stream_close: a read stops when a reply completes */
 };
+
+/* ---- conn.c, for session.c ---- */
+
+/** Queues n bytes from p, copied; -1 (the connection then fails) when memory runs out. */
+int embps__conn_out_copy(embps__conn_t *c, const uint8_t *p, size_t n);
+
+/** Queues n bytes of stream s's request body at p, not copied: p must stay valid until s
+ * finishes, when embps__stream_finish copies what is still unwritten (embps__conn_out_own). */
+int embps__conn_out_ref(embps__conn_t *c, const uint8_t *p, size_t n, embps__stream_t *s);
+
+/** Copies the unwritten bytes of s's queued pieces into the connection's own buffer: after
+ * this s's caller may reuse its memory. */
+void embps__conn_out_own(embps__conn_t *c, embps__stream_t *s);
+
+/** Whether request bodies may be queued by reference (cleartext: TLS copies into records). */
+int embps__conn_out_by_ref(const embps__conn_t *c);
 
 /* ---- session.c ---- */
 

@@ -40,6 +40,8 @@ void embps__stream_finish(embps__stream_t *s, embps_status_t st, const char *fmt
   if (s->done)
     return;
   s->done = 1;
+  if (s->attached && s->conn)
+    embps__conn_out_own(s->conn, s); /* its caller may reuse the body's memory from now on */
   s->result.status = st;
   va_start(ap, fmt);
   vsnprintf(s->result.message, sizeof(s->result.message), fmt, ap);
@@ -307,11 +309,21 @@ ssize_t embps__stream_read_body(nghttp2_session *session, int32_t stream_id, uin
     return NGHTTP2_ERR_DEFERRED;
   }
   s->deferred = 0;
+  /* On a cleartext connection the frame's payload is queued by reference in send_data, from
+   * where the body stands now; otherwise it is copied into nghttp2's frame here. */
+  const int by_ref = embps__conn_out_by_ref(c);
+  if (by_ref) {
+    *data_flags |= NGHTTP2_DATA_FLAG_NO_COPY;
+    s->frame_seg_i = s->seg_i;
+    s->frame_seg_off = s->seg_off;
+  }
   while (out < length && s->seg_i < s->nsegs) {
     const embps__seg_t *g = &s->segs[s->seg_i];
     uint64_t left = g->len - s->seg_off;
     size_t k = left < length - out ? (size_t)left : length - out;
-    if (g->p)
+    if (by_ref)
+      ; /* send_data takes the bytes */
+    else if (g->p)
       memcpy(buf + out, g->p + s->seg_off, k);
     else
       memset(buf + out, 0, k);
@@ -328,6 +340,57 @@ ssize_t embps__stream_read_body(nghttp2_session *session, int32_t stream_id, uin
     send_queue_remove(c, s);
   }
   return (ssize_t)out;
+}
+
+/* A DATA frame of a request body read with NGHTTP2_DATA_FLAG_NO_COPY: its header, then its
+ * payload from the segments where embps__stream_read_body left off, queued by reference
+ * (zeros, and a stream already finished, are copied: a finished stream's caller may reuse its
+ * memory as soon as it runs again). Client requests are never padded, but padding would be
+ * queued as the frame asks. Push gradients (2 MiB at 4096 x 128 f32) are then written from
+ * the caller's array, with no copy into nghttp2's frame (issue 13). */
+static int send_data(nghttp2_session *session, nghttp2_frame *frame, const uint8_t *framehd,
+                     size_t length, nghttp2_data_source *source, void *user_data) {
+  static const uint8_t zeros[256];
+  embps__conn_t *c = user_data;
+  embps__stream_t *s = source->ptr;
+  size_t padlen = frame->data.padlen;
+  int i = s->frame_seg_i;
+  uint64_t off = s->frame_seg_off;
+  (void)session;
+  if (embps__conn_out_copy(c, framehd, 9) != 0)
+    return NGHTTP2_ERR_CALLBACK_FAILURE;
+  if (padlen > 0) {
+    uint8_t pad = (uint8_t)(padlen - 1);
+    if (embps__conn_out_copy(c, &pad, 1) != 0)
+      return NGHTTP2_ERR_CALLBACK_FAILURE;
+  }
+  while (length > 0 && i < s->nsegs) {
+    const embps__seg_t *g = &s->segs[i];
+    uint64_t left = g->len - off;
+    size_t k = left < length ? (size_t)left : length;
+    int rc;
+    if (!g->p) {
+      k = k < sizeof(zeros) ? k : sizeof(zeros);
+      rc = embps__conn_out_copy(c, zeros, k);
+    } else if (s->done)
+      rc = embps__conn_out_copy(c, g->p + off, k);
+    else
+      rc = embps__conn_out_ref(c, g->p + off, k, s);
+    if (rc != 0)
+      return NGHTTP2_ERR_CALLBACK_FAILURE;
+    length -= k;
+    off += k;
+    if (off == g->len) {
+      i++;
+      off = 0;
+    }
+  }
+  for (size_t left = padlen > 1 ? padlen - 1 : 0, k; left > 0; left -= k) {
+    k = left < sizeof(zeros) ? left : sizeof(zeros);
+    if (embps__conn_out_copy(c, zeros, k) != 0)
+      return NGHTTP2_ERR_CALLBACK_FAILURE;
+  }
+  return length == 0 ? 0 : NGHTTP2_ERR_CALLBACK_FAILURE;
 }
 
 /* ---- the session ---- */
@@ -349,6 +412,7 @@ embps_status_t embps__session_start(embps__conn_t *c, embps_error_t *err) {
   nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_stream_close);
   nghttp2_session_callbacks_set_on_frame_not_send_callback(cbs, on_frame_not_send);
   nghttp2_session_callbacks_set_data_source_read_length_callback(cbs, read_length);
+  nghttp2_session_callbacks_set_send_data_callback(cbs, send_data);
   rc = nghttp2_session_client_new(&c->session, cbs, c);
   nghttp2_session_callbacks_del(cbs);
   if (rc != 0)

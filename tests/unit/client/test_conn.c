@@ -49,6 +49,10 @@ typedef struct fake {
   size_t padding;    /* DATA frames padded to a multiple of this; 0: none */
   uint8_t out[4 * ROWS_BYTES + 65536];
   size_t out_n;
+  uint32_t window; /* the server's stream and connection windows; 0: nghttp2's default */
+  uint8_t *got;    /* DATA payload received on the first stream, when got_cap is set */
+  size_t got_n, got_cap;
+  int32_t got_id;
 } fake_t;
 
 static uint8_t rows[2][ROWS_BYTES];
@@ -121,6 +125,19 @@ static int fake_frame_recv(nghttp2_session *session, const nghttp2_frame *frame,
   return 0;
 }
 
+static int fake_data(nghttp2_session *session, uint8_t flags, int32_t id, const uint8_t *data,
+                     size_t len, void *user) {
+  fake_t *f = user;
+  if (!f->got_id)
+    f->got_id = id;
+  if (id == f->got_id) {
+    assert_true(f->got_n + len <= f->got_cap);
+    memcpy(f->got + f->got_n, data, len);
+    f->got_n += len;
+  }
+  return 0;
+}
+
 static void fake_start(fake_t *f, embps__addr_t *addr) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t len = sizeof(sa);
@@ -138,9 +155,17 @@ static void fake_start(fake_t *f, embps__addr_t *addr) {
   nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, fake_frame_recv);
   nghttp2_session_callbacks_set_data_source_read_length_callback(cbs, fake_length);
   nghttp2_session_callbacks_set_select_padding_callback(cbs, fake_padding);
+  if (f->got_cap)
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, fake_data);
   assert_int_equal(nghttp2_session_server_new(&f->session, cbs, f), 0);
   nghttp2_session_callbacks_del(cbs);
-  assert_int_equal(nghttp2_submit_settings(f->session, NGHTTP2_FLAG_NONE, NULL, 0), 0);
+  nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, f->window}};
+  assert_int_equal(nghttp2_submit_settings(f->session, NGHTTP2_FLAG_NONE, iv, f->window ? 1 : 0),
+                   0);
+  if (f->window)
+    assert_int_equal(
+        nghttp2_session_set_local_window_size(f->session, NGHTTP2_FLAG_NONE, 0, (int32_t)f->window),
+        0);
   make_reply(&f->replies[0], rows[0], 7);
   make_reply(&f->replies[1], rows[1], 8);
   if (f->padding) /* room in each frame for the padding */
@@ -374,11 +399,146 @@ static void test_cancelled(void **state) {
   run(&r);
 }
 
+/* ---- request bodies sent by reference ---- */
+
+#define BIG_BODY ((size_t)3 << 19) /* 1.5 MiB: more than one DATA frame of 1 MiB */
+
+typedef struct body_run {
+  fake_t f;
+  embps__conn_t *c;
+  embps__stream_t *s;
+  uint8_t *big;  /* the caller's array: the body's second segment */
+  uint8_t *want; /* the whole body as it must arrive */
+  size_t body_n;
+} body_run_t;
+
+static const uint8_t body_head[] = {0, 0, 0x40, 0, 0x13, 0x0a, 0x05, 't', 'a', 'b', 'l', 'e'};
+static const uint8_t body_tail[] = {0x18, 0x2a};
+#define ZEROS_SEG 1000
+
+/* A connection whose socket buffers are small, so that the body's frames wait in the client's
+ * output queue, and a stream submitted with that body: a header, the caller's array, a run of
+ * zeros and a tail. The server's windows take the whole body after the first frame. */
+static void body_start(body_run_t *b) {
+  embps__addr_t addr;
+  embps_error_t err;
+  int small = 4096;
+  memset(b, 0, sizeof(*b));
+  b->f.frame_size = 16384;
+  b->f.window = 64u << 20;
+  b->body_n = sizeof(body_head) + BIG_BODY + ZEROS_SEG + sizeof(body_tail);
+  b->f.got_cap = b->body_n;
+  b->f.got = malloc(b->f.got_cap);
+  b->big = malloc(BIG_BODY);
+  b->want = malloc(b->body_n);
+  assert_non_null(b->f.got);
+  assert_non_null(b->big);
+  assert_non_null(b->want);
+  for (size_t i = 0; i < BIG_BODY; i++)
+    b->big[i] = (uint8_t)(i * 31 + (i >> 13));
+  uint8_t *w = b->want;
+  memcpy(w, body_head, sizeof(body_head)), w += sizeof(body_head);
+  memcpy(w, b->big, BIG_BODY), w += BIG_BODY;
+  memset(w, 0, ZEROS_SEG), w += ZEROS_SEG;
+  memcpy(w, body_tail, sizeof(body_tail));
+  fake_start(&b->f, &addr);
+  assert_int_equal(setsockopt(b->f.lfd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+  assert_int_equal(embps__conn_open(&b->c, &addr, NULL, NULL, 2000, &err), EMBPS_OK);
+  assert_int_equal(setsockopt(b->c->fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)), 0);
+  b->f.sfd = accept(b->f.lfd, NULL, NULL);
+  assert_true(b->f.sfd >= 0);
+  b->s = calloc(1, sizeof(*b->s));
+  assert_non_null(b->s);
+  b->s->path = "/embps.v1.EmbeddingService/PushGradients";
+  b->s->segs[0] = (embps__seg_t){body_head, sizeof(body_head)};
+  b->s->segs[1] = (embps__seg_t){b->big, BIG_BODY};
+  b->s->segs[2] = (embps__seg_t){NULL, ZEROS_SEG};
+  b->s->segs[3] = (embps__seg_t){body_tail, sizeof(body_tail)};
+  b->s->nsegs = 4;
+  assert_int_equal(embps__conn_submit(b->c, b->s, 5000, &err), EMBPS_OK);
+  embps__conn_kick(b->c);
+  /* The server's SETTINGS and WINDOW_UPDATE (its windows, for the frames after the first). */
+  fake_drain(&b->f);
+  write_all(b->f.sfd, b->f.out, b->f.out_n);
+  b->f.out_n = 0;
+}
+
+/* Alternates server reads and client writes until the server has taken everything (bounded). */
+static void body_pump(body_run_t *b) {
+  uint8_t buf[65536];
+  for (int i = 0; i < 20000; i++) {
+    int progress = 0;
+    for (;;) {
+      ssize_t n = recv(b->f.sfd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n <= 0)
+        break;
+      assert_int_equal(nghttp2_session_mem_recv(b->f.session, buf, (size_t)n), n);
+      progress = 1;
+    }
+    fake_drain(&b->f); /* WINDOW_UPDATEs, and SETTINGS acks */
+    if (b->f.out_n) {
+      write_all(b->f.sfd, b->f.out, b->f.out_n);
+      b->f.out_n = 0;
+    }
+    if (b->c->fd >= 0)
+      embps__conns_pump(&b->c, 1, 0);
+    if (!progress && b->c->out_bytes == 0 && i > 10) {
+      struct pollfd p = {.fd = b->f.sfd, .events = POLLIN};
+      if (poll(&p, 1, 20) <= 0)
+        return;
+    }
+  }
+  fail_msg("the body did not get through");
+}
+
+static void body_stop(body_run_t *b) {
+  embps__stream_release(b->s);
+  embps__conn_free(b->c);
+  fake_stop(&b->f);
+  free(b->f.got), free(b->big), free(b->want);
+}
+
+/* The body's array goes to the socket from the caller's memory, not through a copy, and
+ * arrives byte for byte, through a socket too small to take it at once. */
+static void test_body_by_reference(void **state) {
+  body_run_t b;
+  body_start(&b);
+  body_pump(&b);
+  assert_int_equal(b.f.got_n, b.body_n);
+  assert_memory_equal(b.f.got, b.want, b.body_n);
+  assert_true(b.c->ref_bytes >= BIG_BODY);
+  body_stop(&b);
+}
+
+/* A stream that finishes while its body still waits in the queue by reference: the queue
+ * copies what it holds of the caller's memory, so the caller may overwrite it at once, and the
+ * frames already made still carry the body's own bytes. */
+static void test_body_owned_when_the_stream_finishes(void **state) {
+  body_run_t b;
+  body_start(&b);
+  /* The first DATA frame (the 64 KiB the default window allowed) waits, most of it, in the
+   * queue by reference: the socket is full and the server has read nothing. */
+  size_t queued = b.c->out_bytes;
+  assert_true(queued > 32768);
+  assert_true(b.c->ref_bytes > 32768);
+  embps__stream_cancel(b.s, EMBPS_CANCELLED, "cancelled by the test");
+  memset(b.big, 0xee, BIG_BODY);
+  body_pump(&b);
+  assert_true(b.f.got_n >= 65535 && b.f.got_n < b.body_n); /* that frame, and no more */
+  assert_memory_equal(b.f.got, b.want, b.f.got_n);
+  body_stop(&b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_every_split), cmocka_unit_test(test_small_frames),
-      cmocka_unit_test(test_padded),      cmocka_unit_test(test_two_streams),
-      cmocka_unit_test(test_cancelled),   cmocka_unit_test(test_read_stops_at_a_complete_reply),
+      cmocka_unit_test(test_every_split),
+      cmocka_unit_test(test_small_frames),
+      cmocka_unit_test(test_padded),
+      cmocka_unit_test(test_two_streams),
+      cmocka_unit_test(test_cancelled),
+      cmocka_unit_test(test_read_stops_at_a_complete_reply),
+      cmocka_unit_test(test_body_by_reference),
+      cmocka_unit_test(test_body_owned_when_the_stream_finishes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
