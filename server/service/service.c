@@ -1005,9 +1005,10 @@ static void take_prep(request_t *r, embps_net_call_t *call, embps_table_t *t) {
   r->op.prepared =
       embps_push_prep_result(p, r->op.tokens, r->op.num_tokens, r->op.grads,
                              embps_table_config(t)->emb_width, embps_table_config(t)->dtype);
-  if (r->op.prepared)
+  if (r->op.prepared) {
     r->prep = p;
-  else
+    atomic_fetch_add_explicit(&embps_table_counters(t)->pushes_prepared, 1, memory_order_relaxed);
+  } else
     embps_push_prep_free(p);
 }
 

@@ -25,6 +25,9 @@ def main():
         try:
             grads = ml.grouplib.np.full((3, 8), float("nan"), dtype="float32")
             raw.push("items", [4, 5, 6], grads)
+            # 4096 x 8 f32 (128 KiB): large enough to be summed while it arrives
+            big = [i % 999 + 1 for i in range(4096)]
+            raw.push("items", big, ml.grouplib.np.full((4096, 8), 0.01, dtype="float32"))
             _, futs = raw.lookup_async("missing", [1])  # an error code is counted too
             assert ml.grouplib.rpc_error(lambda: [f.result() for f in futs]) is not None
         finally:
@@ -46,24 +49,25 @@ def main():
                  grpc_code="NotFound") == 1
         assert v("grpc_server_started_total", grpc_service=svc, grpc_method="Lookup") == 4
         assert v("grpc_server_handled_total", grpc_service=svc, grpc_method="PushGradients",
-                 grpc_code="OK") == 2
+                 grpc_code="OK") == 3
         assert v("grpc_server_handling_seconds_count", grpc_service=svc,
-                 grpc_method="PushGradients") == 2
+                 grpc_method="PushGradients") == 3
         assert v("grpc_server_handling_seconds_bucket", grpc_service=svc,
                  grpc_method="Lookup", le="+Inf") == 4
         assert v("embps_table_lookups_total", table="items") == 3
         assert v("embps_table_rows_looked_up_total", table="items") == 12
-        assert v("embps_table_pushes_total", table="items") == 2
-        assert v("embps_table_rows_pushed_total", table="items") == 5
-        assert v("embps_table_steps_applied_total", table="items") == 1
+        assert v("embps_table_pushes_total", table="items") == 3
+        assert v("embps_table_pushes_prepared_total", table="items") == 1  # the 128 KiB one
+        assert v("embps_table_rows_pushed_total", table="items") == 5 + 4096
+        assert v("embps_table_steps_applied_total", table="items") == 2
         assert v("embps_table_steps_skipped_total", table="items") == 1
         assert v("embps_table_rows", table="items") == 1000
-        assert v("embps_table_unique_tokens_per_batch_count", table="items") == 2  # the pushes
-        assert v("embps_table_unique_tokens_per_batch_sum", table="items") == 5
+        assert v("embps_table_unique_tokens_per_batch_count", table="items") == 3  # the pushes
+        assert v("embps_table_unique_tokens_per_batch_sum", table="items") == 5 + 999
         assert v("embps_table_bytes", table="items") > 0
         assert v("embps_memory_bytes", kind="tables_host") == v("embps_table_bytes", table="items")
-        assert v("embps_rounds_total") == 5 and v("embps_round_batches_total") == 5
-        assert v("embps_round_phase_seconds_count", phase="compute") == 5
+        assert v("embps_rounds_total") == 6 and v("embps_round_batches_total") == 6
+        assert v("embps_round_phase_seconds_count", phase="compute") == 6
         assert v("embps_group_size") == 1 and v("embps_group_ready") == 1
         assert v("embps_group_backend_info", backend="cpu") == 1
         assert v("embps_checkpoint_last_round") == round_no
