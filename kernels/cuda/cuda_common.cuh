@@ -50,9 +50,13 @@ __device__ __forceinline__ uint16_t embps__f32_to_bf16(float f) {
 }
 
 /* Loads V consecutive elements of storage type T (float or bf16 bits) as f32; p must be
- * aligned to V elements. */
+ * aligned to V elements (to 4 floats when V = 8). */
 template <int V> __device__ __forceinline__ void embps__load(const float *p, float (&x)[V]) {
-  if constexpr (V == 4) {
+  if constexpr (V == 8) {
+    float4 a = reinterpret_cast<const float4 *>(p)[0], b = reinterpret_cast<const float4 *>(p)[1];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+    x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  } else if constexpr (V == 4) {
     float4 q = *reinterpret_cast<const float4 *>(p);
     x[0] = q.x;
     x[1] = q.y;
@@ -65,7 +69,14 @@ template <int V> __device__ __forceinline__ void embps__load(const float *p, flo
 }
 
 template <int V> __device__ __forceinline__ void embps__load(const uint16_t *p, float (&x)[V]) {
-  if constexpr (V == 4) {
+  if constexpr (V == 8) {
+    uint4 q = *reinterpret_cast<const uint4 *>(p);
+    const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+    for (int k = 0; k < 4; k++) {
+      x[2 * k] = embps__bf16_to_f32((uint16_t)(u[k] & 0xffffu));
+      x[2 * k + 1] = embps__bf16_to_f32((uint16_t)(u[k] >> 16));
+    }
+  } else if constexpr (V == 4) {
     uint2 q = *reinterpret_cast<const uint2 *>(p); /* little-endian: element 0 is the low half */
     x[0] = embps__bf16_to_f32((uint16_t)(q.x & 0xffffu));
     x[1] = embps__bf16_to_f32((uint16_t)(q.x >> 16));
@@ -88,7 +99,13 @@ template <int V> __device__ __forceinline__ void embps__store(float *p, const fl
 }
 
 template <int V> __device__ __forceinline__ void embps__store(uint16_t *p, const float (&x)[V]) {
-  if constexpr (V == 4) {
+  if constexpr (V == 8) {
+    uint32_t u[4];
+    for (int k = 0; k < 4; k++)
+      u[k] = (uint32_t)embps__f32_to_bf16(x[2 * k]) |
+             ((uint32_t)embps__f32_to_bf16(x[2 * k + 1]) << 16);
+    *reinterpret_cast<uint4 *>(p) = make_uint4(u[0], u[1], u[2], u[3]);
+  } else if constexpr (V == 4) {
     uint2 q;
     q.x = (uint32_t)embps__f32_to_bf16(x[0]) | ((uint32_t)embps__f32_to_bf16(x[1]) << 16);
     q.y = (uint32_t)embps__f32_to_bf16(x[2]) | ((uint32_t)embps__f32_to_bf16(x[3]) << 16);
