@@ -14,6 +14,11 @@
  *    frame so that they take a reply's header fields but not its rows.
  *  - Small frames (HEADERS, a lookup's 32 KiB of tokens, WINDOW_UPDATE) are gathered into one
  *    write buffer and sent with one send(); large frames go to the socket directly.
+ *  - On a cleartext connection a request body's DATA payload is queued by reference, pieces of
+ *    the caller's memory beside pieces of the write buffer, and written with sendmsg(): a
+ *    push's gradients are not copied into nghttp2's frames (push 4096 x 128 f32: 1.42 -> 1.25
+ *    ms p50). What still waits when its stream finishes is copied then (embps__conn_out_own),
+ *    so the caller's memory is its own again as soon as the call returns.
  *  - TCP_NODELAY: a request is a burst of frames that must not wait for Nagle.
  *
  * Failure: a socket error, EOF or HTTP/2 protocol error breaks the connection; every stream
