@@ -553,6 +553,8 @@ embps_status_t embps__conn_open(embps__conn_t **out, const embps__addr_t *addr, 
   return EMBPS_OK;
 fail:
   embps_free(c->rbuf);
+  embps_free(c->wbuf); /* the preface may have been queued before a later step failed */
+  embps_free(c->out);
   embps_free(c);
   return ret;
 }
