@@ -48,6 +48,7 @@ struct embps__conn {
   embps_h2_frames_t frames;
   uint64_t direct_bytes;   /* bytes read straight into a caller's buffer (tests, tuning) */
   uint64_t ref_bytes;      /* request body bytes queued by reference, not copied (likewise) */
+  size_t rcvlowat;         /* the socket's SO_RCVLOWAT as last set (0: never set, the default) */
   uint64_t streams_closed; /* counts on_stream_close: a read stops when a reply completes */
 };
 
@@ -66,6 +67,10 @@ void embps__conn_out_own(embps__conn_t *c, embps__stream_t *s);
 
 /** Whether request bodies may be queued by reference (cleartext: TLS copies into records). */
 int embps__conn_out_by_ref(const embps__conn_t *c);
+
+/** Sets the socket's SO_RCVLOWAT for the wait ahead: the rest of the current frame, at most
+ * 1 MiB, when 64 KiB or more of it is still to come, else the default (cleartext only). */
+void embps__conn_wait_for_frame(embps__conn_t *c);
 
 /* ---- session.c ---- */
 

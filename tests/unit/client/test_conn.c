@@ -245,6 +245,13 @@ static void client_read_all(embps__conn_t *c) {
   fail_msg("the client did not read what it was sent");
 }
 
+static int rcvlowat(int fd) {
+  int v = -1;
+  socklen_t len = sizeof(v);
+  assert_int_equal(getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, &len), 0);
+  return v;
+}
+
 static void write_all(int fd, const uint8_t *p, size_t n) {
   while (n > 0) {
     ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
@@ -399,6 +406,41 @@ static void test_cancelled(void **state) {
   run(&r);
 }
 
+/* The wait's low-water mark follows the frame being read: the rest of a large frame, at most
+ * 1 MiB, and the default (1) for a small one or between frames; set only when it changes. */
+static void test_waits_for_the_rest_of_a_frame(void **state) {
+  fake_t f = {.frame_size = 16384};
+  embps__addr_t addr;
+  embps__conn_t *c = NULL;
+  embps_error_t err;
+  static const struct {
+    size_t have, left;
+    int want;
+  } cases[] = {
+      {9, 200000, 200000},     /* the rest of a 200 KB frame */
+      {9, 5u << 20, 1 << 20},  /* a 5 MiB frame: 1 MiB at a time */
+      {9, 65536, 65536},       /* just large enough */
+      {9, 65535, 1},           /* a small frame: any byte */
+      {4, 0, 1},               /* inside a frame header */
+      {9, 1u << 20, 1 << 20},  /* from 1 again to a large one */
+  };
+  fake_start(&f, &addr);
+  assert_int_equal(embps__conn_open(&c, &addr, NULL, NULL, 2000, &err), EMBPS_OK);
+  f.sfd = accept(f.lfd, NULL, NULL);
+  assert_true(f.sfd >= 0);
+  assert_int_equal(rcvlowat(c->fd), 1);
+  embps_h2_frames_t saved = c->frames;
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    c->frames.have = cases[i].have;
+    c->frames.left = cases[i].left;
+    embps__conn_wait_for_frame(c);
+    assert_int_equal(rcvlowat(c->fd), cases[i].want);
+  }
+  c->frames = saved;
+  embps__conn_free(c);
+  fake_stop(&f);
+}
+
 /* ---- request bodies sent by reference ---- */
 
 #define BIG_BODY ((size_t)3 << 19) /* 1.5 MiB: more than one DATA frame of 1 MiB */
@@ -537,6 +579,7 @@ int main(void) {
       cmocka_unit_test(test_two_streams),
       cmocka_unit_test(test_cancelled),
       cmocka_unit_test(test_read_stops_at_a_complete_reply),
+      cmocka_unit_test(test_waits_for_the_rest_of_a_frame),
       cmocka_unit_test(test_body_by_reference),
       cmocka_unit_test(test_body_owned_when_the_stream_finishes),
   };
