@@ -32,6 +32,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -86,13 +87,26 @@ static void write_all(int fd, const void *p, size_t len) {
   }
 }
 
-/* Reads exactly len bytes: 1 when they all arrived, 0 when the peer closed before the first. */
-static int read_all(int fd, void *p, size_t len) {
+/* Reads exactly len bytes: 1 when they all arrived, 0 when the peer closed before the first.
+ * With lowat, the wait before each read is for min(what is left, 1 MiB) bytes (SO_RCVLOWAT),
+ * as embps's client waits inside a frame (client/conn.c), so that the transfer stays a ceiling
+ * for it rather than a client that is woken by every segment. */
+static int read_all_lowat(int fd, void *p, size_t len, int lowat) {
   uint8_t *b = p;
   size_t left = len;
+  int mark = 1;
   while (left) {
-    ssize_t k = read(fd, b, left);
-    if (k < 0 && errno == EINTR)
+    int want = !lowat ? 1 : left < ((size_t)1 << 20) ? (int)left : 1 << 20;
+    if (want != mark && setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0)
+      mark = want;
+    if (lowat) { /* the wait, then what is there: a blocking read would copy part of the mark
+                    and then sleep for a whole mark more, which never comes at the end */
+      struct pollfd pfd = {.fd = fd, .events = POLLIN};
+      if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
+        die("poll");
+    }
+    ssize_t k = recv(fd, b, left, lowat ? MSG_DONTWAIT : 0);
+    if (k < 0 && (errno == EINTR || (lowat && (errno == EAGAIN || errno == EWOULDBLOCK))))
       continue;
     if (k == 0 && left == len)
       return 0;
@@ -104,8 +118,14 @@ static int read_all(int fd, void *p, size_t len) {
     b += k;
     left -= (size_t)k;
   }
+  if (mark != 1) {
+    mark = 1;
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &mark, sizeof(mark));
+  }
   return 1;
 }
+
+static int read_all(int fd, void *p, size_t len) { return read_all_lowat(fd, p, len, 0); }
 
 /* Tokens as embps bench draws them: Zipf(exponent) over [1, rows), exponent 0 uniform. */
 static void draw(int64_t *tokens, size_t n, const embps_zipf_t *z, embps_rng_t *rng) {
@@ -269,7 +289,7 @@ int main(int argc, char **argv) {
     if (call == 2)
       end = t0 + seconds;
     write_all(cfd, request, (batch + 1) * sizeof(int64_t));
-    if (!read_all(cfd, rows_in, reply_bytes)) {
+    if (!read_all_lowat(cfd, rows_in, reply_bytes, 1)) {
       errno = ECONNRESET;
       die("read");
     }

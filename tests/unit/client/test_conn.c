@@ -417,12 +417,12 @@ static void test_waits_for_the_rest_of_a_frame(void **state) {
     size_t have, left;
     int want;
   } cases[] = {
-      {9, 200000, 200000},     /* the rest of a 200 KB frame */
-      {9, 5u << 20, 1 << 20},  /* a 5 MiB frame: 1 MiB at a time */
-      {9, 65536, 65536},       /* just large enough */
-      {9, 65535, 1},           /* a small frame: any byte */
-      {4, 0, 1},               /* inside a frame header */
-      {9, 1u << 20, 1 << 20},  /* from 1 again to a large one */
+      {9, 200000, 200000},    /* the rest of a 200 KB frame */
+      {9, 5u << 20, 1 << 20}, /* a 5 MiB frame: 1 MiB at a time */
+      {9, 65536, 65536},      /* just large enough */
+      {9, 65535, 1},          /* a small frame: any byte */
+      {4, 0, 1},              /* inside a frame header */
+      {9, 1u << 20, 1 << 20}, /* from 1 again to a large one */
   };
   fake_start(&f, &addr);
   assert_int_equal(embps__conn_open(&c, &addr, NULL, NULL, 2000, &err), EMBPS_OK);
