@@ -142,21 +142,27 @@ const embps__addr_t *embps__conn_addr(const embps__conn_t *c) { return &c->addr;
 
 /* ---- socket I/O ---- */
 
-/* send() or, on a TLS connection, SSL_write: the bytes taken, or -1 with errno (EAGAIN when
- * the socket is full; another errno when broken, with c's reason recorded). */
-static ssize_t conn_send(embps__conn_t *c, const uint8_t *p, size_t n) {
+/* sendmsg() of the k pieces or, on a TLS connection, SSL_write of the first: the bytes taken,
+ * or -1 with errno (EAGAIN when the socket is full); c's reason is recorded when it breaks. */
+static ssize_t conn_sendv(embps__conn_t *c, const struct iovec *iov, int k) {
   char why[300];
-  ssize_t k;
+  ssize_t n;
   if (!c->ssl) {
-    k = send(c->fd, p, n, MSG_NOSIGNAL);
-    if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+    struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)k};
+    n = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
       conn_fail(c, EMBPS_UNAVAILABLE, "send: %s", strerror(errno));
-    return k;
+    return n;
   }
-  k = embps__tls_client_send(c->ssl, p, n, why, sizeof(why));
-  if (k < 0 && errno != EAGAIN)
+  n = embps__tls_client_send(c->ssl, iov[0].iov_base, iov[0].iov_len, why, sizeof(why));
+  if (n < 0 && errno != EAGAIN)
     conn_fail(c, EMBPS_UNAVAILABLE, "%s", why);
-  return k;
+  return n;
+}
+
+static ssize_t conn_send(embps__conn_t *c, const uint8_t *p, size_t n) {
+  struct iovec v = {(void *)p, n};
+  return conn_sendv(c, &v, 1);
 }
 
 /* recv() or, on a TLS connection, SSL_read: as recv, with c's reason recorded when broken. */
@@ -268,23 +274,14 @@ int embps__conn_out_by_ref(const embps__conn_t *c) { return c->ssl == NULL; }
 /* Writes the queue; returns 0 when all is written, 1 when the socket is full, -1 broken. */
 static int write_pending(embps__conn_t *c) {
   while (c->out_i < c->nout) {
-    ssize_t n;
-    if (!c->ssl) {
-      struct iovec iov[64];
-      int k = 0;
-      for (size_t i = c->out_i; i < c->nout && k < 64; i++, k++) {
-        size_t skip = i == c->out_i ? c->out_off : 0;
-        iov[k].iov_base = (void *)(piece_bytes(c, &c->out[i]) + skip);
-        iov[k].iov_len = c->out[i].len - skip;
-      }
-      struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
-      n = sendmsg(c->fd, &m, MSG_NOSIGNAL);
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        conn_fail(c, EMBPS_UNAVAILABLE, "send: %s", strerror(errno));
-    } else {
-      const embps__out_piece_t *q = &c->out[c->out_i];
-      n = conn_send(c, piece_bytes(c, q) + c->out_off, q->len - c->out_off);
+    struct iovec iov[64];
+    int k = 0;
+    for (size_t i = c->out_i; i < c->nout && k < 64; i++, k++) {
+      size_t skip = i == c->out_i ? c->out_off : 0;
+      iov[k].iov_base = (void *)(piece_bytes(c, &c->out[i]) + skip);
+      iov[k].iov_len = c->out[i].len - skip;
     }
+    ssize_t n = conn_sendv(c, iov, k);
     if (n < 0) {
       if (errno == EINTR)
         continue;

@@ -322,7 +322,7 @@ ssize_t embps__stream_read_body(nghttp2_session *session, int32_t stream_id, uin
     uint64_t left = g->len - s->seg_off;
     size_t k = left < length - out ? (size_t)left : length - out;
     if (by_ref)
-      ; /* send_data takes the bytes */
+      ; /* the cursor only: send_data queues the bytes */
     else if (g->p)
       memcpy(buf + out, g->p + s->seg_off, k);
     else

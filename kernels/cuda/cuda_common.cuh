@@ -165,9 +165,9 @@ template <int V> struct embps__vec { static constexpr int value = V; };
 
 /* Shared launcher of the row kernels over n rows: rejects a bad dtype, enqueues nothing for
  * n == 0 or width == 0, picks the shape, calls launch(embps__tag<T>, embps__vec<V>, shape)
- * for the storage type (float or bf16 bits) and vector width (4 when `vec`, else 1), and
- * checks the launch. */
-template <typename F>
+ * for the storage type (float or bf16 bits) and vector width (when `vec`, 4 for f32 and
+ * BF16_V for bf16, which the caller's `vec` must then allow; else 1), and checks the launch. */
+template <int BF16_V = 4, typename F>
 static inline embps_status_t embps__launch_rows(const char *what, embps_dtype_t dtype, size_t n,
                                                 size_t width, bool vec, F &&launch) {
   embps_status_t ret = EMBPS_OK;
@@ -178,13 +178,13 @@ static inline embps_status_t embps__launch_rows(const char *what, embps_dtype_t 
   }
   if (n == 0 || width == 0)
     return EMBPS_OK;
-  if (!embps__row_launch(n, width, vec ? 4 : 1, &L)) {
+  if (!embps__row_launch(n, width, !vec ? 1 : dtype == EMBPS_DTYPE_BF16 ? BF16_V : 4, &L)) {
     EMBPS_ERROR("%s: %zu rows is beyond the grid limit", what, n);
     return EMBPS_INVALID_ARGUMENT;
   }
   if (dtype == EMBPS_DTYPE_BF16) {
     if (vec)
-      launch(embps__tag<uint16_t>{}, embps__vec<4>{}, L);
+      launch(embps__tag<uint16_t>{}, embps__vec<BF16_V>{}, L);
     else
       launch(embps__tag<uint16_t>{}, embps__vec<1>{}, L);
   } else {

@@ -70,33 +70,18 @@ embps_update_rowwise_adagrad_cuda(void *table, embps_dtype_t dtype, size_t width
   }
   const float inv_full_width = full_width ? 1.0f / (float)full_width : 0.0f;
   const float lr = p->lr, eps = p->eps, decay = p->decay;
-  if (dtype == EMBPS_DTYPE_BF16 && width % 8 == 0 && n > 0 && embps__aligned(table, 16) &&
-      embps__aligned(grad, 16)) {
-    embps_status_t ret = EMBPS_OK;
-    embps__row_launch_t L;
-    if (!embps__row_launch(n, width, 8, &L)) {
-      EMBPS_ERROR("rowwise adagrad: %zu rows is beyond the grid limit", n);
-      return EMBPS_INVALID_ARGUMENT;
-    }
-    rowwise_adagrad_kernel<uint16_t, 8><<<L.grid, EMBPS_CUDA_BLOCK, 0, stream>>>(
-        (uint16_t *)table, width, rows, n, grad, row_sumsq, inv_full_width, accum, lr, eps, decay,
-        L.tpr);
-    EMBPS_CUDA_CHECK_LAUNCH_GOTO(fail);
-  exit:
-    return ret;
-  fail:
-    goto exit;
-  }
-  bool vec = embps__vec4_ok(width, table, embps_dtype_size(dtype), grad, NULL, NULL);
   /* width == 0 still updates the accumulators on the CPU; a width of 1 with no columns to
    * write does the same here (the column loop is empty). */
   size_t launch_width = width ? width : 1;
-  return embps__launch_rows("rowwise adagrad", dtype, n, launch_width, vec,
-                            [&](auto t, auto v, const embps__row_launch_t &L) {
-                              using T = typename decltype(t)::type;
-                              constexpr int V = decltype(v)::value;
-                              rowwise_adagrad_kernel<T, V><<<L.grid, EMBPS_CUDA_BLOCK, 0, stream>>>(
-                                  (T *)table, width, rows, n, grad, row_sumsq, inv_full_width,
-                                  accum, lr, eps, decay, L.tpr);
-                            });
+  auto launch = [&](auto t, auto v, const embps__row_launch_t &L) {
+    using T = typename decltype(t)::type;
+    constexpr int V = decltype(v)::value;
+    rowwise_adagrad_kernel<T, V><<<L.grid, EMBPS_CUDA_BLOCK, 0, stream>>>(
+        (T *)table, width, rows, n, grad, row_sumsq, inv_full_width, accum, lr, eps, decay, L.tpr);
+  };
+  if (dtype == EMBPS_DTYPE_BF16 && launch_width % 8 == 0 && embps__aligned(table, 16) &&
+      embps__aligned(grad, 16))
+    return embps__launch_rows<8>("rowwise adagrad", dtype, n, launch_width, true, launch);
+  bool vec = embps__vec4_ok(width, table, embps_dtype_size(dtype), grad, NULL, NULL);
+  return embps__launch_rows("rowwise adagrad", dtype, n, launch_width, vec, launch);
 }

@@ -367,6 +367,22 @@ static void check_init(const config_t *c, rng_t *r) {
   dev_free(d);
 }
 
+/* The grouping the CPU's segment ids imply, as embps_dedup_cuda gives it: offsets[0..u] from the
+ * segment sizes, and each segment's positions ascending in sorted[0..n). */
+static void cpu_grouping(const uint32_t *seg, size_t n, size_t u, uint32_t *offsets,
+                         uint32_t *sorted) {
+  uint32_t *fill = xmalloc((u + 1) * sizeof(uint32_t));
+  memset(fill, 0, (u + 1) * sizeof(uint32_t));
+  for (size_t i = 0; i < n; i++)
+    fill[seg[i] + 1]++;
+  for (size_t s = 0; s < u; s++)
+    fill[s + 1] += fill[s];
+  memcpy(offsets, fill, (u + 1) * sizeof(uint32_t));
+  for (size_t i = 0; i < n; i++)
+    sorted[fill[seg[i]]++] = (uint32_t)i;
+  free(fill);
+}
+
 static void run_config(const config_t *c, const zipf_t *z, rng_t *r) {
   const embps_dtype_t dt = c->dtype;
   const size_t es = embps_dtype_size(dt), w = c->width, n = c->n;
@@ -401,18 +417,9 @@ static void run_config(const config_t *c, const zipf_t *z, rng_t *r) {
   CHECK(*g_num_unique == u, "dedup num_unique [%s]: cpu %zu gpu %u", c->name, u, *g_num_unique);
   same_bits("dedup unique", c->name, h_unique, g_unique, n * sizeof(int64_t), sizeof(int64_t));
   same_bits("dedup segment_ids", c->name, h_seg, g_seg, n * sizeof(uint32_t), sizeof(uint32_t));
-  /* The grouping the CPU implies: offsets from the segment sizes, positions ascending. */
   uint32_t *want_offsets = host_poisoned((n + 1) * sizeof(uint32_t));
   uint32_t *want_sorted = host_poisoned(n * sizeof(uint32_t));
-  uint32_t *fill = calloc(u + 1, sizeof(uint32_t));
-  for (size_t i = 0; i < n; i++)
-    fill[h_seg[i] + 1]++;
-  for (size_t s = 0; s < u; s++)
-    fill[s + 1] += fill[s];
-  memcpy(want_offsets, fill, (u + 1) * sizeof(uint32_t));
-  for (size_t i = 0; i < n; i++)
-    want_sorted[fill[h_seg[i]]++] = (uint32_t)i;
-  free(fill);
+  cpu_grouping(h_seg, n, u, want_offsets, want_sorted);
   same_bits("dedup segment_offsets", c->name, want_offsets, g_offsets, (u + 1) * sizeof(uint32_t),
             sizeof(uint32_t));
   same_bits("dedup sorted_positions", c->name, want_sorted, g_sorted, n * sizeof(uint32_t),
@@ -580,18 +587,9 @@ static void check_segment_sum_hot(rng_t *r) {
   void *ws = xmalloc(embps_dedup_workspace_bytes(n));
   size_t u = embps_dedup_cpu(tokens, n, unique, seg, ws);
   free(ws);
-  /* The grouping the kernel takes: offsets from the segment sizes, positions ascending. */
   uint32_t *offsets = xmalloc((u + 1) * sizeof(uint32_t));
-  memset(offsets, 0, (u + 1) * sizeof(uint32_t));
   uint32_t *sorted = xmalloc(n * sizeof(uint32_t));
-  for (size_t i = 0; i < n; i++)
-    offsets[seg[i] + 1]++;
-  for (size_t s = 0; s < u; s++)
-    offsets[s + 1] += offsets[s];
-  uint32_t *fill = host_copy(offsets, u * sizeof(uint32_t));
-  for (size_t i = 0; i < n; i++)
-    sorted[fill[seg[i]]++] = (uint32_t)i;
-  free(fill);
+  cpu_grouping(seg, n, u, offsets, sorted);
   uint32_t *d_sorted = dev_upload(sorted, n * sizeof(uint32_t));
   uint32_t *d_offsets = dev_upload(offsets, (u + 1) * sizeof(uint32_t));
   for (size_t c = 0; c < sizeof(cfgs) / sizeof(cfgs[0]); c++) {
