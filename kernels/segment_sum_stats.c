@@ -35,10 +35,14 @@
  * sum only from 5.7-6.3 ms to 5.0-6.2 ms (it reads the gradients just received on the loop's
  * core, and its stores were already prefetched). */
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "kernels/embps_kernels.h"
 
 #define SEEN 0x80000000u /* a segment's count, once its first position has been summed */
+#define STREAM_COLS 256  /* a single row's columns staged on the stack at a time */
 
 size_t embps_segment_sum_stats_workspace_bytes(size_t num_unique) {
   return num_unique * sizeof(uint32_t);
@@ -76,6 +80,58 @@ static void add_row_bf16(float *restrict acc, const unsigned char *restrict g, s
   }
 }
 
+/* A segment of one position (most of a batch of uniform tokens) is complete as soon as it is
+ * summed, and nothing in this pass reads its row again: it is staged on the stack in pieces of
+ * STREAM_COLS columns, its partials taken from there, and it goes to out with non-temporal
+ * stores, which need no read for ownership of the row's lines. With ordinary stores each line is
+ * first fetched for writing, and the lines out holds were last read by the engine thread that
+ * updated the previous push, on the other core: measured in one program (4096 uniform tokens
+ * over 1M rows, width 128 f32, a second thread reading out between passes, medians of 400
+ * passes on this project's 2-core VM), the pass took 0.63 ms with the reader on the other core
+ * against 0.15 ms on the same one, and its stall was the rows' first loads (perf annotate); with
+ * the streamed rows it took 0.27-0.35 ms wherever the reader ran. The server's push showed the
+ * same two states: 2.8M rows/s when the threads' lines crossed cores, 5.9M when they did not.
+ * In the server, push 4096 x 128 f32 rowwise Adagrad went from 2.87M to 4.07M rows/s and 16384
+ * from 4.35M to 4.98M, but 65536 fell from 4.17M to 3.93M (old and new servers alternating, 3-6
+ * rounds, medians): 32 MiB of sums no longer sat in the L3 cache when the update read them. So
+ * only a call whose segments' sums take at most STREAM_MAX_BYTES streams; the largest measured
+ * size that gained. Same additions in the same order (0.0f + g), so the same bits. Needs
+ * 16-byte aligned rows. */
+#define STREAM_MAX_BYTES ((size_t)8 << 20)
+
+static int streamable(const float *out, size_t width, size_t segments) {
+#if defined(__SSE2__)
+  return width % 4 == 0 && ((uintptr_t)out & 15) == 0 &&
+         segments * width * sizeof(float) <= STREAM_MAX_BYTES;
+#else
+  (void)out;
+  (void)width;
+  (void)segments;
+  return 0;
+#endif
+}
+
+static void stream_single_row(float *restrict acc, const unsigned char *restrict g, int bf16,
+                              size_t width, size_t block, float *restrict partials) {
+#if defined(__SSE2__)
+  float tmp[STREAM_COLS] __attribute__((aligned(16)));
+  for (size_t off = 0; off < width; off += STREAM_COLS) {
+    const size_t len = width - off < STREAM_COLS ? width - off : STREAM_COLS;
+    if (bf16)
+      first_row_bf16(tmp, g + off * sizeof(uint16_t), len);
+    else
+      first_row_f32(tmp, g + off * sizeof(float), len);
+    /* STREAM_COLS and width are multiples of block (a divisor of 32): whole blocks only. */
+    if (block)
+      embps_row_partials_cpu(tmp, 1, len, block, partials + off / block);
+    for (size_t j = 0; j < len; j += 4)
+      _mm_stream_ps(acc + off + j, _mm_load_ps(tmp + j));
+  }
+#else
+  (void)acc, (void)g, (void)bf16, (void)width, (void)block, (void)partials;
+#endif
+}
+
 void embps_segment_sum_stats_count_cpu(const uint32_t *segment_ids, size_t n, void *workspace,
                                        size_t seg_lo, size_t seg_hi) {
   uint32_t *count = workspace;
@@ -100,15 +156,17 @@ void embps_segment_sum_stats_positions_cpu(const void *grads, embps_dtype_t dtyp
   uint32_t *count = workspace;
   const uint32_t lo = (uint32_t)seg_lo, span = (uint32_t)(seg_hi - seg_lo);
   size_t ahead = pos_lo; /* positions before it are prefetched, or not this range's */
+  const int stream = streamable(out, width, span);
 
   if (span == 0)
     return;
   /* The accumulators are prefetched EMBPS_PREFETCH_ROWS of this range's positions ahead (another
    * range's rows are another thread's to touch): the first ones here, then one more with each
-   * position summed. */
+   * position summed. A streamed row (a segment of one position) is not prefetched. */
   for (size_t k = 0; ahead < pos_hi && k < EMBPS_PREFETCH_ROWS; ahead++)
     if (segment_ids[ahead] - lo < span) {
-      embps_prefetch_row(out + (size_t)segment_ids[ahead] * width, out_row, NULL);
+      if (!stream || count[segment_ids[ahead]] != 1)
+        embps_prefetch_row(out + (size_t)segment_ids[ahead] * width, out_row, NULL);
       k++;
     }
   for (size_t i = pos_lo; i < pos_hi; i++) {
@@ -119,8 +177,16 @@ void embps_segment_sum_stats_positions_cpu(const void *grads, embps_dtype_t dtyp
     uint32_t c = count[s];
     while (ahead < pos_hi && segment_ids[ahead] - lo >= span)
       ahead++;
-    if (ahead < pos_hi)
-      embps_prefetch_row(out + (size_t)segment_ids[ahead++] * width, out_row, NULL);
+    if (ahead < pos_hi) {
+      const uint32_t sa = segment_ids[ahead++];
+      if (!stream || count[sa] != 1)
+        embps_prefetch_row(out + (size_t)sa * width, out_row, NULL);
+    }
+    if (stream && c == 1) {
+      stream_single_row(acc, g + i * in_row, bf16, width, block, partials + (size_t)s * nb);
+      count[s] = SEEN;
+      continue;
+    }
     if (bf16 && !(c & SEEN))
       first_row_bf16(acc, g + i * in_row, width);
     else if (bf16)
@@ -134,6 +200,10 @@ void embps_segment_sum_stats_positions_cpu(const void *grads, embps_dtype_t dtyp
     if (c == SEEN && nb) /* the segment's last position: its row is complete */
       embps_row_partials_cpu(acc, 1, width, block, partials + (size_t)s * nb);
   }
+#if defined(__SSE2__)
+  if (stream)
+    _mm_sfence(); /* the streamed rows are in memory before whoever reads out is told */
+#endif
 }
 
 void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,

@@ -122,6 +122,13 @@ static void test_matches_two_steps(void **state) {
     run_case(EMBPS_DTYPE_F32, 500, 5, 7, align, &rng);        /* block 1 */
     run_case(EMBPS_DTYPE_BF16, 3000, 64, 200, align, &rng);   /* bf16 */
     run_case(EMBPS_DTYPE_BF16, 100, 3, 1, align, &rng);       /* one token repeated */
+    /* Singletons go to memory with streaming stores, in pieces of 256 columns: bf16, a row of
+     * several pieces (1000 = 3 x 256 + 232, block 8), and a width of no 16-byte rows (6), which
+     * keeps the plain stores. */
+    run_case(EMBPS_DTYPE_BF16, 2000, 64, 100000, align, &rng);
+    run_case(EMBPS_DTYPE_F32, 300, 1000, 100000, align, &rng);
+    run_case(EMBPS_DTYPE_BF16, 300, 1000, 100000, align, &rng);
+    run_case(EMBPS_DTYPE_F32, 500, 6, 100000, align, &rng);
   }
   run_case(EMBPS_DTYPE_F32, 1, 32, 10, 1, &rng);
 }
