@@ -61,11 +61,14 @@ class Server:
         self.proc = subprocess.Popen([server_binary(), "--listen", "127.0.0.1:0", *flags],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.port = None
-        deadline = time.time() + 20
+        # Up once it listens and its group (even of one) is ready: before that a rank answers
+        # every call but health with UNAVAILABLE, and forming takes seconds under a sanitizer.
+        deadline = time.time() + 60
         while time.time() < deadline and self.port is None:
             with open(self.log.name) as f:
-                m = re.search(r"listening on 127\.0\.0\.1:(\d+)", f.read())
-            if m:
+                text = f.read()
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", text)
+            if m and "the group is ready" in text:
                 self.port = int(m.group(1))
             elif self.proc.poll() is not None:
                 break
@@ -73,7 +76,8 @@ class Server:
                 time.sleep(0.02)
         if self.port is None:
             self.proc.kill()
-            raise RuntimeError("server did not start:\n" + self.log_text())
+            self.proc.wait()
+            raise RuntimeError("server did not start (listening, group ready):\n" + self.log_text())
         self.address = "127.0.0.1:%d" % self.port
 
     def wait_serving(self, timeout=60):

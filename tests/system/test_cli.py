@@ -70,10 +70,11 @@ class Server:
         self.proc = subprocess.Popen([SERVER_BIN, "--listen", "127.0.0.1:0", *flags],
                                      stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
         self.port = None
-        deadline = time.time() + 30
+        deadline = time.time() + 60
         while time.time() < deadline and self.port is None:
-            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", self.log_text())
-            if m:
+            text = self.log_text()
+            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", text)
+            if m and "the group is ready" in text:  # before that: UNAVAILABLE to all but health
                 self.port = int(m.group(1))
             elif self.proc.poll() is not None:
                 break
