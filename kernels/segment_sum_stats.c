@@ -40,6 +40,7 @@
 #endif
 
 #include "kernels/embps_kernels.h"
+#include "kernels/grad_row.h"
 
 #define SEEN 0x80000000u /* a segment's count, once its first position has been summed */
 #define STREAM_COLS 256  /* a single row's columns staged on the stack at a time */
@@ -49,11 +50,8 @@ size_t embps_segment_sum_stats_workspace_bytes(size_t num_unique) {
 }
 
 static void first_row_f32(float *restrict acc, const unsigned char *restrict g, size_t width) {
-  for (size_t j = 0; j < width; j++) {
-    float v;
-    memcpy(&v, g + j * sizeof(float), sizeof(float));
-    acc[j] = 0.0f + v;
-  }
+  for (size_t j = 0; j < width; j++)
+    acc[j] = embps__grad_load(g, j);
 }
 
 static void add_row_f32(float *restrict acc, const unsigned char *restrict g, size_t width) {
@@ -111,9 +109,12 @@ static int streamable(const float *out, size_t width, size_t segments) {
 #endif
 }
 
-static void stream_single_row(float *restrict acc, const unsigned char *restrict g, int bf16,
-                              size_t width, size_t block, float *restrict partials) {
-#if defined(__SSE2__)
+/* A segment of one position: its row staged on the stack, its partials taken from there, and
+ * the row streamed to acc, or (acc NULL) not stored at all: with grad_at the caller's update
+ * reads the row where it is, which at 65536 tokens beat streaming it (server/service/push_prep.c
+ * has the figures), and no size limit applies. */
+static void single_row(float *restrict acc, const unsigned char *restrict g, int bf16, size_t width,
+                       size_t block, float *restrict partials) {
   float tmp[STREAM_COLS] __attribute__((aligned(16)));
   for (size_t off = 0; off < width; off += STREAM_COLS) {
     const size_t len = width - off < STREAM_COLS ? width - off : STREAM_COLS;
@@ -124,17 +125,18 @@ static void stream_single_row(float *restrict acc, const unsigned char *restrict
     /* STREAM_COLS and width are multiples of block (a divisor of 32): whole blocks only. */
     if (block)
       embps_row_partials_cpu(tmp, 1, len, block, partials + off / block);
-    for (size_t j = 0; j < len; j += 4)
-      _mm_stream_ps(acc + off + j, _mm_load_ps(tmp + j));
-  }
-#else
-  (void)acc, (void)g, (void)bf16, (void)width, (void)block, (void)partials;
+#if defined(__SSE2__)
+    if (acc) /* only when streamable() */
+      for (size_t j = 0; j < len; j += 4)
+        _mm_stream_ps(acc + off + j, _mm_load_ps(tmp + j));
 #endif
+  }
 }
 
-/* Prefetches segment s's sum for writing, unless it is a streamed row (nothing reads it). */
-static void prefetch_sum(float *out, size_t width, const uint32_t *count, uint32_t s, int stream) {
-  if (!stream || count[s] != 1)
+/* Prefetches segment s's sum for writing, unless it is a row of one position that is streamed
+ * or left in place (nothing reads its line of out). */
+static void prefetch_sum(float *out, size_t width, const uint32_t *count, uint32_t s, int single) {
+  if (!single || count[s] != 1)
     embps_prefetch_row(out + (size_t)s * width, width * sizeof(float), NULL);
 }
 
@@ -154,7 +156,8 @@ void embps_segment_sum_stats_count_cpu(const uint32_t *segment_ids, size_t n, vo
 void embps_segment_sum_stats_positions_cpu(const void *grads, embps_dtype_t dtype, size_t width,
                                            const uint32_t *segment_ids, size_t pos_lo,
                                            size_t pos_hi, size_t block, float *out, float *partials,
-                                           void *workspace, size_t seg_lo, size_t seg_hi) {
+                                           void *workspace, size_t seg_lo, size_t seg_hi,
+                                           const void **grad_at) {
   const int bf16 = dtype == EMBPS_DTYPE_BF16;
   const size_t in_row = width * embps_dtype_size(dtype);
   const size_t nb = block ? width / block : 0;
@@ -162,16 +165,17 @@ void embps_segment_sum_stats_positions_cpu(const void *grads, embps_dtype_t dtyp
   uint32_t *count = workspace;
   const uint32_t lo = (uint32_t)seg_lo, span = (uint32_t)(seg_hi - seg_lo);
   size_t ahead = pos_lo; /* positions before it are prefetched, or not this range's */
-  const int stream = streamable(out, width, span);
+  const int stream = !grad_at && streamable(out, width, span);
+  const int single = stream || grad_at; /* rows of one position bypass out's cache lines */
 
   if (span == 0)
     return;
   /* The accumulators are prefetched EMBPS_PREFETCH_ROWS of this range's positions ahead (another
    * range's rows are another thread's to touch): the first ones here, then one more with each
-   * position summed. A streamed row (a segment of one position) is not prefetched. */
+   * position summed. A streamed row or one left in place is not prefetched. */
   for (size_t k = 0; ahead < pos_hi && k < EMBPS_PREFETCH_ROWS; ahead++)
     if (segment_ids[ahead] - lo < span) {
-      prefetch_sum(out, width, count, segment_ids[ahead], stream);
+      prefetch_sum(out, width, count, segment_ids[ahead], single);
       k++;
     }
   for (size_t i = pos_lo; i < pos_hi; i++) {
@@ -183,12 +187,17 @@ void embps_segment_sum_stats_positions_cpu(const void *grads, embps_dtype_t dtyp
     while (ahead < pos_hi && segment_ids[ahead] - lo >= span)
       ahead++;
     if (ahead < pos_hi)
-      prefetch_sum(out, width, count, segment_ids[ahead++], stream);
-    if (stream && c == 1) {
-      stream_single_row(acc, g + i * in_row, bf16, width, block, partials + (size_t)s * nb);
+      prefetch_sum(out, width, count, segment_ids[ahead++], single);
+    if (single && c == 1) {
+      single_row(grad_at ? NULL : acc, g + i * in_row, bf16, width, block,
+                 partials + (size_t)s * nb);
+      if (grad_at)
+        grad_at[s] = g + i * in_row;
       count[s] = SEEN;
       continue;
     }
+    if (grad_at)
+      grad_at[s] = acc;
     if (bf16 && !(c & SEEN))
       first_row_bf16(acc, g + i * in_row, width);
     else if (bf16)
@@ -215,7 +224,7 @@ void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, s
   (void)num_unique;
   embps_segment_sum_stats_count_cpu(segment_ids, n, workspace, seg_lo, seg_hi);
   embps_segment_sum_stats_positions_cpu(grads, dtype, width, segment_ids, 0, n, block, out,
-                                        partials, workspace, seg_lo, seg_hi);
+                                        partials, workspace, seg_lo, seg_hi, NULL);
 }
 
 void embps_segment_sum_stats_cpu(const void *grads, embps_dtype_t dtype, size_t width,

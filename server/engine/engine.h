@@ -42,6 +42,10 @@ typedef struct embps_push_prepared {
   size_t num_unique;
   float *summed;         /* num_unique x emb_width: each unique token's gradients summed, f32 */
   const float *partials; /* num_unique x (emb_width / embps_row_stats_block(emb_width)) */
+  /* NULL, or where each unique token's sum is (num_unique entries): a token of one position left
+   * in the request's gradients, the others in summed (embps_segment_sum_stats_positions_cpu's
+   * grad_at). Set only for a table without weight decay, whose update never writes the sums. */
+  const void *const *grad_at;
 } embps_push_prepared_t;
 
 /**
@@ -65,7 +69,8 @@ struct embps_op {
   const void *grads;           /* push: num_tokens x emb_width of the table's dtype */
   void *rows_out;              /* lookup: num_tokens x emb_width of the table's dtype */
   /* push, when not NULL: its dedup and segment sum, made already; used by the cpu backend in a
-   * group of one (elsewhere the engine makes its own), and summed may be written (weight decay) */
+   * group of one (elsewhere the engine makes its own), and summed may be written (weight decay);
+   * its grad_at rows in grads are read until the update is done */
   const embps_push_prepared_t *prepared;
 
   /* Results. */

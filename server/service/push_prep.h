@@ -7,6 +7,9 @@
  * rows with the kernels the engine would run (embps_dedup_cpu, then
  * embps_segment_sum_stats_count_cpu and embps_segment_sum_stats_positions_cpu over the rows
  * here so far). When the last byte arrives only the gate and the optimizer update are left.
+ * For a table of f32 without weight decay a token of one position (nearly every token of a
+ * batch over a large table) is not copied to the sums at all: its gradient row is read in place
+ * by the update (embps_push_prepared_t.grad_at).
  *
  * It is speculative: the fields after the gradients (dtype, mode, client_id) and any repeated
  * field could still change what the request means, so the prep writes only its own arrays, and
@@ -32,11 +35,19 @@
 
 typedef struct embps_push_prep embps_push_prep_t;
 
+/** What the prep needs of a table, and checks again of the table the validated request names. */
+typedef struct embps_push_prep_shape {
+  uint32_t width; /* emb_width */
+  embps_dtype_t dtype;
+  int in_place; /* its update may read gradient rows in place: no weight decay (which writes
+                   the sums); used for f32 alone */
+} embps_push_prep_shape_t;
+
 /** What the prep asks of its owner (the service). */
 typedef struct embps_push_prep_env {
-  /** The emb_width and dtype of the table named name[0..len), when a push to it may be prepared:
-   * returns 1; 0 when not (no such table, not ready, ...). */
-  int (*shape)(void *arg, const char *name, size_t len, uint32_t *width, embps_dtype_t *dtype);
+  /** The shape of the table named name[0..len), when a push to it may be prepared: returns 1;
+   * 0 when not (no such table, not ready, ...). */
+  int (*shape)(void *arg, const char *name, size_t len, embps_push_prep_shape_t *shape);
   /** A 64-byte aligned buffer of bytes, counted against the owner's budget for prepared
    * pushes; NULL when they would pass it (or out of memory). */
   void *(*alloc)(void *arg, size_t bytes);
@@ -57,11 +68,12 @@ int embps_push_prep_declined(const embps_push_prep_t *p);
 
 /** The prepared dedup and sums, when every gradient row is summed and the request as validated
  * is what they were made from: its n tokens equal (bytewise) those the prep deduplicated, its
- * gradients are the bytes at grads in the same message buffer, and the table's width and dtype
- * are the ones summed with. NULL otherwise. Valid until embps_push_prep_free. */
+ * gradients are the bytes at grads in the same message buffer, and the table's shape is the one
+ * summed with. NULL otherwise. Valid until embps_push_prep_free, and while the message buffer
+ * is (grad_at points into it). */
 const embps_push_prepared_t *embps_push_prep_result(embps_push_prep_t *p, const int64_t *tokens,
-                                                    size_t n, const void *grads, uint32_t width,
-                                                    embps_dtype_t dtype);
+                                                    size_t n, const void *grads,
+                                                    const embps_push_prep_shape_t *shape);
 
 /** Frees the prep and gives its budget back. NULL is a no-op. */
 void embps_push_prep_free(embps_push_prep_t *p);

@@ -928,8 +928,12 @@ static Embps__V1__PushGradientsRequest *unpack_push(embps_service_t *svc, const 
 /* The progress hook's state for a request it does not prepare. */
 static char not_prepared;
 
-static int prep_shape(void *arg, const char *name, size_t len, uint32_t *width,
-                      embps_dtype_t *dtype) {
+/* The prep's view of a table: its shape, and whether its update may read gradients in place. */
+static embps_push_prep_shape_t prep_table_shape(const embps_table_config_t *c) {
+  return (embps_push_prep_shape_t){c->emb_width, c->dtype, c->weight_decay == 0.0f};
+}
+
+static int prep_shape(void *arg, const char *name, size_t len, embps_push_prep_shape_t *shape) {
   embps_service_t *svc = arg;
   char buf[EMBPS_TABLE_NAME_MAX];
   embps_error_t err;
@@ -940,8 +944,7 @@ static int prep_shape(void *arg, const char *name, size_t len, uint32_t *width,
   buf[len] = '\0';
   if (!(t = find_ready_table(svc, buf, &err)))
     return 0;
-  *width = embps_table_config(t)->emb_width;
-  *dtype = embps_table_config(t)->dtype;
+  *shape = prep_table_shape(embps_table_config(t));
   return 1;
 }
 
@@ -1002,9 +1005,8 @@ static void take_prep(request_t *r, embps_net_call_t *call, embps_table_t *t) {
   embps_push_prep_t *p = embps_net_call_take_state(call);
   if (!p || p == (void *)&not_prepared)
     return;
-  r->op.prepared =
-      embps_push_prep_result(p, r->op.tokens, r->op.num_tokens, r->op.grads,
-                             embps_table_config(t)->emb_width, embps_table_config(t)->dtype);
+  const embps_push_prep_shape_t shape = prep_table_shape(embps_table_config(t));
+  r->op.prepared = embps_push_prep_result(p, r->op.tokens, r->op.num_tokens, r->op.grads, &shape);
   if (r->op.prepared) {
     r->prep = p;
     atomic_fetch_add_explicit(&embps_table_counters(t)->pushes_prepared, 1, memory_order_relaxed);

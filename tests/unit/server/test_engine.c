@@ -410,14 +410,15 @@ static void test_close_for_narrow_slices(void **state) {
 #define T_STEPS 4
 
 /* How a push's dedup and segment sum reach the engine: made by it, made beforehand as the
- * service does while a request arrives (op.prepared), or made beforehand and then doubled (to
- * show the engine uses what it is given). */
-enum { PREP_NONE, PREP_MADE, PREP_DOUBLED };
+ * service does while a request arrives (op.prepared), made beforehand and then doubled (to
+ * show the engine uses what it is given), or made beforehand with the rows of one position left
+ * in the gradients (grad_at: f32 without weight decay, as the service makes them). */
+enum { PREP_NONE, PREP_MADE, PREP_DOUBLED, PREP_IN_PLACE };
 
 /* The kernels' dedup and fused segment sum of a batch, as server/service/push_prep.c makes
  * them; the arrays are freed with free_prepared. */
 static embps_push_prepared_t make_prepared(const int64_t *tokens, size_t n, const void *grads,
-                                           embps_dtype_t dtype, size_t width, int doubled) {
+                                           embps_dtype_t dtype, size_t width, int prep) {
   const size_t block = embps_row_stats_block(width), nb = block ? width / block : 0;
   int64_t *unique = malloc(n * sizeof(int64_t));
   uint32_t *seg = malloc(n * sizeof(uint32_t));
@@ -425,20 +426,24 @@ static embps_push_prepared_t make_prepared(const int64_t *tokens, size_t n, cons
   float *sum = malloc(n * width * sizeof(float)), *parts = malloc(n * nb * sizeof(float) + 4);
   size_t U = embps_dedup_cpu(tokens, n, unique, seg, ws);
   void *cws = malloc(embps_segment_sum_stats_workspace_bytes(U));
-  embps_segment_sum_stats_cpu(grads, dtype, width, seg, n, U, block, sum, parts, cws);
-  if (doubled)
+  const void **at = prep == PREP_IN_PLACE ? malloc(U * sizeof(void *)) : NULL;
+  embps_segment_sum_stats_count_cpu(seg, n, cws, 0, U);
+  embps_segment_sum_stats_positions_cpu(grads, dtype, width, seg, 0, n, block, sum, parts, cws, 0,
+                                        U, at);
+  if (prep == PREP_DOUBLED)
     for (size_t k = 0; k < U * width; k++)
       sum[k] *= 2.0f;
   free(cws);
   embps_free(ws);
   free(seg);
-  return (embps_push_prepared_t){unique, U, sum, parts};
+  return (embps_push_prepared_t){unique, U, sum, parts, at};
 }
 
 static void free_prepared(embps_push_prepared_t *p) {
   free((void *)p->unique);
   free(p->summed);
   free((void *)p->partials);
+  free((void *)p->grad_at);
 }
 
 /* One rank with `threads` threads applies T_STEPS pushes of T_BATCH tokens (singletons,
@@ -478,7 +483,7 @@ static uint8_t *pushed_with_threads(const embps_table_config_t *c, unsigned thre
     op.grads = grads;
     embps_push_prepared_t made;
     if (prep != PREP_NONE) {
-      made = make_prepared(tokens, T_BATCH, grads, c->dtype, T_WIDTH, prep == PREP_DOUBLED);
+      made = make_prepared(tokens, T_BATCH, grads, c->dtype, T_WIDTH, prep);
       op.prepared = &made;
     }
     assert_int_equal(embps_engine_run(r.engine, &op, &err), EMBPS_OK);
@@ -549,6 +554,35 @@ static void test_threads_bitwise(void **state) {
     }
 }
 
+/* A push prepared with its rows of one position left in the gradients (grad_at; f32 tables
+ * without weight decay, as the service prepares them) leaves the table and the norms bitwise as
+ * the engine's own round does, on 1 and 3 threads, for every optimizer. */
+static void test_prepared_in_place_bitwise(void **state) {
+  (void)state;
+  for (size_t o = 0; o < 4; o++) {
+    embps_table_config_t c = table_config(all_optimizers[o]);
+    double ref_norms[T_STEPS], norms[T_STEPS];
+    size_t ref_bytes, bytes;
+    uint8_t *ref, *got;
+    embps_error_t err;
+    c.rows = T_ROWS;
+    c.emb_width = T_WIDTH;
+    c.dtype = EMBPS_DTYPE_F32;
+    c.weight_decay = 0.0f;
+    assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
+    ref = pushed_with_threads(&c, 1, ref_norms, &ref_bytes, PREP_NONE);
+    for (unsigned th = 1; th <= 3; th += 2) {
+      got = pushed_with_threads(&c, th, norms, &bytes, PREP_IN_PLACE);
+      assert_int_equal(bytes, ref_bytes);
+      if (memcmp(got, ref, bytes) != 0 || memcmp(norms, ref_norms, sizeof(norms)) != 0)
+        fail_msg("%s prepared in place, %u threads: the table or the norms differ",
+                 embps_optimizer_name(c.optimizer), th);
+      free(got);
+    }
+    free(ref);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_single_rank),
@@ -556,6 +590,7 @@ int main(void) {
       cmocka_unit_test(test_bitwise_independent_of_n),
       cmocka_unit_test(test_close_for_narrow_slices),
       cmocka_unit_test(test_threads_bitwise),
+      cmocka_unit_test(test_prepared_in_place_bitwise),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

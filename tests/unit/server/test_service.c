@@ -237,7 +237,7 @@ static const void *pushed_grads;
 static uint8_t *pushed_copy;
 /* Pushes that came with a prepared dedup and sum, each checked bitwise against the kernels run
  * on the op's own tokens and gradients. */
-static int prepared_pushes;
+static int prepared_pushes, prepared_in_place;
 
 static void check_prepared(const embps_op_t *op) {
   const embps_push_prepared_t *p = op->prepared;
@@ -253,7 +253,22 @@ static void check_prepared(const embps_op_t *op) {
   assert_int_equal(p->num_unique, U);
   assert_memory_equal(p->unique, unique, U * sizeof(int64_t));
   embps_segment_sum_stats_cpu(op->grads, c->dtype, W, seg, n, U, block, sum, parts, cws);
-  assert_memory_equal(p->summed, sum, U * W * sizeof(float));
+  /* A table of f32 without weight decay has its rows of one position left in the request. */
+  assert_true(!p->grad_at == (c->dtype != EMBPS_DTYPE_F32 || c->weight_decay != 0.0f));
+  for (size_t u = 0; u < U; u++) {
+    const uint8_t *row = p->grad_at ? p->grad_at[u] : (const uint8_t *)(p->summed + u * W);
+    const uint8_t *g = op->grads;
+    if (p->grad_at && row != (const uint8_t *)(p->summed + u * W)) {
+      assert_true(row >= g && row < g + n * W * sizeof(float)); /* in the request's gradients */
+      prepared_in_place++;
+    }
+    for (size_t j = 0; j < W; j++) {
+      float v;
+      memcpy(&v, row + j * sizeof(float), sizeof(float));
+      v = 0.0f + v;
+      assert_memory_equal(&v, &sum[u * W + j], sizeof(float));
+    }
+  }
   assert_memory_equal(p->partials, parts, U * nb * sizeof(float));
   prepared_pushes++;
   free(cws);
@@ -886,13 +901,21 @@ static void test_push_prepared_while_arriving(void **state) {
   float *g = malloc(N * W * sizeof(float));
   uint8_t *msg;
   size_t len;
+  int singles = 0;
   (void)state;
   for (size_t i = 0; i < N; i++) {
-    tokens[i] = (int64_t)((i * 7919) % 311); /* duplicates, not in order */
+    /* duplicates, not in order, and 100 tokens of one position (left in the request) */
+    tokens[i] = i < 600 ? (int64_t)((i * 7919) % 311) : (int64_t)(320 + (i * 37) % 100);
     other[i] = (int64_t)((i * 13) % 997);
   }
   for (size_t i = 0; i < N * W; i++)
     g[i] = (float)((i * 2654435761u) % 1000) / 100.0f - 5.0f;
+  for (size_t i = 0; i < N; i++) { /* the tokens of one position: 22 of the first 600, and 100 */
+    size_t k = 0;
+    for (size_t j = 0; j < N; j++)
+      k += tokens[j] == tokens[i];
+    singles += k == 1;
+  }
   create(&c, "prep", 1000, W);
   release_call(&c);
   req.table = "prep";
@@ -904,13 +927,14 @@ static void test_push_prepared_while_arriving(void **state) {
 
   /* Whole, in pieces from 1 byte and from 4 KiB: prepared, and the result's bits check. */
   for (size_t first = 1; first <= 4096; first *= 4096) {
-    prepared_pushes = 0;
+    prepared_pushes = prepared_in_place = 0;
     msg = packed(&req.base, NULL, &len);
     assert_true(len >= EMBPS_NET_PROGRESS_MIN);
     call_arriving(&c, PUSH, msg, len, first, SIZE_MAX);
     run_engine();
     assert_int_equal(c.status, EMBPS_OK);
     assert_int_equal(prepared_pushes, 1);
+    assert_int_equal(prepared_in_place, singles);
     release_call(&c);
     assert_int_equal(svc->prep_bytes, 0); /* given back with the request */
   }
