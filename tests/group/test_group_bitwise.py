@@ -5,7 +5,12 @@ optimizer in f32 and bf16, on a table of 256 columns (a shard width that is a mu
 push reply's grad_norm and num_unique must be bitwise those of the 1-rank group (the last lookup's
 reply is large enough to leave in several chunks), and a second
 1-rank run must repeat the first bit for bit. (test_group_consistency covers widths that do not
-split into whole blocks, where results agree to rounding.)"""
+split into whole blocks, where results agree to rounding.)
+
+The t_inplace tables (f32, no weight decay, 4096 rows) take pushes of 96 tokens, mostly
+distinct: 96 KiB requests, which a 1-rank group deduplicates and sums while they arrive and whose
+rows of one position its update reads in place from the request (server/service/push_prep.h),
+while larger groups run the engine's whole round; the bits must still agree."""
 import hashlib
 import struct
 import unittest
@@ -26,6 +31,8 @@ OPTS = {
     "adam": dict(lr=0.01, b1=0.9, b2=0.999, wd=0.01),
 }
 DTYPES = {"f32": pb.DTYPE_F32, "bf16": pb.DTYPE_BF16}
+IN_PLACE_ROWS, IN_PLACE_BATCH = 4096, 96  # 96 x 256 f32 = 96 KiB: past EMBPS_NET_PROGRESS_MIN
+IN_PLACE_OPTS = {"rowwise_adagrad": dict(lr=0.05, half_life=5.0), "adam": dict(lr=0.01)}
 
 
 def to_bf16_bits(a):
@@ -47,6 +54,21 @@ def script(opt, dtype):
         ops.append(("push", tokens, to_bf16_bits(grads) if dtype == "bf16" else grads))
         if step % 2 == 1:
             ops.append(("lookup", rng.integers(0, 32, size=16)))
+    return ops
+
+
+def script_in_place(opt):
+    rng = np.random.default_rng(sorted(IN_PLACE_OPTS).index(opt) + 100)
+    ops = []
+    for step in range(4):
+        tokens = rng.integers(1, IN_PLACE_ROWS, size=IN_PLACE_BATCH)
+        tokens[step] = 0  # padding
+        tokens[10:14] = tokens[20]  # one token of five positions among the distinct ones
+        grads = rng.normal(size=(IN_PLACE_BATCH, WIDTH)).astype(np.float32)
+        grads[:, ::9] *= 40.0
+        grads[30, :5] = -0.0  # a lone -0.0 reads as +0.0, as its one-position sum is
+        ops.append(("push", tokens, grads))
+        ops.append(("lookup", np.concatenate([tokens[:40], tokens[10:18]])))
     return ops
 
 
@@ -72,6 +94,18 @@ def run_group(n):
                 big = client.lookup_bytes(name, np.arange(BIG) * 7 % ROWS)
                 seen.append(("big", len(big), hashlib.sha256(big).hexdigest()))
                 seen.append(("final", client.lookup_bytes(name, np.arange(ROWS))))
+        for opt, kw in IN_PLACE_OPTS.items():
+            name = "t_inplace_%s" % opt
+            client.create(name, IN_PLACE_ROWS, WIDTH, opt, seed=5, dtype=pb.DTYPE_F32, **kw)
+            seen = out[name] = []
+            for op in script_in_place(opt):
+                if op[0] == "push":
+                    for resp in client.push(name, op[1], op[2]):
+                        seen.append(("reply", resp.applied, resp.num_unique,
+                                     struct.pack("<d", resp.grad_norm)))
+                else:
+                    seen.append(("rows", client.lookup_bytes(name, op[1])))
+            seen.append(("final", client.lookup_bytes(name, np.arange(IN_PLACE_ROWS))))
 
     return gl.run_on_group(n, body)
 
@@ -93,7 +127,7 @@ class BitwiseTest(unittest.TestCase):
         for name, seen in one.items():
             if name.startswith("t_"):
                 replies = [s for s in seen if s[0] == "reply"]
-                self.assertEqual(len(replies), STEPS, name)
+                self.assertEqual(len(replies), 4 if "inplace" in name else STEPS, name)
                 self.assertTrue(all(s[1] for s in replies), name)
 
     def test_bitwise_across_sizes(self):
