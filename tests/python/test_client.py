@@ -535,9 +535,13 @@ class GroupTests:
             _, parked = self.raw.lookup_async(t, tok, batch_id=bid, order=[0])
             other._batch_id = bid
             np.testing.assert_array_equal(bits(other.lookup(t, tok)), bits(want))
-            self.raw.lookup_async(t, tok, batch_id=bid, order=range(1, self.N))
+            # Kept: grpcio cancels a call whose future is garbage-collected, and a shard
+            # cancelled before it is sent leaves the parked batch waiting for it.
+            _, rest = self.raw.lookup_async(t, tok, batch_id=bid, order=range(1, self.N))
             np.testing.assert_array_equal(
                 np.frombuffer(parked[0].result().rows, "<f4").reshape(-1, WIDTH), want[:2])
+            for f in rest[1:]:  # rank 0's entry is None: its shard went with the first call
+                f.result()
 
     def test_lookup_equals_raw(self):
         t = self.name()
