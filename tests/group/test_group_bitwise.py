@@ -72,6 +72,19 @@ def script_in_place(opt):
     return ops
 
 
+def play(client, name, ops):
+    """Runs a script's ops on a table; returns what it saw (each push reply, each lookup's rows)."""
+    seen = []
+    for op in ops:
+        if op[0] == "push":
+            for resp in client.push(name, op[1], op[2]):
+                seen.append(("reply", resp.applied, resp.num_unique,
+                             struct.pack("<d", resp.grad_norm)))
+        else:
+            seen.append(("rows", client.lookup_bytes(name, op[1])))
+    return seen
+
+
 def run_group(n):
     """Runs every table's script through an n-rank group; returns {table: [what it saw]}."""
 
@@ -80,14 +93,7 @@ def run_group(n):
             for opt, kw in OPTS.items():
                 name = "t_%s_%s" % (opt, dtype)
                 client.create(name, ROWS, WIDTH, opt, seed=99, dtype=dt, **kw)
-                seen = out[name] = []
-                for op in script(opt, dtype):
-                    if op[0] == "push":
-                        for resp in client.push(name, op[1], op[2]):
-                            seen.append(("reply", resp.applied, resp.num_unique,
-                                         struct.pack("<d", resp.grad_norm)))
-                    else:
-                        seen.append(("rows", client.lookup_bytes(name, op[1])))
+                seen = out[name] = play(client, name, script(opt, dtype))
                 # Replies of several 1 MiB chunks on a rank of 1 or 2, one chunk on 8: the rows
                 # sent as the engine publishes them are those of the whole reply.
                 # (A digest: a failing comparison of 8 MiB would spend minutes in difflib.)
@@ -97,14 +103,7 @@ def run_group(n):
         for opt, kw in IN_PLACE_OPTS.items():
             name = "t_inplace_%s" % opt
             client.create(name, IN_PLACE_ROWS, WIDTH, opt, seed=5, dtype=pb.DTYPE_F32, **kw)
-            seen = out[name] = []
-            for op in script_in_place(opt):
-                if op[0] == "push":
-                    for resp in client.push(name, op[1], op[2]):
-                        seen.append(("reply", resp.applied, resp.num_unique,
-                                     struct.pack("<d", resp.grad_norm)))
-                else:
-                    seen.append(("rows", client.lookup_bytes(name, op[1])))
+            seen = out[name] = play(client, name, script_in_place(opt))
             seen.append(("final", client.lookup_bytes(name, np.arange(IN_PLACE_ROWS))))
 
     return gl.run_on_group(n, body)

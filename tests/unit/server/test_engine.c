@@ -446,6 +446,20 @@ static void free_prepared(embps_push_prepared_t *p) {
   free((void *)p->grad_at);
 }
 
+/* table_config(opt) at the threads tests' shape (T_ROWS x T_WIDTH of dtype), resolved; without
+ * its weight decay unless `decay`. */
+static embps_table_config_t threads_config(embps_optimizer_t opt, embps_dtype_t dtype, int decay) {
+  embps_table_config_t c = table_config(opt);
+  embps_error_t err;
+  c.rows = T_ROWS;
+  c.emb_width = T_WIDTH;
+  c.dtype = dtype;
+  if (!decay)
+    c.weight_decay = 0.0f;
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
+  return c;
+}
+
 /* One rank with `threads` threads applies T_STEPS pushes of T_BATCH tokens (singletons,
  * duplicates, padding) and returns its table's three arrays, concatenated, and the norms. */
 static uint8_t *pushed_with_threads(const embps_table_config_t *c, unsigned threads,
@@ -520,15 +534,10 @@ static void test_threads_bitwise(void **state) {
   (void)state;
   for (size_t d = 0; d < 2; d++)
     for (size_t o = 0; o < 4; o++) {
-      embps_table_config_t c = table_config(all_optimizers[o]);
+      const embps_table_config_t c = threads_config(all_optimizers[o], dtypes[d], 1);
       double ref_norms[T_STEPS], norms[T_STEPS];
       size_t ref_bytes, bytes;
       uint8_t *ref, *got;
-      embps_error_t err;
-      c.rows = T_ROWS;
-      c.emb_width = T_WIDTH;
-      c.dtype = dtypes[d];
-      assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
       ref = pushed_with_threads(&c, 1, ref_norms, &ref_bytes, PREP_NONE);
       for (size_t k = 0; k < 3; k++) {
         got = pushed_with_threads(&c, counts[k], norms, &bytes, PREP_NONE);
@@ -560,16 +569,10 @@ static void test_threads_bitwise(void **state) {
 static void test_prepared_in_place_bitwise(void **state) {
   (void)state;
   for (size_t o = 0; o < 4; o++) {
-    embps_table_config_t c = table_config(all_optimizers[o]);
+    const embps_table_config_t c = threads_config(all_optimizers[o], EMBPS_DTYPE_F32, 0);
     double ref_norms[T_STEPS], norms[T_STEPS];
     size_t ref_bytes, bytes;
     uint8_t *ref, *got;
-    embps_error_t err;
-    c.rows = T_ROWS;
-    c.emb_width = T_WIDTH;
-    c.dtype = EMBPS_DTYPE_F32;
-    c.weight_decay = 0.0f;
-    assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
     ref = pushed_with_threads(&c, 1, ref_norms, &ref_bytes, PREP_NONE);
     for (unsigned th = 1; th <= 3; th += 2) {
       got = pushed_with_threads(&c, th, norms, &bytes, PREP_IN_PLACE);
