@@ -155,6 +155,10 @@ float embps_row_stats_partial(double sumsq);
  */
 void embps_row_partials_cpu(const float *g, size_t n, size_t width, size_t block, float *partials);
 
+/** embps_row_partials_cpu of one f32 row at any alignment (read as bytes): its width / block
+ * partials, the same bits. */
+void embps_row_partials_at_cpu(const void *row, size_t width, size_t block, float *partials);
+
 /**
  * Combines the partials of `slices` column slices in column order. partials holds slice r's
  * n x nb partials at partials + r * n * nb (what an all-gather of every rank's partials gives).

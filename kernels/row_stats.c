@@ -20,6 +20,7 @@
  * costs nothing more. The total is the sum of the rows' double sums in row order. */
 #include <float.h>
 #include <math.h>
+#include <string.h>
 
 #include "kernels/embps_kernels.h"
 
@@ -37,6 +38,17 @@ size_t embps_row_stats_block(size_t width) {
   return a;
 }
 
+/* Element j of a row at any alignment, squared in double: memcpy loads compile to plain
+ * unaligned vector loads, so a row may be read where it arrived (a request's bytes field) and
+ * not staged first. Staging cost more than it saved: a row copied to the stack in 16-byte stores
+ * and read back in 32-byte loads cannot be forwarded from the store buffer, and the loads wait
+ * for the stores to retire (segment_sum_stats.c has the figures). */
+static inline double sq(const unsigned char *g, size_t j) {
+  float v;
+  memcpy(&v, g + j * sizeof(float), sizeof(float));
+  return (double)v * (double)v;
+}
+
 /* The lanes are explicit, so a wider vector unit runs the same additions in the same order:
  * an AVX2 clone (picked at load time where the CPU has it; gcc on x86-64) gives the same bits.
  * The loop is bound by its convert/multiply/add count, not by memory: partials of 65536 x 128
@@ -49,14 +61,14 @@ size_t embps_row_stats_block(size_t width) {
 __attribute__((target_clones("avx2", "default")))
 #endif
 static double
-block_sumsq(const float *restrict g, size_t len) {
+block_sumsq(const unsigned char *restrict g, size_t len) {
   double lane[EMBPS_LANES] = {0};
   size_t j = 0;
   for (; j + EMBPS_LANES <= len; j += EMBPS_LANES)
     for (size_t l = 0; l < EMBPS_LANES; l++)
-      lane[l] += (double)g[j + l] * (double)g[j + l];
+      lane[l] += sq(g, j + l);
   for (size_t l = 0; j < len; j++, l++)
-    lane[l] += (double)g[j] * (double)g[j];
+    lane[l] += sq(g, j);
   double s = 0.0;
   for (size_t l = 0; l < EMBPS_LANES; l++)
     s += lane[l];
@@ -68,11 +80,17 @@ float embps_row_stats_partial(double sumsq) {
   return isinf(f) && isfinite(sumsq) ? FLT_MAX : f;
 }
 
+void embps_row_partials_at_cpu(const void *row, size_t width, size_t block, float *partials) {
+  const unsigned char *g = row;
+  const size_t nb = block ? width / block : 0;
+  for (size_t b = 0; b < nb; b++)
+    partials[b] = embps_row_stats_partial(block_sumsq(g + b * block * sizeof(float), block));
+}
+
 void embps_row_partials_cpu(const float *g, size_t n, size_t width, size_t block, float *partials) {
   const size_t nb = block ? width / block : 0;
   for (size_t i = 0; i < n; i++)
-    for (size_t b = 0; b < nb; b++)
-      partials[i * nb + b] = embps_row_stats_partial(block_sumsq(g + i * width + b * block, block));
+    embps_row_partials_at_cpu(g + i * width, width, block, partials + i * nb);
 }
 
 size_t embps_row_combine_cpu(const float *partials, size_t slices, size_t n, size_t nb,

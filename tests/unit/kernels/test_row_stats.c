@@ -164,6 +164,39 @@ static void test_large_finite(void **state) {
   assert_true(embps_row_stats_partial(2.5) == 2.5f);
 }
 
+/* embps_row_partials_at_cpu reads one row at any byte offset (a request's bytes field): the bits
+ * of embps_row_partials_cpu on the aligned rows, for every offset within a vector and widths
+ * with one, several and odd-sized blocks, non-finite elements included. */
+static void test_partials_at_any_alignment(void **state) {
+  (void)state;
+  kt_rng_t rng = {34};
+  const size_t widths[] = {32, 128, 96, 100, 7};
+  for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++) {
+    const size_t n = 9, width = widths[wi], block = embps_row_stats_block(width);
+    const size_t nb = width / block;
+    float *g = kt_alloc(n * width * sizeof(float));
+    float *want = kt_alloc(n * nb * sizeof(float)), *got = kt_alloc(nb * sizeof(float));
+    unsigned char *bytes = kt_alloc(width * sizeof(float) + 32);
+    for (size_t k = 0; k < n * width; k++)
+      g[k] = kt_uniform(&rng, -5.0f, 5.0f);
+    g[2 * width + width / 2] = NAN;
+    g[4 * width] = INFINITY;
+    g[5 * width + 1] = FLT_MAX;
+    embps_row_partials_cpu(g, n, width, block, want);
+    for (size_t i = 0; i < n; i++)
+      for (size_t off = 0; off < 32; off++) {
+        memcpy(bytes + off, g + i * width, width * sizeof(float));
+        memset(got, 0xA5, nb * sizeof(float));
+        embps_row_partials_at_cpu(bytes + off, width, block, got);
+        assert_memory_equal(got, want + i * nb, nb * sizeof(float));
+      }
+    free(bytes);
+    free(got);
+    free(want);
+    free(g);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_block),
@@ -172,6 +205,7 @@ int main(void) {
       cmocka_unit_test(test_accuracy),
       cmocka_unit_test(test_non_finite),
       cmocka_unit_test(test_large_finite),
+      cmocka_unit_test(test_partials_at_any_alignment),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
