@@ -27,7 +27,13 @@
  *
  * Latencies go into one log-linear histogram per thread and op (hdr.h: 3 significant digits,
  * fixed memory however long the run); failed calls are counted by status, and the run goes on
- * after them, as ghz and wrk do. */
+ * after them, as ghz and wrk do.
+ *
+ * The report also gives the CPU time the bench process itself used (user + system, all
+ * threads) from the end of the warm-up until the last call returned: a client that uses most
+ * of its cores is measuring itself as much as the server, and on one machine the client's
+ * CPU per batch is part of what the server's rate can be (tests/bench/run.sh divides both
+ * sides' CPU by the batches). */
 #include "client/cli/bench.h"
 
 #include <math.h>
@@ -36,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "client/cli/args.h"
@@ -121,6 +128,27 @@ static void sleep_s(double s) {
   ts.tv_sec = (time_t)s;
   ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
   nanosleep(&ts, NULL);
+}
+
+/* User + system CPU seconds of the whole process, every thread, live or ended. */
+static double cpu_s(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0)
+    return 0;
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+/* The bench process's CPU time from the end of the warm-up (s < 0: the run ended before it)
+ * until the last call returned, and that wall time. */
+typedef struct cpu_use {
+  double s, wall;
+} cpu_use_t;
+
+/* The process's CPU time at the end of the warm-up, taken once (*cpu0 < 0 until then). */
+static void mark_cpu(double *cpu0, double t_measure) {
+  if (*cpu0 < 0 && now_s() >= t_measure)
+    *cpu0 = cpu_s();
 }
 
 static size_t max_batch(const embps_bench_opts_t *o) {
@@ -420,7 +448,7 @@ static void batch_text(const embps_bench_opts_t *o, char *out, size_t cap) {
 }
 
 static void print_text(const op_stats_t *op, const embps_bench_opts_t *o, const char *names,
-                       double elapsed, char first_error[NSTATUS][200]) {
+                       double elapsed, cpu_use_t cpu, char first_error[NSTATUS][200]) {
   static const char *const opname[3] = {"lookup", "push", "all"};
   char batches[256];
   batch_text(o, batches, sizeof(batches));
@@ -445,6 +473,14 @@ static void print_text(const op_stats_t *op, const embps_bench_opts_t *o, const 
     if (op[OP_ALL].errors[s])
       printf("errors %s: %llu (first: %s)\n", embps_status_name((embps_status_t)s),
              (unsigned long long)op[OP_ALL].errors[s], first_error[s]);
+  if (cpu.s >= 0) {
+    uint64_t calls = op[OP_ALL].ok + errors_of(&op[OP_ALL]);
+    printf("client CPU %.2f s (user + system, all threads) in %.2f s: %.0f%% of one core", cpu.s,
+           cpu.wall, 100 * cpu.s / (cpu.wall > 0 ? cpu.wall : 1e-9));
+    if (calls)
+      printf(", %.3f ms a batch", 1e3 * cpu.s / (double)calls);
+    printf("\n");
+  }
 }
 
 static void print_csv(const op_stats_t *op, double elapsed) {
@@ -464,7 +500,7 @@ static void print_csv(const op_stats_t *op, double elapsed) {
 /* Today's keys first (scripts read them), then ghz's report keys over all ops: durations in
  * nanoseconds, histogram marks in seconds, status names as Go spells them. */
 static void print_json(const op_stats_t *op, const embps_bench_opts_t *o, const char *names,
-                       double elapsed, char first_error[NSTATUS][200]) {
+                       double elapsed, cpu_use_t cpu, char first_error[NSTATUS][200]) {
   static const char *const pre[3] = {"lookup_", "push_", ""};
   static const double ghz_pcts[] = {10, 25, 50, 75, 90, 95, 99, 99.9, 99.99};
   const op_stats_t *all = &op[OP_ALL];
@@ -482,6 +518,10 @@ static void print_json(const op_stats_t *op, const embps_bench_opts_t *o, const 
          o->rate > 0 ? "open" : "closed", o->rate, o->zipf, o->push_ratio, elapsed,
          (unsigned long long)op[OP_LOOKUP].ok, (unsigned long long)op[OP_PUSH].ok,
          (unsigned long long)errors_of(all));
+  if (cpu.s >= 0)
+    printf(",\"client_cpu_s\":%.4f,\"client_cpu_wall_s\":%.4f", cpu.s, cpu.wall);
+  else
+    printf(",\"client_cpu_s\":null,\"client_cpu_wall_s\":null");
   for (int i = 0; i < 2; i++)
     printf(",\"%sbatches_per_s\":%.3f,\"%srows_per_s\":%.1f,\"%sgbytes_per_s\":%.6f", pre[i],
            (double)op[i].ok / elapsed, pre[i], (double)op[i].rows / elapsed, pre[i],
@@ -551,7 +591,8 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
   char first_error[NSTATUS][200];
   char names[512];
   size_t len = 0;
-  double t0, t_measure, t_end, elapsed;
+  double t0, t_measure, t_end, elapsed, cpu0 = -1;
+  cpu_use_t cpu = {-1, 0};
   gate_t gate = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
   int rc = 0;
 
@@ -615,9 +656,12 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
   if (o->output == EMBPS_BENCH_TEXT) {
     uint64_t last_rows = 0;
     double last_t = now_s();
+    mark_cpu(&cpu0, t_measure);
     while (!atomic_load(&g_stop) && now_s() < t_end) {
       double t;
-      sleep_s(0.1);
+      /* wakes at the end of the warm-up too, to take the CPU time there */
+      sleep_s(cpu0 < 0 && t_measure - now_s() < 0.1 ? t_measure - now_s() : 0.1);
+      mark_cpu(&cpu0, t_measure);
       t = now_s();
       if (t - last_t >= 1.0) {
         uint64_t rows = atomic_load(&g_rows);
@@ -630,9 +674,16 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
         last_t = t;
       }
     }
+  } else {
+    sleep_s(t_measure - now_s());
+    mark_cpu(&cpu0, t_measure);
   }
   for (uint32_t i = 0; i < started; i++)
     pthread_join(w[i].thread, NULL);
+  if (cpu0 >= 0) {
+    cpu.s = cpu_s() - cpu0;
+    cpu.wall = now_s() - t_measure;
+  }
   elapsed = o->rate > 0 ? t_end - t_measure : (now_s() < t_end ? now_s() : t_end) - t_measure;
   if (elapsed <= 0)
     elapsed = 1e-9;
@@ -653,11 +704,11 @@ int embps_cli_bench(const char *servers, const embps_client_options_t *copts,
           memcpy(first_error[st], w[i].first_error[st], sizeof(first_error[st]));
     }
   if (o->output == EMBPS_BENCH_JSON)
-    print_json(op, o, names, elapsed, first_error);
+    print_json(op, o, names, elapsed, cpu, first_error);
   else if (o->output == EMBPS_BENCH_CSV)
     print_csv(op, elapsed);
   else
-    print_text(op, o, names, elapsed, first_error);
+    print_text(op, o, names, elapsed, cpu, first_error);
   if (errors_of(&op[OP_ALL])) {
     fprintf(stderr, "embps: bench: %llu call(s) failed (see the report)\n",
             (unsigned long long)errors_of(&op[OP_ALL]));

@@ -812,7 +812,8 @@ static flag_t bench_flags[] = {
     {"--push-ratio", "P", "probability that an op is a push (default 0)", NULL},
     {"--async", NULL, "pushes are async", NULL},
     {"--seed", "S", "random seed (default 1)", NULL},
-    {"--output", "FORMAT", "text (default), json (today's keys and ghz's) or csv", NULL},
+    {"--output", "FORMAT",
+     "text (default), json (today's keys, ghz's and the client's CPU time) or csv", NULL},
     {"--json", NULL, "the same as --output json", NULL},
     {NULL, NULL, NULL, NULL}};
 

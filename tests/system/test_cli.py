@@ -493,11 +493,30 @@ class TestBench(CliTestCase):
         lines = r.stdout.splitlines()
         self.assertIn("table cli_bench: batch 64", lines[0])
         self.assertEqual(lines[1].split()[:4], ["op", "count", "batches/s", "rows/s"])
-        ops = {l.split()[0]: l.split()[1:] for l in lines[2:]}
+        ops = {l.split()[0]: l.split()[1:] for l in lines[2:5]}
         self.assertEqual(set(ops), {"lookup", "push", "all"})
+        self.assertRegex(lines[5], r"^client CPU \d+\.\d\d s \(user \+ system, all threads\) "
+                         r"in \d+\.\d\d s: \d+% of one core, \d+\.\d{3} ms a batch$")
+        self.assertEqual(len(lines), 6)
         self.assertGreater(int(ops["lookup"][0]), 0)
         self.assertGreater(int(ops["push"][0]), 0)
         self.assertEqual(int(ops["all"][0]), int(ops["lookup"][0]) + int(ops["push"][0]))
+
+    def test_bench_client_cpu(self):
+        """client_cpu_s is the bench's own CPU time after the warm-up: a busy closed loop uses
+        far more of it than an open loop of 10 batches/s over the same table and time, and no
+        more than its threads could (two workers and the main thread)."""
+        def run(*extra):
+            r = self.ok("bench", "cli_bench", "--batch", "256", "--duration", "1.5",
+                        "--warmup", "0.5", "--json", *extra)
+            j = json.loads(r.stdout)
+            self.assertTrue(1.0 <= j["client_cpu_wall_s"] < 1.5 + 5, j["client_cpu_wall_s"])
+            self.assertTrue(0 < j["client_cpu_s"] <= 3 * j["client_cpu_wall_s"], j)
+            return j
+        busy = run("--concurrency", "2", "--pipeline", "2")
+        idle = run("--concurrency", "2", "--rate", "10")
+        self.assertGreater(busy["count"], 20 * idle["count"])
+        self.assertLess(idle["client_cpu_s"] * 3, busy["client_cpu_s"], (idle, busy))
 
     def test_bench_ghz_keys(self):
         r = self.ok("bench", "cli_bench", "--batch", "64", "--duration", "1", "--warmup", "0",
