@@ -20,7 +20,11 @@
 # 65536 (measured one after the other on the same server in the same run), and p99/p50 of the
 # 4096 lookup; then the lookups against tests/bench/lookup_ref.c over raw TCP: a call with the
 # same request and reply sizes and no work (the loopback's ceiling for a lookup-sized reply), and
-# the same lookup with nothing but the row gather and the send.
+# the same lookup with nothing but the row gather and the send. Last, the CPU time each batch
+# costs the server (its process's user + system time over the run, from /proc, divided by the
+# batches its stats counted) and the bench client (its client_cpu_s over its calls), and from
+# them the most push rows/s this machine's cores allow with client and server on it: when both
+# share the cores, a push cannot go faster than all of them busy on it, whatever overlaps.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -54,6 +58,13 @@ trap cleanup EXIT
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 jget() { /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
+clk_tck=$(getconf CLK_TCK)
+# The CPU ticks (user + system) the server processes in SERVER_PIDS have used so far.
+server_ticks() {
+  local t=0 p
+  for p in $SERVER_PIDS; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+  echo "$t"
+}
 
 # ---- 1. iperf3 --------------------------------------------------------------------------------
 iport=$(free_port)
@@ -105,6 +116,7 @@ done
 build/bin/embps-server --listen 127.0.0.1:0 >"$work/server.log" 2>&1 &
 spid=$!
 pids+=($spid)
+SERVER_PIDS=$spid
 for _ in $(seq 100); do
   addr=$(grep -o 'listening on [0-9.]*:[0-9]*' "$work/server.log" | awk '{print $3}') && [ -n "$addr" ] && break
   sleep 0.1
@@ -115,25 +127,36 @@ $E create-table bench --rows "$rows" --emb-width 128 --dtype f32 --optimizer row
 declare -A result
 # run_embps KEY BATCH PUSH_RATIO: REPEAT runs of one client stream; stores the medians of
 # result[KEY_rows], result[KEY_gbs], result[KEY_p50], result[KEY_p99] and, on a group (NRANKS > 1), of
-# result[KEY_peer] (the most peer bytes any rank sent per batch) and result[KEY_peer_recv].
+# result[KEY_peer] (the most peer bytes any rank sent per batch) and result[KEY_peer_recv]; and
+# the CPU milliseconds a batch took, result[KEY_scpu] for the servers together and
+# result[KEY_ccpu] for the bench client.
 run_embps() {
   local key=$1 batch=$2 ratio=$3 pipeline=${4:-1} op=lookup counter=lookups
   [ "$ratio" = 1 ] && { op=push; counter=pushes; }
-  local rates=() gbs=() p50=() p99=() peer=() peer_recv=() out before after per
+  local rates=() gbs=() p50=() p99=() peer=() peer_recv=() scpu=() ccpu=() out before after per
+  local t_before t_after
   for _ in $(seq "$repeat"); do
-    [ "${NRANKS:-1}" -gt 1 ] && before=$($E stats --json)
+    before=$($E stats --json)
+    t_before=$(server_ticks)
     out=$($E bench bench --batch "$batch" --duration "$duration" --concurrency 1 --tokens "$tokens" \
                --pipeline "$pipeline" --push-ratio "$ratio" --warmup 1 --json)
+    t_after=$(server_ticks)
+    after=$($E stats --json)
     rates+=("$(jget "${op}_rows_per_s" <<<"$out")")
     gbs+=("$(jget "${op}_gbytes_per_s" <<<"$out")")
     p50+=("$(jget p50_ms <<<"$out")")
     p99+=("$(jget p99_ms <<<"$out")")
-    if [ "${NRANKS:-1}" -gt 1 ]; then
-      after=$($E stats --json)
-      per=$(peer_per_batch "$counter" "$before" "$after")
-      peer+=("${per% *}"); peer_recv+=("${per#* }")
-    fi
+    per=$(peer_per_batch "$counter" "$before" "$after" 2>"$work/peer.log")
+    [ "${NRANKS:-1}" -gt 1 ] && cat "$work/peer.log" >&2
+    peer+=("${per% * *}"); peer_recv+=("$(awk '{print $2}' <<<"$per")")
+    scpu+=("$(awk -v d=$((t_after - t_before)) -v hz="$clk_tck" -v n="${per##* }" \
+              'BEGIN{printf "%.4f", (n > 0 ? 1e3 * d / hz / n : 0)}')")
+    ccpu+=("$(/usr/bin/python3 -c 'import json,sys; j=json.loads(sys.argv[1])
+print("%.4f" % (1e3 * j["client_cpu_s"] / max(j["count"], 1)))' "$out")")
   done
+  result[${key}_scpu]=$(printf '%s\n' "${scpu[@]}" | median)
+  result[${key}_ccpu]=$(printf '%s\n' "${ccpu[@]}" | median)
+  echo "embps $key: CPU ms per batch: server ${scpu[*]} (median ${result[${key}_scpu]}), client ${ccpu[*]} (median ${result[${key}_ccpu]})"
   result[${key}_rows]=$(printf '%s\n' "${rates[@]}" | median)
   result[${key}_gbs]=$(printf '%s\n' "${gbs[@]}" | median)
   result[${key}_p50]=$(printf '%s\n' "${p50[@]}" | median)
@@ -146,24 +169,24 @@ run_embps() {
   fi
 }
 # peer_per_batch COUNTER STATS_BEFORE STATS_AFTER: prints the largest per-rank
-# (peer_bytes_sent delta / batches) and the same for peer_bytes_received, where batches is the
-# rank's delta of the table's COUNTER (lookups or pushes: every rank counts every batch once,
-# warm-up included, as are its bytes). Logs each rank's figures on stderr.
+# (peer_bytes_sent delta / batches), the same for peer_bytes_received, and the batches (the
+# largest rank's delta of the table's COUNTER, lookups or pushes: every rank counts every batch
+# once, warm-up included, as are its bytes and its CPU time). Logs each rank's figures on stderr.
 peer_per_batch() {
   /usr/bin/python3 - "$1" "$2" "$3" <<'PY'
 import json, sys
 counter, before, after = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 def tab(r):
     return next(t for t in r["tables"] if t["name"] == "bench")
-sent, recv = [], []
+sent, recv, batches = [], [], []
 for b, a in zip(before, after):
     n = tab(a)[counter] - tab(b)[counter]
     s = (a["peer_bytes_sent"] - b["peer_bytes_sent"]) / max(n, 1)
     r = (a["peer_bytes_received"] - b["peer_bytes_received"]) / max(n, 1)
     print("  rank %d: %d %s batches, %.0f peer bytes sent / batch, %.0f received / batch"
           % (a["rank"], n, counter, s, r), file=sys.stderr)
-    sent.append(s); recv.append(r)
-print("%.0f %.0f" % (max(sent), max(recv)))
+    sent.append(s); recv.append(r); batches.append(n)
+print("%.0f %.0f %d" % (max(sent), max(recv), max(batches)))
 PY
 }
 run_all() { # PREFIX
@@ -196,12 +219,15 @@ fi
 kill "$spid" 2>/dev/null || true; wait "$spid" 2>/dev/null || true
 # Two client ports and a peer-port offset that leaves both peer ports free too.
 read -r gp0 gp1 goff < <(/usr/bin/python3 deploy/group_ports.py)
+gpids=()
 gpeers=127.0.0.1:$gp0,127.0.0.1:$gp1
 for r in 0 1; do
   build/bin/embps-server --rank "$r" --peers "$gpeers" --peer-port-offset "$goff" \
     >"$work/group$r.log" 2>&1 &
   pids+=($!)
+  gpids+=($!)
 done
+SERVER_PIDS="${gpids[*]}"
 E="build/bin/embps --servers $gpeers"
 up=0
 for _ in $(seq 100); do
@@ -323,3 +349,20 @@ peer_row "lookup 4096x128 f32" lookup4096 "$min4096"
 peer_row "push 4096x128 rowwise_adagrad" push4096 "$min4096"
 peer_row "lookup 65536x128 f32" lookup65536 "$min65536"
 peer_row "push 65536x128 rowwise_adagrad" push65536 "$min65536"
+
+# The CPU a batch costs, and what it allows: with the bench and the server on the same cores,
+# push rows/s can be at most cores x batch / (server + client CPU per push batch).
+ncores=$(nproc)
+printf "\n%-44s %10s %10s %10s %14s %10s\n" "CPU ms per batch, 1 rank (median)" "server" "client" \
+  "total" "rows/s allowed" "/ lookup"
+cpu_row() { # LABEL KEY BATCH LOOKUP_KEY
+  awk -v l="$1" -v s="${result[${2}_scpu]}" -v c="${result[${2}_ccpu]}" -v b="$3" -v n="$ncores" \
+      -v lk="${result[${4}_rows]}" 'BEGIN {
+    cap = (s + c > 0) ? n * 1e3 / (s + c) * b : 0
+    printf "%-44s %10.3f %10.3f %10.3f %14.0f %9.2fx\n", l, s, c, s + c, cap, (lk > 0 ? cap / lk : 0) }'
+}
+cpu_row "lookup 4096x128 f32" lookup4096 4096 lookup4096
+cpu_row "push 4096x128 rowwise_adagrad" push4096 4096 lookup4096
+cpu_row "lookup 65536x128 f32" lookup65536 65536 lookup65536
+cpu_row "push 65536x128 rowwise_adagrad" push65536 65536 lookup65536
+echo "(rows/s allowed: $ncores cores x batch / total CPU per batch, the most the machine's cores allow with client and server both on them; / lookup: that against the measured lookup rows/s at the same batch)"
