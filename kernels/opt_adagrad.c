@@ -36,8 +36,14 @@ static void adagrad_row_bf16(uint16_t *restrict w, float *restrict a,
 void embps_update_adagrad_cpu(void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
                               size_t n, const float *grad, const void *const *grad_at, float *accum,
                               const embps_opt_params_t *p) {
+  const size_t row_bytes = width * embps_dtype_size(dtype);
   for (size_t i = 0; i < n; i++) {
     size_t off = (size_t)rows[i] * width;
+    if (i + EMBPS_PREFETCH_ROWS < n) {
+      const size_t next = (size_t)rows[i + EMBPS_PREFETCH_ROWS];
+      embps_prefetch_row((char *)table + next * row_bytes, row_bytes, NULL);
+      embps_prefetch_row(accum + next * width, width * sizeof(float), NULL);
+    }
     const unsigned char *g = embps__grad_row(grad, grad_at, i, width);
     if (dtype == EMBPS_DTYPE_BF16)
       adagrad_row_bf16((uint16_t *)table + off, accum + off, g, width, p->lr, p->eps, p->decay);

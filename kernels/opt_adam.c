@@ -60,8 +60,15 @@ void embps_update_adam_cpu(void *table, embps_dtype_t dtype, size_t width, const
       .inv_bc1 = (float)(1.0 / (1.0 - pow((double)p->beta1, t))),
       .inv_bc2 = (float)(1.0 / (1.0 - pow((double)p->beta2, t))),
   };
+  const size_t row_bytes = width * embps_dtype_size(dtype);
   for (size_t i = 0; i < n; i++) {
     size_t off = (size_t)rows[i] * width;
+    if (i + EMBPS_PREFETCH_ROWS < n) {
+      const size_t next = (size_t)rows[i + EMBPS_PREFETCH_ROWS];
+      embps_prefetch_row((char *)table + next * row_bytes, row_bytes, NULL);
+      embps_prefetch_row(m + next * width, width * sizeof(float), NULL);
+      embps_prefetch_row(v + next * width, width * sizeof(float), NULL);
+    }
     const unsigned char *g = embps__grad_row(grad, grad_at, i, width);
     if (dtype == EMBPS_DTYPE_BF16)
       adam_row_bf16((uint16_t *)table + off, m + off, v + off, g, width, k);

@@ -23,8 +23,12 @@ void embps_update_sgd_cpu(void *table, embps_dtype_t dtype, size_t width, const 
                           size_t n, const float *grad, const void *const *grad_at,
                           const embps_opt_params_t *p) {
   const float lr = p->lr;
+  const size_t row_bytes = width * embps_dtype_size(dtype);
   for (size_t i = 0; i < n; i++) {
     size_t off = (size_t)rows[i] * width;
+    if (i + EMBPS_PREFETCH_ROWS < n)
+      embps_prefetch_row((char *)table + (size_t)rows[i + EMBPS_PREFETCH_ROWS] * row_bytes,
+                         row_bytes, NULL);
     const unsigned char *g = embps__grad_row(grad, grad_at, i, width);
     if (dtype == EMBPS_DTYPE_BF16)
       sgd_row_bf16((uint16_t *)table + off, g, width, lr);

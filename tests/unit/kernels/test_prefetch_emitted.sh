@@ -14,7 +14,8 @@ counts=$(objdump -d "$lib" | awk '
   /\tprefetch/ { n[m]++ }
   END { for (k in n) print k, n[k] }')
 rc=0
-for obj in gather.c.o opt_rowwise_adagrad.c.o segment_sum_stats.c.o; do
+for obj in gather.c.o segment_sum_stats.c.o opt_sgd.c.o opt_adagrad.c.o opt_rowwise_adagrad.c.o \
+  opt_adam.c.o; do
   c=$(printf '%s\n' "$counts" | awk -v o="$obj" '$1 == o { print $2 }')
   if [ -z "$c" ]; then
     echo "FAIL: $obj is not in $lib"; rc=1
