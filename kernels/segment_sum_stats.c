@@ -152,9 +152,9 @@ static void single_row(float *restrict acc, const unsigned char *restrict g, int
 }
 
 /* Prefetches segment s's sum for writing, unless it is a row of one position that is streamed
- * or left in place (nothing reads its line of out), into every cache level (locality 3): the row
- * is added to again by the segment's later positions and read by the update, unlike the rows
- * embps_prefetch_row fetches once (locality 0).
+ * or left in place (nothing reads its line of out), with embps_prefetch_row_kept (locality 3):
+ * the row is added to again by the segment's later positions and read by the update, unlike the
+ * rows embps_prefetch_row fetches once (locality 0).
  * Always inlined: as a function of its own (up to 1038543), GCC 12 at -O1 and above found it free
  * of side effects (ipa-pure-const: a prefetch writes nothing) and deleted its calls, and the
  * object held no prefetch instruction at all. Measured with a throwaway program (this file's
@@ -170,8 +170,7 @@ static void single_row(float *restrict acc, const unsigned char *restrict g, int
 static inline __attribute__((always_inline)) void
 prefetch_sum(float *out, size_t width, const uint32_t *count, uint32_t s, int single) {
   if (!single || count[s] != 1)
-    for (size_t off = 0; off < width * sizeof(float); off += 64)
-      __builtin_prefetch((const char *)(out + (size_t)s * width) + off, 1, 3);
+    embps_prefetch_row_kept(out + (size_t)s * width, width * sizeof(float));
 }
 
 void embps_segment_sum_stats_count_cpu(const uint32_t *segment_ids, size_t n, void *workspace,
