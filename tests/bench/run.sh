@@ -146,7 +146,7 @@ run_embps() {
     gbs+=("$(jget "${op}_gbytes_per_s" <<<"$out")")
     p50+=("$(jget p50_ms <<<"$out")")
     p99+=("$(jget p99_ms <<<"$out")")
-    per=$(peer_per_batch "$counter" "$before" "$after" 2>"$work/peer.log")
+    per=$(per_batch "$counter" "$before" "$after" 2>"$work/peer.log")
     [ "${NRANKS:-1}" -gt 1 ] && cat "$work/peer.log" >&2
     peer+=("${per% * *}"); peer_recv+=("$(awk '{print $2}' <<<"$per")")
     scpu+=("$(awk -v d=$((t_after - t_before)) -v hz="$clk_tck" -v n="${per##* }" \
@@ -168,11 +168,11 @@ print("%.4f" % (1e3 * j["client_cpu_s"] / max(j["count"], 1)))' "$out")")
     echo "embps $key: peer bytes sent per batch (max over ranks) ${peer[*]} (median ${result[${key}_peer]})"
   fi
 }
-# peer_per_batch COUNTER STATS_BEFORE STATS_AFTER: prints the largest per-rank
+# per_batch COUNTER STATS_BEFORE STATS_AFTER: prints the largest per-rank
 # (peer_bytes_sent delta / batches), the same for peer_bytes_received, and the batches (the
 # largest rank's delta of the table's COUNTER, lookups or pushes: every rank counts every batch
 # once, warm-up included, as are its bytes and its CPU time). Logs each rank's figures on stderr.
-peer_per_batch() {
+per_batch() {
   /usr/bin/python3 - "$1" "$2" "$3" <<'PY'
 import json, sys
 counter, before, after = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
