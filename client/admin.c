@@ -49,7 +49,15 @@ static embps_status_t unary(embps_client_t *c, const char *path, const ProtobufC
 
 static int optimizer_to_pb(embps_optimizer_t o) { return (int)o; }
 
+static embps_status_t created_decode(embps_client_t *c, const embps__stream_t *s,
+                                     embps_table_spec_t **out);
+
 embps_status_t embps_create_table(embps_client_t *client, const embps_table_spec_t *spec) {
+  return embps_create_table_answered(client, spec, NULL);
+}
+
+embps_status_t embps_create_table_answered(embps_client_t *client, const embps_table_spec_t *spec,
+                                           embps_table_spec_t **created) {
   Embps__V1__CreateTableRequest req = EMBPS__V1__CREATE_TABLE_REQUEST__INIT;
   Embps__V1__TableSpec ts = EMBPS__V1__TABLE_SPEC__INIT;
   Embps__V1__OptimizerConfig oc = EMBPS__V1__OPTIMIZER_CONFIG__INIT;
@@ -87,8 +95,10 @@ embps_status_t embps_create_table(embps_client_t *client, const embps_table_spec
   st = unary(client, EMBPS__PATH_PREFIX "CreateTable", &req.base, 0, 1, &call);
   if (st != EMBPS_OK)
     return st;
+  if (created)
+    st = created_decode(client, call->shards[0].stream, created);
   embps__call_free(call);
-  return EMBPS_OK;
+  return st;
 }
 
 embps_status_t embps_drop_table(embps_client_t *client, const char *name) {
@@ -114,6 +124,52 @@ void embps_tables_free(embps_table_spec_t *tables, size_t n) {
   embps_free(tables);
 }
 
+/* Fills *out from the TableSpec ts, the name copied (owned by out). Returns 0, or -1 when out
+ * of memory. */
+static int spec_from_pb(const Embps__V1__TableSpec *ts, embps_table_spec_t *out) {
+  const Embps__V1__OptimizerConfig *oc = ts->optimizer;
+  out->name = embps_strdup(ts->name ? ts->name : "");
+  if (!out->name)
+    return -1;
+  out->rows = ts->rows;
+  out->emb_width = ts->emb_width;
+  out->dtype = ts->dtype == 0 ? EMBPS_DTYPE_F32 : (embps_dtype_t)ts->dtype;
+  out->seed = ts->seed;
+  out->init_scale = ts->init_scale;
+  if (oc) {
+    out->optimizer = (embps_optimizer_t)oc->kind;
+    out->lr = oc->lr;
+    out->eps = oc->eps;
+    out->half_life = oc->half_life;
+    out->initial_accumulator = oc->initial_accumulator;
+    out->weight_decay = oc->weight_decay;
+    out->beta1 = oc->beta1;
+    out->beta2 = oc->beta2;
+  }
+  return 0;
+}
+
+/* Decodes a CreateTableResponse's spec into a new one-element array (*out). */
+static embps_status_t created_decode(embps_client_t *c, const embps__stream_t *s,
+                                     embps_table_spec_t **out) {
+  Embps__V1__CreateTableResponse *m = (Embps__V1__CreateTableResponse *)embps__reply_unpack(
+      c, &embps__v1__create_table_response__descriptor, s, 0);
+  embps_table_spec_t *t = NULL;
+  embps_status_t st = EMBPS_OK;
+  if (!m)
+    return c->last.status;
+  if (!m->spec) {
+    st = embps__client_fail(c, EMBPS_INTERNAL, "create table: the reply holds no table spec");
+  } else if (!(t = embps_calloc(1, sizeof(*t))) || spec_from_pb(m->spec, t) != 0) {
+    embps_free(t);
+    st = embps__client_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  } else {
+    *out = t;
+  }
+  embps__reply_free(&m->base);
+  return st;
+}
+
 /* Decodes a ListTablesResponse; sets *group_size if not NULL. */
 static embps_status_t tables_decode(embps_client_t *c, const embps__stream_t *s, uint32_t rank,
                                     embps_table_spec_t **out, size_t *n, uint32_t *group_size) {
@@ -128,30 +184,11 @@ static embps_status_t tables_decode(embps_client_t *c, const embps__stream_t *s,
     t = embps_calloc(m->n_tables ? m->n_tables : 1, sizeof(*t));
     if (!t)
       goto oom;
-    for (size_t i = 0; i < m->n_tables; i++) {
-      const Embps__V1__TableSpec *ts = m->tables[i];
-      const Embps__V1__OptimizerConfig *oc = ts->optimizer;
-      t[i].name = embps_strdup(ts->name ? ts->name : "");
-      if (!t[i].name) {
+    for (size_t i = 0; i < m->n_tables; i++)
+      if (spec_from_pb(m->tables[i], &t[i]) != 0) {
         embps_tables_free(t, i);
         goto oom;
       }
-      t[i].rows = ts->rows;
-      t[i].emb_width = ts->emb_width;
-      t[i].dtype = ts->dtype == 0 ? EMBPS_DTYPE_F32 : (embps_dtype_t)ts->dtype;
-      t[i].seed = ts->seed;
-      t[i].init_scale = ts->init_scale;
-      if (oc) {
-        t[i].optimizer = (embps_optimizer_t)oc->kind;
-        t[i].lr = oc->lr;
-        t[i].eps = oc->eps;
-        t[i].half_life = oc->half_life;
-        t[i].initial_accumulator = oc->initial_accumulator;
-        t[i].weight_decay = oc->weight_decay;
-        t[i].beta1 = oc->beta1;
-        t[i].beta2 = oc->beta2;
-      }
-    }
     *out = t;
     *n = m->n_tables;
   }

@@ -338,9 +338,37 @@ static void test_create_and_list_tables(void **state) {
   }
   /* All defaults: rowwise_adagrad, f32, lr 0.01, eps 1e-8, init_scale 1/sqrt(emb_width). */
   create_table(c, "opt_default", 10, 16, 0, EMBPS_OPTIMIZER_DEFAULT, 0.0f, 0);
+  /* embps_create_table_answered hands back the table as the server made it: what was given,
+   * and the defaults filled in for what was not. */
+  {
+    embps_table_spec_t s, *a = NULL, sentinel;
+    embps_table_spec_init(&s);
+    s.name = "opt_answered";
+    s.rows = 10;
+    s.emb_width = 16;
+    s.optimizer = EMBPS_OPTIMIZER_ADAM;
+    s.lr = 0.5f;
+    assert_int_equal(embps_create_table_answered(c, &s, &a), EMBPS_OK);
+    assert_non_null(a);
+    assert_string_equal(a->name, "opt_answered");
+    assert_int_equal(a->rows, 10);
+    assert_int_equal(a->emb_width, 16);
+    assert_int_equal(a->dtype, EMBPS_DTYPE_F32);
+    assert_int_equal(a->optimizer, EMBPS_OPTIMIZER_ADAM);
+    assert_true(a->lr == 0.5f);
+    assert_true(a->eps == 1e-8f);
+    assert_true(a->beta1 == 0.9f);
+    assert_true(a->beta2 == 0.999f);
+    assert_true(fabsf(a->init_scale - 0.25f) < 1e-7f);
+    embps_tables_free(a, 1);
+    /* A refused create leaves *created as it was. */
+    a = &sentinel;
+    assert_int_equal(embps_create_table_answered(c, &s, &a), EMBPS_ALREADY_EXISTS);
+    assert_ptr_equal(a, &sentinel);
+  }
 
   assert_int_equal(embps_list_tables(c, &t, &n), EMBPS_OK);
-  assert_int_equal(n, before + NUM_TABLE_CASES + 1);
+  assert_int_equal(n, before + NUM_TABLE_CASES + 2);
   for (size_t i = 0; i < NUM_TABLE_CASES; i++) {
     const table_case_t *k = &k_tables[i];
     const embps_table_spec_t *s = find_spec(t, n, k->name);

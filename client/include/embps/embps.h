@@ -86,8 +86,9 @@ typedef struct embps_client_options {
   const char *tls_server_name;
 } embps_client_options_t;
 
-/** A table's specification: what embps_create_table() takes and embps_list_tables() returns.
- * Zero fields mean the server's defaults (see proto/embps/v1/embps.proto). */
+/** A table's specification: what embps_create_table() takes and embps_list_tables() and
+ * embps_create_table_answered() return. Zero fields mean the server's defaults (see
+ * proto/embps/v1/embps.proto). */
 typedef struct embps_table_spec {
   /** The table's name. For create: the caller's string, read during the call. In a list:
    * owned by the list, freed by embps_tables_free(). */
@@ -206,6 +207,16 @@ EMBPS_EXPORT void embps_table_spec_init(embps_table_spec_t *spec);
  * EMBPS_DEADLINE_EXCEEDED; or another status the server returns. */
 EMBPS_EXPORT embps_status_t embps_create_table(embps_client_t *client,
                                                const embps_table_spec_t *spec);
+
+/** Creates a table like embps_create_table() and hands back the specification the server
+ * created it with, every default filled in (dtype, optimizer, lr, eps, beta1, beta2,
+ * init_scale). On EMBPS_OK, when created is not NULL, *created is a new one-element array owned
+ * by the caller, freed with embps_tables_free(*created, 1); on failure it is untouched. Returns
+ * the statuses of embps_create_table(), and EMBPS_RESOURCE_EXHAUSTED or EMBPS_INTERNAL when the
+ * reply cannot be decoded (the table was created all the same). */
+EMBPS_EXPORT embps_status_t embps_create_table_answered(embps_client_t *client,
+                                                        const embps_table_spec_t *spec,
+                                                        embps_table_spec_t **created);
 
 /** Drops the table named name (NUL-terminated, read during the call) on the whole group: the
  * request goes to rank 0, which has every rank free the table's memory; its bytes go back to
