@@ -1,4 +1,9 @@
-/* Strict number parsing for the command line.
+/* The command line of `embps`: values, flags, commands' usages and the global settings.
+ *
+ * Everything the CLI reads from argv and the environment is declared as a table (a command's
+ * embps_cli_flag_t array, the embps_cli_setting_t array of global settings) and goes through
+ * this file, so a flag is parsed and documented in --help from the same line, and every usage
+ * error is printed the same way ("embps: COMMAND: message", exit 2).
  *
  * strtoull and strtod are lenient: they skip leading spaces, accept a sign on unsigned
  * values ("-1" becomes 2^64-1), stop at the first bad character and saturate on overflow.
@@ -271,4 +276,166 @@ void embps_cli_json_string(FILE *f, const char *s) {
       fputc(ch, f);
   }
   fputc('"', f);
+}
+
+/* ---- flags and commands ---- */
+
+void embps_cli_usage_command(FILE *f, const embps_cli_command_t *c) {
+  fprintf(f, "usage: embps [GLOBAL OPTIONS] %s%s%s [OPTIONS]\n\n%s\n\noptions:\n", c->name,
+          c->positional ? " " : "", c->positional ? c->positional : "", c->summary);
+  for (const embps_cli_flag_t *fl = c->flags; fl && fl->name; fl++) {
+    char left[64];
+    snprintf(left, sizeof(left), "%s%s%s", fl->name, fl->arg ? " " : "", fl->arg ? fl->arg : "");
+    fprintf(f, "  %-26s %s\n", left, fl->help);
+  }
+  fprintf(f, "  %-26s %s\n", "--help", "show this help");
+}
+
+const char *embps_cli_flag(const embps_cli_flag_t *flags, const char *name) {
+  for (const embps_cli_flag_t *fl = flags; fl && fl->name; fl++)
+    if (strcmp(fl->name, name) == 0)
+      return fl->value;
+  return NULL;
+}
+
+int embps_cli_parse_flags(const embps_cli_command_t *c, int argc, char **argv, const char **pos) {
+  *pos = NULL;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      embps_cli_usage_command(stdout, c);
+      return -1;
+    }
+    if (strncmp(a, "--", 2) == 0) {
+      const char *eq = strchr(a, '=');
+      size_t len = eq ? (size_t)(eq - a) : strlen(a);
+      embps_cli_flag_t *fl;
+      for (fl = c->flags; fl && fl->name; fl++)
+        if (strlen(fl->name) == len && strncmp(fl->name, a, len) == 0)
+          break;
+      if (!fl || !fl->name) {
+        fprintf(stderr, "embps: %s: unknown option '%.*s' (see embps %s --help)\n", c->name,
+                (int)len, a, c->name);
+        return EMBPS_CLI_EXIT_USAGE;
+      }
+      if (!fl->arg) {
+        if (eq) {
+          fprintf(stderr, "embps: %s: %s takes no value\n", c->name, fl->name);
+          return EMBPS_CLI_EXIT_USAGE;
+        }
+        fl->value = "1";
+      } else if (eq) {
+        fl->value = eq + 1;
+      } else if (i + 1 < argc) {
+        fl->value = argv[++i];
+      } else {
+        fprintf(stderr, "embps: %s: %s needs a value %s\n", c->name, fl->name, fl->arg);
+        return EMBPS_CLI_EXIT_USAGE;
+      }
+      continue;
+    }
+    if (c->positional && !*pos) {
+      *pos = a;
+      continue;
+    }
+    fprintf(stderr, "embps: %s: unexpected argument '%s' (see embps %s --help)\n", c->name, a,
+            c->name);
+    return EMBPS_CLI_EXIT_USAGE;
+  }
+  if (c->positional && !*pos) {
+    fprintf(stderr, "embps: %s: missing %s (see embps %s --help)\n", c->name, c->positional,
+            c->name);
+    return EMBPS_CLI_EXIT_USAGE;
+  }
+  return 0;
+}
+
+int embps_cli_usage_error(const char *cmd, const char *msg) {
+  fprintf(stderr, "embps: %s: %s\n", cmd, msg);
+  return EMBPS_CLI_EXIT_USAGE;
+}
+
+int embps_cli_flag_u64(const char *cmd, const embps_cli_flag_t *flags, const char *name,
+                       uint64_t min, uint64_t max, uint64_t def, uint64_t *out) {
+  char err[512];
+  const char *v = embps_cli_flag(flags, name);
+  if (!v) {
+    *out = def;
+    return 0;
+  }
+  if (embps_cli_parse_u64(name, v, min, max, out, err, sizeof(err)) != 0)
+    return embps_cli_usage_error(cmd, err);
+  return 0;
+}
+
+int embps_cli_flag_double(const char *cmd, const embps_cli_flag_t *flags, const char *name,
+                          double min, double max, double def, double *out) {
+  char err[512];
+  const char *v = embps_cli_flag(flags, name);
+  if (!v) {
+    *out = def;
+    return 0;
+  }
+  if (embps_cli_parse_double(name, v, min, max, out, err, sizeof(err)) != 0)
+    return embps_cli_usage_error(cmd, err);
+  return 0;
+}
+
+int embps_cli_flag_float(const char *cmd, const embps_cli_flag_t *flags, const char *name,
+                         float *out) {
+  double d;
+  int rc = embps_cli_flag_double(cmd, flags, name, 0.0, 3.4e38, 0.0, &d);
+  if (rc == 0)
+    *out = (float)d;
+  return rc;
+}
+
+/* ---- global settings ---- */
+
+int embps_cli_parse_settings(embps_cli_setting_t *settings, size_t n, int argc, char **argv,
+                             int *next) {
+  int i = 1;
+  for (size_t s = 0; s < n; s++) {
+    const char *e = getenv(settings[s].env);
+    settings[s].value = e && *e ? e : settings[s].def;
+  }
+  for (; i < argc && argv[i][0] == '-'; i++) {
+    const char *a = argv[i];
+    size_t s;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0 || strcmp(a, "--version") == 0)
+      break;
+    for (s = 0; s < n; s++) {
+      size_t len = strlen(settings[s].flag);
+      if (strncmp(a, settings[s].flag, len) == 0 && (a[len] == '\0' || a[len] == '='))
+        break;
+    }
+    if (s == n) {
+      fprintf(stderr, "embps: unknown option '%s' (see embps --help)\n", a);
+      return EMBPS_CLI_EXIT_USAGE;
+    }
+    {
+      size_t len = strlen(settings[s].flag);
+      if (a[len] == '=') {
+        settings[s].value = a + len + 1;
+      } else if (settings[s].is_switch) {
+        settings[s].value = "1";
+      } else if (i + 1 < argc) {
+        settings[s].value = argv[++i];
+      } else {
+        fprintf(stderr, "embps: %s needs a value\n", a);
+        return EMBPS_CLI_EXIT_USAGE;
+      }
+    }
+  }
+  *next = i;
+  return 0;
+}
+
+void embps_cli_usage_settings(FILE *f, const embps_cli_setting_t *settings, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    char left[64];
+    snprintf(left, sizeof(left), "%s%s", settings[i].flag, settings[i].is_switch ? "" : " VALUE");
+    fprintf(f, "  %-28s %s\n  %-28s   (env %s, default %s)\n", left, settings[i].help, "",
+            settings[i].env, settings[i].def[0] ? settings[i].def : "none");
+  }
 }

@@ -2,7 +2,7 @@
 
 A real embps-server runs on a free loopback port for the whole module (its "listening on"
 line gives the port) and every CLI command runs as a user would run it, through subprocess:
-exit codes (0; 1 for server and runtime errors; 2 for usage errors, per client/cli/main.c),
+exit codes (0; 1 for server and runtime errors; 2 for usage errors, per client/cli/args.h),
 stdout parsed into rows, JSON or counters, and the server's message on stderr. Numbers are
 checked against values computed here: SGD with --grad-value gives exactly w - lr*g in f32
 (reproduced with struct round trips), and two tables with one seed print the same rows.
@@ -30,6 +30,7 @@ CLI_BIN = os.environ.get("EMBPS_CLI_BIN", os.path.join(ROOT, "build", "bin", "em
 CMD_TIMEOUT = 60
 
 COMMANDS = {
+    "drop-table": [],
     "create-table": ["--rows", "--emb-width", "--dtype", "--optimizer", "--lr", "--eps",
                      "--half-life", "--weight-decay", "--initial-accumulator", "--beta1",
                      "--beta2", "--seed", "--init-scale"],
@@ -235,6 +236,40 @@ class TestTables(CliTestCase):
         line = [l for l in r.stdout.splitlines() if l.split()[0] == "cli_full"]
         self.assertEqual(len(line), 1)
         self.assertEqual(line[0].split()[1:], ["1000", "16", "bf16", "rowwise_adagrad"])
+
+    def created(self, name, *flags):
+        """The table `embps create-table` printed, as a dict of its "key value" fields."""
+        r = self.create(name, *flags)
+        m = re.match(r"created table (\S+): (.*)$", r.stdout.strip())
+        self.assertIsNotNone(m, r.stdout)
+        self.assertEqual(m.group(1), name)
+        fields = dict(kv.split(" ", 1) for kv in m.group(2).split(", "))
+        return {k: v if k in ("dtype", "optimizer") else float(v) for k, v in fields.items()}
+
+    def test_create_prints_the_servers_defaults(self):
+        # Only --rows and --emb-width: the server fills in every default, and the CLI prints
+        # the table the server answered, not the (zero) settings it sent.
+        t = self.created("cli_defaults", "--rows", "100", "--emb-width", "16")
+        self.assertEqual((t["rows"], t["emb_width"], t["dtype"], t["optimizer"]),
+                         (100, 16, "f32", "rowwise_adagrad"))
+        self.assertAlmostEqual(t["lr"], 0.01, places=7)
+        self.assertAlmostEqual(t["eps"], 1e-8, places=12)
+        self.assertAlmostEqual(t["beta1"], 0.9, places=6)
+        self.assertAlmostEqual(t["beta2"], 0.999, places=6)
+        self.assertAlmostEqual(t["init_scale"], 0.25, places=6)  # 1/sqrt(emb_width)
+        self.assertEqual((t["half_life"], t["weight_decay"], t["initial_accumulator"], t["seed"]),
+                         (0, 0, 0, 0))
+        # What the user gave is kept, and what they left out is still the server's default.
+        t = self.created("cli_defaults_adam", "--rows", "50", "--emb-width", "4", "--optimizer",
+                         "adam", "--lr", "0.05", "--beta1", "0.8", "--dtype", "bf16",
+                         "--seed", "7")
+        self.assertEqual((t["optimizer"], t["dtype"], t["seed"]), ("adam", "bf16", 7))
+        self.assertAlmostEqual(t["lr"], 0.05, places=6)
+        self.assertAlmostEqual(t["beta1"], 0.8, places=6)
+        self.assertAlmostEqual(t["beta2"], 0.999, places=6)
+        self.assertAlmostEqual(t["init_scale"], 0.5, places=6)
+        # The listing agrees with what create-table printed.
+        self.assertAlmostEqual(self.table_json("cli_defaults")["lr"], 0.01, places=7)
 
     def test_every_optimizer_and_dtype(self):
         for opt in ["sgd", "adagrad", "rowwise_adagrad", "adam"]:

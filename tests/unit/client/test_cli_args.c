@@ -1,4 +1,5 @@
-/* client/cli/args.c: strict number and list parsing for the command line. */
+/* client/cli/args.c: strict number and list parsing for the command line, a command's flags
+ * and the global settings. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -163,11 +164,141 @@ static void test_mix(void **state) {
   assert_non_null(strstr(err, "item 2"));
 }
 
+static int run_ok(const char *cmd, embps_cli_flag_t *f, const char *pos) {
+  (void)cmd, (void)f, (void)pos;
+  return 0;
+}
+
+static embps_cli_flag_t demo_flags[] = {{"--rows", "R", "rows", NULL},
+                                        {"--rate", "X", "rate", NULL},
+                                        {"--json", NULL, "a switch", NULL},
+                                        {NULL, NULL, NULL, NULL}};
+static const embps_cli_command_t demo = {"demo", "NAME", "A demo.", run_ok, demo_flags};
+
+/* Parses the words of line (at most 16) with demo's table, its values cleared first. */
+static int parse(const char *line, const char **pos) {
+  static char buf[256];
+  char *argv[16], *save = NULL;
+  int argc = 0;
+  for (embps_cli_flag_t *f = demo_flags; f->name; f++)
+    f->value = NULL;
+  snprintf(buf, sizeof(buf), "%s", line);
+  for (char *t = strtok_r(buf, " ", &save); t && argc < 16; t = strtok_r(NULL, " ", &save))
+    argv[argc++] = t;
+  return embps_cli_parse_flags(&demo, argc, argv, pos);
+}
+
+static void test_flags(void **state) {
+  const char *pos = "x";
+  uint64_t u = 0;
+  double d = 0;
+  float fl = 1;
+  (void)state;
+  assert_int_equal(parse("t1 --rows 12 --rate=0.5 --json", &pos), 0);
+  assert_string_equal(pos, "t1");
+  assert_string_equal(embps_cli_flag(demo_flags, "--rows"), "12");
+  assert_string_equal(embps_cli_flag(demo_flags, "--rate"), "0.5");
+  assert_string_equal(embps_cli_flag(demo_flags, "--json"), "1");
+  assert_null(embps_cli_flag(demo_flags, "--nope"));
+  assert_int_equal(embps_cli_flag_u64("demo", demo_flags, "--rows", 1, 100, 7, &u), 0);
+  assert_int_equal(u, 12);
+  assert_int_equal(embps_cli_flag_double("demo", demo_flags, "--rate", 0, 1, 9, &d), 0);
+  assert_true(d == 0.5);
+  assert_int_equal(embps_cli_flag_float("demo", demo_flags, "--rate", &fl), 0);
+  assert_true(fl == 0.5f);
+  /* Out of range, and absent: the default. */
+  assert_int_equal(embps_cli_flag_u64("demo", demo_flags, "--rows", 13, 100, 7, &u),
+                   EMBPS_CLI_EXIT_USAGE);
+  assert_int_equal(parse("t1", &pos), 0);
+  assert_null(embps_cli_flag(demo_flags, "--rows"));
+  assert_int_equal(embps_cli_flag_u64("demo", demo_flags, "--rows", 1, 100, 7, &u), 0);
+  assert_int_equal(u, 7);
+  assert_int_equal(embps_cli_flag_float("demo", demo_flags, "--rate", &fl), 0);
+  assert_true(fl == 0.0f);
+  /* The positional may come after the flags. */
+  assert_int_equal(parse("--rows 3 t2", &pos), 0);
+  assert_string_equal(pos, "t2");
+  /* Every usage error is EMBPS_CLI_EXIT_USAGE. */
+  assert_int_equal(parse("t1 --colour red", &pos), EMBPS_CLI_EXIT_USAGE);
+  assert_int_equal(parse("t1 --rows", &pos), EMBPS_CLI_EXIT_USAGE);
+  assert_int_equal(parse("t1 --json=1", &pos), EMBPS_CLI_EXIT_USAGE);
+  assert_int_equal(parse("t1 t2", &pos), EMBPS_CLI_EXIT_USAGE);
+  assert_int_equal(parse("--rows 3", &pos), EMBPS_CLI_EXIT_USAGE);
+  assert_int_equal(parse("--rowsx 3 t1", &pos), EMBPS_CLI_EXIT_USAGE);
+  /* --help and -h print the usage and win over a missing positional. */
+  assert_int_equal(parse("--help", &pos), -1);
+  assert_int_equal(parse("--rows 3 -h", &pos), -1);
+}
+
+static void test_usage_command(void **state) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  (void)state;
+  embps_cli_usage_command(f, &demo);
+  fclose(f);
+  assert_non_null(strstr(text, "usage: embps [GLOBAL OPTIONS] demo NAME [OPTIONS]"));
+  assert_non_null(strstr(text, "A demo."));
+  assert_non_null(strstr(text, "\n  --rows R "));
+  assert_non_null(strstr(text, "\n  --json "));
+  assert_non_null(strstr(text, "\n  --help "));
+  free(text);
+}
+
+static void test_settings(void **state) {
+  embps_cli_setting_t s[] = {
+      {"--servers", "EMBPS_TEST_ARGS_SERVERS", "127.0.0.1:7070", "servers", 0, NULL},
+      {"--pad", "EMBPS_TEST_ARGS_PAD", "0", "pad", 1, NULL},
+      {"--token-file", "EMBPS_TEST_ARGS_TOKEN", "", "token", 0, NULL},
+  };
+  char *argv1[] = {"embps", "--servers", "a:1", "--pad", "tables", "--json"};
+  char *argv2[] = {"embps", "--pad=0", "--servers=b:2", "--help", "tables"};
+  char *argv3[] = {"embps", "--colour", "tables"};
+  char *argv4[] = {"embps", "--servers"};
+  char *argv5[] = {"embps"};
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f;
+  int next = -1;
+  (void)state;
+  /* Defaults, the environment over them (an empty variable counts as unset), flags over both. */
+  setenv("EMBPS_TEST_ARGS_SERVERS", "env:3", 1);
+  setenv("EMBPS_TEST_ARGS_PAD", "", 1);
+  assert_int_equal(embps_cli_parse_settings(s, 3, 1, argv5, &next), 0);
+  assert_int_equal(next, 1);
+  assert_string_equal(s[0].value, "env:3");
+  assert_string_equal(s[1].value, "0");
+  assert_string_equal(s[2].value, "");
+  assert_int_equal(embps_cli_parse_settings(s, 3, 6, argv1, &next), 0);
+  assert_int_equal(next, 4); /* the command */
+  assert_string_equal(s[0].value, "a:1");
+  assert_string_equal(s[1].value, "1"); /* a switch alone */
+  assert_int_equal(embps_cli_parse_settings(s, 3, 5, argv2, &next), 0);
+  assert_int_equal(next, 3); /* --help is left for the caller */
+  assert_string_equal(s[0].value, "b:2");
+  assert_string_equal(s[1].value, "0");
+  assert_int_equal(embps_cli_parse_settings(s, 3, 3, argv3, &next), EMBPS_CLI_EXIT_USAGE);
+  assert_int_equal(embps_cli_parse_settings(s, 3, 2, argv4, &next), EMBPS_CLI_EXIT_USAGE);
+  unsetenv("EMBPS_TEST_ARGS_SERVERS");
+  unsetenv("EMBPS_TEST_ARGS_PAD");
+  /* The usage names each flag (a switch without VALUE), its variable and its default. */
+  f = open_memstream(&text, &len);
+  embps_cli_usage_settings(f, s, 3);
+  fclose(f);
+  assert_non_null(strstr(text, "  --servers VALUE "));
+  assert_non_null(strstr(text, "(env EMBPS_TEST_ARGS_SERVERS, default 127.0.0.1:7070)"));
+  assert_non_null(strstr(text, "  --pad "));
+  assert_null(strstr(text, "--pad VALUE"));
+  assert_non_null(strstr(text, "(env EMBPS_TEST_ARGS_TOKEN, default none)"));
+  free(text);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_u64),      cmocka_unit_test(test_double),
-      cmocka_unit_test(test_i64_list), cmocka_unit_test(test_f32_rows),
-      cmocka_unit_test(test_mix),
+      cmocka_unit_test(test_u64),           cmocka_unit_test(test_double),
+      cmocka_unit_test(test_i64_list),      cmocka_unit_test(test_f32_rows),
+      cmocka_unit_test(test_mix),           cmocka_unit_test(test_flags),
+      cmocka_unit_test(test_usage_command), cmocka_unit_test(test_settings),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,167 @@
+/* `embps bench`: the load test's command line.
+ *
+ * Reads the flags into embps_bench_opts_t, checks that every named table exists and has rows to
+ * draw from, and hands the tables' specs to the load generator (bench.c), whose threads open
+ * their own connections (this one is closed first). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/cli/args.h"
+#include "client/cli/bench.h"
+#include "client/cli/cli.h"
+#include "client/cli/zipf.h"
+#include "embps/embps.h"
+
+embps_cli_flag_t embps_cli_bench_flags[] = {
+    {"--batch", "T", "tokens per op (this or --mix is required)", NULL},
+    {"--mix", "T:W,...", "batch sizes with weights, e.g. 1024:3,4096:1 (a size alone weighs 1)",
+     NULL},
+    {"--tables", "NAME,...", "more tables to spread the ops over, evenly", NULL},
+    {"--duration", "S", "measured seconds (default 10)", NULL},
+    {"--warmup", "S", "unmeasured seconds first, excluded from the figures (default 1)", NULL},
+    {"--concurrency", "C", "threads, each with its own connections (default 1)", NULL},
+    {"--pipeline", "K",
+     "calls in flight per thread (default 1; with --rate, the most in flight, default 64)", NULL},
+    {"--rate", "R",
+     "open loop: R batches per second over all threads on a fixed schedule, latency from each "
+     "call's intended start (default: closed loop)",
+     NULL},
+    {"--tokens", "DIST",
+     "token ids over [1, rows): uniform (default; every row alike, so batches reach memory) or "
+     "zipf (exponent --zipf, default 1.05)",
+     NULL},
+    {"--zipf", "A", "Zipf exponent of token ids; alone, the same as --tokens zipf (0: uniform)",
+     NULL},
+    {"--push-ratio", "P", "probability that an op is a push (default 0)", NULL},
+    {"--async", NULL, "pushes are async", NULL},
+    {"--seed", "S", "random seed (default 1)", NULL},
+    {"--output", "FORMAT",
+     "text (default), json (today's keys, ghz's and the client's CPU time) or csv", NULL},
+    {"--json", NULL, "the same as --output json", NULL},
+    {NULL, NULL, NULL, NULL}};
+
+/* Adds the comma-separated names in list to names (no copies: the pointers point into list's
+ * copy *buf, which the caller frees). */
+static int split_names(const char *cmd, const char *list, char **buf, const char ***names,
+                       size_t *n) {
+  char *copy = strdup(list), *save = NULL;
+  const char **more;
+  size_t count = 1;
+  for (const char *p = list; *p; p++)
+    count += *p == ',';
+  more = realloc((void *)*names, (*n + count) * sizeof(**names));
+  if (!copy || !more) {
+    free(copy);
+    if (more)
+      *names = more;
+    fprintf(stderr, "embps: %s: out of memory\n", cmd);
+    return 1;
+  }
+  *names = more;
+  *buf = copy;
+  for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save))
+    more[(*n)++] = t;
+  return 0;
+}
+
+int embps_cli_cmd_bench(const char *cmd, embps_cli_flag_t *f, const char *name) {
+  embps_bench_opts_t o;
+  uint64_t conc, pipe, one_batch = 0, *mix = NULL;
+  double *weights = NULL;
+  embps_table_spec_t *tables = NULL;
+  const embps_table_spec_t **chosen = NULL;
+  const char **names = NULL, *out = embps_cli_flag(f, "--output");
+  char *names_buf[2] = {NULL, NULL};
+  size_t nt = 0, nnames = 0;
+  char err[640];
+  embps_client_t *c;
+  int rc;
+
+  memset(&o, 0, sizeof(o));
+  if (!embps_cli_flag(f, "--batch") == !embps_cli_flag(f, "--mix"))
+    return embps_cli_usage_error(cmd, "exactly one of --batch and --mix is required");
+  if ((rc = embps_cli_flag_double(cmd, f, "--duration", 0.001, 1e7, 10.0, &o.duration_s)) ||
+      (rc = embps_cli_flag_double(cmd, f, "--warmup", 0.0, 1e7, 1.0, &o.warmup_s)) ||
+      (rc = embps_cli_flag_u64(cmd, f, "--concurrency", 1, 4096, 1, &conc)) ||
+      (rc = embps_cli_flag_double(cmd, f, "--rate", 0.0, 1e7, 0.0, &o.rate)) ||
+      (rc = embps_cli_flag_u64(cmd, f, "--pipeline", 1, 4096, o.rate > 0 ? 64 : 1, &pipe)) ||
+      (rc = embps_cli_flag_double(cmd, f, "--zipf", 0.0, 100.0, 0.0, &o.zipf)) ||
+      (rc = embps_token_exponent(embps_cli_flag(f, "--tokens"), embps_cli_flag(f, "--zipf"), o.zipf,
+                                 &o.zipf)
+                ? embps_cli_usage_error(cmd,
+                                        "--tokens takes uniform or zipf, and --tokens uniform no "
+                                        "--zipf other than 0")
+                : 0) ||
+      (rc = embps_cli_flag_double(cmd, f, "--push-ratio", 0.0, 1.0, 0.0, &o.push_ratio)) ||
+      (rc = embps_cli_flag_u64(cmd, f, "--seed", 0, UINT64_MAX, 1, &o.seed)))
+    return rc;
+  if (embps_cli_flag(f, "--batch")) {
+    if ((rc = embps_cli_flag_u64(cmd, f, "--batch", 1, 1u << 24, 0, &one_batch)))
+      return rc;
+    o.batches = &one_batch;
+    o.nbatches = 1;
+  } else {
+    if (embps_cli_parse_mix("--mix", embps_cli_flag(f, "--mix"), 1u << 24, &mix, &weights,
+                            &o.nbatches, err, sizeof(err)) != 0)
+      return embps_cli_usage_error(cmd, err);
+    o.batches = mix;
+    o.weights = weights;
+  }
+  o.concurrency = (uint32_t)conc;
+  o.pipeline = (uint32_t)pipe;
+  o.async_push = embps_cli_flag(f, "--async") != NULL;
+  o.output = EMBPS_BENCH_TEXT;
+  if (embps_cli_flag(f, "--json") || (out && strcmp(out, "json") == 0))
+    o.output = EMBPS_BENCH_JSON;
+  else if (out && strcmp(out, "csv") == 0)
+    o.output = EMBPS_BENCH_CSV;
+  else if (out && strcmp(out, "text") != 0) {
+    free(mix);
+    free(weights);
+    return embps_cli_usage_error(cmd, "--output must be text, json or csv");
+  }
+  rc = 1;
+  if (split_names(cmd, name, &names_buf[0], &names, &nnames) ||
+      (embps_cli_flag(f, "--tables") &&
+       split_names(cmd, embps_cli_flag(f, "--tables"), &names_buf[1], &names, &nnames)))
+    goto exit;
+  if (nnames == 0) {
+    rc = embps_cli_usage_error(cmd, "no table named");
+    goto exit;
+  }
+  if (!(chosen = calloc(nnames, sizeof(*chosen))) || !(c = embps_cli_connect(cmd, 1)))
+    goto exit;
+  for (size_t i = 0; i < nnames; i++) {
+    const embps_table_spec_t *t;
+    embps_tables_free(tables, nt);
+    tables = NULL;
+    nt = 0;
+    if (embps_cli_find_table(cmd, c, names[i], &tables, &nt, &t) != 0)
+      goto exit;
+    if (t->rows < 2) {
+      fprintf(stderr, "embps: %s: table %s has %llu rows; bench draws tokens from [1, rows)\n", cmd,
+              names[i], (unsigned long long)t->rows);
+      goto exit;
+    }
+  }
+  for (size_t i = 0; i < nnames; i++)
+    for (size_t j = 0; j < nt; j++)
+      if (strcmp(tables[j].name, names[i]) == 0)
+        chosen[i] = &tables[j];
+  {
+    embps_client_options_t wo = embps_cli_options();
+    wo.group_size = embps_client_group_size(c);
+    embps_cli_disconnect();
+    rc = embps_cli_bench(embps_cli_servers(), &wo, chosen, nnames, &o);
+  }
+exit:
+  embps_tables_free(tables, nt);
+  free(chosen);
+  free((void *)names);
+  free(names_buf[0]);
+  free(names_buf[1]);
+  free(mix);
+  free(weights);
+  return rc;
+}
