@@ -498,26 +498,31 @@ static void print_csv(const op_stats_t *op, double elapsed) {
 }
 
 /* Today's keys first (scripts read them), then ghz's report keys over all ops: durations in
- * nanoseconds, histogram marks in seconds, status names as Go spells them. */
+ * nanoseconds, histogram marks in seconds, status names as Go spells them. Every count is a
+ * JSON number: "batches" the batches answered (lookups + pushes), the --batch or --mix sizes
+ * and weights arrays of numbers. */
 static void print_json(const op_stats_t *op, const embps_bench_opts_t *o, const char *names,
                        double elapsed, cpu_use_t cpu, char first_error[NSTATUS][200]) {
   static const char *const pre[3] = {"lookup_", "push_", ""};
   static const double ghz_pcts[] = {10, 25, 50, 75, 90, 95, 99, 99.9, 99.99};
   const op_stats_t *all = &op[OP_ALL];
   uint64_t count = all->ok + errors_of(all);
-  char batches[256];
   int first;
 
-  batch_text(o, batches, sizeof(batches));
   printf("{\"table\":");
   embps_cli_json_string(stdout, names);
-  printf(",\"batch\":%llu,\"batches\":\"%s\",\"concurrency\":%u,\"pipeline\":%u,"
-         "\"mode\":\"%s\",\"rate\":%g,\"zipf\":%g,\"push_ratio\":%g,\"duration_s\":%.3f,"
-         "\"lookups\":%llu,\"pushes\":%llu,\"errors\":%llu",
-         (unsigned long long)o->batches[0], batches, o->concurrency, o->pipeline,
-         o->rate > 0 ? "open" : "closed", o->rate, o->zipf, o->push_ratio, elapsed,
-         (unsigned long long)op[OP_LOOKUP].ok, (unsigned long long)op[OP_PUSH].ok,
-         (unsigned long long)errors_of(all));
+  printf(",\"batch\":%llu,\"batch_sizes\":[", (unsigned long long)o->batches[0]);
+  for (size_t i = 0; i < o->nbatches; i++)
+    printf("%s%llu", i ? "," : "", (unsigned long long)o->batches[i]);
+  printf("],\"batch_weights\":[");
+  for (size_t i = 0; i < o->nbatches; i++)
+    printf("%s%g", i ? "," : "", o->weights ? o->weights[i] : 1.0);
+  printf("],\"concurrency\":%u,\"pipeline\":%u,\"mode\":\"%s\",\"rate\":%g,\"zipf\":%g,"
+         "\"push_ratio\":%g,\"duration_s\":%.3f,\"batches\":%llu,\"lookups\":%llu,"
+         "\"pushes\":%llu,\"errors\":%llu",
+         o->concurrency, o->pipeline, o->rate > 0 ? "open" : "closed", o->rate, o->zipf,
+         o->push_ratio, elapsed, (unsigned long long)all->ok, (unsigned long long)op[OP_LOOKUP].ok,
+         (unsigned long long)op[OP_PUSH].ok, (unsigned long long)errors_of(all));
   if (cpu.s >= 0)
     printf(",\"client_cpu_s\":%.4f,\"client_cpu_wall_s\":%.4f", cpu.s, cpu.wall);
   else

@@ -497,6 +497,10 @@ class TestBench(CliTestCase):
         self.assertEqual(j["pushes"], 0)
         self.assertEqual(j["push_rows_per_s"], 0)
         self.assertEqual(j["batch"], 256)
+        # Counts are JSON numbers: batches is the batches answered, the sizes an array.
+        self.assertIs(type(j["batches"]), int)
+        self.assertEqual(j["batches"], j["lookups"] + j["pushes"])
+        self.assertEqual((j["batch_sizes"], j["batch_weights"]), ([256], [1]))
         self.assertGreater(j["lookup_gbytes_per_s"], 0)
         self.assertTrue(0 < j["p50_ms"] <= j["p99_ms"] <= j["p999_ms"])
         # rows/s is batches/s x batch, and GB/s is rows/s x row bytes.
@@ -596,6 +600,13 @@ class TestBench(CliTestCase):
             self.assertGreater(a["lookups"] + a["pushes"], b["lookups"] + b["pushes"])
         per_batch = float(rows["all"]["rows_per_s"]) / float(rows["all"]["batches_per_s"])
         self.assertTrue(16 < per_batch < 48, per_batch)
+        # The JSON report gives the mix as numbers.
+        r = self.ok("bench", "cli_bench", "--mix", "16:3,48", "--duration", "0.3", "--warmup",
+                    "0", "--json")
+        j = json.loads(r.stdout)
+        self.assertEqual((j["batch_sizes"], j["batch_weights"]), ([16, 48], [3, 1]))
+        self.assertIs(type(j["batches"]), int)
+        self.assertEqual(j["batches"], j["lookups"])
         self.fails(2, ["--mix", "item 2"], "bench", "cli_bench", "--mix", "16:3,x")
         self.fails(2, ["exactly one of --batch and --mix"], "bench", "cli_bench", "--batch", "4",
                    "--mix", "4")
