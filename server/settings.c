@@ -211,8 +211,10 @@ void embps_settings_usage(FILE *out, const char *prog) {
   for (size_t i = 0; i < NUM_SETTINGS; i++) {
     const setting_desc_t *d = &settings_table[i];
     env_name(d, name, sizeof(name));
-    fprintf(out, "  --%-20s %s (default %s)\n  %-22s   env %s\n", d->flag, d->help, d->def, "",
-            name);
+    fprintf(out, "  --%-20s %s", d->flag, d->help);
+    if (d->def[0]) /* an empty default says nothing the help does not */
+      fprintf(out, " (default %s)", d->def);
+    fprintf(out, "\n  %-22s   env %s\n", "", name);
   }
   fprintf(out, "  --%-20s print this help\n", "help");
 }

@@ -2,8 +2,8 @@
 
 The reference is the same model written with torch.nn.Embedding / torch.nn.EmbeddingBag
 (padding_idx=0) tables in float64, whose rows start as the server's (read with a lookup before
-training) and are updated by a reference of the server's optimizer written here from README's
-Semantics: row-wise Adagrad, accum = accum*decay + mean(g^2 over the row),
+training) and are updated by a reference of the server's optimizer written here from the
+semantics docs/python.md states: row-wise Adagrad, accum = accum*decay + mean(g^2 over the row),
 w -= lr*g/(sqrt(accum)+eps), decay = exp(-ln 2/half_life), duplicate tokens' gradients summed,
 padding row 0 reading zero and ignoring gradients. Both sides train their dense part with their
 own torch.optim.SGD in float64, so the only float32 arithmetic is the servers'.
@@ -72,7 +72,8 @@ def rel_err(a, b):
 
 class ReferenceTable:
     """The server's table and optimizer in float64: an nn.Embedding or nn.EmbeddingBag with
-    padding_idx=0 whose weight is the server's rows, and row-wise Adagrad as README states it."""
+    padding_idx=0 whose weight is the server's rows, and row-wise Adagrad as docs/python.md
+    states it."""
 
     def __init__(self, initial, spec, bag_mode=None):
         w = torch.tensor(initial, dtype=torch.float64)

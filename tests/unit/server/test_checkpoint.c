@@ -25,7 +25,7 @@
 #include "server/store/checkpoint.h"
 #include "server/store/store.h"
 
-/* A block's payload is at most about this (checkpoint.c's BLOCK_TARGET, as README.md states):
+/* A block's payload is at most about this (BLOCK_TARGET, as docs/checkpoint-format.md states):
  * a slice file larger than twice it holds at least three blocks. */
 #define BLOCK_BYTES (1u << 20)
 
