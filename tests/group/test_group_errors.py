@@ -17,7 +17,8 @@ from grouplib import SC, pb
 
 IA = SC.INVALID_ARGUMENT
 
-# DESIGN.md's error table, as the tests expect it (and checked against DESIGN.md when present).
+# The wording users search for (the brief's error table); docs/design.md's table gives each message
+# in full, starting with these words and ending with the remedy.
 MESSAGES = {
     "T % N != 0": "tokens_per_batch={T} does not shard evenly over the {N}-rank communicator",
     "D % N != 0": "emb_width={D} does not shard evenly over the {N}-rank communicator",
@@ -37,12 +38,8 @@ def message(row, **values):
 
 class DesignTableTest(unittest.TestCase):
     def test_messages_are_design_md(self):
-        try:
-            gl.design_row("T % N")
-        except (OSError, LookupError) as e:
-            self.skipTest("DESIGN.md not available: %s" % e)
         for row, text in MESSAGES.items():
-            self.assertEqual(gl.design_row(row), text)
+            self.assertTrue(gl.design_row(row).startswith(text), (row, gl.design_row(row)))
 
 
 expect = gl.expect_rpc_error
