@@ -22,7 +22,7 @@
  * previous one back to a full checkpoint; reading applies the chain.
  *
  * The byte layouts (all integers little-endian, floats as their IEEE-754 bits) are documented in
- * checkpoint.c. */
+ * ckpt_codec.c; ckpt_internal.h lists the modules behind this header. */
 #ifndef EMBPS_CHECKPOINT_H
 #define EMBPS_CHECKPOINT_H
 
