@@ -184,4 +184,22 @@ embps_status_t embps_ckpt_read_columns(const char *dir, const embps_ckpt_manifes
                                        const char *table, embps_ckpt_dest_t *dst,
                                        embps_error_t *err);
 
+/**
+ * Which checkpoint a starting rank restores, as the --restore setting `restore` says, with
+ * `ckpt_dir` the checkpoint directory ("" when checkpoints are off):
+ *   "none"  none;
+ *   "auto"  the newest complete checkpoint of every table (scope "") in ckpt_dir; none when it
+ *           holds none (the group starts empty) or checkpoints are off;
+ *   a path  that checkpoint's directory (trailing slashes ignored), whose manifest must verify.
+ * *round gets the checkpoint's round (0: none), and restore_dir (cap bytes) the directory that
+ * holds it and its chain, as embps_ckpt_read_columns takes it ("" when none is looked for; for
+ * "auto", ckpt_dir even when it holds none). Every rank decides alike from the same directory;
+ * the caller makes sure they agree (the round joins the group's identity). Returns EMBPS_OK; for
+ * "auto" the errors of embps_ckpt_list, for a path those of embps_ckpt_read_manifest (NOT_FOUND
+ * when it is no complete checkpoint), err saying why.
+ */
+embps_status_t embps_ckpt_restore_choose(const char *restore, const char *ckpt_dir,
+                                         char *restore_dir, size_t cap, uint64_t *round,
+                                         embps_error_t *err);
+
 #endif

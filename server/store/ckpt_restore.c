@@ -4,7 +4,9 @@
  * that held every row of a table created since), then applied oldest first so later rows
  * overwrite earlier ones. Each file is checked against its manifest (rank, columns, round, table
  * spec) before its rows are taken, so a file moved into the wrong place is refused, not read.
- */
+ *
+ * Also here: which checkpoint a starting rank restores (the --restore setting's policy), since
+ * it is a question about what the directory holds. */
 #include "server/store/ckpt_internal.h"
 
 #include <inttypes.h>
@@ -170,4 +172,52 @@ exit:
     embps_ckpt_manifest_free(&chain[i]);
   embps_free(chain);
   return ret;
+}
+
+/* ---- which checkpoint a starting rank restores ---------------------------------------------- */
+
+embps_status_t embps_ckpt_restore_choose(const char *restore, const char *ckpt_dir,
+                                         char *restore_dir, size_t cap, uint64_t *round,
+                                         embps_error_t *err) {
+  char path[EMBPS_CKPT_PATH_MAX], *slash;
+  embps_ckpt_manifest_t m;
+  size_t len;
+  embps_status_t ret;
+
+  *round = 0;
+  restore_dir[0] = '\0';
+  if (strcmp(restore, "none") == 0)
+    return EMBPS_OK;
+  if (strcmp(restore, "auto") == 0) {
+    embps_ckpt_manifest_t *list = NULL;
+    size_t n = 0;
+    if (!ckpt_dir[0]) /* checkpoints off: nothing to look for */
+      return EMBPS_OK;
+    if ((ret = embps_ckpt_list(ckpt_dir, &list, &n, err)) != EMBPS_OK)
+      return ret;
+    /* The newest of every table; a checkpoint of one table (its scope) alone would lose the
+     * others. None: the group starts empty. */
+    for (size_t i = n; i-- > 0 && !*round;)
+      if (!list[i].scope[0])
+        *round = list[i].round;
+    embps_ckpt_list_free(list, n);
+    snprintf(restore_dir, cap, "%s", ckpt_dir);
+    return EMBPS_OK;
+  }
+  /* A checkpoint's own directory: it must be complete; its parent holds its chain. */
+  snprintf(path, sizeof(path), "%s", restore);
+  while ((len = strlen(path)) > 1 && path[len - 1] == '/')
+    path[len - 1] = '\0';
+  if ((ret = embps_ckpt_read_manifest(path, &m, err)) != EMBPS_OK)
+    return ret;
+  *round = m.round;
+  embps_ckpt_manifest_free(&m);
+  slash = strrchr(path, '/');
+  if (slash == path)
+    snprintf(restore_dir, cap, "/");
+  else if (slash)
+    snprintf(restore_dir, cap, "%.*s", (int)(slash - path), path);
+  else
+    snprintf(restore_dir, cap, ".");
+  return EMBPS_OK;
 }

@@ -1,6 +1,7 @@
 /* The restore chain (server/store/ckpt_restore.c): incremental chains applied oldest first
  * (tables created since, a table whose first checkpoint is incremental, a missing base, a
- * chain that loops), refused column ranges and tables. */
+ * chain that loops), refused column ranges and tables; and which checkpoint a starting rank
+ * restores (embps_ckpt_restore_choose: the --restore setting's policy, once in server/main.c). */
 #include "tests/unit/store/ckpt_fixture.h"
 
 #include <errno.h>
@@ -139,11 +140,90 @@ static void test_chain_loop(void **state) {
   source_free(&t);
 }
 
+/* --restore none / auto / a checkpoint's path. */
+static void test_restore_choose(void **state) {
+  const fixture_t *fx = *state;
+  char dir[128], empty[128], rdir[EMBPS_CKPT_PATH_MAX], ck[EMBPS_CKPT_PATH_MAX + 8], cwd[512];
+  source_t a;
+  uint64_t round = 99;
+  embps_error_t err;
+  const source_t *tabs[1];
+
+  source_init(&a, "a", 10, 4, EMBPS_DTYPE_F32, EMBPS_OPTIMIZER_SGD);
+  source_fill(&a, 1, NULL);
+  tabs[0] = &a;
+  subdir(dir, sizeof(dir), fx->dir, "d");
+  subdir(empty, sizeof(empty), fx->dir, "e");
+  write_full(dir, 5, 1, &a);
+  write_full(dir, 9, 1, &a);
+  write_ckpt(dir, 12, 0, "a", 1, tabs, NULL, 1); /* newer, but of one table only */
+  write_incomplete(dir, 15, &a);                 /* newer, but incomplete */
+
+  /* none: nothing, whatever the directory holds */
+  strcpy(rdir, "x");
+  assert_int_equal(embps_ckpt_restore_choose("none", dir, rdir, sizeof(rdir), &round, &err),
+                   EMBPS_OK);
+  assert_int_equal(round, 0);
+  assert_string_equal(rdir, "");
+
+  /* auto: the newest complete checkpoint of every table */
+  assert_int_equal(embps_ckpt_restore_choose("auto", dir, rdir, sizeof(rdir), &round, &err),
+                   EMBPS_OK);
+  assert_int_equal(round, 9);
+  assert_string_equal(rdir, dir);
+  /* auto, none there: the group starts empty, the directory still named */
+  round = 99;
+  assert_int_equal(embps_ckpt_restore_choose("auto", empty, rdir, sizeof(rdir), &round, &err),
+                   EMBPS_OK);
+  assert_int_equal(round, 0);
+  assert_string_equal(rdir, empty);
+  /* auto with checkpoints off: nothing looked for */
+  round = 99;
+  assert_int_equal(embps_ckpt_restore_choose("auto", "", rdir, sizeof(rdir), &round, &err),
+                   EMBPS_OK);
+  assert_int_equal(round, 0);
+  assert_string_equal(rdir, "");
+  /* auto in a directory that does not exist */
+  snprintf(ck, sizeof(ck), "%s/gone", fx->dir);
+  assert_int_equal(embps_ckpt_restore_choose("auto", ck, rdir, sizeof(rdir), &round, &err),
+                   EMBPS_NOT_FOUND);
+  assert_true(has(err.message, ck));
+
+  /* a path: that checkpoint (even one of one table), its parent the directory; trailing slashes
+   * ignored */
+  ckpt_dir(ck, sizeof(ck), dir, 12);
+  strcat(ck, "//");
+  assert_int_equal(embps_ckpt_restore_choose(ck, "", rdir, sizeof(rdir), &round, &err), EMBPS_OK);
+  assert_int_equal(round, 12);
+  assert_string_equal(rdir, dir);
+  /* relative to the working directory */
+  assert_non_null(getcwd(cwd, sizeof(cwd)));
+  assert_int_equal(chdir(dir), 0);
+  round = 99;
+  assert_int_equal(
+      embps_ckpt_restore_choose("ckpt-00000000000000000005", dir, rdir, sizeof(rdir), &round, &err),
+      EMBPS_OK);
+  assert_int_equal(chdir(cwd), 0);
+  assert_int_equal(round, 5);
+  assert_string_equal(rdir, ".");
+  /* an incomplete one, or none at all, is refused with the reason */
+  ckpt_dir(ck, sizeof(ck), dir, 15);
+  assert_int_equal(embps_ckpt_restore_choose(ck, dir, rdir, sizeof(rdir), &round, &err),
+                   EMBPS_NOT_FOUND);
+  assert_true(has(err.message, "not a complete checkpoint"));
+  ckpt_dir(ck, sizeof(ck), dir, 77);
+  assert_int_equal(embps_ckpt_restore_choose(ck, dir, rdir, sizeof(rdir), &round, &err),
+                   EMBPS_NOT_FOUND);
+  assert_true(has(err.message, ck));
+  source_free(&a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       T(test_read_refusals),
       T(test_incremental_chain),
       T(test_chain_loop),
+      T(test_restore_choose),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
