@@ -131,6 +131,13 @@ embps_status_t embps_ckpt_list(const char *dir, embps_ckpt_manifest_t **out, siz
 void embps_ckpt_list_free(embps_ckpt_manifest_t *list, size_t n);
 
 /**
+ * As embps_ckpt_list, but only the newest `max` complete checkpoints (still by ascending round):
+ * what an operator's listing shows. Free with embps_ckpt_list_free. Errors as embps_ckpt_list.
+ */
+embps_status_t embps_ckpt_list_newest(const char *dir, size_t max, embps_ckpt_manifest_t **out,
+                                      size_t *n, embps_error_t *err);
+
+/**
  * Removes what retention no longer needs, once a newer checkpoint is complete: complete
  * checkpoints beyond the newest `keep` of the same scope (never one that a kept incremental
  * checkpoint chains back to), and incomplete checkpoint directories older than the newest

@@ -121,6 +121,18 @@ void embps_ckpt_list_free(embps_ckpt_manifest_t *list, size_t n) {
   embps_free(list);
 }
 
+embps_status_t embps_ckpt_list_newest(const char *dir, size_t max, embps_ckpt_manifest_t **out,
+                                      size_t *n, embps_error_t *err) {
+  embps_status_t ret = embps_ckpt_list(dir, out, n, err);
+  if (ret != EMBPS_OK || *n <= max)
+    return ret;
+  for (size_t i = 0; i < *n - max; i++)
+    embps_ckpt_manifest_free(&(*out)[i]);
+  memmove(*out, *out + (*n - max), max * sizeof(**out));
+  *n = max;
+  return EMBPS_OK;
+}
+
 /* ---- removing and pruning ------------------------------------------------------------------- */
 
 embps_status_t embps_ckpt_remove(const char *ckpt_dir, embps_error_t *err) {

@@ -288,13 +288,45 @@ static void test_dir_lock(void **state) {
   assert_true(has(err.message, path));
 }
 
+/* The newest few of many, as ListCheckpoints shows them. */
+static void test_list_newest(void **state) {
+  const fixture_t *fx = *state;
+  embps_ckpt_manifest_t *list;
+  size_t n;
+  embps_error_t err;
+  source_t a;
+  char path[256];
+  source_init(&a, "a", 10, 4, EMBPS_DTYPE_F32, EMBPS_OPTIMIZER_SGD);
+  source_fill(&a, 1, NULL);
+  for (uint64_t r = 1; r <= 6; r++)
+    write_full(fx->dir, r * 10, 1, &a);
+  write_incomplete(fx->dir, 70, &a);
+  assert_int_equal(embps_ckpt_list_newest(fx->dir, 3, &list, &n, &err), EMBPS_OK);
+  assert_int_equal(n, 3);
+  assert_int_equal(list[0].round, 40);
+  assert_int_equal(list[1].round, 50);
+  assert_int_equal(list[2].round, 60);
+  assert_int_equal(list[2].num_tables, 1);
+  assert_string_equal(list[2].tables[0].name, "a");
+  embps_ckpt_list_free(list, n);
+  /* fewer than asked: all of them */
+  assert_int_equal(embps_ckpt_list_newest(fx->dir, 64, &list, &n, &err), EMBPS_OK);
+  assert_int_equal(n, 6);
+  assert_int_equal(list[0].round, 10);
+  embps_ckpt_list_free(list, n);
+  assert_int_equal(embps_ckpt_list_newest(fx->dir, 0, &list, &n, &err), EMBPS_OK);
+  assert_int_equal(n, 0);
+  embps_ckpt_list_free(list, n);
+  snprintf(path, sizeof(path), "%s/gone", fx->dir);
+  assert_int_equal(embps_ckpt_list_newest(path, 3, &list, &n, &err), EMBPS_NOT_FOUND);
+  assert_int_equal(n, 0);
+  source_free(&a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_names),
-      T(test_list_and_prune),
-      T(test_prune_keep_zero),
-      T(test_dir_check),
-      T(test_dir_lock),
+      cmocka_unit_test(test_names), T(test_list_and_prune), T(test_prune_keep_zero),
+      T(test_list_newest),          T(test_dir_check),      T(test_dir_lock),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
