@@ -322,9 +322,10 @@ static int group_secret(const embps_settings_t *set, uint32_t size, uint8_t *sec
 }
 
 /* Checkpoints: the directory must exist and be writable (every rank checks), the leader locks
- * it against a second group, and --restore names the checkpoint to start from (*restore_round
- * 0: none), which joins the identity, so that ranks that would restore different ones refuse
- * each other. Returns 0, or -1 with the reason printed. */
+ * it against a second group, and --restore names the checkpoint to start from (the store's
+ * embps_ckpt_restore_choose decides; *restore_round 0: none), which joins the identity, so that
+ * ranks that would restore different ones refuse each other. Returns 0, or -1 with the reason
+ * printed. */
 static int checkpoint_setup(const embps_settings_t *set, uint32_t rank, uint32_t size,
                             char *identity, size_t cap, char *restore_dir, size_t rd_cap,
                             uint64_t *restore_round) {
@@ -352,41 +353,10 @@ static int checkpoint_setup(const embps_settings_t *set, uint32_t rank, uint32_t
       return -1;
     }
   }
-  if (strcmp(set->restore, "none") == 0) {
-  } else if (strcmp(set->restore, "auto") == 0) {
-    embps_ckpt_manifest_t *list = NULL;
-    size_t n = 0;
-    if (dir[0]) {
-      if (embps_ckpt_list(dir, &list, &n, &err) != EMBPS_OK) {
-        fprintf(stderr, "embps-server: --restore auto: %s\n", err.message);
-        return -1;
-      }
-      for (size_t i = n; i-- > 0 && !*restore_round;)
-        if (!list[i].scope[0])
-          *restore_round = list[i].round;
-      embps_ckpt_list_free(list, n);
-      snprintf(restore_dir, rd_cap, "%s", dir);
-    }
-  } else {
-    char path[EMBPS_CKPT_PATH_MAX], *slash;
-    embps_ckpt_manifest_t m;
-    size_t len;
-    snprintf(path, sizeof(path), "%s", set->restore);
-    while ((len = strlen(path)) > 1 && path[len - 1] == '/')
-      path[len - 1] = '\0';
-    if (embps_ckpt_read_manifest(path, &m, &err) != EMBPS_OK) {
-      fprintf(stderr, "embps-server: --restore %s: %s\n", set->restore, err.message);
-      return -1;
-    }
-    *restore_round = m.round;
-    embps_ckpt_manifest_free(&m);
-    slash = strrchr(path, '/');
-    if (slash == path)
-      snprintf(restore_dir, rd_cap, "/");
-    else if (slash)
-      snprintf(restore_dir, rd_cap, "%.*s", (int)(slash - path), path);
-    else
-      snprintf(restore_dir, rd_cap, ".");
+  if (embps_ckpt_restore_choose(set->restore, dir, restore_dir, rd_cap, restore_round, &err) !=
+      EMBPS_OK) {
+    fprintf(stderr, "embps-server: --restore %s: %s\n", set->restore, err.message);
+    return -1;
   }
   if (*restore_round)
     EMBPS_INFO("restoring the checkpoint of round %llu from %s", (unsigned long long)*restore_round,

@@ -683,7 +683,8 @@ typedef struct list_job {
 static void list_read(uv_work_t *w) {
   list_job_t *j = w->data;
   embps_error_clear(&j->err);
-  if (embps_ckpt_list(j->dir, &j->list, &j->n, &j->err) != EMBPS_OK) {
+  /* The newest 64 are plenty for an operator; older ones are listed on disk. */
+  if (embps_ckpt_list_newest(j->dir, 64, &j->list, &j->n, &j->err) != EMBPS_OK) {
     j->list = NULL;
     j->n = 0;
   }
@@ -699,14 +700,6 @@ static void list_answer(list_job_t *j) {
   if (j->err.status != EMBPS_OK) {
     fail_call(j->call, &j->err);
     goto exit;
-  }
-  /* The newest 64 are plenty for an operator; older ones are listed on disk. */
-  if (n > 64) {
-    embps_ckpt_manifest_t *keep = j->list + (n - 64);
-    for (size_t i = 0; i < n - 64; i++)
-      embps_ckpt_manifest_free(&j->list[i]);
-    memmove(j->list, keep, 64 * sizeof(*j->list));
-    j->n = n = 64;
   }
   for (size_t i = 0; i < n; i++)
     total_tables += j->list[i].num_tables;

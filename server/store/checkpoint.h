@@ -22,7 +22,7 @@
  * previous one back to a full checkpoint; reading applies the chain.
  *
  * The byte layouts (all integers little-endian, floats as their IEEE-754 bits) are documented in
- * checkpoint.c. */
+ * ckpt_codec.c; ckpt_internal.h lists the modules behind this header. */
 #ifndef EMBPS_CHECKPOINT_H
 #define EMBPS_CHECKPOINT_H
 
@@ -131,6 +131,13 @@ embps_status_t embps_ckpt_list(const char *dir, embps_ckpt_manifest_t **out, siz
 void embps_ckpt_list_free(embps_ckpt_manifest_t *list, size_t n);
 
 /**
+ * As embps_ckpt_list, but only the newest `max` complete checkpoints (still by ascending round):
+ * what an operator's listing shows. Free with embps_ckpt_list_free. Errors as embps_ckpt_list.
+ */
+embps_status_t embps_ckpt_list_newest(const char *dir, size_t max, embps_ckpt_manifest_t **out,
+                                      size_t *n, embps_error_t *err);
+
+/**
  * Removes what retention no longer needs, once a newer checkpoint is complete: complete
  * checkpoints beyond the newest `keep` of the same scope (never one that a kept incremental
  * checkpoint chains back to), and incomplete checkpoint directories older than the newest
@@ -183,5 +190,23 @@ typedef struct embps_ckpt_dest {
 embps_status_t embps_ckpt_read_columns(const char *dir, const embps_ckpt_manifest_t *m,
                                        const char *table, embps_ckpt_dest_t *dst,
                                        embps_error_t *err);
+
+/**
+ * Which checkpoint a starting rank restores, as the --restore setting `restore` says, with
+ * `ckpt_dir` the checkpoint directory ("" when checkpoints are off):
+ *   "none"  none;
+ *   "auto"  the newest complete checkpoint of every table (scope "") in ckpt_dir; none when it
+ *           holds none (the group starts empty) or checkpoints are off;
+ *   a path  that checkpoint's directory (trailing slashes ignored), whose manifest must verify.
+ * *round gets the checkpoint's round (0: none), and restore_dir (cap bytes) the directory that
+ * holds it and its chain, as embps_ckpt_read_columns takes it ("" when none is looked for; for
+ * "auto", ckpt_dir even when it holds none). Every rank decides alike from the same directory;
+ * the caller makes sure they agree (the round joins the group's identity). Returns EMBPS_OK; for
+ * "auto" the errors of embps_ckpt_list, for a path those of embps_ckpt_read_manifest (NOT_FOUND
+ * when it is no complete checkpoint), err saying why.
+ */
+embps_status_t embps_ckpt_restore_choose(const char *restore, const char *ckpt_dir,
+                                         char *restore_dir, size_t cap, uint64_t *round,
+                                         embps_error_t *err);
 
 #endif

@@ -453,9 +453,6 @@ embps_table_t *embps_store_at(const embps_store_t *store, size_t i) {
   return t;
 }
 
-uint32_t embps_store_group_size(const embps_store_t *store) { return store->group_size; }
-uint32_t embps_store_rank(const embps_store_t *store) { return store->rank; }
-
 embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *cfg, uint32_t rank,
                                uint32_t group_size) {
   embps_table_t *t;

@@ -244,7 +244,4 @@ uint64_t embps_store_budget_cost(const embps_store_t *store, uint64_t bytes);
 uint64_t embps_store_budget_used(const embps_store_t *store);
 uint64_t embps_store_budget_max(const embps_store_t *store);
 
-uint32_t embps_store_group_size(const embps_store_t *store);
-uint32_t embps_store_rank(const embps_store_t *store);
-
 #endif

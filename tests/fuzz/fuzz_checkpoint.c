@@ -1,6 +1,6 @@
-/* Fuzz target: the checkpoint files a restore reads (server/store/checkpoint.c, compiled in so
- * the manifest parser is reached directly): a MANIFEST, and a slice file restored through
- * embps_ckpt_read_columns, the way a starting server reads them.
+/* Fuzz target: the checkpoint files a restore reads: a MANIFEST through the codec's decoder
+ * (server/store/ckpt_codec.c, reached directly through the store's private ckpt_internal.h), and
+ * a slice file restored through embps_ckpt_read_columns, the way a starting server reads them.
  *
  * The first byte picks what the rest is: bit 0 a manifest (0) or a slice file (1) of table
  * (bit 1) of fuzz_ckpt_tables.h; bit 2 whether the target first rewrites every length and
@@ -10,9 +10,18 @@
  * table's size, so a row scattered outside them trips AddressSanitizer. Checked: a manifest
  * that parses is self-consistent, every refusal is one of the documented statuses with a
  * message, and nothing leaks. */
-#include "server/store/checkpoint.c"
-
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/byteorder.h"
+#include "common/dtype.h"
+#include "server/store/checkpoint.h"
+#include "server/store/ckpt_internal.h"
 
 #include "tests/fuzz/fuzz_ckpt_tables.h"
 
@@ -45,7 +54,7 @@ static void make_dir(void) {
 }
 
 static void put_crc_at(uint8_t *p, size_t off, size_t len) {
-  embps_put_le32(p + off + len, crc(0, p + off, len));
+  embps_put_le32(p + off + len, embps__ckpt_crc(0, p + off, len));
 }
 
 /* Rewrites a manifest's body length and checksum to match its bytes. */
@@ -61,24 +70,24 @@ static void fix_manifest(uint8_t *p, size_t len) {
 static void fix_slice(uint8_t *p, size_t len) {
   uint32_t hlen, blocks_crc = 0;
   size_t off;
-  uint8_t c4[4];
   if (len < 20)
     return;
   hlen = embps_get_le32(p + 12);
-  if (hlen < 20 || hlen > HEADER_MAX || hlen > len)
+  if (hlen < 20 || hlen > EMBPS__CKPT_HEADER_MAX || hlen > len)
     return;
   put_crc_at(p, 0, hlen - 4);
-  for (off = hlen; len - off > TRAILER_BYTES && len - off - TRAILER_BYTES >= BLOCK_HEADER;) {
+  for (off = hlen; len - off > EMBPS__CKPT_TRAILER_BYTES &&
+                   len - off - EMBPS__CKPT_TRAILER_BYTES >= EMBPS__CKPT_BLOCK_HEADER;) {
     uint32_t plen = embps_get_le32(p + off + 12);
-    if (plen > len - off - BLOCK_HEADER - TRAILER_BYTES)
+    if (plen > len - off - EMBPS__CKPT_BLOCK_HEADER - EMBPS__CKPT_TRAILER_BYTES)
       break;
-    uint32_t c = crc(crc(0, p + off, 16), p + off + BLOCK_HEADER, plen);
+    uint32_t c =
+        embps__ckpt_crc(embps__ckpt_crc(0, p + off, 16), p + off + EMBPS__CKPT_BLOCK_HEADER, plen);
     embps_put_le32(p + off + 16, c);
-    embps_put_le32(c4, c);
-    blocks_crc = crc(blocks_crc, c4, 4);
-    off += BLOCK_HEADER + plen;
+    blocks_crc = embps__ckpt_blocks_crc_add(blocks_crc, c);
+    off += EMBPS__CKPT_BLOCK_HEADER + plen;
   }
-  if (len - off == TRAILER_BYTES) {
+  if (len - off == EMBPS__CKPT_TRAILER_BYTES) {
     embps_put_le32(p + off + 24, blocks_crc);
     put_crc_at(p, off, 28);
   }
@@ -97,7 +106,7 @@ static void fuzz_manifest(uint8_t *p, size_t len) {
   embps_error_t err;
   embps_status_t st;
   memset(&m, 0, sizeof(m));
-  st = parse_manifest("fuzz/MANIFEST", p, len, &m, &err);
+  st = embps__ckpt_manifest_decode("fuzz/MANIFEST", p, len, &m, &err);
   check_status(st, &err);
   if (st == EMBPS_OK) {
     if (!m.group_size || (m.num_tables && !m.tables) || (m.num_files && !m.files))
@@ -128,7 +137,7 @@ static void fuzz_slice(int which, const uint8_t *p, size_t len) {
   snprintf(file, sizeof(file), "%s/%s", path, name);
   if ((fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0)
     abort();
-  if (write_all(fd, p, len) != 0)
+  if (embps__ckpt_write_all(fd, p, len) != 0)
     abort();
   close(fd);
 

@@ -1,7 +1,7 @@
 /* Writes the fuzz targets' seed corpora (tests/fuzz/corpus/<target>/) from the project's own
  * encoders: requests packed by protobuf-c and sent by the in-memory HTTP/2 client of the net
  * tests, the server core's real replies to them, the group's frames from control.c's encoders,
- * checkpoint files from checkpoint.c's writer. Seeds are real traffic, so the fuzzers start past
+ * checkpoint files from the store's slice writer. Seeds are real traffic, so the fuzzers start past
  * the preface, the framing and the checksums.
  *
  *   fuzz_gen_corpus DIR   (DIR: tests/fuzz/corpus; the output is deterministic) */

@@ -463,7 +463,7 @@ class FaultTest(TmpDirs, unittest.TestCase):
             self.assertIn(f, out)
 
     def test_checksums_are_zlibs_crc32(self):
-        # The format's checksums are zlib's crc32 (checkpoint.c computes them with ISA-L), so any
+        # The format's checksums are zlib's crc32 (ckpt_codec.c computes them with ISA-L), so any
         # tool can verify a file: the header's, and every block's over its 16 bytes and payload.
         d, path = self.written(1)
         data = read_bytes(os.path.join(path, "r0-f.embps"))

@@ -1,0 +1,223 @@
+/* The restore chain: a table's columns as a checkpoint holds them, whatever group size wrote it
+ * and however many ranks read it back. A full checkpoint is read directly; an incremental one
+ * through its chain, found by following base_round back to the full checkpoint (or to the first
+ * that held every row of a table created since), then applied oldest first so later rows
+ * overwrite earlier ones. Each file is checked against its manifest (rank, columns, round, table
+ * spec) before its rows are taken, so a file moved into the wrong place is refused, not read.
+ *
+ * Also here: which checkpoint a starting rank restores (the --restore setting's policy), since
+ * it is a question about what the directory holds. */
+#include "server/store/ckpt_internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+
+static const embps_table_config_t *find_table(const embps_ckpt_manifest_t *m, const char *t) {
+  for (size_t i = 0; i < m->num_tables; i++)
+    if (strcmp(m->tables[i].name, t) == 0)
+      return &m->tables[i];
+  return NULL;
+}
+
+static const embps_ckpt_file_t *find_file(const embps_ckpt_manifest_t *m, const char *t,
+                                          uint32_t rank) {
+  for (size_t i = 0; i < m->num_files; i++)
+    if (m->files[i].rank == rank && strcmp(m->files[i].table, t) == 0)
+      return &m->files[i];
+  return NULL;
+}
+
+/* Applies one checkpoint's files of `table` (whose spec it lists as cfg) onto dst. *full is set
+ * when the files held every row. */
+static embps_status_t apply_checkpoint(const char *dir, const embps_ckpt_manifest_t *m,
+                                       const embps_table_config_t *cfg, embps_ckpt_dest_t *dst,
+                                       int *full, embps_error_t *err) {
+  const uint32_t g = m->group_size, sw = cfg->emb_width / g;
+  char ckpt[EMBPS_CKPT_PATH_MAX], name[EMBPS_TABLE_NAME_MAX + 32];
+  char path[EMBPS_CKPT_PATH_MAX + EMBPS_TABLE_NAME_MAX + 40];
+  int per_row_taken = 0;
+
+  if (!sw || cfg->emb_width % g)
+    return embps_error_set(err, EMBPS_DATA_LOSS,
+                           "checkpoint of round %" PRIu64 ": table '%s' of width %" PRIu32
+                           " cannot have been written by %" PRIu32 " ranks",
+                           m->round, cfg->name, cfg->emb_width, g);
+  embps_ckpt_path(ckpt, sizeof(ckpt), dir, m->round);
+  *full = 1;
+  for (uint32_t rank = 0; rank < g; rank++) {
+    const uint32_t fb = rank * sw, lo = fb > dst->col_begin ? fb : dst->col_begin;
+    const uint32_t hi =
+        fb + sw < dst->col_begin + dst->shard_width ? fb + sw : dst->col_begin + dst->shard_width;
+    const embps_ckpt_file_t *fe = find_file(m, cfg->name, rank);
+    embps__ckpt_scatter_t sc;
+    embps__ckpt_in_t f;
+    uint64_t covered = 0;
+    embps_status_t ret;
+
+    if (lo >= hi)
+      continue; /* none of our columns */
+    embps_ckpt_slice_name(name, sizeof(name), rank, cfg->name);
+    snprintf(path, sizeof(path), "%s/%s", ckpt, name);
+    if (!fe)
+      return embps_error_set(err, EMBPS_DATA_LOSS, "the manifest of %s does not list %s", ckpt,
+                             name);
+    ret = embps__ckpt_in_open(&f, path, fe->bytes, err);
+    if (ret == EMBPS_OK &&
+        (f.h.rank != rank || f.h.group_size != g || f.h.col_begin != fb || f.h.shard_width != sw ||
+         f.h.round != m->round || f.h.base_round != m->base_round ||
+         !embps__ckpt_same_config(&f.h.config, cfg)))
+      ret = embps_error_set(err, EMBPS_DATA_LOSS,
+                            "checkpoint file %s does not match its manifest (rank, group size, "
+                            "columns, round or table spec differ)",
+                            path);
+    if (ret == EMBPS_OK) {
+      sc = (embps__ckpt_scatter_t){.dst = dst,
+                                   .from = lo - fb,
+                                   .width = hi - lo,
+                                   .to = lo - dst->col_begin,
+                                   .per_row = !per_row_taken};
+      ret = embps__ckpt_apply_file(&f, &sc, &covered, err);
+    }
+    embps__ckpt_in_close(&f);
+    if (ret != EMBPS_OK)
+      return ret;
+    per_row_taken = 1;
+    dst->step = f.h.step;
+    if (covered != cfg->rows)
+      *full = 0;
+  }
+  return EMBPS_OK;
+}
+
+embps_status_t embps_ckpt_read_columns(const char *dir, const embps_ckpt_manifest_t *m,
+                                       const char *table, embps_ckpt_dest_t *dst,
+                                       embps_error_t *err) {
+  const embps_table_config_t *cfg = find_table(m, table);
+  embps_ckpt_manifest_t *chain = NULL; /* chain[0] is m's base, chain[1] its base, ... */
+  size_t depth = 0, cap = 0;
+  embps_status_t ret = EMBPS_OK;
+  int started = 0;
+
+  if (!cfg)
+    return embps_error_set(err, EMBPS_NOT_FOUND,
+                           "the checkpoint of round %" PRIu64 " holds no table '%s'", m->round,
+                           table);
+  if (!dst->shard_width || (uint64_t)dst->col_begin + dst->shard_width > cfg->emb_width)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "columns %" PRIu32 "+%" PRIu32 " are outside table '%s' (width %" PRIu32
+                           ")",
+                           dst->col_begin, dst->shard_width, table, cfg->emb_width);
+  /* Back through the chain to its full checkpoint. */
+  for (uint64_t base = m->base_round, above = m->round; base;
+       above = base, base = chain[depth - 1].base_round) {
+    char path[EMBPS_CKPT_PATH_MAX];
+    embps_error_t why;
+    if (base >= above) {
+      ret = embps_error_set(err, EMBPS_DATA_LOSS,
+                            "the checkpoint chain is broken: round %" PRIu64
+                            " claims to apply on round %" PRIu64,
+                            above, base);
+      goto exit;
+    }
+    if (depth == cap) {
+      embps_ckpt_manifest_t *p = embps_realloc(chain, (cap = cap ? cap * 2 : 8) * sizeof(*p));
+      if (!p) {
+        ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory reading a chain");
+        goto exit;
+      }
+      chain = p;
+    }
+    embps_ckpt_path(path, sizeof(path), dir, base);
+    if (embps_ckpt_read_manifest(path, &chain[depth], &why) != EMBPS_OK) {
+      ret = embps_error_set(err, EMBPS_DATA_LOSS,
+                            "the incremental checkpoint of round %" PRIu64
+                            " applies on round %" PRIu64 ", which cannot be read: %s",
+                            above, base, why.message);
+      goto exit;
+    }
+    depth++;
+  }
+  /* Oldest first: the full checkpoint (or the first that held every row of a table created
+   * since), then each increment. */
+  for (size_t i = depth + 1; i-- > 0;) {
+    const embps_ckpt_manifest_t *c = i == 0 ? m : &chain[i - 1];
+    const embps_table_config_t *tc = find_table(c, table);
+    int full = 0;
+    if (!tc)
+      continue;
+    if (tc->rows != cfg->rows || tc->emb_width != cfg->emb_width || tc->dtype != cfg->dtype ||
+        tc->optimizer != cfg->optimizer) {
+      ret = embps_error_set(err, EMBPS_DATA_LOSS,
+                            "the checkpoint chain is broken: table '%s' differs between rounds "
+                            "%" PRIu64 " and %" PRIu64,
+                            table, c->round, m->round);
+      goto exit;
+    }
+    if ((ret = apply_checkpoint(dir, c, tc, dst, &full, err)) != EMBPS_OK)
+      goto exit;
+    if (!started && !full && c->base_round) {
+      ret = embps_error_set(err, EMBPS_DATA_LOSS,
+                            "the checkpoint chain is broken: the oldest checkpoint of round "
+                            "%" PRIu64 " that holds table '%s' does not hold all of it",
+                            c->round, table);
+      goto exit;
+    }
+    started = 1;
+  }
+exit:
+  for (size_t i = 0; i < depth; i++)
+    embps_ckpt_manifest_free(&chain[i]);
+  embps_free(chain);
+  return ret;
+}
+
+/* ---- which checkpoint a starting rank restores ---------------------------------------------- */
+
+embps_status_t embps_ckpt_restore_choose(const char *restore, const char *ckpt_dir,
+                                         char *restore_dir, size_t cap, uint64_t *round,
+                                         embps_error_t *err) {
+  char path[EMBPS_CKPT_PATH_MAX], *slash;
+  embps_ckpt_manifest_t m;
+  size_t len;
+  embps_status_t ret;
+
+  *round = 0;
+  restore_dir[0] = '\0';
+  if (strcmp(restore, "none") == 0)
+    return EMBPS_OK;
+  if (strcmp(restore, "auto") == 0) {
+    embps_ckpt_manifest_t *list = NULL;
+    size_t n = 0;
+    if (!ckpt_dir[0]) /* checkpoints off: nothing to look for */
+      return EMBPS_OK;
+    if ((ret = embps_ckpt_list(ckpt_dir, &list, &n, err)) != EMBPS_OK)
+      return ret;
+    /* The newest of every table; a checkpoint of one table (its scope) alone would lose the
+     * others. None: the group starts empty. */
+    for (size_t i = n; i-- > 0 && !*round;)
+      if (!list[i].scope[0])
+        *round = list[i].round;
+    embps_ckpt_list_free(list, n);
+    snprintf(restore_dir, cap, "%s", ckpt_dir);
+    return EMBPS_OK;
+  }
+  /* A checkpoint's own directory: it must be complete; its parent holds its chain. */
+  snprintf(path, sizeof(path), "%s", restore);
+  while ((len = strlen(path)) > 1 && path[len - 1] == '/')
+    path[len - 1] = '\0';
+  if ((ret = embps_ckpt_read_manifest(path, &m, err)) != EMBPS_OK)
+    return ret;
+  *round = m.round;
+  embps_ckpt_manifest_free(&m);
+  slash = strrchr(path, '/');
+  if (slash == path)
+    snprintf(restore_dir, cap, "/");
+  else if (slash)
+    snprintf(restore_dir, cap, "%.*s", (int)(slash - path), path);
+  else
+    snprintf(restore_dir, cap, ".");
+  return EMBPS_OK;
+}
