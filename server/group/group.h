@@ -186,9 +186,6 @@ void embps_group_comm_stats(embps_group_t *group, embps_comm_stats_t *out);
 /** The checkpoint directory; NULL when checkpoints are off. */
 const char *embps_group_checkpoint_dir(const embps_group_t *group);
 
-/** Ops submitted and not yet completed. */
-uint64_t embps_group_pending(const embps_group_t *group);
-
 /**
  * Fails what is still parked (UNAVAILABLE: shutting down), stops the thread and closes the
  * async handle; the done callbacks still run on the loop. Call embps_group_free after the loop
