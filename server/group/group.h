@@ -13,7 +13,7 @@
 #include "server/comm/comm.h"
 #include "server/engine/engine.h"
 #include "server/group/mesh.h"
-#include "server/metrics/hist.h"
+#include "common/hist.h"
 #include "server/store/store.h"
 
 typedef struct embps_group embps_group_t;
