@@ -307,7 +307,7 @@ static embps_status_t serve_pending(embps__boot_t *b, pending_t *pend, size_t *n
       EMBPS_DEBUG("rank %u: ignored a connection that is not an embps peer", b->rank);
   } else if (rc == READ_REFUSE) {
     refuse(b, p, why);
-  } else if (embps__judge_hello(b->rank, b->size, b->identity, &p->hello, p->identity,
+  } else if (embps__judge_hello(b->rank, b->size, b->identity, &p->hello, p->identity, p->addr,
                                 b->control_fds, b->data_fds, why, sizeof(why))) {
     /* Judged again after the answer: another connection may have taken the rank meanwhile. */
     refuse(b, p, why);
