@@ -52,8 +52,8 @@ void embps__boot_close_fd(int *fd);
  * peer accepted (non-blocking; with peer TLS the plaintext end of its relay). Otherwise err says
  * why: FAILED_PRECONDITION (refused, the group secret check, TLS), DEADLINE_EXCEEDED,
  * CANCELLED, RESOURCE_EXHAUSTED or INTERNAL. */
-embps_status_t embps__boot_connect_peer(embps__boot_t *b, uint32_t peer, uint8_t kind,
-                                        int *fd_out, embps_error_t *err);
+embps_status_t embps__boot_connect_peer(embps__boot_t *b, uint32_t peer, uint8_t kind, int *fd_out,
+                                        embps_error_t *err);
 
 /* ---- bootstrap_accept.c ---------------------------------------------------------------------- */
 

@@ -27,8 +27,9 @@
 #include "common/clock.h"
 #include "common/log.h"
 
-#define CKPT_ID_BIT (UINT64_C(3) << 62) /* the leader's own ids for checkpoints (with the round)   \
-                                         */
+/* The leader's own batch ids for checkpoints (with the round); creates and drops have theirs
+ * (rounds.c). */
+#define CKPT_ID_BIT (UINT64_C(3) << 62)
 
 struct embps__ckpt_request {
   uint32_t rank;

@@ -120,8 +120,7 @@ void embps__group_on_async(uv_async_t *handle);
 void embps__group_complete(embps_group_t *g, embps_op_t *op);
 
 /** Answers op with status and msg (any thread). */
-void embps__group_fail_op(embps_group_t *g, embps_op_t *op, embps_status_t status,
-                          const char *msg);
+void embps__group_fail_op(embps_group_t *g, embps_op_t *op, embps_status_t status, const char *msg);
 
 /** Breaks the group on this rank, with why, and tells the other ranks. */
 void embps__group_break(embps_group_t *g, const char *why);
