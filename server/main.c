@@ -17,6 +17,7 @@
 #include "common/cpus.h"
 #include "common/hostport.h"
 #include "common/log.h"
+#include "common/tls.h"
 #include "server/engine/engine.h"
 #include "server/group/group.h"
 #include "server/metrics/metrics.h"
@@ -288,6 +289,28 @@ static int peer_tls(const embps_settings_t *set, embps_group_peer_tls_t **out) {
   return 0;
 }
 
+/* The client port's TLS files (--tls-cert, --tls-key, --tls-client-ca), read and checked now,
+ * before the group starts forming: a bad one stops this rank before its peers see it join. The
+ * network layer reads them again when it sets up TLS (open_listeners). Returns 0, or -1 with
+ * the reason (the flag and the file) printed. */
+static int check_client_tls(const embps_settings_t *set) {
+  SSL_CTX *ctx = NULL;
+  embps_error_t err;
+  int ret = 0;
+  if (!set->tls_cert[0])
+    return 0;
+  if (embps_tls_ctx_new(&ctx, TLS_server_method(), &err) != EMBPS_OK ||
+      embps_tls_load_identity(ctx, set->tls_cert, "--tls-cert", set->tls_key, "--tls-key", &err) !=
+          EMBPS_OK ||
+      (set->tls_client_ca[0] &&
+       embps_tls_load_ca(ctx, set->tls_client_ca, "--tls-client-ca", &err) != EMBPS_OK)) {
+    fprintf(stderr, "embps-server: %s\n", err.message);
+    ret = -1;
+  }
+  SSL_CTX_free(ctx);
+  return ret;
+}
+
 /* The group secret: read from --group-secret-file, refused when unusable, warned about when
  * others may read it (only warned: Kubernetes mounts secrets 0644 unless defaultMode says
  * otherwise) or when a group runs without one. Whether a secret is set joins the identity, so
@@ -509,6 +532,9 @@ int main(int argc, char **argv) {
     }
   }
   if (peer_tls(&set, &s.peer_tls) != 0)
+    return 2;
+  /* Every file the flags name is read by now: the group forms only after this. */
+  if (check_client_tls(&set) != 0)
     return 2;
 
   memset(&scfg, 0, sizeof(scfg));

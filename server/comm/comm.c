@@ -16,7 +16,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "server/metrics/hist.h"
+#include "common/hist.h"
 
 embps_status_t embps__comm_break(embps_comm_t *c, embps_error_t *err, embps_status_t status,
                                  const char *file, int line, const char *fmt, ...) {

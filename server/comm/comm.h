@@ -12,7 +12,7 @@
 
 #include "common/status.h"
 
-typedef struct embps_hist embps_hist_t; /* server/metrics/hist.h */
+typedef struct embps_hist embps_hist_t; /* common/hist.h */
 
 typedef struct embps_comm embps_comm_t;
 

@@ -106,9 +106,36 @@ int embps__identity_differs(const char *here, uint32_t here_rank, const char *th
   return 0; /* same keys and values, in another order or with blank lines */
 }
 
+/* The identity's key for the group secret (server/main.c writes it): "none", or the check's
+ * algorithm. */
+#define SECRET_KEY "group_secret"
+#define NO_SECRET "none"
+
+/* Whether one side has a group secret and the other none; then why says so, in the words the
+ * README gives for a rank that cannot pass the group secret check. */
+static int secret_differs(const char *here, uint32_t here_rank, const char *there,
+                          uint32_t there_rank, const char *addr, char *why, size_t cap) {
+  line_t h, t;
+  int here_none, there_none;
+  if (!find_key(here, SECRET_KEY, strlen(SECRET_KEY), &h) ||
+      !find_key(there, SECRET_KEY, strlen(SECRET_KEY), &t))
+    return 0;
+  here_none = h.vlen == strlen(NO_SECRET) && memcmp(h.val, NO_SECRET, h.vlen) == 0;
+  there_none = t.vlen == strlen(NO_SECRET) && memcmp(t.val, NO_SECRET, t.vlen) == 0;
+  if (here_none == there_none)
+    return 0; /* both without, or both with (another algorithm is a plain difference) */
+  snprintf(why, cap,
+           "rank %u at %s failed the group secret check: it has %s group secret and rank %u has "
+           "%s (" SECRET_KEY " is '%.*s%s' there and '%.*s%s' here); start every rank with the "
+           "same --group-secret-file",
+           there_rank, addr, there_none ? "no" : "a", here_rank, there_none ? "one" : "none",
+           clip(t.vlen), t.val, ellipsis(t.vlen), clip(h.vlen), h.val, ellipsis(h.vlen));
+  return 1;
+}
+
 int embps__judge_hello(uint32_t rank, uint32_t size, const char *here_identity,
-                       const embps__hello_t *h, const char *identity, const int *control_fds,
-                       const int *data_fds, char *why, size_t cap) {
+                       const embps__hello_t *h, const char *identity, const char *addr,
+                       const int *control_fds, const int *data_fds, char *why, size_t cap) {
   if (h->size != size) {
     snprintf(why, cap, "rank %u's group size differs from rank %u's: size is %u there and %u here",
              h->rank, rank, h->size, size);
@@ -133,6 +160,8 @@ int embps__judge_hello(uint32_t rank, uint32_t size, const char *here_identity,
              h->kind == EMBPS_GROUP_CONN_CONTROL ? "control" : "data", rank, h->rank);
     return 1;
   }
+  if (secret_differs(here_identity, rank, identity, h->rank, addr, why, cap))
+    return 1;
   return embps__identity_differs(here_identity, rank, identity, h->rank, why, cap);
 }
 

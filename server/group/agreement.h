@@ -23,15 +23,19 @@ int embps__identity_differs(const char *here, uint32_t here_rank, const char *th
                             uint32_t there_rank, char *why, size_t cap);
 
 /**
- * The acceptor's decision on a complete hello h whose identity is `identity` (NUL-terminated):
- * rank `rank` of `size`, holding control_fds/data_fds (size entries, -1 where not connected).
- * Checks, in this order, the group size, the connection kind, that the sender is a higher rank
- * not yet connected for that kind, and the identity. Returns 0 to accept, or 1 with why (cap
- * bytes) saying, from the acceptor's point of view, what differs.
+ * The acceptor's decision on a complete hello h whose identity is `identity` (NUL-terminated),
+ * from the connection that comes from addr ("HOST:PORT", for the message): rank `rank` of
+ * `size`, holding control_fds/data_fds (size entries, -1 where not connected). Checks, in this
+ * order, the group size, the connection kind, that the sender is a higher rank not yet
+ * connected for that kind, and the identity. Returns 0 to accept, or 1 with why (cap bytes)
+ * saying, from the acceptor's point of view, what differs. When one rank has a group secret
+ * and the other none (the identity's group_secret key), why is the README's sentence for it:
+ * "rank 1 at HOST:PORT failed the group secret check: it has no group secret and rank 0 has
+ * one (group_secret is 'none' there and 'hmac-sha256' here); ...".
  */
 int embps__judge_hello(uint32_t rank, uint32_t size, const char *here_identity,
-                       const embps__hello_t *h, const char *identity, const int *control_fds,
-                       const int *data_fds, char *why, size_t cap);
+                       const embps__hello_t *h, const char *identity, const char *addr,
+                       const int *control_fds, const int *data_fds, char *why, size_t cap);
 
 /**
  * Looks for two ranks among claims[0..n) (claims[r] is rank r's) that claim one device: the

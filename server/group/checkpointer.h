@@ -1,8 +1,8 @@
 /* A rank's part in checkpoints (DESIGN.md, Durability), internal to the group layer: capture
- * at the round boundary, a background writer, and restore at startup. The group's thread
- * decides when (group.c: the leader orders a checkpoint like a round, every rank captures when
- * it applies it, the leader writes the manifest once every rank's files are durable); this
- * module does the work, with the bytes on disk left to server/store/checkpoint.h.
+ * at the round boundary, a background writer, and restore at startup. The protocol between the
+ * ranks decides when (ckpt_leader.c: the leader orders a checkpoint like a round, every rank
+ * captures when it applies it, the leader writes the manifest once every rank's files are
+ * durable); this module does the work, with the bytes on disk left to server/store/checkpoint.h.
  *
  * Capture fixes each table's slice (rows and optimizer state) as it is after the checkpoint's
  * round into host snapshot buffers that live as long as the table, then hands them to the

@@ -13,7 +13,7 @@
 #include "server/comm/comm.h"
 #include "server/engine/engine.h"
 #include "server/group/mesh.h"
-#include "server/metrics/hist.h"
+#include "common/hist.h"
 #include "server/store/store.h"
 
 typedef struct embps_group embps_group_t;
@@ -185,9 +185,6 @@ void embps_group_comm_stats(embps_group_t *group, embps_comm_stats_t *out);
 
 /** The checkpoint directory; NULL when checkpoints are off. */
 const char *embps_group_checkpoint_dir(const embps_group_t *group);
-
-/** Ops submitted and not yet completed. */
-uint64_t embps_group_pending(const embps_group_t *group);
 
 /**
  * Fails what is still parked (UNAVAILABLE: shutting down), stops the thread and closes the

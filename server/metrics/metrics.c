@@ -362,7 +362,6 @@ embps_status_t embps_metrics_render(const embps_metrics_sources_t *src, char **o
 struct embps_metrics_server {
   struct MHD_Daemon *daemon;
   embps_metrics_sources_t src;
-  atomic_uintptr_t net; /* set after start, read by the HTTP thread */
   int port;
 };
 
@@ -390,9 +389,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     status = MHD_HTTP_NOT_FOUND;
     resp = MHD_create_response_from_buffer(sizeof(msg) - 1, (void *)msg, MHD_RESPMEM_PERSISTENT);
   } else {
-    embps_metrics_sources_t src = m->src;
-    src.net = (embps_net_t *)atomic_load(&m->net);
-    if (embps_metrics_render(&src, &body, &len) != EMBPS_OK) {
+    if (embps_metrics_render(&m->src, &body, &len) != EMBPS_OK) {
       static const char msg[] = "out of memory rendering the metrics\n";
       status = MHD_HTTP_INTERNAL_SERVER_ERROR;
       resp = MHD_create_response_from_buffer(sizeof(msg) - 1, (void *)msg, MHD_RESPMEM_PERSISTENT);
@@ -429,7 +426,6 @@ embps_status_t embps_metrics_server_start(embps_metrics_server_t **out, const ch
   if (!(m = embps_calloc(1, sizeof(*m))))
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for the metrics server");
   m->src = *src;
-  atomic_store(&m->net, (uintptr_t)src->net);
   if (ss.ss_family == AF_INET6)
     flags |= MHD_USE_IPv6;
   m->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_http, m, MHD_OPTION_SOCK_ADDR,
@@ -448,10 +444,6 @@ embps_status_t embps_metrics_server_start(embps_metrics_server_t **out, const ch
 }
 
 int embps_metrics_server_port(const embps_metrics_server_t *m) { return m->port; }
-
-void embps_metrics_server_set_net(embps_metrics_server_t *m, embps_net_t *net) {
-  atomic_store(&m->net, (uintptr_t)net);
-}
 
 void embps_metrics_server_stop(embps_metrics_server_t *m) {
   if (!m)

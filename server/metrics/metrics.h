@@ -18,7 +18,7 @@
 typedef struct embps_metrics_sources {
   embps_store_t *store;
   embps_group_t *group;
-  embps_net_t *net; /* may be NULL until set (no network series then) */
+  embps_net_t *net; /* NULL: no network series */
   double start_unix_s;
 } embps_metrics_sources_t;
 
@@ -41,9 +41,6 @@ embps_status_t embps_metrics_server_start(embps_metrics_server_t **out, const ch
 
 /** The port it listens on. */
 int embps_metrics_server_port(const embps_metrics_server_t *m);
-
-/** Sets the network layer whose series it serves (created after the server; borrowed). */
-void embps_metrics_server_set_net(embps_metrics_server_t *m, embps_net_t *net);
 
 /** Stops the thread and frees the server. NULL is a no-op. */
 void embps_metrics_server_stop(embps_metrics_server_t *m);

@@ -11,7 +11,7 @@
 #include <uv.h>
 
 #include "common/status.h"
-#include "server/metrics/hist.h"
+#include "common/hist.h"
 
 typedef struct embps_net embps_net_t;
 typedef struct embps_net_call embps_net_call_t;

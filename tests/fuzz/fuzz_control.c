@@ -40,8 +40,8 @@ static void fuzz_hello(const uint8_t *p, size_t n) {
     return;
   memcpy(identity, p + EMBPS__HELLO_HEADER_LEN, len);
   identity[len] = '\0';
-  if (embps__judge_hello(0, 4, HERE_IDENTITY, &h, identity, control_fds, data_fds, why,
-                         sizeof(why)) == 0) {
+  if (embps__judge_hello(0, 4, HERE_IDENTITY, &h, identity, "127.0.0.1:1", control_fds, data_fds,
+                         why, sizeof(why)) == 0) {
     /* Accepted: only a higher rank of this group, on a kind it has not connected yet. */
     if (h.size != 4 || h.rank == 0 || h.rank >= 4 || h.kind > 1 ||
         (h.kind == 0 ? control_fds : data_fds)[h.rank] != -1)

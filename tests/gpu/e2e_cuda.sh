@@ -175,7 +175,7 @@ stats=$(cli cuda stats --json) || fail "stats: $stats"
 echo "$stats" >"$OUTD/stats-before-bench.json"
 grep -q "\"backend\":\"$BACKEND\"" <<<"$stats" || fail "stats do not say backend $BACKEND: $(head -c 300 <<<"$stats")"
 echo "ok: stats say backend $BACKEND"
-# The collectives of a cuda group are NCCL's, even with one rank (server/group/group.c): the
+# The collectives of a cuda group are NCCL's, even with one rank (server/group/formation.c): the
 # communicator must have come up (server/comm/comm_nccl.c logs it).
 if [ "$BACKEND" = cuda ]; then
   nccl=$(grep -m1 'comm nccl rank 0/1 .*ready' "$OUTD/server-cuda.log") ||

@@ -522,7 +522,7 @@ class RankDiesTest(unittest.TestCase):
 
 class DeviceClaimTest(unittest.TestCase):
     """Ranks on one host that claim one device: the leader refuses the group with its message
-    (server/group/group.c, form_cuda) and every rank exits non-zero within EXIT_BOUND."""
+    (server/group/formation.c, claim_devices) and every rank exits non-zero within EXIT_BOUND."""
 
     def start_refused(self, n, devices, rank_flags):
         """Starts the group; returns (codes, texts, seconds) once every rank has exited."""

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 if not shutil.which("openssl"):
@@ -188,6 +189,48 @@ class PeerTlsTest(unittest.TestCase):
             self.assertEqual(p.wait(20), 2, p.text())
             self.assertRegex(p.text(), why)
             self.assertNotIn("listening on", p.text())
+
+    def test_bad_files_stop_a_rank_before_its_group_forms(self):
+        """Every file a flag names is read before the group starts forming: a rank given one that
+        is unusable exits 2 within seconds, naming the flag and the file, without a step of
+        bootstrap, and the rank waiting for it never sees a group formed."""
+        junk = self.path("junk.pem")
+        with open(junk, "w") as f:
+            f.write("this is not a PEM file, nor a token list\n" * 2)
+        crt, key, ca = self.path("rank.crt"), self.path("rank.key"), self.path("ca.crt")
+        cases = [
+            (["--tls-cert", crt, "--tls-key", junk], "--tls-key %s: not a PEM private key" % junk),
+            (["--tls-cert", junk, "--tls-key", key], "--tls-cert %s: not a PEM certificate" % junk),
+            (["--tls-cert", crt, "--tls-key", key, "--tls-client-ca", junk],
+             "--tls-client-ca %s: no PEM CA certificate" % junk),
+            (["--peer-tls-cert", crt, "--peer-tls-key", junk, "--peer-tls-ca", ca],
+             "--peer-tls-key %s" % junk),
+            (["--peer-tls-cert", crt, "--peer-tls-key", key, "--peer-tls-ca", junk],
+             "--peer-tls-ca %s" % junk),
+            (["--auth-tokens-file", junk], "--auth-tokens-file"),
+            (["--group-secret-file", self.path("missing")], "--group-secret-file"),
+        ]
+        ports, offset = gl.pick_ports(2)
+        addrs = ",".join("127.0.0.1:%d" % p for p in ports)
+        rank0 = gl.Proc(["--rank", "0", "--peers", addrs, "--peer-port-offset", str(offset),
+                         "--bootstrap-timeout-ms", "120000", "--log-level", "debug"])
+        self.procs.append(rank0)
+        self.assertTrue(gl.wait_for(lambda: "listening for peers" in rank0.text()
+                                    or not rank0.alive(), 30), rank0.text())
+        for flags, why in cases:
+            started = time.monotonic()
+            rank1 = gl.Proc(["--rank", "1", "--peers", addrs, "--peer-port-offset", str(offset),
+                             "--bootstrap-timeout-ms", "120000", *flags])
+            self.procs.append(rank1)
+            self.assertEqual(rank1.wait(20), 2, rank1.text())
+            self.assertLess(time.monotonic() - started, 10, rank1.text())
+            self.assertIn(why, rank1.text(), flags)
+            self.assertNotIn("listening for peers", rank1.text(), flags)
+        self.assertTrue(rank0.alive(), rank0.text())
+        self.assertNotEqual(gl.health("127.0.0.1:%d" % ports[0]), gl.SERVING)
+        # Rank 0 logs each rank that joins (debug) and the group once up: neither happened.
+        self.assertNotRegex(rank0.text(), r"rank 1 joined|the group is up|the group is ready")
+        self.assertEqual(rank0.stop(), 0, rank0.text())
 
 
 if __name__ == "__main__":

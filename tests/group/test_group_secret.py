@@ -142,16 +142,25 @@ class SecretTest(unittest.TestCase):
         self.assertNotEqual(rank0.proc.returncode, 0, rank0.text())
 
     def test_secret_on_one_rank_only(self):
-        """The ranks' configurations differ, and both say so."""
-        ports, offset = gl.pick_ports(2)
-        rank0 = self.start(0, ports, offset, "--group-secret-file", self.secret,
-                           "--bootstrap-timeout-ms", "3000")
-        rank1 = self.start(1, ports, offset, "--bootstrap-timeout-ms", "3000")
-        for p in (rank0, rank1):
-            self.assertIsNotNone(p.wait(20), p.text())
-            self.assertNotEqual(p.proc.returncode, 0, p.text())
-            self.assertIn("group_secret is 'none' there and 'hmac-sha256' here", p.text())
-        self.assertIn("no --group-secret-file: any process that reaches", rank1.text())
+        """A rank without the secret is refused, and both ranks say so in the README's words
+        ("rank 1 at HOST:PORT failed the group secret check"), whichever of the two has it."""
+        for with_secret, has, other, there, here in (
+                (0, "no", "one", "none", "hmac-sha256"), (1, "a", "none", "hmac-sha256", "none")):
+            ports, offset = gl.pick_ports(2)
+            ranks = [self.start(r, ports, offset, "--bootstrap-timeout-ms", "3000",
+                                *(["--group-secret-file", self.secret] if r == with_secret
+                                  else [])) for r in (0, 1)]
+            for p in ranks:
+                self.assertIsNotNone(p.wait(20), p.text())
+                self.assertNotEqual(p.proc.returncode, 0, p.text())
+                self.assertRegex(p.text(), r"rank 1 at 127\.0\.0\.1:\d+ failed the group secret "
+                                           r"check: it has %s group secret and rank 0 has %s "
+                                           r"\(group_secret is '%s' there and '%s' here\); start "
+                                           r"every rank with the same --group-secret-file"
+                                 % (has, other, there, here))
+                self.assertNotIn("configuration differs", p.text())
+            self.assertIn("no --group-secret-file: any process that reaches",
+                          ranks[1 - with_secret].text())
 
     def test_bad_secret_files(self):
         d = self.dir.name

@@ -1,12 +1,12 @@
 /* The NCCL backend's API (the EMBPS_HAVE_NCCL part of server/comm/comm.h) for the CUDA
- * simulator, so that the CUDA server's whole path (group.c's form_cuda handing the unique id out
- * over the control plane, the communicator, the engine) runs in real server processes with no
- * GPU and no NCCL.
+ * simulator, so that the CUDA server's whole path (server/group/formation.c's join_nccl handing the
+ * unique id out over the control plane, the communicator, the engine) runs in real server processes
+ * with no GPU and no NCCL.
  *
  * Rendezvous over loopback TCP. embps_comm_nccl_unique_id opens a listening socket on 127.0.0.1
  * (the "root") and writes its port and a random nonce into the id; the socket stays open in this
  * process, found again by the nonce, as NCCL's bootstrap root lives on in the process that made
- * the id. So rank 0 must call embps_comm_nccl_new in the process that made the id (group.c's
+ * the id. So rank 0 must call embps_comm_nccl_new in the process that made the id (formation.c's
  * leader does both). Every other rank opens its own listener, connects to the root and sends a
  * hello (nonce, rank, size, its listener's port, its device's PCI bus id); once all size-1 ranks
  * have joined, the root checks that no two ranks share a device (NCCL refuses a duplicate GPU)

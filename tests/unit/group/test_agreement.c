@@ -15,6 +15,7 @@
 #include "server/group/group.h"
 
 #define HERE "version=0.1.0\nmesh=shard=4\ntable_axis=shard\ndata_axis=shard\npeers=a:1,b:1\n"
+#define ADDR "10.0.0.7:41234" /* where the judged connection comes from */
 
 static void assert_contains(const char *msg, const char *part) {
   if (!strstr(msg, part))
@@ -92,31 +93,75 @@ static void test_judge_hello(void **state) {
       .kind = EMBPS_GROUP_CONN_CONTROL, .rank = 2, .size = 4, .identity_len = sizeof(HERE) - 1};
   char why[512];
   (void)state;
-  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, control, data, why, sizeof(why)), 0);
+  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, ADDR, control, data, why, sizeof(why)),
+                   0);
   h.size = 3;
-  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, control, data, why, sizeof(why)), 1);
+  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, ADDR, control, data, why, sizeof(why)),
+                   1);
   assert_string_equal(why, "rank 2's group size differs from rank 1's: size is 3 there and 4 "
                            "here");
   h.size = 4;
   h.kind = 7;
-  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, control, data, why, sizeof(why)), 1);
+  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, ADDR, control, data, why, sizeof(why)),
+                   1);
   assert_contains(why, "unknown kind 7");
   h.kind = EMBPS_GROUP_CONN_DATA;
   h.rank = 1; /* only higher ranks connect */
-  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, control, data, why, sizeof(why)), 1);
+  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, ADDR, control, data, why, sizeof(why)),
+                   1);
   assert_contains(why, "where only ranks 2..3 connect; do two processes have the same rank?");
   h.rank = 4;
-  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, control, data, why, sizeof(why)), 1);
+  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, ADDR, control, data, why, sizeof(why)),
+                   1);
   h.rank = 3;
   data[3] = 9; /* rank 3's data connection is already here */
-  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, control, data, why, sizeof(why)), 1);
+  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, ADDR, control, data, why, sizeof(why)),
+                   1);
   assert_string_equal(why, "rank 3 opened a second data connection to rank 1; is rank 3 running "
                            "twice?");
   h.kind = EMBPS_GROUP_CONN_CONTROL; /* but not its control connection */
-  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, control, data, why, sizeof(why)), 0);
+  assert_int_equal(embps__judge_hello(1, 4, HERE, &h, HERE, ADDR, control, data, why, sizeof(why)),
+                   0);
   assert_int_equal(
-      embps__judge_hello(1, 4, HERE, &h, "version=0.2.0\n", control, data, why, sizeof(why)), 1);
+      embps__judge_hello(1, 4, HERE, &h, "version=0.2.0\n", ADDR, control, data, why, sizeof(why)),
+      1);
   assert_contains(why, "rank 3's configuration differs from rank 1's: version is '0.2.0' there");
+}
+
+/* One rank with a group secret and one without: the README's words ("rank 1 at HOST:PORT failed
+ * the group secret check"), whichever side has it, with both values and the remedy, and ahead of
+ * any other difference; two ranks with secrets are a plain difference. */
+static void test_judge_hello_secret(void **state) {
+  int control[2] = {-1, -1}, data[2] = {-1, -1};
+  embps__hello_t h = {.kind = EMBPS_GROUP_CONN_CONTROL, .rank = 1, .size = 2};
+  char why[512];
+  (void)state;
+  assert_int_equal(embps__judge_hello(0, 2, HERE "group_secret=hmac-sha256\n", &h,
+                                      HERE "group_secret=none\n", ADDR, control, data, why,
+                                      sizeof(why)),
+                   1);
+  assert_string_equal(why, "rank 1 at 10.0.0.7:41234 failed the group secret check: it has no "
+                           "group secret and rank 0 has one (group_secret is 'none' there and "
+                           "'hmac-sha256' here); start every rank with the same "
+                           "--group-secret-file");
+  assert_int_equal(embps__judge_hello(0, 2, HERE "group_secret=none\n", &h,
+                                      "version=9\ngroup_secret=hmac-sha256\n", ADDR, control, data,
+                                      why, sizeof(why)),
+                   1);
+  assert_string_equal(why, "rank 1 at 10.0.0.7:41234 failed the group secret check: it has a "
+                           "group secret and rank 0 has none (group_secret is 'hmac-sha256' "
+                           "there and 'none' here); start every rank with the same "
+                           "--group-secret-file");
+  assert_int_equal(embps__judge_hello(0, 2, HERE "group_secret=hmac-sha256\n", &h,
+                                      HERE "group_secret=hmac-sha512\n", ADDR, control, data, why,
+                                      sizeof(why)),
+                   1);
+  assert_contains(why, "rank 1's configuration differs from rank 0's: group_secret is "
+                       "'hmac-sha512' there and 'hmac-sha256' here");
+  assert_int_equal(embps__judge_hello(0, 2, HERE "group_secret=none\n", &h,
+                                      HERE "group_secret=none\n", ADDR, control, data, why,
+                                      sizeof(why)),
+                   0);
 }
 
 static void test_claims(void **state) {
@@ -144,7 +189,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_identity_format),  cmocka_unit_test(test_identity_agrees),
       cmocka_unit_test(test_identity_differs), cmocka_unit_test(test_identity_values_clipped),
-      cmocka_unit_test(test_judge_hello),      cmocka_unit_test(test_claims),
+      cmocka_unit_test(test_judge_hello),      cmocka_unit_test(test_judge_hello_secret),
+      cmocka_unit_test(test_claims),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

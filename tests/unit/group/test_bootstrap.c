@@ -1,4 +1,5 @@
-/* server/group/bootstrap.c: whole groups bootstrapping as threads of one process, on loopback.
+/* server/group/bootstrap.c (with bootstrap_dial.c and bootstrap_accept.c): whole groups
+ * bootstrapping as threads of one process, on loopback.
  *
  * Ports are picked by binding port 0 and closing; if another process steals one before a rank
  * binds it (the rank reports UNAVAILABLE), the group is run again on fresh ports. Threads start

@@ -1,10 +1,11 @@
 /* Histograms for metrics: fixed bucket bounds chosen by the caller, counts kept in relaxed
  * atomics, so that the serving threads observe with a few uncontended atomic adds and a scrape
- * on another thread reads them without a lock. Any layer of the server may keep one; the
- * exposition (server/metrics/metrics.h) reads them. A reader may see a sum a moment ahead of or
- * behind a bucket: Prometheus tolerates that, as its own client libraries do the same. */
-#ifndef EMBPS_HIST_H
-#define EMBPS_HIST_H
+ * on another thread reads them without a lock. A common tool, so that any layer may keep one;
+ * the server's exposition (server/metrics/metrics.h) reads them. A reader may see a sum a
+ * moment ahead of or behind a bucket: Prometheus tolerates that, as its own client libraries do
+ * the same. */
+#ifndef EMBPS_COMMON_HIST_H
+#define EMBPS_COMMON_HIST_H
 
 #include <stdatomic.h>
 #include <stddef.h>

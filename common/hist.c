@@ -1,6 +1,6 @@
 /* Histograms for metrics (hist.h): a linear search over at most 20 bounds and two relaxed
  * atomic adds per observation; nothing here allocates or locks. */
-#include "server/metrics/hist.h"
+#include "common/hist.h"
 
 #include <string.h>
 

@@ -1,0 +1,586 @@
+/* The group's rounds (group_internal.h): the group's thread, its queues, and the rounds it runs.
+ *
+ * Control plane. Besides the communicator's data connections, every non-leader rank keeps one
+ * control connection to the leader (rank 0), which formation (formation.h) hands over. Frames
+ * on it (control.h) are NOTICE (rank -> leader: "I hold my shard of batch B: kind,
+ * tokens_per_batch, table"), ROUND (leader -> every rank: an ordered list of "run B" / "fail B
+ * with status S"; a run of a CreateTable carries the table's config), CHECKPOINT (ckpt_leader.c)
+ * and BROKEN. A rank sends its notices in the order its shards arrived, and the leader's
+ * sequencer orders a batch once every rank holds its shard, so every rank runs the same batches
+ * in the same order and their collectives always match: no deadlock, whatever order concurrent
+ * clients' shards reach the ranks in.
+ *
+ * Threads. The loop thread submits ops into `incoming` (mutex + eventfd); this thread polls the
+ * eventfd and the control connections, and posts finished ops to `completed` (mutex +
+ * uv_async_t). Collectives block this thread only.
+ *
+ * Failure. If a peer's connection breaks or a collective fails, the group is broken: every
+ * parked op and every later one fails with UNAVAILABLE and the message says which rank and
+ * what happened, so clients see an error within the peer timeout instead of hanging. A broken
+ * group does not heal; the ranks must be restarted (the health check reports NOT_SERVING). */
+#include "server/group/group_internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+
+_Static_assert((int)EMBPS_OP_LOOKUP == (int)EMBPS_BATCH_LOOKUP &&
+                   (int)EMBPS_OP_PUSH == (int)EMBPS_BATCH_PUSH &&
+                   (int)EMBPS_OP_CREATE_TABLE == (int)EMBPS_BATCH_CREATE_TABLE &&
+                   (int)EMBPS_OP_DROP_TABLE == (int)EMBPS_BATCH_DROP_TABLE,
+               "op kinds travel as batch kinds");
+
+#define CREATE_ID_BIT (UINT64_C(1) << 63) /* the leader's own ids for creates and drops */
+
+/* ---- completion ------------------------------------------------------------------------------ */
+
+static embps_op_t **op_link(embps_op_t *op, size_t link) {
+  return (embps_op_t **)((char *)op + link);
+}
+
+/* Appends op to q and wakes the loop (any thread). */
+static void post(embps_group_t *g, embps__op_queue_t *q, embps_op_t *op) {
+  *op_link(op, q->link) = NULL;
+  pthread_mutex_lock(&g->mu);
+  if (q->tail)
+    *op_link(q->tail, q->link) = op;
+  else
+    q->head = op;
+  q->tail = op;
+  pthread_mutex_unlock(&g->mu);
+  uv_async_send(&g->async);
+}
+
+/* Empties q (under mu), returning its ops in order. */
+static embps_op_t *take_all(embps__op_queue_t *q) {
+  embps_op_t *head = q->head;
+  q->head = q->tail = NULL;
+  return head;
+}
+
+/* The first op of a list take_all returned, unlinked; *list moves past it. */
+static embps_op_t *pop(embps_op_t **list, size_t link) {
+  embps_op_t *op = *list;
+  *list = *op_link(op, link);
+  *op_link(op, link) = NULL;
+  return op;
+}
+
+void embps__group_complete(embps_group_t *g, embps_op_t *op) { post(g, &g->done, op); }
+
+/* Tells the loop that op's batch is ordered (op->ordered runs there, before op->done). */
+static void announce_ordered(embps_group_t *g, embps_op_t *op) {
+  if (op->ordered)
+    post(g, &g->ordered, op);
+}
+
+/* The engine made more of a lookup's rows final (engine thread): the loop runs op->progress. An
+ * op is queued once until the loop has taken it, so a fast engine costs one wake per loop turn,
+ * not one per chunk. */
+static void publish_progress(embps_op_t *op, void *arg) {
+  embps_group_t *g = arg;
+  if (!atomic_exchange_explicit(&op->progress_queued, 1, memory_order_acq_rel))
+    post(g, &g->progress, op);
+}
+
+void embps__group_fail_op(embps_group_t *g, embps_op_t *op, embps_status_t status,
+                          const char *msg) {
+  embps_error_set(&op->error, status, "%s", msg);
+  embps__group_complete(g, op);
+}
+
+void embps__group_on_async(uv_async_t *handle) {
+  embps_group_t *g = handle->data;
+  embps_op_t *op, *ordered, *progress;
+  if (atomic_exchange(&g->fatal_pending, 0) && g->cfg.on_fatal) {
+    char msg[400];
+    embps_group_state(g, msg, sizeof(msg));
+    g->cfg.on_fatal(g->cfg.on_fatal_arg, g->fatal_status, msg);
+  }
+  pthread_mutex_lock(&g->mu);
+  ordered = take_all(&g->ordered);
+  progress = take_all(&g->progress);
+  op = take_all(&g->done);
+  pthread_mutex_unlock(&g->mu);
+  /* Every op's ordered notice was queued before its completion: taking the queues at once and
+   * running the notices first keeps that order. */
+  while (ordered) {
+    embps_op_t *o = pop(&ordered, g->ordered.link);
+    o->ordered(o);
+  }
+  /* Progress is queued before its op's completion too, so it runs before done frees the op. The
+   * flag is cleared first: a chunk published meanwhile queues the op again. */
+  while (progress) {
+    embps_op_t *o = pop(&progress, g->progress.link);
+    atomic_store_explicit(&o->progress_queued, 0, memory_order_release);
+    o->progress(o);
+  }
+  while (op) {
+    embps_op_t *o = pop(&op, g->done.link);
+    o->done(o);
+  }
+}
+
+/* ---- state ----------------------------------------------------------------------------------- */
+
+static void set_state(embps_group_t *g, embps_group_state_t state, const char *msg) {
+  pthread_mutex_lock(&g->mu);
+  snprintf(g->state_msg, sizeof(g->state_msg), "%s", msg ? msg : "");
+  pthread_mutex_unlock(&g->mu);
+  atomic_store(&g->state, (int)state);
+}
+
+/* Breaks the group: every parked op fails, and so will every later one. */
+static void fail_all(embps_group_t *g, const char *msg) {
+  set_state(g, EMBPS_GROUP_BROKEN, msg);
+  while (g->parked) {
+    embps_op_t *op = g->parked;
+    g->parked = op->next;
+    embps__group_fail_op(g, op, EMBPS_UNAVAILABLE, msg);
+  }
+  while (g->ckpt_ops) {
+    embps_op_t *op = g->ckpt_ops;
+    g->ckpt_ops = op->next;
+    if (op->ckpt_final && g->final_done) /* the group's final checkpoint is complete */
+      embps__group_ckpt_complete_final(g, op);
+    else
+      embps__group_fail_op(g, op, EMBPS_UNAVAILABLE, msg);
+  }
+  g->ckpt_ops_tail = NULL;
+}
+
+/* Breaks the group on this rank and makes sure every other rank hears of it: a non-leader
+ * tells the leader, and the leader tells every rank and closes its control connections, so a
+ * rank that is idle (in no collective) when another dies still fails its calls at once. */
+void embps__group_break(embps_group_t *g, const char *why) {
+  char msg[400];
+  if (atomic_load(&g->state) == EMBPS_GROUP_BROKEN)
+    return;
+  snprintf(msg, sizeof(msg), "the shard group is broken: %.300s; restart its ranks", why);
+  EMBPS_ERROR("rank %u: %s", g->cfg.rank, msg);
+  fail_all(g, msg);
+  if (!g->control_fds)
+    return;
+  for (uint32_t r = 0; r < g->cfg.size; r++) {
+    if (g->control_fds[r] < 0 || (!embps__group_is_leader(g) && r != 0))
+      continue;
+    embps__send_broken(g->control_fds[r], why);
+    if (embps__group_is_leader(g))
+      shutdown(g->control_fds[r], SHUT_RDWR);
+  }
+}
+
+embps_group_state_t embps_group_state(embps_group_t *g, char *message, size_t cap) {
+  embps_group_state_t s = (embps_group_state_t)atomic_load(&g->state);
+  if (message) {
+    pthread_mutex_lock(&g->mu);
+    snprintf(message, cap, "%s", g->state_msg);
+    pthread_mutex_unlock(&g->mu);
+  }
+  return s;
+}
+
+/* ---- control frames -------------------------------------------------------------------------- */
+
+/* Sends the frame in g->out to peer. Frames are small and the peer reads them as they come,
+ * so this waits as long as the socket needs (a dead peer fails it). */
+embps_status_t embps__group_send_out(embps_group_t *g, uint32_t peer) {
+  embps__io_t io = embps__send_all(g->control_fds[peer], g->out.data, g->out.len, UINT64_MAX);
+  return io == EMBPS__IO_OK ? EMBPS_OK : EMBPS_UNAVAILABLE;
+}
+
+static embps_status_t send_notice(embps_group_t *g, const embps_batch_desc_t *d) {
+  embps_status_t ret;
+  g->out.len = 0;
+  if ((ret = embps__frame_notice(&g->out, d, NULL)) != EMBPS_OK)
+    return ret;
+  return embps__group_send_out(g, 0);
+}
+
+/* The parked op of batch (client_id, batch_id); unlinked from the list when unlink is set. */
+static embps_op_t *find_parked(embps_group_t *g, uint64_t client_id, uint64_t batch_id,
+                               int unlink) {
+  for (embps_op_t **pp = &g->parked; *pp; pp = &(*pp)->next) {
+    if ((*pp)->client_id == client_id && (*pp)->batch_id == batch_id) {
+      embps_op_t *op = *pp;
+      if (unlink) {
+        *pp = op->next;
+        op->next = NULL;
+      }
+      return op;
+    }
+  }
+  return NULL;
+}
+
+/* Leader: sends round entries e[0..n) to every rank, with the config of each create it runs
+ * (and, for a checkpoint, its order in ckpts). */
+embps_status_t embps__group_send_round(embps_group_t *g, const embps_round_entry_t *e,
+                                       const embps__ckpt_order_t *ckpts, size_t n) {
+  embps_status_t ret;
+  for (size_t i = 0; i < n; i++) {
+    embps_op_t *op = e[i].action == EMBPS_ROUND_RUN && (e[i].kind == EMBPS_OP_CREATE_TABLE ||
+                                                        e[i].kind == EMBPS_OP_DROP_TABLE)
+                         ? find_parked(g, e[i].client_id, e[i].batch_id, 0)
+                         : NULL;
+    if (op)
+      g->round_configs[i] = op->create;
+    else
+      memset(&g->round_configs[i], 0, sizeof(g->round_configs[i]));
+  }
+  g->out.len = 0;
+  if ((ret = embps__frame_round(&g->out, e, g->round_configs, ckpts, n, NULL)) != EMBPS_OK)
+    return ret;
+  for (uint32_t r = 1; r < g->cfg.size && ret == EMBPS_OK; r++)
+    ret = embps__group_send_out(g, r);
+  return ret;
+}
+
+/* Reads what peer's control connection has and handles each whole frame. Returns
+ * EMBPS_UNAVAILABLE when the peer closed it (after handling what it sent before), or
+ * EMBPS_RESOURCE_EXHAUSTED, or EMBPS_INVALID_ARGUMENT for a malformed frame (err says why). */
+typedef void (*frame_fn)(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_t *p,
+                         size_t len);
+
+static embps_status_t read_frames(embps_group_t *g, uint32_t peer, frame_fn handle,
+                                  embps_error_t *err) {
+  embps__frame_reader_t *r = &g->readers[peer];
+  const uint8_t *payload;
+  size_t len;
+  uint8_t type;
+  int closed, have;
+  embps_status_t ret = embps__frame_reader_fill(r, g->control_fds[peer], &closed);
+  if (ret != EMBPS_OK)
+    return embps_error_set(err, ret, "out of memory reading rank %u's control frames", peer);
+  while ((ret = embps__frame_reader_next(r, &have, &type, &payload, &len, err)) == EMBPS_OK && have)
+    handle(g, peer, type, payload, len);
+  if (ret != EMBPS_OK)
+    return ret;
+  if (closed)
+    return embps_error_set(err, EMBPS_UNAVAILABLE,
+                           "rank %u closed its control connection (it stopped or died)", peer);
+  return EMBPS_OK;
+}
+
+/* ---- rounds ---------------------------------------------------------------------------------- */
+
+/* Publishes the communicator's totals for other threads (GetStats on the loop, /metrics on its
+ * own thread). The dispatcher counts in g->comm->stats, plain fields that only this thread may
+ * touch while it makes collectives; everyone else reads these atomic copies, as of the end of
+ * the group's last round (or of forming the group). */
+void embps__group_publish_comm_stats(embps_group_t *g) {
+  embps_group_metrics_t *m = &g->metrics;
+  if (!g->comm)
+    return;
+  atomic_store_explicit(&m->peer_bytes_sent, g->comm->stats.bytes_sent, memory_order_relaxed);
+  atomic_store_explicit(&m->peer_bytes_received, g->comm->stats.bytes_received,
+                        memory_order_relaxed);
+  atomic_store_explicit(&m->collective_calls, g->comm->stats.calls, memory_order_relaxed);
+}
+
+/* A round's figures, once it ran: its time split into phases (see embps_round_phase_t). */
+static void record_round(embps_group_t *g, uint64_t start_ns, uint64_t oldest_ns, size_t batches,
+                         uint64_t comm_ns_before) {
+  embps_group_metrics_t *m = &g->metrics;
+  uint64_t now = embps_now_ns(), total = now - start_ns, coll = 0;
+  if (g->comm)
+    coll = g->comm->stats.ns - comm_ns_before;
+  if (coll > total)
+    coll = total;
+  atomic_fetch_add_explicit(&m->rounds, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&m->batches, batches, memory_order_relaxed);
+  embps_hist_observe(&m->batches_per_round, (double)batches);
+  embps_hist_observe_ns(&m->round_seconds, total);
+  embps_hist_observe_ns(&m->phase_seconds[EMBPS_ROUND_PHASE_QUEUE_WAIT],
+                        oldest_ns && oldest_ns < start_ns ? start_ns - oldest_ns : 0);
+  embps_hist_observe_ns(&m->phase_seconds[EMBPS_ROUND_PHASE_COLLECTIVES], coll);
+  embps_hist_observe_ns(&m->phase_seconds[EMBPS_ROUND_PHASE_COMPUTE], total - coll);
+}
+
+void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n,
+                              const embps_table_config_t *configs,
+                              const embps__ckpt_order_t *ckpts) {
+  const uint64_t start_ns = embps_now_ns(), comm_ns = g->comm ? g->comm->stats.ns : 0;
+  uint64_t oldest_ns = 0;
+  size_t batches = 0;
+  if (g->comm && !g->comm->call_seconds)
+    embps_comm_set_call_histogram(g->comm, &g->metrics.collective_seconds);
+  /* The round is ordered: every async push in it may say so before any of it runs. */
+  for (size_t i = 0; i < n; i++) {
+    embps_op_t *op =
+        e[i].action == EMBPS_ROUND_RUN ? find_parked(g, e[i].client_id, e[i].batch_id, 0) : NULL;
+    if (op)
+      announce_ordered(g, op);
+    if (op && (op->kind == EMBPS_OP_LOOKUP || op->kind == EMBPS_OP_PUSH)) {
+      batches++;
+      if (!oldest_ns || op->submitted_ns < oldest_ns)
+        oldest_ns = op->submitted_ns;
+    }
+  }
+  for (size_t i = 0; i < n && atomic_load(&g->state) != EMBPS_GROUP_BROKEN; i++) {
+    embps_op_t *op = find_parked(g, e[i].client_id, e[i].batch_id, 1), tmp;
+    embps_error_t err;
+
+    if (e[i].action == EMBPS_ROUND_FAIL) {
+      if (op)
+        embps__group_fail_op(g, op, e[i].status, e[i].message);
+      continue;
+    }
+    if (e[i].kind == EMBPS_BATCH_CHECKPOINT) {
+      embps__group_ckpt_run_entry(g, &ckpts[i]);
+      continue;
+    }
+    if (embps__group_is_leader(g))
+      g->round_no++;
+    if (!op && (e[i].kind == EMBPS_OP_CREATE_TABLE || e[i].kind == EMBPS_OP_DROP_TABLE) &&
+        !embps__group_is_leader(g)) {
+      memset(&tmp, 0,
+             sizeof(tmp)); /* creates and drops run on every rank, answered by the leader */
+      tmp.kind = (embps_op_kind_t)e[i].kind;
+      tmp.batch_id = e[i].batch_id;
+      tmp.create = configs[i];
+      op = &tmp;
+    }
+    if (!op) {
+      char msg[200];
+      snprintf(msg, sizeof(msg), "rank %u was told to run batch %llu, which it does not hold",
+               g->cfg.rank, (unsigned long long)e[i].batch_id);
+      embps__group_break(g, msg);
+      return;
+    }
+    embps_error_clear(&err);
+    if (op->progress) {
+      op->publish = publish_progress;
+      op->publish_arg = g;
+    }
+    if (embps_engine_run(g->engine, op, &err) != EMBPS_OK) {
+      if (op != &tmp)
+        embps__group_fail_op(g, op, EMBPS_UNAVAILABLE, err.message);
+      embps__group_break(g, err.message);
+      return;
+    }
+    if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE)
+      embps__group_ckpt_tables_changed(g, op);
+    if (op != &tmp)
+      embps__group_complete(g, op);
+  }
+  if (batches && atomic_load(&g->state) != EMBPS_GROUP_BROKEN)
+    record_round(g, start_ns, oldest_ns, batches, comm_ns);
+  embps__group_publish_comm_stats(g);
+}
+
+static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
+  embps_error_t err;
+  embps_status_t ret = EMBPS_OK;
+  char why[400];
+  if (type == EMBPS__FRAME_BROKEN) {
+    char reason[EMBPS__BROKEN_MAX + 1];
+    if ((ret = embps__parse_broken(p, len, reason, sizeof(reason), &err)) == EMBPS_OK) {
+      snprintf(why, sizeof(why), "rank %u reported: %s", peer, reason);
+      embps__group_break(g, why);
+    }
+  } else if (type == EMBPS__FRAME_NOTICE && embps__group_is_leader(g)) {
+    embps_batch_desc_t d;
+    if ((ret = embps__parse_notice(p, len, &d, &err)) == EMBPS_OK)
+      embps_sequencer_arrive(g->seq, peer, &d, embps_now_ms());
+  } else if (type == EMBPS__FRAME_ROUND && !embps__group_is_leader(g)) {
+    size_t n;
+    if ((ret = embps__parse_round(p, len, g->round, g->round_configs, g->round_ckpts,
+                                  EMBPS__ROUND_MAX, &n, &err)) == EMBPS_OK)
+      embps__group_apply_round(g, g->round, n, g->round_configs, g->round_ckpts);
+  } else if (type == EMBPS__FRAME_CHECKPOINT) {
+    ret = embps__group_ckpt_on_frame(g, peer, p, len, &err);
+  }
+  if (ret != EMBPS_OK) {
+    snprintf(why, sizeof(why), "rank %u sent a control frame this rank cannot read (%.300s)", peer,
+             err.message);
+    embps__group_break(g, why);
+  }
+}
+
+/* Leader: hands out every round the sequencer has ready, and runs it here too. Once a final
+ * checkpoint is ordered, every batch fails instead: what the group acknowledges is in it. */
+static void lead_rounds(embps_group_t *g) {
+  size_t n;
+  while (atomic_load(&g->state) != EMBPS_GROUP_BROKEN &&
+         (n = embps_sequencer_next_round(g->seq, embps_now_ms(), g->round, EMBPS__ROUND_MAX)) > 0) {
+    for (size_t i = 0; i < n && g->closing; i++) {
+      if (g->round[i].action != EMBPS_ROUND_RUN)
+        continue;
+      g->round[i].action = EMBPS_ROUND_FAIL;
+      g->round[i].status = EMBPS_UNAVAILABLE;
+      snprintf(g->round[i].message, sizeof(g->round[i].message),
+               "the shard group is shutting down (a rank got SIGTERM and its final checkpoint "
+               "is taken); retry once the group is back");
+    }
+    if (g->cfg.size > 1 && embps__group_send_round(g, g->round, NULL, n) != EMBPS_OK) {
+      embps__group_break(g, "the leader could not send a round to every rank");
+      return;
+    }
+    embps__group_apply_round(g, g->round, n, NULL, NULL);
+  }
+}
+
+/* Parks an op that the loop thread submitted and reports it to the leader. */
+static void admit(embps_group_t *g, embps_op_t *op) {
+  embps_batch_desc_t d;
+  embps_status_t ret;
+  char msg[400];
+
+  if (embps_group_state(g, msg, sizeof(msg)) != EMBPS_GROUP_READY) {
+    embps__group_fail_op(g, op, EMBPS_UNAVAILABLE, msg);
+    return;
+  }
+  if (op->kind == EMBPS_OP_CHECKPOINT) {
+    embps__group_ckpt_admit(g, op);
+    return;
+  }
+  if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE) {
+    op->client_id = 0;
+    op->batch_id = CREATE_ID_BIT | ++g->next_create_id;
+  }
+  if (find_parked(g, op->client_id, op->batch_id, 0)) {
+    snprintf(msg, sizeof(msg),
+             "batch_id %llu is already in flight on rank %u: every batch needs its own id",
+             (unsigned long long)op->batch_id, g->cfg.rank);
+    embps__group_fail_op(g, op, EMBPS_INVALID_ARGUMENT, msg);
+    return;
+  }
+  op->next = g->parked;
+  g->parked = op;
+  memset(&d, 0, sizeof(d));
+  d.client_id = op->client_id;
+  d.batch_id = op->batch_id;
+  d.kind = (uint32_t)op->kind;
+  d.tokens_per_batch = op->tokens_per_batch;
+  if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE) {
+    snprintf(d.table, sizeof(d.table), "%s", op->create.name);
+  } else {
+    snprintf(d.table, sizeof(d.table), "%s", embps_table_config(op->table)->name);
+    d.table_id = embps_table_id(op->table);
+  }
+  if (embps__group_is_leader(g)) {
+    embps_sequencer_arrive(g->seq, 0, &d, embps_now_ms());
+  } else if ((ret = send_notice(g, &d)) == EMBPS_RESOURCE_EXHAUSTED) {
+    /* Nothing was sent: the leader never orders this shard, and the others expire. */
+    find_parked(g, op->client_id, op->batch_id, 1);
+    embps__group_fail_op(g, op, ret, "out of memory for the notice to the leader (rank 0)");
+  } else if (ret != EMBPS_OK) {
+    embps__group_break(g, "this rank lost its connection to the leader (rank 0)");
+  }
+}
+
+/* ---- the thread ------------------------------------------------------------------------------ */
+
+void embps_group_submit(embps_group_t *g, embps_op_t *op) {
+  uint64_t one = 1;
+  op->next = NULL;
+  op->submitted_ns = embps_now_ns();
+  pthread_mutex_lock(&g->mu);
+  if (g->in_tail)
+    g->in_tail->next = op;
+  else
+    g->in_head = op;
+  g->in_tail = op;
+  pthread_mutex_unlock(&g->mu);
+  if (write(g->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+    EMBPS_ERROR("cannot wake the group thread: %s", strerror(errno));
+}
+
+static void drain_incoming(embps_group_t *g, int *stopping) {
+  embps_op_t *batch;
+  uint64_t v;
+  while (read(g->wake_fd, &v, sizeof(v)) > 0) {
+  }
+  pthread_mutex_lock(&g->mu);
+  batch = g->in_head;
+  g->in_head = g->in_tail = NULL;
+  *stopping = g->stopping;
+  pthread_mutex_unlock(&g->mu);
+  /* The queue is in submission order; admit in that order. */
+  while (batch) {
+    embps_op_t *op = batch;
+    batch = op->next;
+    op->next = NULL;
+    admit(g, op);
+  }
+}
+
+void *embps__group_main(void *arg) {
+  embps_group_t *g = arg;
+  const uint32_t N = g->cfg.size;
+  struct pollfd *pfds = embps_calloc(N + 2, sizeof(*pfds));
+  embps_error_t err;
+  int stopping = 0;
+
+  embps_error_clear(&err);
+  if (!pfds || embps__group_start(g, &err) != EMBPS_OK) {
+    char msg[400];
+    snprintf(msg, sizeof(msg), "rank %u could not join the group: %.300s", g->cfg.rank,
+             pfds ? err.message : "out of memory");
+    g->fatal_status = pfds ? err.status : EMBPS_RESOURCE_EXHAUSTED;
+    set_state(g, EMBPS_GROUP_BROKEN, msg);
+    atomic_store(&g->fatal_pending, 1);
+    uv_async_send(&g->async);
+  } else {
+    set_state(g, EMBPS_GROUP_READY, NULL);
+    g->next_periodic_ms = embps_now_ms() + g->cfg.checkpoint_interval_ms;
+    EMBPS_INFO("rank %u of %u: the group is ready", g->cfg.rank, N);
+  }
+
+  while (!stopping) {
+    nfds_t n = 0;
+    int timeout = 1000;
+    pfds[n++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
+    if (g->ckpt_fd >= 0)
+      pfds[n++] = (struct pollfd){.fd = g->ckpt_fd, .events = POLLIN};
+    if (g->control_fds && atomic_load(&g->state) == EMBPS_GROUP_READY)
+      for (uint32_t r = 0; r < N; r++)
+        if (g->control_fds[r] >= 0)
+          pfds[n++] = (struct pollfd){.fd = g->control_fds[r], .events = POLLIN};
+    if (g->seq && embps__group_is_leader(g)) {
+      uint64_t left = embps_sequencer_next_deadline(g->seq, embps_now_ms());
+      if (left < (uint64_t)timeout)
+        timeout = (int)left + 1;
+      left = embps__group_ckpt_due_ms(g);
+      if (left < (uint64_t)timeout)
+        timeout = (int)left + 1;
+    }
+    if (poll(pfds, n, timeout) < 0 && errno != EINTR)
+      break;
+    drain_incoming(g, &stopping);
+    if (g->ckpt)
+      embps__group_ckpt_on_results(g); /* drops them when the group is not ready */
+    if (atomic_load(&g->state) != EMBPS_GROUP_READY)
+      continue;
+    for (nfds_t i = 1; i < n; i++) {
+      uint32_t peer = 0;
+      if (pfds[i].fd == g->ckpt_fd || !(pfds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+        continue;
+      for (uint32_t r = 0; r < N; r++)
+        if (g->control_fds[r] == pfds[i].fd)
+          peer = r;
+      if (read_frames(g, peer, on_frame, &err) != EMBPS_OK) {
+        embps__group_break(g, err.message);
+        break;
+      }
+    }
+    if (embps__group_is_leader(g)) {
+      lead_rounds(g);
+      embps__group_ckpt_order(g);
+    }
+  }
+  fail_all(g, "this server is shutting down");
+  embps_free(pfds);
+  return NULL;
+}
