@@ -7,6 +7,7 @@
 
 #include "client/client_internal.h"
 #include "common/alloc.h"
+#include "common/optimizer.h"
 #include "common/shape.h"
 #include "embps/v1/embps.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -70,7 +71,7 @@ embps_status_t embps_create_table_answered(embps_client_t *client, const embps_t
   if (spec->dtype != 0 && embps_dtype_size(spec->dtype) == 0)
     return embps__client_fail(client, EMBPS_INVALID_ARGUMENT,
                               "create table: dtype %d is neither f32 nor bf16", (int)spec->dtype);
-  if ((int)spec->optimizer < 0 || (int)spec->optimizer > (int)EMBPS_OPTIMIZER_ADAM)
+  if (spec->optimizer != EMBPS_OPTIMIZER_DEFAULT && !embps_optimizer_info(spec->optimizer))
     return embps__client_fail(client, EMBPS_INVALID_ARGUMENT, "create table: unknown optimizer %d",
                               (int)spec->optimizer);
   embps_error_clear(&err);

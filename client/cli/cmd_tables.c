@@ -10,53 +10,40 @@
 #include "client/cli/args.h"
 #include "client/cli/cli.h"
 #include "common/dtype.h"
+#include "common/optimizer.h"
 #include "embps/embps.h"
 
+/* An optimizer's name as the CLI prints it: the default's for EMBPS_OPTIMIZER_DEFAULT. */
 static const char *optimizer_name(embps_optimizer_t o) {
-  if (o == EMBPS_OPTIMIZER_DEFAULT)
-    return "rowwise_adagrad";
-  switch (o) {
-  case EMBPS_OPTIMIZER_SGD:
-    return "sgd";
-  case EMBPS_OPTIMIZER_ADAGRAD:
-    return "adagrad";
-  case EMBPS_OPTIMIZER_ROWWISE_ADAGRAD:
-    return "rowwise_adagrad";
-  case EMBPS_OPTIMIZER_ADAM:
-    return "adam";
-  }
-  return "unknown";
+  return embps_optimizer_name(o == EMBPS_OPTIMIZER_DEFAULT ? EMBPS_OPTIMIZER_SERVER_DEFAULT : o);
 }
 
-/* The optimizer called name (NULL: the server's default); -1 when unknown. */
-static int optimizer_parse(const char *name, embps_optimizer_t *out) {
-  if (!name)
-    *out = EMBPS_OPTIMIZER_DEFAULT;
-  else if (strcmp(name, "sgd") == 0)
-    *out = EMBPS_OPTIMIZER_SGD;
-  else if (strcmp(name, "adagrad") == 0)
-    *out = EMBPS_OPTIMIZER_ADAGRAD;
-  else if (strcmp(name, "rowwise_adagrad") == 0 || strcmp(name, "rowwise-adagrad") == 0)
-    *out = EMBPS_OPTIMIZER_ROWWISE_ADAGRAD;
-  else if (strcmp(name, "adam") == 0)
-    *out = EMBPS_OPTIMIZER_ADAM;
-  else
-    return -1;
-  return 0;
-}
+/* --optimizer's help: the registry's names, the server's default marked; and the names of
+ * those that keep an accumulator, for --initial-accumulator's. String constants, expanded from
+ * EMBPS_OPTIMIZERS, each item led by ", " which [2] skips. */
+#define OPTIMIZER_HELP_ITEM(kind, name, dflt, ...) ", " name OPTIMIZER_MARK_##dflt
+#define OPTIMIZER_MARK_0 ""
+#define OPTIMIZER_MARK_1 " (default)"
+#define OPTIMIZER_HELP (&(EMBPS_OPTIMIZERS(OPTIMIZER_HELP_ITEM))[2])
+#define ACCUMULATOR_ITEM(kind, name, dflt, elem, row, acc, ...) ACCUMULATOR_##acc(name)
+#define ACCUMULATOR_0(name)
+#define ACCUMULATOR_1(name) ", " name
+#define ACCUMULATOR_HELP                                                                           \
+  (&(EMBPS_OPTIMIZERS(ACCUMULATOR_ITEM) ": the accumulators' initial value")[2])
+#define DEFAULT_IS(x) "(0: " EMBPS_OPTIMIZER_STR(x) ")"
 
 embps_cli_flag_t embps_cli_create_table_flags[] = {
     {"--rows", "R", "number of rows (required)", NULL},
     {"--emb-width", "D", "values per row (required)", NULL},
     {"--dtype", "f32|bf16", "storage dtype (default f32)", NULL},
-    {"--optimizer", "NAME", "sgd, adagrad, rowwise_adagrad (default) or adam", NULL},
-    {"--lr", "X", "learning rate (0: the optimizer's default, 0.01)", NULL},
-    {"--eps", "X", "epsilon (0: 1e-8)", NULL},
+    {"--optimizer", "NAME", OPTIMIZER_HELP, NULL},
+    {"--lr", "X", "learning rate " DEFAULT_IS(EMBPS_OPTIMIZER_DEFAULT_LR), NULL},
+    {"--eps", "X", "epsilon " DEFAULT_IS(EMBPS_OPTIMIZER_DEFAULT_EPS), NULL},
     {"--half-life", "STEPS", "accumulator half-life in steps (0: no decay)", NULL},
     {"--weight-decay", "X", "L2 weight decay added to the gradient", NULL},
-    {"--initial-accumulator", "X", "initial accumulator (adagrad, rowwise_adagrad)", NULL},
-    {"--beta1", "X", "adam beta1 (0: 0.9)", NULL},
-    {"--beta2", "X", "adam beta2 (0: 0.999)", NULL},
+    {"--initial-accumulator", "X", ACCUMULATOR_HELP, NULL},
+    {"--beta1", "X", "adam beta1 " DEFAULT_IS(EMBPS_OPTIMIZER_DEFAULT_BETA1), NULL},
+    {"--beta2", "X", "adam beta2 " DEFAULT_IS(EMBPS_OPTIMIZER_DEFAULT_BETA2), NULL},
     {"--seed", "S", "seed of the initial rows", NULL},
     {"--init-scale", "X", "rows start uniform in [-X, X) (0: 1/sqrt(emb_width))", NULL},
     {NULL, NULL, NULL, NULL}};
@@ -64,7 +51,8 @@ embps_cli_flag_t embps_cli_create_table_flags[] = {
 /* Reads the flags into spec (name excluded). Returns 0 or EMBPS_CLI_EXIT_USAGE (printed). */
 static int spec_from_flags(const char *cmd, const embps_cli_flag_t *f, embps_table_spec_t *spec) {
   uint64_t rows, width, seed;
-  const char *dtype = embps_cli_flag(f, "--dtype");
+  const char *dtype = embps_cli_flag(f, "--dtype"), *opt = embps_cli_flag(f, "--optimizer");
+  char msg[128];
   int rc;
 
   if (!embps_cli_flag(f, "--rows") || !embps_cli_flag(f, "--emb-width"))
@@ -92,9 +80,11 @@ static int spec_from_flags(const char *cmd, const embps_cli_flag_t *f, embps_tab
     spec->dtype = EMBPS_DTYPE_BF16;
   else
     return embps_cli_usage_error(cmd, "--dtype: expected f32 or bf16");
-  if (optimizer_parse(embps_cli_flag(f, "--optimizer"), &spec->optimizer) != 0)
-    return embps_cli_usage_error(cmd, "--optimizer: expected sgd, adagrad, rowwise_adagrad or "
-                                      "adam");
+  spec->optimizer = EMBPS_OPTIMIZER_DEFAULT;
+  if (opt && embps_optimizer_from_name(opt, &spec->optimizer) != EMBPS_OK) {
+    snprintf(msg, sizeof(msg), "--optimizer: expected one of %s", EMBPS_OPTIMIZER_NAMES);
+    return embps_cli_usage_error(cmd, msg);
+  }
   return 0;
 }
 

@@ -37,36 +37,6 @@ struct embps_store {
   atomic_uint_fast64_t budget_max, budget_copies;
 };
 
-static const embps_optimizer_info_t optimizer_registry[] = {
-    {EMBPS_OPTIMIZER_SGD, "sgd", 0, 0, 1, 1},
-    {EMBPS_OPTIMIZER_ADAGRAD, "adagrad", 1, 0, 1, 1},
-    {EMBPS_OPTIMIZER_ROWWISE_ADAGRAD, "rowwise_adagrad", 0, 1, 1, 1},
-    {EMBPS_OPTIMIZER_ADAM, "adam", 2, 0, 1, 1},
-};
-
-const embps_optimizer_info_t *embps_optimizer_info(embps_optimizer_t opt) {
-  for (size_t i = 0; i < sizeof(optimizer_registry) / sizeof(optimizer_registry[0]); i++)
-    if (optimizer_registry[i].kind == opt)
-      return &optimizer_registry[i];
-  return NULL;
-}
-
-int embps_optimizer_has_fused_update(embps_optimizer_t opt, const char *backend) {
-  const embps_optimizer_info_t *info = embps_optimizer_info(opt);
-  if (!info)
-    return 0;
-  if (strcmp(backend, "cpu") == 0)
-    return info->fused_cpu;
-  if (strcmp(backend, "cuda") == 0)
-    return info->fused_cuda;
-  return 0; /* a backend the registry does not know fuses nothing */
-}
-
-const char *embps_optimizer_name(embps_optimizer_t opt) {
-  const embps_optimizer_info_t *info = embps_optimizer_info(opt);
-  return info ? info->name : "unknown";
-}
-
 uint64_t embps_table_config_bytes(const embps_table_config_t *cfg, uint32_t group_size) {
   const embps_optimizer_info_t *info = embps_optimizer_info(cfg->optimizer);
   uint64_t shard_width = cfg->emb_width / (group_size ? group_size : 1);
@@ -135,19 +105,18 @@ embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t gr
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "dtype %d is not f32 or bf16",
                            (int)cfg->dtype);
   if ((int)cfg->optimizer == 0)
-    cfg->optimizer = EMBPS_OPTIMIZER_ROWWISE_ADAGRAD;
+    cfg->optimizer = EMBPS_OPTIMIZER_SERVER_DEFAULT;
   if (!embps_optimizer_info(cfg->optimizer))
-    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
-                           "optimizer %d is not one of sgd, adagrad, rowwise_adagrad, adam",
-                           (int)cfg->optimizer);
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "optimizer %d is not one of %s",
+                           (int)cfg->optimizer, EMBPS_OPTIMIZER_NAMES);
   if (cfg->lr == 0.0f)
-    cfg->lr = 0.01f;
+    cfg->lr = (float)EMBPS_OPTIMIZER_DEFAULT_LR;
   if (cfg->eps == 0.0f)
-    cfg->eps = 1e-8f;
+    cfg->eps = (float)EMBPS_OPTIMIZER_DEFAULT_EPS;
   if (cfg->beta1 == 0.0f)
-    cfg->beta1 = 0.9f;
+    cfg->beta1 = (float)EMBPS_OPTIMIZER_DEFAULT_BETA1;
   if (cfg->beta2 == 0.0f)
-    cfg->beta2 = 0.999f;
+    cfg->beta2 = (float)EMBPS_OPTIMIZER_DEFAULT_BETA2;
   if (cfg->init_scale == 0.0f)
     cfg->init_scale = 1.0f / sqrtf((float)cfg->emb_width);
   if (!finite_nonneg(cfg->lr) || !(cfg->eps > 0.0f && isfinite(cfg->eps)) ||
@@ -243,8 +212,7 @@ void embps_table_initial_state(const embps_table_t *t, float *state0_value, size
   const embps_optimizer_info_t *info = embps_optimizer_info(t->config.optimizer);
   const size_t elems = (size_t)t->config.rows * t->shard_width;
   /* Adagrad accumulators start at initial_accumulator; adam moments at 0. */
-  *state0_value =
-      t->config.optimizer == EMBPS_OPTIMIZER_ADAM ? 0.0f : t->config.initial_accumulator;
+  *state0_value = info->accumulator ? t->config.initial_accumulator : 0.0f;
   *state0_elems =
       info->state_per_row ? (size_t)t->config.rows : (info->state_per_element >= 1 ? elems : 0);
   *state1_elems = info->state_per_element >= 2 ? elems : 0;

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/optimizer.h"
 #include "common/status.h"
 #include "kernels/embps_kernels.h"
 
@@ -61,26 +62,6 @@ typedef struct embps_table_memory {
 
 typedef struct embps_store embps_store_t;
 
-/** Optimizer names as the CLI and messages spell them ("rowwise_adagrad"). */
-const char *embps_optimizer_name(embps_optimizer_t opt);
-
-/** One entry of the optimizer registry: what each optimizer supports. */
-typedef struct embps_optimizer_info {
-  embps_optimizer_t kind;
-  const char *name;
-  int state_per_element; /* float state arrays of rows x shard_width */
-  int state_per_row;     /* float state arrays of rows */
-  int fused_cpu;         /* a fused table update exists on the CPU backend (async allowed) */
-  int fused_cuda;        /* likewise on the CUDA backend */
-} embps_optimizer_info_t;
-
-/** Whether optimizer opt has a fused table update on the named backend ("cpu", "cuda"), which
- * async pushes require. */
-int embps_optimizer_has_fused_update(embps_optimizer_t opt, const char *backend);
-
-/** The registry entry for an optimizer; NULL for an unknown one. */
-const embps_optimizer_info_t *embps_optimizer_info(embps_optimizer_t opt);
-
 /**
  * Checks a table name of len bytes (as it came off the wire: len counts every byte, a NUL
  * included): 1 to EMBPS_TABLE_NAME_MAX - 1 bytes of letters, digits, '_', '-' and '.'.
@@ -89,9 +70,10 @@ const embps_optimizer_info_t *embps_optimizer_info(embps_optimizer_t opt);
 embps_status_t embps_table_name_check(const char *name, size_t len, embps_error_t *err);
 
 /**
- * Fills defaults in cfg (dtype f32, optimizer rowwise_adagrad, lr 0.01, eps 1e-8, betas 0.9 and
- * 0.999, init_scale 1/sqrt(emb_width)) and validates it: name, rows, emb_width (and its split
- * over group_size), dtype, optimizer, hyper-parameters, and the bytes against max_bytes.
+ * Fills defaults in cfg (dtype f32; the optimizer and hyper-parameters of common/optimizer.h's
+ * EMBPS_OPTIMIZER_SERVER_DEFAULT and EMBPS_OPTIMIZER_DEFAULT_*; init_scale 1/sqrt(emb_width))
+ * and validates it: name, rows, emb_width (and its split over group_size), dtype, optimizer,
+ * hyper-parameters, and the bytes against max_bytes.
  * Returns EMBPS_OK or EMBPS_INVALID_ARGUMENT / EMBPS_RESOURCE_EXHAUSTED with err set.
  */
 embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t group_size,
