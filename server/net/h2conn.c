@@ -104,9 +104,6 @@ static void stop_receiving(embps__h2conn_t *conn, embps__h2stream_t *s) {
 
 /* Drops a stream's half-received message and its share of the connection's budget. */
 static void drop_msg(embps__h2conn_t *conn, embps__h2stream_t *s) {
-  if (s->progress_state && conn->hooks.free_state)
-    conn->hooks.free_state(conn->hooks.request_user, s->progress_state);
-  s->progress_state = NULL;
   if (s->msg)
     conn->receiving_bytes -= s->msg_len;
   embps_free(s->msg);
@@ -382,7 +379,6 @@ void embps__h2conn_free(embps__h2conn_t *conn) {
   while (conn->streams) {
     embps__h2stream_t *s = conn->streams;
     conn->streams = s->next;
-    drop_msg(conn, s);
     stream_free(s);
   }
   embps_free(conn->deliver.ids);
@@ -422,16 +418,7 @@ static void deliver(embps__h2conn_t *conn) {
     if (msg)
       conn->receiving_bytes -= s->msg_len;
     s->msg = NULL;
-    /* The state moves to the connection: the handler may answer (and so free the call, and
-     * maybe the stream) before it returns. */
-    conn->delivering = call;
-    conn->delivering_state = s->progress_state;
-    s->progress_state = NULL;
     conn->hooks.on_request(conn->hooks.request_user, call, s->path, msg, s->msg_len);
-    if (conn->delivering_state && conn->hooks.free_state) /* not taken */
-      conn->hooks.free_state(conn->hooks.request_user, conn->delivering_state);
-    conn->delivering = NULL;
-    conn->delivering_state = NULL;
   }
   conn->deliver.n = 0;
 }
@@ -453,15 +440,6 @@ static embps__h2stream_t *large_message(embps__h2conn_t *conn, int32_t id) {
              : NULL;
 }
 
-/* The most one read into a large message takes. Each read is followed by the progress hook,
- * which sums a push's gradient rows as they land (server/service/push_prep.h): reads of at most
- * 256 KiB leave its rows in the core's L2 cache, where unbounded ones (as much as the socket
- * holds, several MiB) had the sum read them back from memory. Measured with a 1M x 128 f32
- * rowwise Adagrad table on the 2-core VM, one call in flight, the two servers alternating fresh
- * for each 3 s run of embps bench (medians of 4): push 65536 tokens 2.11M -> 2.30M rows/s, push
- * 4096 2.27M against 2.30M, and lookup 65536 5.35M against 5.20M (3 runs; noise). */
-#define DIRECT_READ_MAX ((size_t)256 << 10)
-
 uint8_t *embps__h2conn_read_target(embps__h2conn_t *conn, size_t *cap) {
   *cap = SIZE_MAX;
   if (conn->fatal || conn->preface_left > 0)
@@ -473,8 +451,6 @@ uint8_t *embps__h2conn_read_target(embps__h2conn_t *conn, size_t *cap) {
     size_t left = s->msg_len - s->msg_got;
     conn->direct_stream = id;
     *cap = left < f->left ? left : f->left;
-    if (*cap > DIRECT_READ_MAX)
-      *cap = DIRECT_READ_MAX;
     return s->msg + s->msg_got;
   }
   if (!large_message(conn, conn->direct_stream)) {
@@ -735,16 +711,6 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
     embps__grpc_submit_status(conn, s->id, 200, status, message);
   }
   notify_output(conn);
-}
-
-void *embps_net_call_take_state(embps_net_call_t *call) {
-  embps__h2conn_t *conn = call->conn;
-  void *state = NULL;
-  if (conn && conn->delivering == call) {
-    state = conn->delivering_state;
-    conn->delivering_state = NULL;
-  }
-  return state;
 }
 
 const char *embps_net_call_authorization(const embps_net_call_t *call) {

@@ -65,7 +65,6 @@ typedef struct embps__h2stream {
   int rst_after_answer; /* answered early while the client may still be sending */
   uint8_t *msg;
   size_t msg_len, msg_got;
-  void *progress_state; /* the progress hook's, until delivered or dropped with msg */
   embps__h2body_t *body;
   size_t read_off, sent_off;
   size_t reply_held;          /* bytes counted in conn->reply_bytes until the stream goes */
@@ -103,10 +102,8 @@ struct embps__h2conn {
   size_t nstreams;
   size_t receiving;
   embps_net_call_t *calls;
-  embps__h2idq_t deliver;       /* streams complete during this feed */
-  embps_net_call_t *delivering; /* the call in the request callback now, and the progress */
-  void *delivering_state;       /* hook's state it may take (embps_net_call_take_state) */
-  embps__h2out_t *out;          /* the batch nghttp2_session_send is filling */
+  embps__h2idq_t deliver; /* streams complete during this feed */
+  embps__h2out_t *out;    /* the batch nghttp2_session_send is filling */
   int in_feed;
   int got_preface;
   int fatal;

@@ -36,8 +36,6 @@ typedef struct embps_table_counters {
   /* distinct tokens of the batches deduplicated (all ranks' shards of a batch, padding row
    * included for lookups, excluded for pushes), and how many batches those were */
   atomic_uint_fast64_t unique_tokens, unique_batches;
-  /* pushes whose dedup and sums were made while their gradients arrived (push_prep.h) */
-  atomic_uint_fast64_t pushes_prepared;
 } embps_table_counters_t;
 
 /** A rank's slice of a table with its optimizer state; opaque outside the store. */
