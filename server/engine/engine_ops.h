@@ -16,6 +16,7 @@
 #ifndef EMBPS_ENGINE_OPS_H
 #define EMBPS_ENGINE_OPS_H
 
+#include "kernels/embps_kernels.h"
 #include "server/engine/engine.h"
 
 /** What one op needs, for reserve: a batch of T = n * group_size tokens, this rank's slice of

@@ -10,8 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/dtype.h"
+#include "common/optimizer.h"
 #include "common/status.h"
-#include "kernels/embps_kernels.h"
 
 #define EMBPS_TABLE_NAME_MAX 128
 /* Limits beyond which a table is absurd whatever the memory: they keep index arithmetic far

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 #include <stdlib.h>
 
+#include "kernels/embps_kernels.h" /* the fake engine runs the kernels */
 #include "server/service/service.c"
 
 /* ---- fakes ------------------------------------------------------------------------------- */
