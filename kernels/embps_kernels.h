@@ -116,32 +116,6 @@ void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, s
                                        size_t block, float *out, float *partials, void *workspace,
                                        size_t seg_lo, size_t seg_hi);
 
-/**
- * The first half of embps_segment_sum_stats_range_cpu: counts each segment of [seg_lo, seg_hi)'s
- * positions among segment_ids[0..n) into the workspace.
- */
-void embps_segment_sum_stats_count_cpu(const uint32_t *segment_ids, size_t n, void *workspace,
-                                       size_t seg_lo, size_t seg_hi);
-
-/**
- * The second half: sums the positions [pos_lo, pos_hi) of the segments [seg_lo, seg_hi), taking
- * a row's partials when its last position is summed. grads is the gradient row of position 0
- * (only rows pos_lo..pos_hi are read). Calls over consecutive position ranges after one count
- * write what embps_segment_sum_stats_range_cpu writes over their union, bit for bit.
- *
- * With grad_at (not NULL; f32 gradients only) a segment of one position is left where it is:
- * its row of out is not written, its partials are taken from its gradient row, and
- * grad_at[s] = that row in grads. Every other segment s of the range gets grad_at[s] = its row
- * of out. grad_at then says where each segment's sum is, as the updates' grad_at argument, so a
- * batch of distinct tokens is never copied (the updates read such a row as 0.0f + g, the bits
- * its one-position sum has).
- */
-void embps_segment_sum_stats_positions_cpu(const void *grads, embps_dtype_t dtype, size_t width,
-                                           const uint32_t *segment_ids, size_t pos_lo,
-                                           size_t pos_hi, size_t block, float *out, float *partials,
-                                           void *workspace, size_t seg_lo, size_t seg_hi,
-                                           const void **grad_at);
-
 /* ---- row statistics: finite check, norm, rowwise mean square -------------------------------- */
 
 /** Columns per row-statistics block: partial sums of squares are taken over blocks of this many
@@ -206,22 +180,16 @@ float embps_opt_decay_from_half_life(float half_life);
  * table row (the same row numbers as the table). Weight decay is not part of the updates: the
  * caller adds it to the gradient first with embps_apply_weight_decay_cpu, so that row figures
  * (rowwise Adagrad's mean square) see the same gradient as the update.
- *
- * grad_at, when not NULL, replaces grad: gradient row i is at grad_at[i], at any alignment (a
- * row left in place in a request by embps_segment_sum_stats_positions_cpu). Either way an
- * element is used as 0.0f + g, which is what a sum of one row stores (-0.0 becomes +0.0), so the
- * two forms give the same bits.
  */
 
 /** w -= lr * g. */
 void embps_update_sgd_cpu(void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
-                          size_t n, const float *grad, const void *const *grad_at,
-                          const embps_opt_params_t *p);
+                          size_t n, const float *grad, const embps_opt_params_t *p);
 
 /** Element-wise Adagrad. accum: num_rows x width f32.
  * a = a*decay + g^2; w -= lr * g / (sqrt(a) + eps). */
 void embps_update_adagrad_cpu(void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
-                              size_t n, const float *grad, const void *const *grad_at, float *accum,
+                              size_t n, const float *grad, float *accum,
                               const embps_opt_params_t *p);
 
 /**
@@ -233,8 +201,8 @@ void embps_update_adagrad_cpu(void *table, embps_dtype_t dtype, size_t width, co
  */
 void embps_update_rowwise_adagrad_cpu(void *table, embps_dtype_t dtype, size_t width,
                                       const int64_t *rows, size_t n, const float *grad,
-                                      const void *const *grad_at, const float *row_sumsq,
-                                      size_t full_width, float *accum, const embps_opt_params_t *p);
+                                      const float *row_sumsq, size_t full_width, float *accum,
+                                      const embps_opt_params_t *p);
 
 /**
  * Adam with bias correction by the table's step count p->step. m, v: num_rows x width f32.
@@ -242,8 +210,8 @@ void embps_update_rowwise_adagrad_cpu(void *table, embps_dtype_t dtype, size_t w
  * w -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps).
  */
 void embps_update_adam_cpu(void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
-                           size_t n, const float *grad, const void *const *grad_at, float *m,
-                           float *v, const embps_opt_params_t *p);
+                           size_t n, const float *grad, float *m, float *v,
+                           const embps_opt_params_t *p);
 
 /**
  * g[i] += weight_decay * w[rows[i]] for every row (no-op when weight_decay == 0), so that the

@@ -10,31 +10,27 @@
 #include <math.h>
 
 #include "kernels/embps_kernels.h"
-#include "kernels/grad_row.h"
 
-static void adagrad_row_f32(float *restrict w, float *restrict a, const unsigned char *restrict g,
+static void adagrad_row_f32(float *restrict w, float *restrict a, const float *restrict g,
                             size_t width, float lr, float eps, float decay) {
   for (size_t j = 0; j < width; j++) {
-    const float gj = embps__grad_load(g, j);
-    float acc = a[j] * decay + gj * gj;
+    float acc = a[j] * decay + g[j] * g[j];
     a[j] = acc;
-    w[j] -= lr * gj / (sqrtf(acc) + eps);
+    w[j] -= lr * g[j] / (sqrtf(acc) + eps);
   }
 }
 
-static void adagrad_row_bf16(uint16_t *restrict w, float *restrict a,
-                             const unsigned char *restrict g, size_t width, float lr, float eps,
-                             float decay) {
+static void adagrad_row_bf16(uint16_t *restrict w, float *restrict a, const float *restrict g,
+                             size_t width, float lr, float eps, float decay) {
   for (size_t j = 0; j < width; j++) {
-    const float gj = embps__grad_load(g, j);
-    float acc = a[j] * decay + gj * gj;
+    float acc = a[j] * decay + g[j] * g[j];
     a[j] = acc;
-    w[j] = embps_f32_to_bf16(embps_bf16_to_f32(w[j]) - lr * gj / (sqrtf(acc) + eps));
+    w[j] = embps_f32_to_bf16(embps_bf16_to_f32(w[j]) - lr * g[j] / (sqrtf(acc) + eps));
   }
 }
 
 void embps_update_adagrad_cpu(void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
-                              size_t n, const float *grad, const void *const *grad_at, float *accum,
+                              size_t n, const float *grad, float *accum,
                               const embps_opt_params_t *p) {
   const size_t row_bytes = width * embps_dtype_size(dtype);
   for (size_t i = 0; i < n; i++) {
@@ -44,7 +40,7 @@ void embps_update_adagrad_cpu(void *table, embps_dtype_t dtype, size_t width, co
       embps_prefetch_row((char *)table + next * row_bytes, row_bytes, NULL);
       embps_prefetch_row(accum + next * width, width * sizeof(float), NULL);
     }
-    const unsigned char *g = embps__grad_row(grad, grad_at, i, width);
+    const float *g = grad + i * width;
     if (dtype == EMBPS_DTYPE_BF16)
       adagrad_row_bf16((uint16_t *)table + off, accum + off, g, width, p->lr, p->eps, p->decay);
     else

@@ -13,7 +13,6 @@
 #include <math.h>
 
 #include "kernels/embps_kernels.h"
-#include "kernels/grad_row.h"
 
 typedef struct adam_consts {
   float lr, eps, b1, b2, c1, c2; /* c1 = 1-b1, c2 = 1-b2 */
@@ -21,11 +20,10 @@ typedef struct adam_consts {
 } adam_consts_t;
 
 static void adam_row_f32(float *restrict w, float *restrict m, float *restrict v,
-                         const unsigned char *restrict g, size_t width, adam_consts_t k) {
+                         const float *restrict g, size_t width, adam_consts_t k) {
   for (size_t j = 0; j < width; j++) {
-    const float gj = embps__grad_load(g, j);
-    float mj = k.b1 * m[j] + k.c1 * gj;
-    float vj = k.b2 * v[j] + k.c2 * gj * gj;
+    float mj = k.b1 * m[j] + k.c1 * g[j];
+    float vj = k.b2 * v[j] + k.c2 * g[j] * g[j];
     m[j] = mj;
     v[j] = vj;
     w[j] -= k.lr * (mj * k.inv_bc1) / (sqrtf(vj * k.inv_bc2) + k.eps);
@@ -33,11 +31,10 @@ static void adam_row_f32(float *restrict w, float *restrict m, float *restrict v
 }
 
 static void adam_row_bf16(uint16_t *restrict w, float *restrict m, float *restrict v,
-                          const unsigned char *restrict g, size_t width, adam_consts_t k) {
+                          const float *restrict g, size_t width, adam_consts_t k) {
   for (size_t j = 0; j < width; j++) {
-    const float gj = embps__grad_load(g, j);
-    float mj = k.b1 * m[j] + k.c1 * gj;
-    float vj = k.b2 * v[j] + k.c2 * gj * gj;
+    float mj = k.b1 * m[j] + k.c1 * g[j];
+    float vj = k.b2 * v[j] + k.c2 * g[j] * g[j];
     m[j] = mj;
     v[j] = vj;
     float wj = embps_bf16_to_f32(w[j]);
@@ -46,8 +43,8 @@ static void adam_row_bf16(uint16_t *restrict w, float *restrict m, float *restri
 }
 
 void embps_update_adam_cpu(void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
-                           size_t n, const float *grad, const void *const *grad_at, float *m,
-                           float *v, const embps_opt_params_t *p) {
+                           size_t n, const float *grad, float *m, float *v,
+                           const embps_opt_params_t *p) {
   /* step is 1-based; 0 would divide by zero in the correction, so it counts as the first. */
   double t = p->step ? (double)p->step : 1.0;
   adam_consts_t k = {
@@ -69,7 +66,7 @@ void embps_update_adam_cpu(void *table, embps_dtype_t dtype, size_t width, const
       embps_prefetch_row(m + next * width, width * sizeof(float), NULL);
       embps_prefetch_row(v + next * width, width * sizeof(float), NULL);
     }
-    const unsigned char *g = embps__grad_row(grad, grad_at, i, width);
+    const float *g = grad + i * width;
     if (dtype == EMBPS_DTYPE_BF16)
       adam_row_bf16((uint16_t *)table + off, m + off, v + off, g, width, k);
     else

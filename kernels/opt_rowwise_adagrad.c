@@ -11,24 +11,20 @@
 #include <math.h>
 
 #include "kernels/embps_kernels.h"
-#include "kernels/grad_row.h"
 
-static void scale_row_f32(float *restrict w, const unsigned char *restrict g, size_t width,
-                          float s) {
+static void scale_row_f32(float *restrict w, const float *restrict g, size_t width, float s) {
   for (size_t j = 0; j < width; j++)
-    w[j] -= s * embps__grad_load(g, j);
+    w[j] -= s * g[j];
 }
 
-static void scale_row_bf16(uint16_t *restrict w, const unsigned char *restrict g, size_t width,
-                           float s) {
+static void scale_row_bf16(uint16_t *restrict w, const float *restrict g, size_t width, float s) {
   for (size_t j = 0; j < width; j++)
-    w[j] = embps_f32_to_bf16(embps_bf16_to_f32(w[j]) - s * embps__grad_load(g, j));
+    w[j] = embps_f32_to_bf16(embps_bf16_to_f32(w[j]) - s * g[j]);
 }
 
 void embps_update_rowwise_adagrad_cpu(void *table, embps_dtype_t dtype, size_t width,
                                       const int64_t *rows, size_t n, const float *grad,
-                                      const void *const *grad_at, const float *row_sumsq,
-                                      size_t full_width, float *accum,
+                                      const float *row_sumsq, size_t full_width, float *accum,
                                       const embps_opt_params_t *p) {
   const float inv_full_width = full_width ? 1.0f / (float)full_width : 0.0f;
   const size_t row_bytes = width * embps_dtype_size(dtype);
@@ -40,7 +36,7 @@ void embps_update_rowwise_adagrad_cpu(void *table, embps_dtype_t dtype, size_t w
     float acc = accum[r] * p->decay + row_sumsq[i] * inv_full_width;
     accum[r] = acc;
     float s = p->lr / (sqrtf(acc) + p->eps);
-    const unsigned char *g = embps__grad_row(grad, grad_at, i, width);
+    const float *g = grad + i * width;
     if (dtype == EMBPS_DTYPE_BF16)
       scale_row_bf16((uint16_t *)table + r * width, g, width, s);
     else

@@ -5,23 +5,19 @@
  * widened, updated and rounded back to nearest even. Rows are distinct (the caller summed the
  * duplicates), so no row is read after being written in the same call. */
 #include "kernels/embps_kernels.h"
-#include "kernels/grad_row.h"
 
-static void sgd_row_f32(float *restrict w, const unsigned char *restrict g, size_t width,
-                        float lr) {
+static void sgd_row_f32(float *restrict w, const float *restrict g, size_t width, float lr) {
   for (size_t j = 0; j < width; j++)
-    w[j] -= lr * embps__grad_load(g, j);
+    w[j] -= lr * g[j];
 }
 
-static void sgd_row_bf16(uint16_t *restrict w, const unsigned char *restrict g, size_t width,
-                         float lr) {
+static void sgd_row_bf16(uint16_t *restrict w, const float *restrict g, size_t width, float lr) {
   for (size_t j = 0; j < width; j++)
-    w[j] = embps_f32_to_bf16(embps_bf16_to_f32(w[j]) - lr * embps__grad_load(g, j));
+    w[j] = embps_f32_to_bf16(embps_bf16_to_f32(w[j]) - lr * g[j]);
 }
 
 void embps_update_sgd_cpu(void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
-                          size_t n, const float *grad, const void *const *grad_at,
-                          const embps_opt_params_t *p) {
+                          size_t n, const float *grad, const embps_opt_params_t *p) {
   const float lr = p->lr;
   const size_t row_bytes = width * embps_dtype_size(dtype);
   for (size_t i = 0; i < n; i++) {
@@ -29,7 +25,7 @@ void embps_update_sgd_cpu(void *table, embps_dtype_t dtype, size_t width, const 
     if (i + EMBPS_PREFETCH_ROWS < n)
       embps_prefetch_row((char *)table + (size_t)rows[i + EMBPS_PREFETCH_ROWS] * row_bytes,
                          row_bytes, NULL);
-    const unsigned char *g = embps__grad_row(grad, grad_at, i, width);
+    const float *g = grad + i * width;
     if (dtype == EMBPS_DTYPE_BF16)
       sgd_row_bf16((uint16_t *)table + off, g, width, lr);
     else

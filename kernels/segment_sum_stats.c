@@ -24,12 +24,7 @@
  *
  * The range form sums the segments [seg_lo, seg_hi) alone, so that the CPU engine's threads can
  * share a batch: each walks every position but sums only its own segments, and every segment
- * still has one thread and its order.
- *
- * The count and the positions are separate calls too, so that a caller whose gradients are still
- * arriving (server/service/push_prep.c sums a push while its request is read) can sum the
- * positions already here and come back for the rest: the counts carry what is left of each
- * segment from one call to the next. Measured in the server with timers around the round's
+ * still has one thread and its order. Measured in the server with timers around the round's
  * steps (a 1M x 128 f32 rowwise Adagrad table, 65536 uniform tokens a push, one and two threads
  * alternating, 4 rounds on the 2-core VM): the update went from 4.4-5.7 ms to 2.6-3.4 ms, this
  * sum only from 5.7-6.3 ms to 5.0-6.2 ms (it reads the gradients just received on the loop's
@@ -40,7 +35,6 @@
 #endif
 
 #include "kernels/embps_kernels.h"
-#include "kernels/grad_row.h"
 
 #define SEEN 0x80000000u /* a segment's count, once its first position has been summed */
 #define STREAM_COLS 256  /* a single bf16 row's columns widened on the stack at a time */
@@ -50,8 +44,11 @@ size_t embps_segment_sum_stats_workspace_bytes(size_t num_unique) {
 }
 
 static void first_row_f32(float *restrict acc, const unsigned char *restrict g, size_t width) {
-  for (size_t j = 0; j < width; j++)
-    acc[j] = embps__grad_load(g, j);
+  for (size_t j = 0; j < width; j++) {
+    float v;
+    memcpy(&v, g + j * sizeof(float), sizeof(float));
+    acc[j] = 0.0f + v;
+  }
 }
 
 static void add_row_f32(float *restrict acc, const unsigned char *restrict g, size_t width) {
@@ -109,30 +106,27 @@ static int streamable(const float *out, size_t width, size_t segments) {
 #endif
 }
 
-/* A segment of one position: its partials taken, and its row (0.0f + g) streamed to acc, or
- * (acc NULL) not stored at all: with grad_at the caller's update reads the row where it is, which
- * at 65536 tokens beat streaming it (server/service/push_prep.c has the figures), and no size
- * limit applies. An f32 row is read where it is, twice (the second read hits L1). It used to be
- * staged on the stack first, in 16-byte stores that the partials' 32-byte loads then read back:
- * such a load cannot be forwarded from two stores, and it waited for them to retire. Measured
- * with a throwaway program (65536 and 4096 uniform tokens over 1M rows, width 128 f32, grad_at,
- * fed in 256 KiB pieces each copied in just before, medians of 21 and 41, this project's 2-core
- * VM, 5 and 3 alternations, medians): 65536 tokens 5.6 -> 4.0 ms, 4096 0.197 -> 0.117 ms, equal
- * bits. In the server (old and new alternating on fresh servers, 4 rounds, 1M x 128 f32 rowwise
- * Adagrad) a push of 65536 went from 2.36M to 2.84M rows/s; 4096 stayed at 3.07M. A bf16 row is
- * widened on the stack, in pieces of STREAM_COLS columns. */
+/* A segment of one position: its partials taken, and its row (0.0f + g) streamed to acc (only
+ * when streamable()). An f32 row is read where it is, twice (the second read hits L1). It used to
+ * be staged on the stack first, in 16-byte stores that the partials' 32-byte loads then read
+ * back: such a load cannot be forwarded from two stores, and it waited for them to retire.
+ * Measured with a throwaway program (65536 and 4096 uniform tokens over 1M rows, width 128 f32,
+ * rows fed in 256 KiB pieces each copied in just before, medians of 21 and 41, this project's
+ * 2-core VM, 5 and 3 alternations, medians), in a mode that left the rows in place rather than
+ * streaming them (since removed with the loop thread's push prep): 65536 tokens 5.6 -> 4.0 ms,
+ * 4096 0.197 -> 0.117 ms, equal bits. A bf16 row is widened on the stack, in pieces of
+ * STREAM_COLS columns. */
 static void single_row(float *restrict acc, const unsigned char *restrict g, int bf16, size_t width,
                        size_t block, float *restrict partials) {
   if (!bf16) {
     if (block)
       embps_row_partials_at_cpu(g, width, block, partials);
 #if defined(__SSE2__)
-    if (acc) /* only when streamable() */
-      for (size_t j = 0; j < width; j += 4) {
-        __m128 v;
-        memcpy(&v, g + j * sizeof(float), sizeof(v));
-        _mm_stream_ps(acc + j, _mm_add_ps(_mm_setzero_ps(), v));
-      }
+    for (size_t j = 0; j < width; j += 4) {
+      __m128 v;
+      memcpy(&v, g + j * sizeof(float), sizeof(v));
+      _mm_stream_ps(acc + j, _mm_add_ps(_mm_setzero_ps(), v));
+    }
 #endif
     return;
   }
@@ -144,41 +138,37 @@ static void single_row(float *restrict acc, const unsigned char *restrict g, int
     if (block)
       embps_row_partials_cpu(tmp, 1, len, block, partials + off / block);
 #if defined(__SSE2__)
-    if (acc)
-      for (size_t j = 0; j < len; j += 4)
-        _mm_stream_ps(acc + off + j, _mm_load_ps(tmp + j));
+    for (size_t j = 0; j < len; j += 4)
+      _mm_stream_ps(acc + off + j, _mm_load_ps(tmp + j));
 #endif
   }
 }
 
 /* Prefetches segment s's sum for writing, unless it is a row of one position that is streamed
- * or left in place (nothing reads its line of out), with embps_prefetch_row_kept (locality 3):
- * the row is added to again by the segment's later positions and read by the update, unlike the
- * rows embps_prefetch_row fetches once (locality 0).
+ * (nothing reads its line of out), with embps_prefetch_row_kept (locality 3): the row is added to
+ * again by the segment's later positions and read by the update, unlike the rows
+ * embps_prefetch_row fetches once (locality 0).
  * Always inlined: as a function of its own (up to 1038543), GCC 12 at -O1 and above found it free
  * of side effects (ipa-pure-const: a prefetch writes nothing) and deleted its calls, and the
  * object held no prefetch instruction at all. Measured with a throwaway program (this file's
- * three forms linked side by side, count and positions passes fed in 256 KiB pieces with
- * grad_at, 1M-row token space, width 128 f32, caches evicted before each pass, forms
- * interleaved, medians of 31-41, this project's 2-core VM, two runs each): Zipf(1.05) 65536
- * tokens 3.04 / 3.20 ms without the prefetch, 2.71 / 2.95 at locality 0, 2.61 / 2.85 at
- * locality 3; uniform 65536 4.39 / 3.91, 3.90 / 3.54, 4.03 / 3.48; Zipf 4096 0.229, 0.209,
- * 0.205 ms; equal bits. In the server (old and new alternating on fresh servers, 1M x 128 f32
- * rowwise Adagrad, medians): a Zipf push of 65536 went from 3.91M / 3.98M to 4.12M / 4.45M
- * rows/s (4 rounds, two runs), Zipf 4096 from 3.53M to 3.71M (7 rounds); uniform 65536 stayed
- * at 2.42M / 2.40M (3 rounds), its rows being mostly single. */
+ * three forms linked side by side, fed in 256 KiB pieces with single rows left in place, a mode
+ * since removed with the loop thread's push prep; 1M-row token space, width 128 f32, caches
+ * evicted before each pass, forms interleaved, medians of 31-41, this project's 2-core VM, two
+ * runs each): Zipf(1.05) 65536 tokens 3.04 / 3.20 ms without the prefetch, 2.71 / 2.95 at
+ * locality 0, 2.61 / 2.85 at locality 3; uniform 65536 4.39 / 3.91, 3.90 / 3.54, 4.03 / 3.48;
+ * Zipf 4096 0.229, 0.209, 0.205 ms; equal bits. In the server (old and new alternating on fresh
+ * servers, 1M x 128 f32 rowwise Adagrad, medians): a Zipf push of 65536 went from 3.91M / 3.98M
+ * to 4.12M / 4.45M rows/s (4 rounds, two runs), Zipf 4096 from 3.53M to 3.71M (7 rounds); uniform
+ * 65536 stayed at 2.42M / 2.40M (3 rounds), its rows being mostly single. */
 static inline __attribute__((always_inline)) void
 prefetch_sum(float *out, size_t width, const uint32_t *count, uint32_t s, int single) {
   if (!single || count[s] != 1)
     embps_prefetch_row_kept(out + (size_t)s * width, width * sizeof(float));
 }
 
-void embps_segment_sum_stats_count_cpu(const uint32_t *segment_ids, size_t n, void *workspace,
-                                       size_t seg_lo, size_t seg_hi) {
-  uint32_t *count = workspace;
-  const uint32_t lo = (uint32_t)seg_lo, span = (uint32_t)(seg_hi - seg_lo);
-  if (span == 0)
-    return;
+/* Counts each segment of [seg_lo, seg_hi)'s positions into count. */
+static void count_positions(const uint32_t *segment_ids, size_t n, uint32_t *count, uint32_t lo,
+                            uint32_t span) {
   memset(count + lo, 0, span * sizeof(uint32_t));
   /* segment_ids[i] - lo < span (unsigned) is the range test: one compare per position. */
   for (size_t i = 0; i < n; i++)
@@ -186,51 +176,46 @@ void embps_segment_sum_stats_count_cpu(const uint32_t *segment_ids, size_t n, vo
       count[segment_ids[i]]++;
 }
 
-void embps_segment_sum_stats_positions_cpu(const void *grads, embps_dtype_t dtype, size_t width,
-                                           const uint32_t *segment_ids, size_t pos_lo,
-                                           size_t pos_hi, size_t block, float *out, float *partials,
-                                           void *workspace, size_t seg_lo, size_t seg_hi,
-                                           const void **grad_at) {
+void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
+                                       const uint32_t *segment_ids, size_t n, size_t num_unique,
+                                       size_t block, float *out, float *partials, void *workspace,
+                                       size_t seg_lo, size_t seg_hi) {
   const int bf16 = dtype == EMBPS_DTYPE_BF16;
   const size_t in_row = width * embps_dtype_size(dtype);
   const size_t nb = block ? width / block : 0;
   const unsigned char *g = grads;
   uint32_t *count = workspace;
   const uint32_t lo = (uint32_t)seg_lo, span = (uint32_t)(seg_hi - seg_lo);
-  size_t ahead = pos_lo; /* positions before it are prefetched, or not this range's */
-  const int stream = !grad_at && streamable(out, width, span);
-  const int single = stream || grad_at; /* rows of one position bypass out's cache lines */
+  size_t ahead = 0; /* positions before it are prefetched, or not this range's */
+  const int stream = streamable(out, width, span); /* rows of one position bypass out's lines */
 
+  (void)num_unique;
   if (span == 0)
     return;
+  count_positions(segment_ids, n, count, lo, span);
   /* The accumulators are prefetched EMBPS_PREFETCH_ROWS of this range's positions ahead (another
    * range's rows are another thread's to touch): the first ones here, then one more with each
-   * position summed. A streamed row or one left in place is not prefetched. */
-  for (size_t k = 0; ahead < pos_hi && k < EMBPS_PREFETCH_ROWS; ahead++)
+   * position summed. A streamed row is not prefetched. */
+  for (size_t k = 0; ahead < n && k < EMBPS_PREFETCH_ROWS; ahead++)
     if (segment_ids[ahead] - lo < span) {
-      prefetch_sum(out, width, count, segment_ids[ahead], single);
+      prefetch_sum(out, width, count, segment_ids[ahead], stream);
       k++;
     }
-  for (size_t i = pos_lo; i < pos_hi; i++) {
+  for (size_t i = 0; i < n; i++) {
     const uint32_t s = segment_ids[i];
     if (s - lo >= span)
       continue;
     float *acc = out + (size_t)s * width;
     uint32_t c = count[s];
-    while (ahead < pos_hi && segment_ids[ahead] - lo >= span)
+    while (ahead < n && segment_ids[ahead] - lo >= span)
       ahead++;
-    if (ahead < pos_hi)
-      prefetch_sum(out, width, count, segment_ids[ahead++], single);
-    if (single && c == 1) {
-      single_row(grad_at ? NULL : acc, g + i * in_row, bf16, width, block,
-                 partials + (size_t)s * nb);
-      if (grad_at)
-        grad_at[s] = g + i * in_row;
+    if (ahead < n)
+      prefetch_sum(out, width, count, segment_ids[ahead++], stream);
+    if (stream && c == 1) {
+      single_row(acc, g + i * in_row, bf16, width, block, partials + (size_t)s * nb);
       count[s] = SEEN;
       continue;
     }
-    if (grad_at)
-      grad_at[s] = acc;
     if (bf16 && !(c & SEEN))
       first_row_bf16(acc, g + i * in_row, width);
     else if (bf16)
@@ -248,16 +233,6 @@ void embps_segment_sum_stats_positions_cpu(const void *grads, embps_dtype_t dtyp
   if (stream)
     _mm_sfence(); /* the streamed rows are in memory before whoever reads out is told */
 #endif
-}
-
-void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
-                                       const uint32_t *segment_ids, size_t n, size_t num_unique,
-                                       size_t block, float *out, float *partials, void *workspace,
-                                       size_t seg_lo, size_t seg_hi) {
-  (void)num_unique;
-  embps_segment_sum_stats_count_cpu(segment_ids, n, workspace, seg_lo, seg_hi);
-  embps_segment_sum_stats_positions_cpu(grads, dtype, width, segment_ids, 0, n, block, out,
-                                        partials, workspace, seg_lo, seg_hi, NULL);
 }
 
 void embps_segment_sum_stats_cpu(const void *grads, embps_dtype_t dtype, size_t width,

@@ -544,7 +544,6 @@ int main(int argc, char **argv) {
   scfg.max_reply_bytes = set.max_reply_bytes ? set.max_reply_bytes : set.max_message_bytes;
   snprintf(scfg.mesh, sizeof(scfg.mesh), "%s", mesh_text);
   scfg.loop = &s.loop;
-  scfg.push_overlap_bytes = set.push_overlap_bytes;
   memset(&ncfg, 0, sizeof(ncfg));
   ncfg.max_message_bytes = set.max_message_bytes;
   ncfg.stall_timeout_ms = set.stall_timeout_ms;
@@ -601,7 +600,6 @@ int main(int argc, char **argv) {
     return 1;
   }
   embps_service_set_net(s.service, s.net);
-  embps_net_set_progress(s.net, embps_service_on_progress, embps_service_free_state);
   embps_service_set_auth(s.service, s.auth);
   s.metrics_src.store = s.store;
   s.metrics_src.group = s.group;

@@ -79,10 +79,6 @@
     "cpu: threads that apply a push (segment sum, row statistics, optimizer update), the "         \
     "engine's own included; every row stays on one thread, so the tables get the same bits with "  \
     "any number; 0 = the CPUs this process may use (affinity, cgroup CPU limit), at most 8")       \
-  X(push_overlap_bytes, SIZE, "push-overlap-bytes", "512M",                                        \
-    "cpu backend, a group of one: memory for deduplicating and summing large pushes while their "  \
-    "gradients arrive, so that only the update is left when the last byte lands; pushes beyond "   \
-    "it run whole once received; 0 = off")                                                         \
   X(checkpoint_dir, STR, "checkpoint-dir", "",                                                     \
     "directory for checkpoints, one filesystem shared by every rank; empty: tables live in "       \
     "memory only")                                                                                 \

@@ -333,7 +333,6 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   const void *tokens, *grads;
   const int64_t *unique, *rows;
   const float *ready;
-  const void *const *g_at = NULL;
   int64_t first_unique = -1;
   size_t U, first, m;
   uint64_t bad = 0;
@@ -346,16 +345,6 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
     return ret;
   atomic_fetch_add_explicit(&counters->pushes, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->rows_pushed, n, memory_order_relaxed);
-  if (op->prepared && N == 1 && ops->backend == EMBPS_BACKEND_CPU) {
-    /* Deduplicated and summed while the request arrived: the gate and the update are left. */
-    unique = op->prepared->unique;
-    U = op->prepared->num_unique;
-    first_unique = U > 0 ? unique[0] : -1;
-    s.summed = op->prepared->summed;
-    ready = op->prepared->partials;
-    g_at = op->prepared->grad_at;
-    goto summed;
-  }
   /* The gradients (the bulk of the request) travel while the tokens are all-gathered and
    * deduplicated, which need only the tokens. */
   STEP(ops->input(be, EMBPS__IN_TOKENS, op->tokens, n * sizeof(int64_t), &tokens, err));
@@ -383,17 +372,12 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
                                 err));
   else
     STEP(ops->segment_sum(be, t, grads, T, U, s.summed, err));
-  ready = ops->segment_sum_stats ? s.partials : NULL;
-summed:
   /* Unique tokens are ascending, so the padding row, when present, is the first. */
   first = (U > 0 && first_unique == 0) ? 1 : 0;
   rows = unique + first;
   m = U - first;
   g = s.summed + first * w;
-  if (ready)
-    ready += first * sh->nb;
-  if (g_at)
-    g_at += first;
+  ready = ops->segment_sum_stats ? s.partials + first * sh->nb : NULL;
   op->num_unique = m;
   atomic_fetch_add_explicit(&counters->unique_tokens, m, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
@@ -407,14 +391,12 @@ summed:
   }
   op->grad_norm = sqrt(total);
   if (c->weight_decay != 0.0f) {
-    if (g_at) /* the prep leaves rows in place only for tables without weight decay */
-      STEP(embps_error_set(err, EMBPS_INTERNAL, "a push's gradients left in place need decay"));
     STEP(ops->weight_decay(be, t, rows, m, g, err));
     if (rowwise) /* the mean square of the gradient the update sees */
       STEP(row_figures(e, sh, &s, g, m, NULL, NULL, NULL, err));
   }
   p = embps__engine_next_step(t);
-  STEP(ops->update(be, t, rows, m, g, g_at, s.row_sumsq, &p, err));
+  STEP(ops->update(be, t, rows, m, g, s.row_sumsq, &p, err));
   if (embps_table_dirty(t))
     STEP(ops->mark_dirty(be, t, rows, m, err));
   /* A sync push answers after the update is applied. */

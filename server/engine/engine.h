@@ -33,22 +33,6 @@ typedef enum embps_op_kind {
 typedef struct embps_op embps_op_t;
 
 /**
- * A push's dedup and segment sum, made before the engine runs it (server/service/push_prep.h:
- * while the request arrived): what the cpu backend's dedup and segment_sum_stats make of the
- * op's tokens and gradients, bit for bit. Host memory, owned by the submitter.
- */
-typedef struct embps_push_prepared {
-  const int64_t *unique; /* the batch's distinct tokens, ascending (embps_dedup_cpu) */
-  size_t num_unique;
-  float *summed;         /* num_unique x emb_width: each unique token's gradients summed, f32 */
-  const float *partials; /* num_unique x (emb_width / embps_row_stats_block(emb_width)) */
-  /* NULL, or where each unique token's sum is (num_unique entries): a token of one position left
-   * in the request's gradients, the others in summed (embps_segment_sum_stats_positions_cpu's
-   * grad_at). Set only for a table without weight decay, whose update never writes the sums. */
-  const void *const *grad_at;
-} embps_push_prepared_t;
-
-/**
  * One unit of work: one rank's shard of a batch, or a table to create or drop. The submitter owns
  * the op and everything it points to; between submission and the done callback only the group and
  * engine touch it.
@@ -68,10 +52,6 @@ struct embps_op {
   size_t num_tokens;           /* tokens_per_batch / group_size */
   const void *grads;           /* push: num_tokens x emb_width of the table's dtype */
   void *rows_out;              /* lookup: num_tokens x emb_width of the table's dtype */
-  /* push, when not NULL: its dedup and segment sum, made already; used by the cpu backend in a
-   * group of one (elsewhere the engine makes its own), and summed may be written (weight decay);
-   * its grad_at rows in grads are read until the update is done */
-  const embps_push_prepared_t *prepared;
 
   /* Results. */
   embps_error_t error;    /* status EMBPS_OK on success */

@@ -297,7 +297,6 @@ typedef struct update_job {
   size_t w;
   const int64_t *rows;
   const float *g, *row_sumsq;
-  const void *const *g_at;
   const embps_opt_params_t *p;
 } update_job_t;
 
@@ -307,36 +306,32 @@ static void update_share(void *arg, size_t lo, size_t hi) {
   const embps_table_config_t *c = j->c;
   const int64_t *rows = j->rows + lo;
   const float *g = j->g + lo * j->w;
-  const void *const *at = j->g_at ? j->g_at + lo : NULL;
   const size_t m = hi - lo;
   switch (c->optimizer) {
   case EMBPS_OPTIMIZER_SGD:
-    embps_update_sgd_cpu(j->a.data, c->dtype, j->w, rows, m, g, at, j->p);
+    embps_update_sgd_cpu(j->a.data, c->dtype, j->w, rows, m, g, j->p);
     return;
   case EMBPS_OPTIMIZER_ADAGRAD:
-    embps_update_adagrad_cpu(j->a.data, c->dtype, j->w, rows, m, g, at, j->a.state0, j->p);
+    embps_update_adagrad_cpu(j->a.data, c->dtype, j->w, rows, m, g, j->a.state0, j->p);
     return;
   case EMBPS_OPTIMIZER_ROWWISE_ADAGRAD:
-    embps_update_rowwise_adagrad_cpu(j->a.data, c->dtype, j->w, rows, m, g, at, j->row_sumsq + lo,
+    embps_update_rowwise_adagrad_cpu(j->a.data, c->dtype, j->w, rows, m, g, j->row_sumsq + lo,
                                      c->emb_width, j->a.state0, j->p);
     return;
   case EMBPS_OPTIMIZER_ADAM:
-    embps_update_adam_cpu(j->a.data, c->dtype, j->w, rows, m, g, at, j->a.state0, j->a.state1,
-                          j->p);
+    embps_update_adam_cpu(j->a.data, c->dtype, j->w, rows, m, g, j->a.state0, j->a.state1, j->p);
     return;
   }
 }
 
 static embps_status_t cpu_update(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
-                                 size_t m, const float *g, const void *const *g_at,
-                                 const float *row_sumsq, const embps_opt_params_t *p,
-                                 embps_error_t *err) {
+                                 size_t m, const float *g, const float *row_sumsq,
+                                 const embps_opt_params_t *p, embps_error_t *err) {
   const update_job_t j = {.c = embps_table_config(t),
                           .a = embps_table_arrays(t),
                           .w = embps_table_shard_width(t),
                           .rows = rows,
                           .g = g,
-                          .g_at = g_at,
                           .row_sumsq = row_sumsq,
                           .p = p};
   switch (j.c->optimizer) {

@@ -491,14 +491,11 @@ static embps_status_t cuda_weight_decay(embps__engine_backend_t *c, embps_table_
 }
 
 static embps_status_t cuda_update(embps__engine_backend_t *c, embps_table_t *t, const int64_t *rows,
-                                  size_t m, const float *g, const void *const *g_at,
-                                  const float *row_sumsq, const embps_opt_params_t *p,
-                                  embps_error_t *err) {
+                                  size_t m, const float *g, const float *row_sumsq,
+                                  const embps_opt_params_t *p, embps_error_t *err) {
   const embps_table_config_t *cfg = embps_table_config(t);
   const embps_table_arrays_t a = embps_table_arrays(t);
   const size_t w = embps_table_shard_width(t);
-  if (g_at) /* host rows: only the cpu backend is given prepared pushes */
-    return embps_error_set(err, EMBPS_INTERNAL, "a cuda update was given host gradient rows");
   switch (cfg->optimizer) {
   case EMBPS_OPTIMIZER_SGD:
     return embps_update_sgd_cuda(a.data, cfg->dtype, w, rows, m, g, p, c->stream);

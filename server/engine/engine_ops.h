@@ -16,6 +16,7 @@
 #ifndef EMBPS_ENGINE_OPS_H
 #define EMBPS_ENGINE_OPS_H
 
+#include "kernels/embps_kernels.h"
 #include "server/engine/engine.h"
 
 /** What one op needs, for reserve: a batch of T = n * group_size tokens, this rank's slice of
@@ -115,12 +116,10 @@ typedef struct embps__engine_ops {
   /** g[i] += weight_decay * w[rows[i]]. */
   embps_status_t (*weight_decay)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
                                  size_t m, float *g, embps_error_t *err);
-  /** The table's optimizer step p on rows (row_sumsq for rowwise Adagrad), with the gradient
-   * rows g, or where g_at says when it is not NULL (the kernels' grad_at: host memory, the cpu
-   * backend alone). */
+  /** The table's optimizer step p on rows (row_sumsq for rowwise Adagrad). */
   embps_status_t (*update)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
-                           size_t m, const float *g, const void *const *g_at,
-                           const float *row_sumsq, const embps_opt_params_t *p, embps_error_t *err);
+                           size_t m, const float *g, const float *row_sumsq,
+                           const embps_opt_params_t *p, embps_error_t *err);
 
   /** Marks rows[0..m) dirty in the table's bitmap (embps_table_mark_dirty), for incremental
    * checkpoints; called only for tables that track them. */

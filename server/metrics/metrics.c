@@ -252,10 +252,6 @@ static void render_tables(text_t *t, embps_store_t *store, const char *backend) 
       {"embps_table_steps_skipped_total",
        "Optimizer steps skipped by the finite gate (a non-finite gradient).",
        offsetof(embps_table_counters_t, steps_skipped)},
-      {"embps_table_pushes_prepared_total",
-       "Pushes deduplicated and summed while their gradients arrived (cpu backend, a group of "
-       "one, --push-overlap-bytes).",
-       offsetof(embps_table_counters_t, pushes_prepared)},
   };
   char name[EMBPS_TABLE_NAME_MAX * 2 + 4];
 

@@ -158,9 +158,6 @@ int embps__grpc_on_data_chunk_recv(nghttp2_session *session, uint8_t flags, int3
       s->msg_got += take;
       data += take;
       len -= take;
-      if (conn->hooks.on_progress && s->msg_len >= EMBPS_NET_PROGRESS_MIN && s->path)
-        conn->hooks.on_progress(conn->hooks.request_user, s->path, s->authorization, s->msg,
-                                s->msg_got, s->msg_len, &s->progress_state);
       if (s->msg_got == s->msg_len) {
         s->in_msg = 0;
         s->nmsgs++;

@@ -1,18 +1,16 @@
-/* The gRPC/HTTP2 core of one server connection, free of I/O.
+/* The gRPC/HTTP2 core of one server connection, free of I/O: the nghttp2 session, its streams
+ * and the connection's life.
  *
  * An nghttp2 server session does the HTTP/2 framing; this module adds gRPC unary semantics on
  * top: it follows each request stream from its headers to its answer and hands complete calls
  * to the request callback. Received bytes go in through embps__h2conn_feed
- * (nghttp2_session_mem_recv); a stream's message is read out of its DATA by grpc_frame.c. A
- * wrong method or content-type is answered at once with a trailers-only response (and a
- * RST_STREAM(NO_ERROR) once it is sent, when the client is still sending), and the connection
- * carries on. Requests whose stream ended with exactly one message are queued and handed to the
- * request callback only after mem_recv returns, so a handler never runs inside an nghttp2
- * callback and may answer synchronously. Output leaves as batches of segments (h2out.c).
- *
- * Calls are separate small objects so that they outlive their stream and their connection: when
- * either goes, the call is marked cancelled and detached, and its answer is dropped (releasing
- * the body) instead of touching freed memory.
+ * (nghttp2_session_mem_recv); a stream's message is read out of its DATA by grpc_frame.c, in
+ * place when it is large (h2read.c). A wrong method or content-type is answered at once with a
+ * trailers-only response (and a RST_STREAM(NO_ERROR) once it is sent, when the client is still
+ * sending), and the connection carries on. Requests whose stream ended with exactly one message
+ * are queued and handed to the request callback only after mem_recv returns, so a handler never
+ * runs inside an nghttp2 callback and may answer synchronously. The calls it hands over, and
+ * their answers, are h2call.c's; output leaves as batches of segments (h2out.c).
  *
  * Windows: we advertise SETTINGS_INITIAL_WINDOW_SIZE = 2^31-1 and raise the connection window to
  * the same, and accept 16 MiB-1 frames, so a client never stalls on our flow control. */
@@ -20,7 +18,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include "common/clock.h"
 #include "common/alloc.h"
 #include "common/log.h"
 #include "server/net/h2conn_internal.h"
@@ -44,55 +41,9 @@ static int idq_push(embps__h2idq_t *q, int32_t id) {
   return 0;
 }
 
-static void count_error(embps__h2conn_t *conn) {
+void embps__h2_count_error(embps__h2conn_t *conn) {
   if (conn->hooks.stats)
     conn->hooks.stats->errors++;
-}
-
-/* The method's slot for path ("/pkg.Service/Method"), added on first sight (loop thread; the
- * slot is filled before num_methods publishes it). */
-static embps_net_method_metrics_t *method_slot(embps_net_metrics_t *m, const char *path) {
-  size_t n = atomic_load_explicit(&m->num_methods, memory_order_relaxed);
-  const char *slash = path && path[0] == '/' ? strchr(path + 1, '/') : NULL;
-  embps_net_method_metrics_t *slot;
-  size_t slen;
-  if (!slash || slash[1] == '\0' || (slen = (size_t)(slash - path - 1)) >= sizeof(slot->service) ||
-      strlen(slash + 1) >= sizeof(slot->method))
-    return &m->methods[EMBPS_NET_METRICS_METHODS];
-  for (size_t i = 0; i < n; i++)
-    if (strncmp(m->methods[i].service, path + 1, slen) == 0 && m->methods[i].service[slen] == 0 &&
-        strcmp(m->methods[i].method, slash + 1) == 0)
-      return &m->methods[i];
-  if (n == EMBPS_NET_METRICS_METHODS)
-    return &m->methods[EMBPS_NET_METRICS_METHODS];
-  slot = &m->methods[n];
-  memcpy(slot->service, path + 1, slen);
-  slot->service[slen] = '\0';
-  snprintf(slot->method, sizeof(slot->method), "%s", slash + 1);
-  embps_hist_init(&slot->seconds, embps_hist_seconds_bounds, embps_hist_seconds_nbounds);
-  atomic_store_explicit(&m->num_methods, n + 1, memory_order_release);
-  return slot;
-}
-
-/* Counts a call's answer once: its code, its time, and (OK) the reply message's bytes. */
-static void count_handled(embps_net_call_t *call, embps_status_t status, size_t reply_bytes) {
-  embps_net_method_metrics_t *gm = call->gm;
-  int code = embps_status_grpc_code(status);
-  if (!gm)
-    return;
-  call->gm = NULL;
-  if (code < 0 || code >= EMBPS_NET_GRPC_CODES)
-    code = 2; /* UNKNOWN */
-  atomic_fetch_add_explicit(&gm->handled[code], 1, memory_order_relaxed);
-  embps_hist_observe_ns(&gm->seconds, embps_now_ns() - call->start_ns);
-  if (reply_bytes && call->conn && call->conn->hooks.metrics)
-    atomic_fetch_add_explicit(&call->conn->hooks.metrics->message_bytes_out, reply_bytes,
-                              memory_order_relaxed);
-}
-
-static void notify_output(embps__h2conn_t *conn) {
-  if (!conn->in_feed && conn->hooks.on_output)
-    conn->hooks.on_output(conn->hooks.io_user);
 }
 
 static void stop_receiving(embps__h2conn_t *conn, embps__h2stream_t *s) {
@@ -104,9 +55,6 @@ static void stop_receiving(embps__h2conn_t *conn, embps__h2stream_t *s) {
 
 /* Drops a stream's half-received message and its share of the connection's budget. */
 static void drop_msg(embps__h2conn_t *conn, embps__h2stream_t *s) {
-  if (s->progress_state && conn->hooks.free_state)
-    conn->hooks.free_state(conn->hooks.request_user, s->progress_state);
-  s->progress_state = NULL;
   if (s->msg)
     conn->receiving_bytes -= s->msg_len;
   embps_free(s->msg);
@@ -121,7 +69,7 @@ void embps__h2_fail_stream(embps__h2conn_t *conn, embps__h2stream_t *s, int http
   s->state = EMBPS__H2S_ANSWERED;
   s->in_msg = 0;
   drop_msg(conn, s);
-  count_error(conn);
+  embps__h2_count_error(conn);
   /* The reset must wait until the HEADERS are out: nghttp2 drops frames queued for a stream
    * after a RST_STREAM. See on_frame_send. */
   s->rst_after_answer = was_receiving;
@@ -371,18 +319,12 @@ fail:
 void embps__h2conn_free(embps__h2conn_t *conn) {
   if (!conn)
     return;
-  for (embps_net_call_t *c = conn->calls; c; c = c->next) {
-    count_handled(c, EMBPS_CANCELLED, 0); /* the metrics may not outlive the connection */
-    c->conn = NULL;
-    c->stream = NULL;
-    c->cancelled = 1;
-  }
+  embps__h2call_detach_all(conn);
   /* nghttp2_session_del runs no callbacks, so our streams are freed here. */
   nghttp2_session_del(conn->session);
   while (conn->streams) {
     embps__h2stream_t *s = conn->streams;
     conn->streams = s->next;
-    drop_msg(conn, s);
     stream_free(s);
   }
   embps_free(conn->deliver.ids);
@@ -395,104 +337,25 @@ static void deliver(embps__h2conn_t *conn) {
         nghttp2_session_get_stream_user_data(conn->session, conn->deliver.ids[i]);
     if (!s || s->state != EMBPS__H2S_QUEUED)
       continue; /* reset by the client in the same read */
-    embps_net_call_t *call = embps_calloc(1, sizeof(*call));
+    embps_net_call_t *call = embps__h2call_start(conn, s);
     if (!call) {
       embps__h2_fail_stream(conn, s, 200, EMBPS_RESOURCE_EXHAUSTED,
                             "out of memory starting the call");
       continue;
     }
-    call->conn = conn;
-    call->stream = s;
-    call->next = conn->calls;
-    if (conn->calls)
-      conn->calls->prev = call;
-    conn->calls = call;
-    s->call = call;
-    s->state = EMBPS__H2S_CALLED;
-    if (conn->hooks.stats)
-      conn->hooks.stats->requests++;
-    if (conn->hooks.metrics) {
-      call->gm = method_slot(conn->hooks.metrics, s->path);
-      call->start_ns = embps_now_ns();
-      atomic_fetch_add_explicit(&call->gm->started, 1, memory_order_relaxed);
-      atomic_fetch_add_explicit(&conn->hooks.metrics->message_bytes_in, s->msg_len,
-                                memory_order_relaxed);
-    }
     uint8_t *msg = s->msg;
     if (msg)
       conn->receiving_bytes -= s->msg_len;
     s->msg = NULL;
-    /* The state moves to the connection: the handler may answer (and so free the call, and
-     * maybe the stream) before it returns. */
-    conn->delivering = call;
-    conn->delivering_state = s->progress_state;
-    s->progress_state = NULL;
     conn->hooks.on_request(conn->hooks.request_user, call, s->path, msg, s->msg_len);
-    if (conn->delivering_state && conn->hooks.free_state) /* not taken */
-      conn->hooks.free_state(conn->hooks.request_user, conn->delivering_state);
-    conn->delivering = NULL;
-    conn->delivering_state = NULL;
   }
   conn->deliver.n = 0;
 }
 
-/* Walks n bytes about to be fed, keeping conn's place in the client's preface and frames. */
-static void frames_track(embps__h2conn_t *conn, const uint8_t *p, size_t n) {
-  size_t k = conn->preface_left < n ? conn->preface_left : n;
-  conn->preface_left -= k;
-  embps_h2_frames_walk(&conn->frames, p + k, n - k);
-}
-
-/* The stream id's message buffer, when it is receiving a message with at least
- * EMBPS__H2_DIRECT_MIN bytes still to come. */
-static embps__h2stream_t *large_message(embps__h2conn_t *conn, int32_t id) {
-  embps__h2stream_t *s = id ? nghttp2_session_get_stream_user_data(conn->session, id) : NULL;
-  return s && s->state == EMBPS__H2S_RECEIVING && s->in_msg &&
-                 s->msg_len - s->msg_got >= EMBPS__H2_DIRECT_MIN
-             ? s
-             : NULL;
-}
-
-/* The most one read into a large message takes. Each read is followed by the progress hook,
- * which sums a push's gradient rows as they land (server/service/push_prep.h): reads of at most
- * 256 KiB leave its rows in the core's L2 cache, where unbounded ones (as much as the socket
- * holds, several MiB) had the sum read them back from memory. Measured with a 1M x 128 f32
- * rowwise Adagrad table on the 2-core VM, one call in flight, the two servers alternating fresh
- * for each 3 s run of embps bench (medians of 4): push 65536 tokens 2.11M -> 2.30M rows/s, push
- * 4096 2.27M against 2.30M, and lookup 65536 5.35M against 5.20M (3 runs; noise). */
-#define DIRECT_READ_MAX ((size_t)256 << 10)
-
-uint8_t *embps__h2conn_read_target(embps__h2conn_t *conn, size_t *cap) {
-  *cap = SIZE_MAX;
-  if (conn->fatal || conn->preface_left > 0)
-    return NULL;
-  const embps_h2_frames_t *f = &conn->frames;
-  const int32_t id = embps_h2_frames_data_stream(f);
-  embps__h2stream_t *s = large_message(conn, id);
-  if (s) {
-    size_t left = s->msg_len - s->msg_got;
-    conn->direct_stream = id;
-    *cap = left < f->left ? left : f->left;
-    if (*cap > DIRECT_READ_MAX)
-      *cap = DIRECT_READ_MAX;
-    return s->msg + s->msg_got;
-  }
-  if (!large_message(conn, conn->direct_stream)) {
-    conn->direct_stream = 0;
-    return NULL;
-  }
-  /* A large message is arriving: stop at the end of the next frame header. */
-  *cap = f->have < EMBPS_H2_FRAME_HEADER ? EMBPS_H2_FRAME_HEADER - f->have
-                                         : f->left + EMBPS_H2_FRAME_HEADER;
-  return NULL;
-}
-
-uint64_t embps__h2conn_direct_bytes(const embps__h2conn_t *conn) { return conn->direct_bytes; }
-
 embps_status_t embps__h2conn_feed(embps__h2conn_t *conn, const uint8_t *data, size_t len) {
   if (conn->fatal)
     return EMBPS_UNAVAILABLE;
-  frames_track(conn, data, len);
+  embps__h2read_track(conn, data, len);
   conn->in_feed = 1;
   ssize_t rv = nghttp2_session_mem_recv(conn->session, data, len);
   if (rv < 0) {
@@ -556,206 +419,4 @@ void embps__h2conn_goaway(embps__h2conn_t *conn) {
    * once the GOAWAY is out. When it cannot even queue that, close without it. */
   if (nghttp2_session_terminate_session(conn->session, NGHTTP2_NO_ERROR) != 0)
     conn->fatal = 1;
-}
-
-/* ---- answering calls ---- */
-
-embps_status_t embps_net_call_hold_reply(embps_net_call_t *call, size_t bytes, embps_error_t *err) {
-  embps__h2conn_t *conn = call->conn;
-  if (embps_net_call_cancelled(call))
-    return embps_error_set(err, EMBPS_CANCELLED, "the client has gone");
-  /* One reply alone always fits, so a limit below the largest reply refuses nothing that a
-   * connection doing one call at a time would send. */
-  if (conn->max_reply_bytes && conn->reply_bytes > 0 &&
-      conn->reply_bytes + bytes > conn->max_reply_bytes)
-    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
-                           "this connection already holds %zu bytes of replies (being made, or "
-                           "not yet read by the client); another %zu would pass "
-                           "--max-connection-reply-bytes=%zu: read the replies before asking for "
-                           "more, or spread the calls over more connections",
-                           conn->reply_bytes, bytes, conn->max_reply_bytes);
-  call->reply_held += bytes;
-  conn->reply_bytes += bytes;
-  return EMBPS_OK;
-}
-
-/* Takes the call off its connection's list and frees it; returns its live stream or NULL. */
-static embps__h2stream_t *call_finish(embps_net_call_t *call, embps__h2conn_t **conn_out) {
-  embps__h2conn_t *conn = call->conn;
-  embps__h2stream_t *s = call->stream;
-  if (conn) {
-    conn->reply_bytes -= call->reply_held;
-    if (call->prev)
-      call->prev->next = call->next;
-    else
-      conn->calls = call->next;
-    if (call->next)
-      call->next->prev = call->prev;
-  }
-  if (s)
-    s->call = NULL;
-  embps__h2body_unref(call->body);
-  embps_free(call);
-  *conn_out = conn;
-  return conn ? s : NULL;
-}
-
-/* Submits the response HEADERS of s with b as its body (the stream takes over the reference the
- * caller made for it), and passes the call's reply hold to the stream. */
-static void submit_body(embps__h2conn_t *conn, embps__h2stream_t *s, embps__h2body_t *b,
-                        size_t held) {
-  s->body = b; /* freed with the stream, whatever happens below */
-  conn->unsent_bodies++;
-  s->reply_held = held; /* the call's hold passes to the stream until it closes */
-  conn->reply_bytes += held;
-  s->read_off = s->sent_off = 0;
-  s->state = EMBPS__H2S_ANSWERED;
-  nghttp2_nv nva[] = {EMBPS__H2_NV(":status", "200", 3),
-                      EMBPS__H2_NV("content-type", "application/grpc", 16)};
-  nghttp2_data_provider prd = {.source.ptr = s, .read_callback = embps__grpc_reply_read_cb};
-  int rv = nghttp2_submit_response(conn->session, s->id, nva, 2, &prd);
-  if (rv < 0) {
-    EMBPS_ERROR("nghttp2_submit_response(stream %d): %s", s->id, nghttp2_strerror(rv));
-    nghttp2_submit_rst_stream(conn->session, NGHTTP2_FLAG_NONE, s->id, embps__h2_rst_code_of(rv));
-  }
-}
-
-/* A streamed reply has more to send (bytes, its end or its failure): wakes its data source. */
-static void resume(embps__h2conn_t *conn, embps__h2stream_t *s) {
-  if (!s->deferred)
-    return;
-  s->deferred = 0;
-  conn->deferred_bodies--;
-  int rv = nghttp2_session_resume_data(conn->session, s->id);
-  if (rv < 0) {
-    EMBPS_ERROR("nghttp2_session_resume_data(stream %d): %s", s->id, nghttp2_strerror(rv));
-    nghttp2_submit_rst_stream(conn->session, NGHTTP2_FLAG_NONE, s->id, embps__h2_rst_code_of(rv));
-  }
-}
-
-embps_status_t embps_net_call_reply_begin(embps_net_call_t *call, const uint8_t *body, size_t len,
-                                          size_t ready, void (*release)(void *),
-                                          void *release_arg) {
-  embps__h2conn_t *conn = call->conn;
-  if (call->body)
-    return EMBPS_FAILED_PRECONDITION;
-  if (embps_net_call_cancelled(call))
-    return EMBPS_CANCELLED;
-  if (len > UINT32_MAX)
-    return EMBPS_INVALID_ARGUMENT;
-  embps__h2body_t *b = embps__grpc_body_new(body, len, release, release_arg);
-  if (!b)
-    return EMBPS_RESOURCE_EXHAUSTED;
-  b->ready = ready < len ? ready : len;
-  b->ended = 0;
-  b->refs++; /* the call's, until it ends: its bytes are still being written */
-  call->body = b;
-  /* The hold moves to the stream now, so call_finish finds none left to give back. */
-  size_t held = call->reply_held;
-  conn->reply_bytes -= held;
-  call->reply_held = 0;
-  submit_body(conn, call->stream, b, held);
-  notify_output(conn);
-  return EMBPS_OK;
-}
-
-void embps_net_call_reply_ready(embps_net_call_t *call, size_t ready) {
-  embps__h2body_t *b = call->body;
-  if (!b || ready <= b->ready)
-    return;
-  b->ready = ready < b->len ? ready : b->len;
-  if (call->conn && call->stream) {
-    resume(call->conn, call->stream);
-    notify_output(call->conn);
-  }
-}
-
-void embps_net_call_reply_end(embps_net_call_t *call) {
-  embps__h2conn_t *conn;
-  embps__h2stream_t *s;
-  embps__h2body_t *b = call->body;
-  b->ready = b->len;
-  b->ended = 1;
-  count_handled(call, EMBPS_OK, b->len);
-  s = call_finish(call, &conn);
-  if (s) {
-    resume(conn, s);
-    notify_output(conn);
-  }
-}
-
-void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t len,
-                          void (*release)(void *), void *release_arg) {
-  embps__h2conn_t *conn;
-  embps__h2stream_t *s;
-  size_t held = call->reply_held;
-  count_handled(call, len > UINT32_MAX ? EMBPS_INTERNAL : EMBPS_OK, len);
-  s = call_finish(call, &conn);
-  if (!s || len > UINT32_MAX) {
-    if (s) {
-      embps__h2_fail_stream(conn, s, 200, EMBPS_INTERNAL, "response message larger than 4 GiB");
-      notify_output(conn);
-    }
-    if (release)
-      release(release_arg);
-    return;
-  }
-  embps__h2body_t *b = embps__grpc_body_new(body, len, release, release_arg);
-  if (!b) {
-    embps__h2_fail_stream(conn, s, 200, EMBPS_RESOURCE_EXHAUSTED,
-                          "out of memory sending the response");
-    notify_output(conn);
-    if (release)
-      release(release_arg);
-    return;
-  }
-  submit_body(conn, s, b, held);
-  notify_output(conn);
-}
-
-void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const char *message) {
-  embps__h2conn_t *conn;
-  embps__h2stream_t *s;
-  count_handled(call, status == EMBPS_OK ? EMBPS_UNKNOWN : status, 0);
-  int streamed = call->body != NULL;
-  s = call_finish(call, &conn);
-  if (!s)
-    return;
-  if (status == EMBPS_OK)
-    status = EMBPS_UNKNOWN; /* the contract forbids OK here; never send a bodiless success */
-  s->state = EMBPS__H2S_ANSWERED;
-  count_error(conn);
-  if (streamed) {
-    /* The HEADERS are out: the status goes in trailers after what was sent (read_cb). Without
-     * memory for the message, the status alone still says it failed. */
-    s->fail_status = status;
-    s->fail_message = embps_strdup(message ? message : "");
-    resume(conn, s);
-  } else {
-    embps__grpc_submit_status(conn, s->id, 200, status, message);
-  }
-  notify_output(conn);
-}
-
-void *embps_net_call_take_state(embps_net_call_t *call) {
-  embps__h2conn_t *conn = call->conn;
-  void *state = NULL;
-  if (conn && conn->delivering == call) {
-    state = conn->delivering_state;
-    conn->delivering_state = NULL;
-  }
-  return state;
-}
-
-const char *embps_net_call_authorization(const embps_net_call_t *call) {
-  return call->stream ? call->stream->authorization : NULL;
-}
-
-int embps_net_call_cancelled(const embps_net_call_t *call) {
-  return call->cancelled || !call->conn || !call->stream;
-}
-
-int embps_net_call_conn_shared(const embps_net_call_t *call) {
-  const embps__h2conn_t *conn = call->conn;
-  return conn && (conn->nstreams > 1 || conn->unsent_bodies > conn->deferred_bodies);
 }

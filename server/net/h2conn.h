@@ -26,10 +26,6 @@ typedef struct embps__h2conn_hooks {
    * inside an nghttp2 callback: requests are delivered at the end of embps__h2conn_feed. */
   embps_net_request_cb on_request;
   void *request_user;
-  /** Large request messages as they arrive (embps_net_progress_cb, with request_user), and the
-   * release of the states it leaves; both may be NULL. */
-  embps_net_progress_cb on_progress;
-  embps_net_state_free_cb free_state;
   /** Called when a call answered outside embps__h2conn_feed left output to send: the owner
    * should call embps__h2conn_take_output soon (it may do so from inside this callback). May be
    * NULL. */

@@ -2,8 +2,11 @@
  * h2conn.h): the connection, stream and call objects, and the functions one file offers the
  * others.
  *
- *   h2conn.c      the connection and its streams: receiving requests, delivering calls,
- *                 answering them
+ *   h2conn.c      the nghttp2 core: the session's callbacks, the connection and its streams,
+ *                 receiving requests and delivering them as calls
+ *   h2call.c      the call API (net.h's embps_net_call_*): answering calls, their metrics
+ *   h2read.c      in-place reads: large request messages read from the socket straight into
+ *                 their buffers
  *   grpc_frame.c  gRPC's framing on a stream: the length-prefixed request message in, the
  *                 length-prefixed reply and the status trailers out
  *   h2out.c       output batches: the bytes nghttp2 sends, as segments that point into reply
@@ -65,7 +68,6 @@ typedef struct embps__h2stream {
   int rst_after_answer; /* answered early while the client may still be sending */
   uint8_t *msg;
   size_t msg_len, msg_got;
-  void *progress_state; /* the progress hook's, until delivered or dropped with msg */
   embps__h2body_t *body;
   size_t read_off, sent_off;
   size_t reply_held;          /* bytes counted in conn->reply_bytes until the stream goes */
@@ -103,10 +105,8 @@ struct embps__h2conn {
   size_t nstreams;
   size_t receiving;
   embps_net_call_t *calls;
-  embps__h2idq_t deliver;       /* streams complete during this feed */
-  embps_net_call_t *delivering; /* the call in the request callback now, and the progress */
-  void *delivering_state;       /* hook's state it may take (embps_net_call_take_state) */
-  embps__h2out_t *out;          /* the batch nghttp2_session_send is filling */
+  embps__h2idq_t deliver; /* streams complete during this feed */
+  embps__h2out_t *out;    /* the batch nghttp2_session_send is filling */
   int in_feed;
   int got_preface;
   int fatal;
@@ -120,10 +120,30 @@ struct embps__h2conn {
 
 /* ---- h2conn.c ---- */
 
+/** Counts an error answered on conn (its stats hook's errors). */
+void embps__h2_count_error(embps__h2conn_t *conn);
+
 /** Answers s early with an error (a trailers-only response), on behalf of the network layer;
  * resets it after the answer when the client may still be sending. */
 void embps__h2_fail_stream(embps__h2conn_t *conn, embps__h2stream_t *s, int http_status,
                            embps_status_t status, const char *message);
+
+/* ---- h2call.c ---- */
+
+/** Starts the call of s, a stream whose request is complete: links it to conn, moves s to
+ * EMBPS__H2S_CALLED and counts the request (stats, metrics). NULL when out of memory (s is then
+ * unchanged). */
+embps_net_call_t *embps__h2call_start(embps__h2conn_t *conn, embps__h2stream_t *s);
+
+/** Detaches every unanswered call of conn, which is going: each is counted CANCELLED and marked
+ * cancelled, and its later answer is dropped. */
+void embps__h2call_detach_all(embps__h2conn_t *conn);
+
+/* ---- h2read.c ---- */
+
+/** Walks n bytes about to be fed, keeping conn's place in the client's preface and frames (what
+ * embps__h2conn_read_target decides from). */
+void embps__h2read_track(embps__h2conn_t *conn, const uint8_t *p, size_t n);
 
 /* ---- grpc_frame.c ---- */
 

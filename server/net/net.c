@@ -79,8 +79,6 @@ struct embps_net {
   uv_loop_t *loop;
   embps_net_config_t cfg;
   embps_net_request_cb on_request;
-  embps_net_progress_cb on_progress;
-  embps_net_state_free_cb free_state;
   void *user;
   uv_tcp_t *listener; /* NULL when not listening; freed by its close callback */
   int port;
@@ -448,8 +446,6 @@ static void on_connection(uv_stream_t *server, int status) {
   c->net = net;
   embps__h2conn_hooks_t hooks = {.on_request = net->on_request,
                                  .request_user = net->user,
-                                 .on_progress = net->on_progress,
-                                 .free_state = net->free_state,
                                  .on_output = on_core_output,
                                  .io_user = c,
                                  .stats = &net->stats,
@@ -628,12 +624,6 @@ embps_status_t embps_net_use_tls(embps_net_t *net, const char *cert_file, const 
     return ret;
   net->tls_ctx = ctx;
   return EMBPS_OK;
-}
-
-void embps_net_set_progress(embps_net_t *net, embps_net_progress_cb progress,
-                            embps_net_state_free_cb free_state) {
-  net->on_progress = progress;
-  net->free_state = free_state;
 }
 
 int embps_net_port(const embps_net_t *net) { return net->port; }

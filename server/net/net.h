@@ -92,22 +92,6 @@ typedef void (*embps_net_request_cb)(void *user, embps_net_call_t *call, const c
                                      uint8_t *msg, size_t len);
 
 /**
- * Called on the loop thread as a large request message arrives (EMBPS_NET_PROGRESS_MIN bytes or
- * more), each time more of it has landed: msg[0..got) of its len bytes is final and stays where
- * it is. method and authorization (NULL: none sent) are the stream's :path and authorization
- * header. *state starts NULL and is the handler's to set: the request callback may take it with
- * embps_net_call_take_state, and a state not taken there, or whose stream ends before its message
- * completes (reset, refused, connection gone), is released with the free_state callback. Runs
- * inside the HTTP/2 session's callbacks: it must not call into the network layer.
- */
-typedef void (*embps_net_progress_cb)(void *user, const char *method, const char *authorization,
-                                      const uint8_t *msg, size_t got, size_t len, void **state);
-typedef void (*embps_net_state_free_cb)(void *user, void *state);
-
-/** Request messages smaller than this get no progress calls. */
-#define EMBPS_NET_PROGRESS_MIN (64u << 10)
-
-/**
  * Creates the network layer on loop. cfg is copied. On failure *out is untouched.
  * Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
  */
@@ -132,15 +116,6 @@ embps_status_t embps_net_listen(embps_net_t *net, const char *host_port, embps_e
  */
 embps_status_t embps_net_use_tls(embps_net_t *net, const char *cert_file, const char *key_file,
                                  const char *client_ca_file, embps_error_t *err);
-
-/** Calls progress as large request messages arrive on the connections accepted from now on
- * (embps_net_progress_cb), with the user given to embps_net_new. */
-void embps_net_set_progress(embps_net_t *net, embps_net_progress_cb progress,
-                            embps_net_state_free_cb free_state);
-
-/** The state the progress callback left for this call (see embps_net_progress_cb), which the
- * caller now owns; NULL when there is none. Inside the request callback only. */
-void *embps_net_call_take_state(embps_net_call_t *call);
 
 /** The port the listener is bound to; 0 before listen. */
 int embps_net_port(const embps_net_t *net);

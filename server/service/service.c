@@ -28,7 +28,6 @@
 #include "common/varint.h"
 #include "server/service/auth.h"
 #include "server/service/bufpool.h"
-#include "server/service/push_prep.h"
 #include "server/store/checkpoint.h"
 #include "embps/v1/embps.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -61,7 +60,6 @@ struct embps_service {
   char *(*render_metrics)(void *arg, size_t *len); /* GetStats' prometheus_text; may be NULL */
   void *render_metrics_arg;
   const embps_auth_t *auth; /* the tokens every call is checked against; NULL: auth off */
-  size_t prep_bytes;        /* held by pushes prepared while they arrive (push_prep.h) */
 };
 
 typedef enum { REQ_CREATE, REQ_LOOKUP, REQ_PUSH, REQ_CHECKPOINT, REQ_DROP } request_kind_t;
@@ -74,7 +72,6 @@ typedef struct request {
   request_kind_t kind;
   ProtobufCMessage *msg;
   uint8_t *wire; /* a push read in place: the request's bytes, which op.grads points into */
-  embps_push_prep_t *prep; /* a push deduplicated and summed as it arrived: op.prepared's */
   embps_op_t op;
   uint32_t shard_index;
   uint8_t *reply; /* lookup: from svc->buffers; NULL once the net streams it */
@@ -345,7 +342,6 @@ static void request_free(request_t *r) {
   if (r->reply)
     embps__bufpool_put(r->reply);
   embps_free(r->wire);
-  embps_push_prep_free(r->prep);
   embps_free(r);
 }
 
@@ -916,97 +912,6 @@ static Embps__V1__PushGradientsRequest *unpack_push(embps_service_t *svc, const 
   return req;
 }
 
-/* ---- pushes prepared while they arrive (push_prep.h) ---------------------------------------- */
-
-/* The progress hook's state for a request it does not prepare. */
-static char not_prepared;
-
-/* The prep's view of a table: its shape, and whether its update may read gradients in place. */
-static embps_push_prep_shape_t prep_table_shape(const embps_table_config_t *c) {
-  return (embps_push_prep_shape_t){c->emb_width, c->dtype, c->weight_decay == 0.0f};
-}
-
-static int prep_shape(void *arg, const char *name, size_t len, embps_push_prep_shape_t *shape) {
-  embps_service_t *svc = arg;
-  char buf[EMBPS_TABLE_NAME_MAX];
-  embps_error_t err;
-  embps_table_t *t;
-  if (len == 0 || len >= sizeof(buf) || memchr(name, 0, len))
-    return 0;
-  memcpy(buf, name, len);
-  buf[len] = '\0';
-  if (!(t = find_ready_table(svc, buf, &err)))
-    return 0;
-  *shape = prep_table_shape(embps_table_config(t));
-  return 1;
-}
-
-static void *prep_alloc(void *arg, size_t bytes) {
-  embps_service_t *svc = arg;
-  void *p;
-  if (bytes > svc->cfg.push_overlap_bytes - svc->prep_bytes)
-    return NULL;
-  if ((p = embps__bufpool_get(svc->buffers, bytes)) != NULL)
-    svc->prep_bytes += bytes;
-  return p;
-}
-
-static void prep_release(void *arg, void *buf, size_t bytes) {
-  embps_service_t *svc = arg;
-  embps__bufpool_put(buf);
-  svc->prep_bytes -= bytes;
-}
-
-/* A push may be prepared on the cpu backend in a group of one, whose engine would run its dedup
- * and sum on the same bytes, for a caller the call itself would let through. */
-static int may_prepare(embps_service_t *svc, const char *method, const char *authorization) {
-  embps_error_t err;
-  return svc->cfg.push_overlap_bytes > 0 && !svc->draining &&
-         strcmp(method, SERVICE_PREFIX "PushGradients") == 0 && embps_group_size(svc->group) == 1 &&
-         embps_group_host_device(svc->group) < 0 &&
-         embps_auth_check(svc->auth, method, authorization, &err) == EMBPS_OK;
-}
-
-void embps_service_on_progress(void *user, const char *method, const char *authorization,
-                               const uint8_t *msg, size_t got, size_t len, void **state) {
-  embps_service_t *svc = user;
-  if (*state == &not_prepared)
-    return;
-  if (!*state) {
-    embps_push_prep_env_t env = {prep_shape, prep_alloc, prep_release, svc};
-    if (!may_prepare(svc, method, authorization) || !(*state = embps_push_prep_new(&env))) {
-      *state = &not_prepared;
-      return;
-    }
-  }
-  embps_push_prep_feed(*state, msg, got, len);
-  if (embps_push_prep_declined(*state)) {
-    embps_push_prep_free(*state);
-    *state = &not_prepared;
-  }
-}
-
-void embps_service_free_state(void *user, void *state) {
-  (void)user;
-  if (state != &not_prepared)
-    embps_push_prep_free(state);
-}
-
-/* Gives the op of a validated push read in place the dedup and sums made as it arrived, when
- * they were made from exactly its tokens and gradients. */
-static void take_prep(request_t *r, embps_net_call_t *call, embps_table_t *t) {
-  embps_push_prep_t *p = embps_net_call_take_state(call);
-  if (!p || p == (void *)&not_prepared)
-    return;
-  const embps_push_prep_shape_t shape = prep_table_shape(embps_table_config(t));
-  r->op.prepared = embps_push_prep_result(p, r->op.tokens, r->op.num_tokens, r->op.grads, &shape);
-  if (r->op.prepared) {
-    r->prep = p;
-    atomic_fetch_add_explicit(&embps_table_counters(t)->pushes_prepared, 1, memory_order_relaxed);
-  } else
-    embps_push_prep_free(p);
-}
-
 /* msg[0..len) is the request, *owned the allocation that holds it (from the network layer),
  * which the op takes (*owned = NULL) when it reads its gradients from it. */
 static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
@@ -1058,7 +963,6 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
   if (in_place) { /* msg is *owned: in_place found a field, so the message is not empty */
     r->wire = *owned;
     *owned = NULL;
-    take_prep(r, call, t);
   }
   if (async)
     r->op.ordered = on_push_ordered;

@@ -17,10 +17,9 @@
 typedef struct embps_service embps_service_t;
 
 typedef struct embps_service_config {
-  uint64_t max_table_bytes;  /* CreateTable's limit per rank */
-  uint64_t max_reply_bytes;  /* the largest reply one call may make (--max-reply-bytes); 0: none */
-  char mesh[256];            /* the group's mesh, as GetStats reports it */
-  size_t push_overlap_bytes; /* memory for pushes prepared as they arrive; 0: none are */
+  uint64_t max_table_bytes; /* CreateTable's limit per rank */
+  uint64_t max_reply_bytes; /* the largest reply one call may make (--max-reply-bytes); 0: none */
+  char mesh[256];           /* the group's mesh, as GetStats reports it */
   uv_loop_t *loop; /* where disk reads (ListCheckpoints) are queued off the loop thread; NULL:
                       done inline (tests) */
 } embps_service_config_t;
@@ -49,13 +48,6 @@ void embps_service_set_auth(embps_service_t *svc, const embps_auth_t *auth);
 /** The embps_net_request_cb: pass the service as `user`. Runs on the loop thread. */
 void embps_service_on_request(void *user, embps_net_call_t *call, const char *method, uint8_t *msg,
                               size_t len);
-
-/** The embps_net_progress_cb and its embps_net_state_free_cb (embps_net_set_progress): on the
- * cpu backend in a group of one, a large push is deduplicated and summed while its gradients
- * arrive (server/service/push_prep.h), within cfg.push_overlap_bytes of memory. Loop thread. */
-void embps_service_on_progress(void *user, const char *method, const char *authorization,
-                               const uint8_t *msg, size_t got, size_t len, void **state);
-void embps_service_free_state(void *user, void *state);
 
 /** Requests the service has handed to the group and not yet answered. */
 uint64_t embps_service_inflight(const embps_service_t *svc);

@@ -24,6 +24,7 @@
 
 #include "common/alloc.h"
 #include "common/shape.h"
+#include "kernels/embps_kernels.h"
 
 struct embps_store {
   pthread_mutex_t mu; /* guards count, tables, dropped and next_id */

@@ -10,9 +10,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/dtype.h"
 #include "common/optimizer.h"
 #include "common/status.h"
-#include "kernels/embps_kernels.h"
 
 #define EMBPS_TABLE_NAME_MAX 128
 /* Limits beyond which a table is absurd whatever the memory: they keep index arithmetic far
@@ -37,8 +37,6 @@ typedef struct embps_table_counters {
   /* distinct tokens of the batches deduplicated (all ranks' shards of a batch, padding row
    * included for lookups, excluded for pushes), and how many batches those were */
   atomic_uint_fast64_t unique_tokens, unique_batches;
-  /* pushes whose dedup and sums were made while their gradients arrived (push_prep.h) */
-  atomic_uint_fast64_t pushes_prepared;
 } embps_table_counters_t;
 
 /** A rank's slice of a table with its optimizer state; opaque outside the store. */

@@ -1,5 +1,5 @@
-/* Fuzz target: the server's HTTP/2 + gRPC connection core (server/net/h2conn.c, grpc_frame.c,
- * h2out.c) fed raw bytes as a client's socket would deliver them.
+/* Fuzz target: the server's HTTP/2 + gRPC connection core (server/net/h2conn.c, h2call.c,
+ * h2read.c, grpc_frame.c, h2out.c) fed raw bytes as a client's socket would deliver them.
  *
  * The input is the whole byte stream from the client, connection preface included (the seed
  * corpus starts with it, so mutations get past it). It is fed in pieces whose sizes come from

@@ -65,16 +65,6 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
 /* No client auth here (the service runs with auth off), and every connection takes any reply. */
 const char *embps_net_call_authorization(const embps_net_call_t *call) { return (void)call, NULL; }
 
-/* The progress hook's state for the call being delivered (the fake net keeps it here). */
-static void *fake_state;
-
-void *embps_net_call_take_state(embps_net_call_t *call) {
-  void *s = fake_state;
-  (void)call;
-  fake_state = NULL;
-  return s;
-}
-
 embps_status_t embps_net_call_hold_reply(embps_net_call_t *call, size_t bytes, embps_error_t *err) {
   (void)call, (void)bytes, (void)err;
   return EMBPS_OK;
@@ -195,7 +185,7 @@ static char *render(void *arg, size_t *len) {
 
 /* Tables every input meets: "t" (f32, width 8, 64 rows) and "h" (bf16, width 4, 1000 rows). */
 static void setup(void) {
-  embps_service_config_t cfg = {.max_table_bytes = 1 << 20, .push_overlap_bytes = 1 << 20};
+  embps_service_config_t cfg = {.max_table_bytes = 1 << 20};
   static const struct {
     const char *name;
     uint64_t rows;
@@ -242,19 +232,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     msg = embps_malloc(size - 2);
     memcpy(msg, data + 2, size - 2);
   }
-  const char *method = methods[data[0] % (sizeof(methods) / sizeof(methods[0]))];
-  /* The message arrives in growing pieces first, as the net reports them to the progress hook
-   * (which prepares pushes: server/service/push_prep.c). */
-  void *st = NULL;
-  for (size_t got = 0, step = 1; msg && got < size - 2; step += step + 1) {
-    got = got + step < size - 2 ? got + step : size - 2;
-    embps_service_on_progress(svc, method, NULL, msg, got, size - 2, &st);
-  }
-  fake_state = st;
-  embps_service_on_request(svc, &call, method, msg, size - 2);
-  if (fake_state)
-    embps_service_free_state(svc, fake_state);
-  fake_state = NULL;
+  embps_service_on_request(svc, &call, methods[data[0] % (sizeof(methods) / sizeof(methods[0]))],
+                           msg, size - 2);
   if (num_queued && call.answers != 0)
     abort(); /* an op reached the engine for a call already refused */
   run_engine();

@@ -321,7 +321,7 @@ static int check_update(ctx_t *c) {
     CUDA_OK(cudaMemcpy(&rs[j], c->row_sumsq + pick[j], sizeof(float), cudaMemcpyDeviceToHost));
     local[j] = (int64_t)j;
   }
-  embps_update_rowwise_adagrad_cpu(tab, c->dtype, w, local, k, grad, NULL, rs, w, acc, &c->p);
+  embps_update_rowwise_adagrad_cpu(tab, c->dtype, w, local, k, grad, rs, w, acc, &c->p);
   op_update(c);
   CUDA_OK(cudaStreamSynchronize(stream));
   size_t bad = 0;

@@ -231,22 +231,22 @@ static void check_update(const config_t *c, opt_run_t which, const void *table0,
     p.step = step == 0 ? 0 : 5;
     switch (which) {
     case RUN_SGD:
-      embps_update_sgd_cpu(h_table, c->dtype, w, rows, u, grad, NULL, &p);
+      embps_update_sgd_cpu(h_table, c->dtype, w, rows, u, grad, &p);
       STATUS_OK(embps_update_sgd_cuda(d_table, c->dtype, w, d_rows, u, d_grad, &p, stream));
       break;
     case RUN_ADAGRAD:
-      embps_update_adagrad_cpu(h_table, c->dtype, w, rows, u, grad, NULL, h_s1, &p);
+      embps_update_adagrad_cpu(h_table, c->dtype, w, rows, u, grad, h_s1, &p);
       STATUS_OK(
           embps_update_adagrad_cuda(d_table, c->dtype, w, d_rows, u, d_grad, d_s1, &p, stream));
       break;
     case RUN_ROWWISE:
-      embps_update_rowwise_adagrad_cpu(h_table, c->dtype, w, rows, u, grad, NULL, row_sumsq,
-                                       full_width, h_s1, &p);
+      embps_update_rowwise_adagrad_cpu(h_table, c->dtype, w, rows, u, grad, row_sumsq, full_width,
+                                       h_s1, &p);
       STATUS_OK(embps_update_rowwise_adagrad_cuda(d_table, c->dtype, w, d_rows, u, d_grad, d_rs,
                                                   full_width, d_s1, &p, stream));
       break;
     case RUN_ADAM:
-      embps_update_adam_cpu(h_table, c->dtype, w, rows, u, grad, NULL, h_s1, h_s2, &p);
+      embps_update_adam_cpu(h_table, c->dtype, w, rows, u, grad, h_s1, h_s2, &p);
       STATUS_OK(
           embps_update_adam_cuda(d_table, c->dtype, w, d_rows, u, d_grad, d_s1, d_s2, &p, stream));
       break;

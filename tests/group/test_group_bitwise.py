@@ -8,9 +8,9 @@ reply is large enough to leave in several chunks), and a second
 split into whole blocks, where results agree to rounding.)
 
 The t_inplace tables (f32, no weight decay, 4096 rows) take pushes of 96 tokens, mostly
-distinct: 96 KiB requests, which a 1-rank group deduplicates and sums while they arrive and whose
-rows of one position its update reads in place from the request (server/service/push_prep.h),
-while larger groups run the engine's whole round; the bits must still agree."""
+distinct: 96 KiB requests, which the network layer reads from the socket straight into the
+message buffer, where the cpu backend's push reads its gradients in place; the bits must still
+agree."""
 import hashlib
 import struct
 import unittest
@@ -31,7 +31,7 @@ OPTS = {
     "adam": dict(lr=0.01, b1=0.9, b2=0.999, wd=0.01),
 }
 DTYPES = {"f32": pb.DTYPE_F32, "bf16": pb.DTYPE_BF16}
-IN_PLACE_ROWS, IN_PLACE_BATCH = 4096, 96  # 96 x 256 f32 = 96 KiB: past EMBPS_NET_PROGRESS_MIN
+IN_PLACE_ROWS, IN_PLACE_BATCH = 4096, 96  # 96 x 256 f32 = 96 KiB: past EMBPS__H2_DIRECT_MIN
 IN_PLACE_OPTS = {"rowwise_adagrad": dict(lr=0.05, half_life=5.0), "adam": dict(lr=0.01)}
 
 

@@ -426,22 +426,21 @@ static void run_update(void *p) {
   check_rows(what, a->rows, a->n, a->table, row, "the table");
   switch (a->kind) {
   case SGD:
-    embps_update_sgd_cpu(a->table, a->dtype, a->width, a->rows, a->n, a->grad, NULL, &a->p);
+    embps_update_sgd_cpu(a->table, a->dtype, a->width, a->rows, a->n, a->grad, &a->p);
     break;
   case ADAGRAD:
     check_rows(what, a->rows, a->n, a->s0, frow, "accum");
-    embps_update_adagrad_cpu(a->table, a->dtype, a->width, a->rows, a->n, a->grad, NULL, a->s0,
-                             &a->p);
+    embps_update_adagrad_cpu(a->table, a->dtype, a->width, a->rows, a->n, a->grad, a->s0, &a->p);
     break;
   case ROWWISE_ADAGRAD:
     check_rows(what, a->rows, a->n, a->s0, sizeof(float), "accum");
-    embps_update_rowwise_adagrad_cpu(a->table, a->dtype, a->width, a->rows, a->n, a->grad, NULL,
+    embps_update_rowwise_adagrad_cpu(a->table, a->dtype, a->width, a->rows, a->n, a->grad,
                                      a->row_sumsq, a->full_width, a->s0, &a->p);
     break;
   case ADAM:
     check_rows(what, a->rows, a->n, a->s0, frow, "m");
     check_rows(what, a->rows, a->n, a->s1, frow, "v");
-    embps_update_adam_cpu(a->table, a->dtype, a->width, a->rows, a->n, a->grad, NULL, a->s0, a->s1,
+    embps_update_adam_cpu(a->table, a->dtype, a->width, a->rows, a->n, a->grad, a->s0, a->s1,
                           &a->p);
     break;
   }

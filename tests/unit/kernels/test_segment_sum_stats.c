@@ -4,8 +4,7 @@
  * only, one token repeated, f32 and bf16, widths whose row-statistics block is 32, a smaller
  * divisor or none, gradients at every byte alignment (the engine reads them in place from the
  * request), and negative zeros (a first position stores 0.0f + g, as the zeroed sum does).
- * embps_segment_sum_stats_range_cpu over ranges that cover the segments gives the same bits, and
- * so do the positions in pieces with grad_at (rows of one position left in the gradients). */
+ * embps_segment_sum_stats_range_cpu over ranges that cover the segments gives the same bits. */
 #include <math.h>
 
 #include "kernel_test_util.h"
@@ -18,56 +17,6 @@ static float grad_value(kt_rng_t *rng) {
     return -0.0f;
   float mag = (float)pow(10.0, kt_uniform(rng, -3.0f, 3.0f));
   return k & 1 ? mag : -mag;
-}
-
-/* The positions in pieces with grad_at: a segment of one position is not written to out and
- * grad_at points at its gradient row, whose 0.0f + g are the sum's bits; every other segment's
- * grad_at is its row of out, with the sum's bits; the partials are the same either way. */
-static void check_left_in_place(const uint8_t *grads, size_t n, size_t width, const uint32_t *seg,
-                                size_t nu, size_t block, const float *want, const float *want_p,
-                                float *got, float *got_p, void *cws) {
-  const size_t nb = block ? width / block : 0, in_row = width * sizeof(float);
-  const void **at = kt_alloc(nu * sizeof(void *));
-  uint32_t *positions = kt_alloc(nu * sizeof(uint32_t));
-  memset(positions, 0, nu * sizeof(uint32_t));
-  for (size_t i = 0; i < n; i++)
-    positions[seg[i]]++;
-  for (size_t k = 0; k < nu * width; k++)
-    got[k] = NAN;
-  for (size_t k = 0; k < nu * nb + 1; k++)
-    got_p[k] = NAN;
-  for (size_t k = 0; k < nu; k++)
-    at[k] = NULL;
-  embps_segment_sum_stats_count_cpu(seg, n, cws, 0, nu);
-  for (size_t lo = 0, step = 1; lo < n; step = step * 2 + 1) {
-    size_t hi = lo + step < n ? lo + step : n;
-    embps_segment_sum_stats_positions_cpu(grads, EMBPS_DTYPE_F32, width, seg, lo, hi, block, got,
-                                          got_p, cws, 0, nu, at);
-    lo = hi;
-  }
-  for (size_t s = 0; s < nu; s++) {
-    const uint8_t *row = at[s];
-    float v[1024];
-    assert_non_null(row);
-    assert_true(width <= 1024);
-    if (positions[s] == 1) {
-      assert_true(row >= grads && row < grads + n * in_row && (size_t)(row - grads) % in_row == 0);
-      assert_int_equal(seg[(size_t)(row - grads) / in_row], s); /* its own position's row */
-      for (size_t j = 0; j < width; j++) {
-        memcpy(&v[j], row + j * sizeof(float), sizeof(float));
-        v[j] = 0.0f + v[j];
-        assert_true(isnan(got[s * width + j])); /* out's row is never written */
-      }
-    } else {
-      assert_ptr_equal(row, (const uint8_t *)(got + s * width));
-      memcpy(v, row, in_row);
-    }
-    assert_memory_equal(v, want + s * width, in_row);
-  }
-  assert_memory_equal(got_p, want_p, nu * nb * sizeof(float));
-  assert_true(isnan(got_p[nu * nb]));
-  free(positions);
-  free(at);
 }
 
 static void run_case(embps_dtype_t dtype, size_t n, size_t width, size_t vocab, size_t align,
@@ -131,28 +80,6 @@ static void run_case(embps_dtype_t dtype, size_t n, size_t width, size_t vocab, 
   assert_memory_equal(got, want, nu * width * sizeof(float));
   assert_memory_equal(got_p, want_p, nu * nb * sizeof(float));
   assert_true(isnan(got_p[nu * nb]));
-
-  /* Position by position in uneven pieces after one count, as a push summed while it arrives
-   * is: the same bits, and a row's partials appear only once its last position is in. */
-  for (size_t k = 0; k < nu * width; k++)
-    got[k] = NAN;
-  for (size_t k = 0; k < nu * nb + 1; k++)
-    got_p[k] = NAN;
-  embps_segment_sum_stats_count_cpu(seg, n, cws, 0, nu);
-  for (size_t lo = 0, step = 1; lo < n; step = step * 3 + 1) {
-    size_t hi = lo + step < n ? lo + step : n;
-    embps_segment_sum_stats_positions_cpu(grads, dtype, width, seg, lo, hi, block, got, got_p, cws,
-                                          0, nu, NULL);
-    if (nb && hi < n) /* position n - 1 is its segment's last: that row is not complete yet */
-      assert_true(isnan(got_p[(size_t)seg[n - 1] * nb]));
-    lo = hi;
-  }
-  assert_memory_equal(got, want, nu * width * sizeof(float));
-  assert_memory_equal(got_p, want_p, nu * nb * sizeof(float));
-  assert_true(isnan(got_p[nu * nb]));
-
-  if (dtype == EMBPS_DTYPE_F32)
-    check_left_in_place(grads, n, width, seg, nu, block, want, want_p, got, got_p, cws);
 
   free(cws);
   free(got_p);

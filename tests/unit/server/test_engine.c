@@ -409,53 +409,13 @@ static void test_close_for_narrow_slices(void **state) {
 #define T_BATCH 4096 /* 8 shares of the engine's 512-row minimum: every thread count splits */
 #define T_STEPS 4
 
-/* How a push's dedup and segment sum reach the engine: made by it, made beforehand as the
- * service does while a request arrives (op.prepared), made beforehand and then doubled (to
- * show the engine uses what it is given), or made beforehand with the rows of one position left
- * in the gradients (grad_at: f32 without weight decay, as the service makes them). */
-enum { PREP_NONE, PREP_MADE, PREP_DOUBLED, PREP_IN_PLACE };
-
-/* The kernels' dedup and fused segment sum of a batch, as server/service/push_prep.c makes
- * them; the arrays are freed with free_prepared. */
-static embps_push_prepared_t make_prepared(const int64_t *tokens, size_t n, const void *grads,
-                                           embps_dtype_t dtype, size_t width, int prep) {
-  const size_t block = embps_row_stats_block(width), nb = block ? width / block : 0;
-  int64_t *unique = malloc(n * sizeof(int64_t));
-  uint32_t *seg = malloc(n * sizeof(uint32_t));
-  void *ws = embps_aligned_alloc(embps_dedup_workspace_bytes(n));
-  float *sum = malloc(n * width * sizeof(float)), *parts = malloc(n * nb * sizeof(float) + 4);
-  size_t U = embps_dedup_cpu(tokens, n, unique, seg, ws);
-  void *cws = malloc(embps_segment_sum_stats_workspace_bytes(U));
-  const void **at = prep == PREP_IN_PLACE ? malloc(U * sizeof(void *)) : NULL;
-  embps_segment_sum_stats_count_cpu(seg, n, cws, 0, U);
-  embps_segment_sum_stats_positions_cpu(grads, dtype, width, seg, 0, n, block, sum, parts, cws, 0,
-                                        U, at);
-  if (prep == PREP_DOUBLED)
-    for (size_t k = 0; k < U * width; k++)
-      sum[k] *= 2.0f;
-  free(cws);
-  embps_free(ws);
-  free(seg);
-  return (embps_push_prepared_t){unique, U, sum, parts, at};
-}
-
-static void free_prepared(embps_push_prepared_t *p) {
-  free((void *)p->unique);
-  free(p->summed);
-  free((void *)p->partials);
-  free((void *)p->grad_at);
-}
-
-/* table_config(opt) at the threads tests' shape (T_ROWS x T_WIDTH of dtype), resolved; without
- * its weight decay unless `decay`. */
-static embps_table_config_t threads_config(embps_optimizer_t opt, embps_dtype_t dtype, int decay) {
+/* table_config(opt) at the threads tests' shape (T_ROWS x T_WIDTH of dtype), resolved. */
+static embps_table_config_t threads_config(embps_optimizer_t opt, embps_dtype_t dtype) {
   embps_table_config_t c = table_config(opt);
   embps_error_t err;
   c.rows = T_ROWS;
   c.emb_width = T_WIDTH;
   c.dtype = dtype;
-  if (!decay)
-    c.weight_decay = 0.0f;
   assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
   return c;
 }
@@ -463,7 +423,7 @@ static embps_table_config_t threads_config(embps_optimizer_t opt, embps_dtype_t 
 /* One rank with `threads` threads applies T_STEPS pushes of T_BATCH tokens (singletons,
  * duplicates, padding) and returns its table's three arrays, concatenated, and the norms. */
 static uint8_t *pushed_with_threads(const embps_table_config_t *c, unsigned threads,
-                                    double norms[T_STEPS], size_t *bytes, int prep) {
+                                    double norms[T_STEPS], size_t *bytes) {
   rank_ctx_t r;
   int fds[1] = {-1};
   const size_t ds = embps_dtype_size(c->dtype);
@@ -495,16 +455,9 @@ static uint8_t *pushed_with_threads(const embps_table_config_t *c, unsigned thre
     }
     op = batch_op(EMBPS_OP_PUSH, t, tokens, T_BATCH, 1);
     op.grads = grads;
-    embps_push_prepared_t made;
-    if (prep != PREP_NONE) {
-      made = make_prepared(tokens, T_BATCH, grads, c->dtype, T_WIDTH, prep);
-      op.prepared = &made;
-    }
     assert_int_equal(embps_engine_run(r.engine, &op, &err), EMBPS_OK);
     assert_true(op.applied);
     norms[step] = op.grad_norm;
-    if (prep != PREP_NONE)
-      free_prepared(&made);
   }
   embps_table_array_bytes(t, sizes);
   *bytes = sizes[0] + sizes[1] + sizes[2];
@@ -534,56 +487,21 @@ static void test_threads_bitwise(void **state) {
   (void)state;
   for (size_t d = 0; d < 2; d++)
     for (size_t o = 0; o < 4; o++) {
-      const embps_table_config_t c = threads_config(all_optimizers[o], dtypes[d], 1);
+      const embps_table_config_t c = threads_config(all_optimizers[o], dtypes[d]);
       double ref_norms[T_STEPS], norms[T_STEPS];
       size_t ref_bytes, bytes;
       uint8_t *ref, *got;
-      ref = pushed_with_threads(&c, 1, ref_norms, &ref_bytes, PREP_NONE);
+      ref = pushed_with_threads(&c, 1, ref_norms, &ref_bytes);
       for (size_t k = 0; k < 3; k++) {
-        got = pushed_with_threads(&c, counts[k], norms, &bytes, PREP_NONE);
+        got = pushed_with_threads(&c, counts[k], norms, &bytes);
         assert_int_equal(bytes, ref_bytes);
         if (memcmp(got, ref, bytes) != 0 || memcmp(norms, ref_norms, sizeof(norms)) != 0)
           fail_msg("%s %s on %u threads: the table or the norms differ from 1 thread's",
                    embps_dtype_name(c.dtype), embps_optimizer_name(c.optimizer), counts[k]);
         free(got);
       }
-      /* A push deduplicated and summed before the engine ran it (the service's push_prep.c):
-       * the same bits on 1 and 3 threads; and the engine does use what it is given. */
-      for (unsigned th = 1; th <= 3; th += 2) {
-        got = pushed_with_threads(&c, th, norms, &bytes, PREP_MADE);
-        if (memcmp(got, ref, bytes) != 0 || memcmp(norms, ref_norms, sizeof(norms)) != 0)
-          fail_msg("%s %s prepared, %u threads: the table or the norms differ",
-                   embps_dtype_name(c.dtype), embps_optimizer_name(c.optimizer), th);
-        free(got);
-      }
-      got = pushed_with_threads(&c, 1, norms, &bytes, PREP_DOUBLED);
-      assert_true(memcmp(got, ref, bytes) != 0); /* the update took the doubled sums */
-      free(got);
       free(ref);
     }
-}
-
-/* A push prepared with its rows of one position left in the gradients (grad_at; f32 tables
- * without weight decay, as the service prepares them) leaves the table and the norms bitwise as
- * the engine's own round does, on 1 and 3 threads, for every optimizer. */
-static void test_prepared_in_place_bitwise(void **state) {
-  (void)state;
-  for (size_t o = 0; o < 4; o++) {
-    const embps_table_config_t c = threads_config(all_optimizers[o], EMBPS_DTYPE_F32, 0);
-    double ref_norms[T_STEPS], norms[T_STEPS];
-    size_t ref_bytes, bytes;
-    uint8_t *ref, *got;
-    ref = pushed_with_threads(&c, 1, ref_norms, &ref_bytes, PREP_NONE);
-    for (unsigned th = 1; th <= 3; th += 2) {
-      got = pushed_with_threads(&c, th, norms, &bytes, PREP_IN_PLACE);
-      assert_int_equal(bytes, ref_bytes);
-      if (memcmp(got, ref, bytes) != 0 || memcmp(norms, ref_norms, sizeof(norms)) != 0)
-        fail_msg("%s prepared in place, %u threads: the table or the norms differ",
-                 embps_optimizer_name(c.optimizer), th);
-      free(got);
-    }
-    free(ref);
-  }
 }
 
 int main(void) {
@@ -593,7 +511,6 @@ int main(void) {
       cmocka_unit_test(test_bitwise_independent_of_n),
       cmocka_unit_test(test_close_for_narrow_slices),
       cmocka_unit_test(test_threads_bitwise),
-      cmocka_unit_test(test_prepared_in_place_bitwise),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

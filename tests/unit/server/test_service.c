@@ -9,6 +9,7 @@
 #include <cmocka.h>
 #include <stdlib.h>
 
+#include "kernels/embps_kernels.h" /* the fake engine runs the kernels */
 #include "server/service/service.c"
 
 /* ---- fakes ------------------------------------------------------------------------------- */
@@ -135,16 +136,6 @@ const char *embps_net_call_authorization(const embps_net_call_t *call) {
   return fake_authorization;
 }
 
-/* The progress hook's state the next request callback may take (the fake net keeps it here). */
-static void *fake_state;
-
-void *embps_net_call_take_state(embps_net_call_t *call) {
-  void *s = fake_state;
-  (void)call;
-  fake_state = NULL;
-  return s;
-}
-
 void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) {
   (void)net;
   memset(out, 0, sizeof(*out));
@@ -235,49 +226,6 @@ static void fail_queued(embps_status_t status, const char *msg) {
 /* The last push the fake engine ran: where its gradients were, and a copy of them. */
 static const void *pushed_grads;
 static uint8_t *pushed_copy;
-/* Pushes that came with a prepared dedup and sum, each checked bitwise against the kernels run
- * on the op's own tokens and gradients. */
-static int prepared_pushes, prepared_in_place;
-
-static void check_prepared(const embps_op_t *op) {
-  const embps_push_prepared_t *p = op->prepared;
-  const embps_table_config_t *c = embps_table_config(op->table);
-  const size_t n = op->num_tokens, W = c->emb_width, block = embps_row_stats_block(W);
-  const size_t nb = block ? W / block : 0;
-  int64_t *unique = malloc(n * sizeof(int64_t));
-  uint32_t *seg = malloc(n * sizeof(uint32_t));
-  void *ws = embps_aligned_alloc(embps_dedup_workspace_bytes(n));
-  float *sum = malloc(n * W * sizeof(float)), *parts = malloc(n * nb * sizeof(float) + 4);
-  size_t U = embps_dedup_cpu(op->tokens, n, unique, seg, ws);
-  void *cws = malloc(embps_segment_sum_stats_workspace_bytes(U) + 4);
-  assert_int_equal(p->num_unique, U);
-  assert_memory_equal(p->unique, unique, U * sizeof(int64_t));
-  embps_segment_sum_stats_cpu(op->grads, c->dtype, W, seg, n, U, block, sum, parts, cws);
-  /* A table of f32 without weight decay has its rows of one position left in the request. */
-  assert_true(!p->grad_at == (c->dtype != EMBPS_DTYPE_F32 || c->weight_decay != 0.0f));
-  for (size_t u = 0; u < U; u++) {
-    const uint8_t *row = p->grad_at ? p->grad_at[u] : (const uint8_t *)(p->summed + u * W);
-    const uint8_t *g = op->grads;
-    if (p->grad_at && row != (const uint8_t *)(p->summed + u * W)) {
-      assert_true(row >= g && row < g + n * W * sizeof(float)); /* in the request's gradients */
-      prepared_in_place++;
-    }
-    for (size_t j = 0; j < W; j++) {
-      float v;
-      memcpy(&v, row + j * sizeof(float), sizeof(float));
-      v = 0.0f + v;
-      assert_memory_equal(&v, &sum[u * W + j], sizeof(float));
-    }
-  }
-  assert_memory_equal(p->partials, parts, U * nb * sizeof(float));
-  prepared_pushes++;
-  free(cws);
-  free(parts);
-  free(sum);
-  embps_free(ws);
-  free(seg);
-  free(unique);
-}
 
 /* How the fake engine fills a lookup: whole (0), or in chunks of this many rows, publishing
  * each as the group would; fail_after_chunk: the op fails after its first chunk. */
@@ -325,8 +273,6 @@ static void run_engine(void) {
                        op->rows_out);
     } else {
       const size_t bytes = op->num_tokens * embps_table_config(op->table)->emb_width * 4;
-      if (op->prepared)
-        check_prepared(op);
       pushed_grads = op->grads;
       free(pushed_copy);
       pushed_copy = malloc(bytes ? bytes : 1);
@@ -850,141 +796,6 @@ static void test_auth_checked_before_dispatch(void **state) {
   release_call(&c);
 }
 
-/* Feeds msg[0..len) to the progress hook in pieces that grow from `first` bytes (as DATA frames
- * land), then delivers it as the net would: the state goes to the request callback, and one it
- * did not take is freed. */
-static void call_arriving(embps_net_call_t *c, const char *method, uint8_t *msg, size_t len,
-                          size_t first, size_t stop_at) {
-  void *st = NULL;
-  size_t got = 0;
-  memset(c, 0, sizeof(*c));
-  for (size_t step = first; got < len; step += step / 2 + 1) {
-    got = got + step < len ? got + step : len;
-    if (got > stop_at)
-      break;
-    embps_service_on_progress(svc, method, fake_authorization, msg, got, len, &st);
-  }
-  if (got < len || got > stop_at) { /* the stream went before its message completed */
-    if (st)
-      embps_service_free_state(svc, st);
-    free(msg);
-    return;
-  }
-  fake_state = st;
-  embps_service_on_request(svc, c, method, msg, len);
-  if (fake_state)
-    embps_service_free_state(svc, fake_state);
-  fake_state = NULL;
-}
-
-/* A push's bytes: m, then m2's when not NULL (fields after the gradients). */
-static uint8_t *packed(const ProtobufCMessage *m, const ProtobufCMessage *m2, size_t *len) {
-  size_t a = protobuf_c_message_get_packed_size(m),
-         b = m2 ? protobuf_c_message_get_packed_size(m2) : 0;
-  uint8_t *buf = embps_malloc(a + b); /* the net's allocation, which the service takes */
-  protobuf_c_message_pack(m, buf);
-  if (m2)
-    protobuf_c_message_pack(m2, buf + a);
-  *len = a + b;
-  return buf;
-}
-
-/* A large push on the cpu backend is deduplicated and summed while it arrives, and the engine
- * gets the result only when the complete request is what it was made from. */
-static void test_push_prepared_while_arriving(void **state) {
-  static const char *PUSH = "/embps.v1.EmbeddingService/PushGradients";
-  enum { N = 700, W = 32 };
-  embps_net_call_t c;
-  Embps__V1__PushGradientsRequest req = EMBPS__V1__PUSH_GRADIENTS_REQUEST__INIT;
-  Embps__V1__PushGradientsRequest tail = EMBPS__V1__PUSH_GRADIENTS_REQUEST__INIT;
-  int64_t *tokens = malloc(N * sizeof(int64_t)), *other = malloc(N * sizeof(int64_t));
-  float *g = malloc(N * W * sizeof(float));
-  uint8_t *msg;
-  size_t len;
-  int singles = 0;
-  (void)state;
-  for (size_t i = 0; i < N; i++) {
-    /* duplicates, not in order, and 100 tokens of one position (left in the request) */
-    tokens[i] = i < 600 ? (int64_t)((i * 7919) % 311) : (int64_t)(320 + (i * 37) % 100);
-    other[i] = (int64_t)((i * 13) % 997);
-  }
-  for (size_t i = 0; i < N * W; i++)
-    g[i] = (float)((i * 2654435761u) % 1000) / 100.0f - 5.0f;
-  for (size_t i = 0; i < N; i++) { /* the tokens of one position: 22 of the first 600, and 100 */
-    size_t k = 0;
-    for (size_t j = 0; j < N; j++)
-      k += tokens[j] == tokens[i];
-    singles += k == 1;
-  }
-  create(&c, "prep", 1000, W);
-  release_call(&c);
-  req.table = "prep";
-  req.tokens.data = (uint8_t *)tokens;
-  req.tokens.len = N * sizeof(int64_t);
-  req.gradients.data = (uint8_t *)g;
-  req.gradients.len = N * W * sizeof(float);
-  svc->cfg.push_overlap_bytes = 64u << 20;
-
-  /* Whole, in pieces from 1 byte and from 4 KiB: prepared, and the result's bits check. */
-  for (size_t first = 1; first <= 4096; first *= 4096) {
-    prepared_pushes = prepared_in_place = 0;
-    msg = packed(&req.base, NULL, &len);
-    assert_true(len >= EMBPS_NET_PROGRESS_MIN);
-    call_arriving(&c, PUSH, msg, len, first, SIZE_MAX);
-    run_engine();
-    assert_int_equal(c.status, EMBPS_OK);
-    assert_int_equal(prepared_pushes, 1);
-    assert_int_equal(prepared_in_place, singles);
-    release_call(&c);
-    assert_int_equal(svc->prep_bytes, 0); /* given back with the request */
-  }
-
-  /* Tokens again after the gradients (protobuf keeps the last): summed from the first ones, so
-   * not used; the push still runs, whole. */
-  prepared_pushes = 0;
-  tail.tokens.data = (uint8_t *)other;
-  tail.tokens.len = N * sizeof(int64_t);
-  msg = packed(&req.base, &tail.base, &len);
-  call_arriving(&c, PUSH, msg, len, 1000, SIZE_MAX);
-  run_engine();
-  assert_int_equal(c.status, EMBPS_OK);
-  assert_int_equal(prepared_pushes, 0);
-  release_call(&c);
-
-  /* A dtype after the gradients that the table does not store: refused, nothing queued. */
-  tail = (Embps__V1__PushGradientsRequest)EMBPS__V1__PUSH_GRADIENTS_REQUEST__INIT;
-  tail.dtype = EMBPS__V1__DTYPE__DTYPE_BF16;
-  msg = packed(&req.base, &tail.base, &len);
-  call_arriving(&c, PUSH, msg, len, 1000, SIZE_MAX);
-  assert_int_equal(num_queued, 0);
-  assert_int_equal(c.status, EMBPS_INVALID_ARGUMENT);
-  release_call(&c);
-  assert_int_equal(svc->prep_bytes, 0);
-
-  /* A stream reset half-way: its memory is given back. */
-  msg = packed(&req.base, NULL, &len);
-  call_arriving(&c, PUSH, msg, len, 1000, len / 2);
-  assert_int_equal(svc->prep_bytes, 0);
-
-  /* Over the budget, or the feature off: not prepared, and the push runs whole. */
-  for (size_t budget = 1000;; budget = 0) {
-    svc->cfg.push_overlap_bytes = budget;
-    prepared_pushes = 0;
-    msg = packed(&req.base, NULL, &len);
-    call_arriving(&c, PUSH, msg, len, 1000, SIZE_MAX);
-    run_engine();
-    assert_int_equal(c.status, EMBPS_OK);
-    assert_int_equal(prepared_pushes, 0);
-    release_call(&c);
-    if (budget == 0)
-      break;
-  }
-  svc->cfg.push_overlap_bytes = 0;
-  free(g);
-  free(other);
-  free(tokens);
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lookup_streamed_in_chunks),
@@ -994,7 +805,6 @@ int main(void) {
       cmocka_unit_test(test_reply_limits),
       cmocka_unit_test(test_async_push_answered_when_ordered),
       cmocka_unit_test(test_push_gradients_in_place),
-      cmocka_unit_test(test_push_prepared_while_arriving),
       cmocka_unit_test(test_async_needs_fused_update),
       cmocka_unit_test(test_allocation_failures),
       cmocka_unit_test(test_auth_checked_before_dispatch),
