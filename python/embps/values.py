@@ -4,7 +4,7 @@ checkpoints. All are frozen dataclasses built from the servers' replies; names f
 import dataclasses
 from typing import Tuple
 
-DTYPES = {1: "f32", 2: "bf16"}  # embps.v1.DType numbers (checked against proto/ in client.py)
+DTYPES = {1: "f32", 2: "bf16"}  # embps.v1.DType numbers (checked against proto/ in _names.py)
 OPTIMIZERS = {0: "rowwise_adagrad", 1: "sgd", 2: "adagrad", 3: "rowwise_adagrad", 4: "adam"}
 
 

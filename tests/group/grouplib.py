@@ -1,28 +1,28 @@
-"""Helpers for the shard-group tests: start N embps-server ranks on free loopback ports, wait
-until every rank serves, talk to them with raw grpcio (splitting batches into shards by hand),
-and stop them, checking that each exits 0 on SIGTERM.
+"""Helpers for the shard-group tests: N embps-server ranks on free loopback ports (started,
+waited for and stopped by tests/lib/embps_servers.py, whose names are re-exported here: Group,
+Proc, pick_ports, ...), raw grpcio clients that split batches into shards by hand, the
+optimizers in numpy, and docs/design.md's error messages.
 
 Stubs come from tests/interop/embps_testlib.py (generated from proto/ at import time)."""
 import itertools
 import os
-import random
 import re
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "interop"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "lib"))
 
 import embps_testlib as lib  # noqa: E402
 from embps_testlib import embps_pb2 as pb, embps_pb2_grpc as pbg  # noqa: E402,F401
 from embps_testlib import health_pb2, health_pb2_grpc  # noqa: E402,F401
+from embps_servers import (Group, GroupStartError, Proc, Server,  # noqa: E402,F401
+                           cli_binary, free_ephemeral_port, pick_ports, port_free, port_open,
+                           server_binary, wait_for)
 
 grpc = lib.grpc
 SC = grpc.StatusCode
@@ -31,121 +31,6 @@ OPT = {"sgd": pb.OPTIMIZER_SGD, "adagrad": pb.OPTIMIZER_ADAGRAD,
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 CALL_TIMEOUT = 60.0  # no single call of these tests may take longer (bounds every wait)
-
-_rng = random.Random(int.from_bytes(os.urandom(8), "little"))
-
-
-def server_binary():
-    return lib.server_binary()
-
-
-def cli_binary():
-    return os.environ.get("EMBPS_CLI_BIN", os.path.join(lib.ROOT, "build", "bin", "embps"))
-
-
-# ---- ports ---------------------------------------------------------------------------------------
-
-def port_free(port):
-    """True when 127.0.0.1:port can be bound right now (no SO_REUSEADDR, so TIME_WAIT counts)."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind(("127.0.0.1", port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
-
-
-def port_open(port):
-    """True when something accepts connections on 127.0.0.1:port."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def free_ephemeral_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def pick_ports(n):
-    """n client ports and a peer-port offset such that every client port and every client port
-    plus the offset are free. Client ports come from below the kernel's ephemeral range
-    (32768-60999) and the offset is 20000 + random, so peer ports stay under 65536; both are
-    checked by binding (and a start that still loses a race is retried by Group)."""
-    for _ in range(500):
-        offset = 20000 + _rng.randrange(12000)
-        ports = _rng.sample(range(10000, 30000), n)
-        if all(port_free(p) and port_free(p + offset) for p in ports):
-            return ports, offset
-    raise RuntimeError("no free loopback ports found")
-
-
-# ---- processes ------------------------------------------------------------------------------------
-
-class Proc:
-    """One embps-server process (binary: server_binary() unless given) with its output in a log
-    file; env adds to this process's environment."""
-
-    def __init__(self, args, env=None, binary=None):
-        self.args = args
-        self.log = tempfile.NamedTemporaryFile(prefix="embps-group-", suffix=".log", delete=False)
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        self.proc = subprocess.Popen([binary or server_binary(), *args], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=full_env)
-        self.pid = self.proc.pid
-
-    def text(self):
-        with open(self.log.name, errors="replace") as f:
-            return f.read()
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def wait(self, timeout):
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def stop(self, timeout=20.0):
-        """SIGTERM, bounded wait, SIGKILL if it did not exit. Returns the exit code (negative:
-        killed by that signal; None never happens)."""
-        if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGTERM)
-            if self.wait(timeout) is None:
-                os.kill(self.pid, signal.SIGKILL)
-                self.proc.wait()
-                return "hung on SIGTERM (killed)"
-        return self.proc.returncode
-
-    def kill(self):
-        if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def cleanup(self):
-        self.kill()
-        try:
-            os.unlink(self.log.name)
-        except OSError:
-            pass
-
-
-def wait_for(pred, timeout, interval=0.02):
-    deadline = time.time() + timeout
-    while True:
-        v = pred()
-        if v or time.time() >= deadline:
-            return v
-        time.sleep(interval)
 
 
 def health(address, timeout=2.0):
@@ -159,93 +44,6 @@ def health(address, timeout=2.0):
         return None
     finally:
         ch.close()
-
-
-class GroupStartError(RuntimeError):
-    pass
-
-
-class Group:
-    """N ranks on loopback. flags go to every rank; rank_flags[r] (optional) to rank r only;
-    binary and env as for Proc. Retries with new ports when a start fails (a port lost to another
-    process)."""
-
-    def __init__(self, n, *flags, rank_flags=None, attempts=3, ready_timeout=60.0, binary=None,
-                 env=None):
-        self.n = n
-        self.binary, self.env = binary, env
-        self.procs = []
-        last = ""
-        for attempt in range(attempts):
-            try:
-                self._start(flags, rank_flags or {}, ready_timeout)
-                return
-            except GroupStartError as e:
-                last = str(e)
-                self._kill_all()
-        raise RuntimeError("a %d-rank group did not start in %d attempts; last:\n%s" %
-                           (n, attempts, last))
-
-    def _start(self, flags, rank_flags, ready_timeout):
-        self.ports, self.offset = pick_ports(self.n)
-        self.addresses = ["127.0.0.1:%d" % p for p in self.ports]
-        self.peers = ",".join(self.addresses)
-        self.procs = []
-        for r in range(self.n):
-            args = ["--rank", str(r), "--peers", self.peers, "--peer-port-offset",
-                    str(self.offset), *flags, *rank_flags.get(r, [])]
-            self.procs.append(Proc(args, env=self.env, binary=self.binary))
-        deadline = time.time() + ready_timeout
-        for r, p in enumerate(self.procs):
-            pat = "listening on 127.0.0.1:%d" % self.ports[r]
-            ok = wait_for(lambda: pat in p.text() or not p.alive(), deadline - time.time())
-            if not ok or not p.alive() or pat not in p.text():
-                raise GroupStartError("rank %d did not listen:\n%s" % (r, self.logs()))
-        for r, a in enumerate(self.addresses):
-            ok = wait_for(lambda: health(a) == SERVING or not self.procs[r].alive(),
-                          deadline - time.time(), interval=0.05)
-            if not ok or not self.procs[r].alive():
-                raise GroupStartError("rank %d never served:\n%s" % (r, self.logs()))
-
-    def logs(self):
-        return "\n".join("---- rank %d (pid %d) ----\n%s" % (r, p.pid, p.text()[-4000:])
-                         for r, p in enumerate(self.procs))
-
-    @property
-    def servers(self):
-        return self.peers
-
-    def kill(self, rank):
-        self.procs[rank].kill()
-
-    def _kill_all(self):
-        for p in self.procs:
-            p.cleanup()
-        self.procs = []
-
-    def close(self):
-        """Stops every rank still running with SIGTERM (in parallel); returns {rank: code} for
-        them. Removes the logs."""
-        codes = {}
-        alive = [r for r, p in enumerate(self.procs) if p.alive()]
-        for r in alive:
-            os.kill(self.procs[r].pid, signal.SIGTERM)
-        for r in alive:
-            p = self.procs[r]
-            if p.wait(20.0) is None:
-                p.kill()
-                codes[r] = "hung on SIGTERM (killed)"
-            else:
-                codes[r] = p.proc.returncode
-        self.last_logs = self.logs()
-        self._kill_all()
-        return codes
-
-    def close_checked(self, testcase):
-        codes = self.close()
-        for r, c in codes.items():
-            testcase.assertEqual(c, 0, "rank %d exited with %s on SIGTERM:\n%s" %
-                                 (r, c, self.last_logs))
 
 
 def run_on_group(n, body, *flags):

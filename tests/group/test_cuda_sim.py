@@ -177,31 +177,17 @@ def wait_exit(proc, bound=EXIT_BOUND):
 
 
 class Single:
-    """A server without --peers on a free loopback port (--listen 127.0.0.1:0)."""
+    """A server without --peers on a free loopback port (--listen 127.0.0.1:0), ready when
+    constructed: tests/lib/embps_servers.py's Server, as p."""
 
     def __init__(self, *flags, binary=None, env=None):
-        self.p = gl.Proc(["--listen", "127.0.0.1:0", *flags], env=env, binary=binary)
-        pat = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
-        gl.wait_for(lambda: pat.search(self.p.text()) or not self.p.alive(), 30.0)
-        m = pat.search(self.p.text())
-        if not m:
-            text = self.p.text()
-            self.p.cleanup()
-            raise RuntimeError("the server did not start:\n" + text)
-        self.address = "127.0.0.1:" + m.group(1)
-        ok = gl.wait_for(lambda: gl.health(self.address) == gl.SERVING or not self.p.alive(),
-                         30.0, interval=0.05)
-        if not ok or not self.p.alive():
-            text = self.p.text()
-            self.p.cleanup()
-            raise RuntimeError("the server never served:\n" + text)
+        self.p = gl.Server(*flags, env=env, binary=binary, prefix="embps-group-")
+        self.address = self.p.address
 
     def stop(self):
         """SIGTERM; returns (exit code, whole log)."""
-        code = self.p.stop(EXIT_BOUND)
-        text = self.p.text()
-        self.p.cleanup()
-        return code, text
+        code = self.p.close(EXIT_BOUND)
+        return code, self.p.last_log
 
 
 class OneRankTest(unittest.TestCase):

@@ -21,11 +21,14 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "lib"))
+import embps_servers  # noqa: E402
+
 ENV = os.environ
 BUILD_DIR = ENV["EMBPS_BUILD_DIR"]
 SERVER_BIN = ENV["EMBPS_SERVER_BIN"]
@@ -53,44 +56,17 @@ def run(cmd, env=None, cwd=None, timeout=TIMEOUT):
     return p.stdout
 
 
-class Server:
-    """embps-server on a free loopback port, up once its group is ready."""
+class Server(embps_servers.Server):
+    """embps-server on a free loopback port, up once its group is ready (tests/lib/
+    embps_servers.py); close() prints its log when it does not exit 0."""
 
     def __init__(self):
-        self.log = tempfile.NamedTemporaryFile(prefix="embps-install-server-", suffix=".log",
-                                               delete=False)
-        self.proc = subprocess.Popen([SERVER_BIN, "--listen", "127.0.0.1:0"], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
-        self.address = None
-        deadline = time.time() + 30
-        while time.time() < deadline and self.proc.poll() is None:
-            text = self.log_text()
-            m = re.search(r"listening on (127\.0\.0\.1:\d+)", text)
-            if m and "the group is ready" in text:
-                self.address = m.group(1)
-                break
-            time.sleep(0.01)
-        if self.address is None:
-            text = self.log_text()
-            self.close()
-            raise RuntimeError("embps-server did not start:\n" + text)
-
-    def log_text(self):
-        with open(self.log.name) as f:
-            return f.read()
+        super().__init__(binary=SERVER_BIN, prefix="embps-install-server-")
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        rc = self.proc.returncode
+        rc = super().close()
         if rc != 0:
-            print("embps-server exited with %d; its log:\n%s" % (rc, self.log_text()))
-        os.unlink(self.log.name)
+            print("embps-server exited with %s; its log:\n%s" % (rc, self.last_log))
         return rc
 
 
@@ -115,7 +91,7 @@ class InstalledLibraryTest(unittest.TestCase):
         rc = cls.server.close()
         shutil.rmtree(cls.tmp, ignore_errors=True)
         if rc != 0:
-            raise AssertionError("embps-server exited with %d" % rc)
+            raise AssertionError("embps-server exited with %s" % rc)
 
     def run_example(self, binary):
         """Runs a build of example.c against the server with a table of its own."""

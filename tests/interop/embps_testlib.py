@@ -1,4 +1,6 @@
-"""Helpers for tests that drive a real embps-server process over gRPC with Python's grpcio.
+"""Helpers for tests that drive a real embps-server process over gRPC with Python's grpcio: a
+server to drive (Server, started by tests/lib/embps_servers.py), the generated stubs, and the
+optimizers' reference math.
 
 Stubs are generated from proto/ into a temporary folder at import time (Debian's
 python3-grpc-tools), so the tests always speak the committed contract; the folder is removed
@@ -6,14 +8,16 @@ when the process exits.
 """
 import atexit
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+import embps_servers as servers  # noqa: E402
+from embps_servers import server_binary  # noqa: E402,F401
+
 _GEN = tempfile.mkdtemp(prefix="embps-stubs-")
 atexit.register(shutil.rmtree, _GEN, ignore_errors=True)
 
@@ -49,36 +53,10 @@ from embps.v1 import embps_pb2, embps_pb2_grpc  # noqa: E402,F401
 from embps_health import health_pb2, health_pb2_grpc  # noqa: E402,F401
 
 
-def server_binary():
-    return os.environ.get("EMBPS_SERVER_BIN", os.path.join(ROOT, "build", "bin", "embps-server"))
-
-
-class Server:
-    """An embps-server on a free loopback port; stops it (and checks it exited cleanly) on close."""
-
-    def __init__(self, *flags):
-        self.log = tempfile.NamedTemporaryFile(prefix="embps-server-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([server_binary(), "--listen", "127.0.0.1:0", *flags],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        self.port = None
-        # Up once it listens and its group (even of one) is ready: before that a rank answers
-        # every call but health with UNAVAILABLE, and forming takes seconds under a sanitizer.
-        deadline = time.time() + 60
-        while time.time() < deadline and self.port is None:
-            with open(self.log.name) as f:
-                text = f.read()
-            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", text)
-            if m and "the group is ready" in text:
-                self.port = int(m.group(1))
-            elif self.proc.poll() is not None:
-                break
-            else:
-                time.sleep(0.02)
-        if self.port is None:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError("server did not start (listening, group ready):\n" + self.log_text())
-        self.address = "127.0.0.1:%d" % self.port
+class Server(servers.Server):
+    """An embps-server alone on a free loopback port, ready (listening, group ready) when
+    constructed; close() stops it with SIGTERM and returns its exit code (tests/lib/
+    embps_servers.py). wait_serving also asks its gRPC health check."""
 
     def wait_serving(self, timeout=60):
         """Waits (bounded) until the health check says SERVING: a rank answers calls other than
@@ -98,24 +76,6 @@ class Server:
                     raise RuntimeError("server not SERVING within %d s:\n%s" % (timeout,
                                                                                 self.log_text()))
                 time.sleep(0.05)
-
-    def log_text(self):
-        with open(self.log.name) as f:
-            return f.read()
-
-    def alive(self):
-        return self.proc.poll() is None
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        os.unlink(self.log.name)
-        return self.proc.returncode
 
 
 def channel(address):

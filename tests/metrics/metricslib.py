@@ -1,5 +1,6 @@
-"""Helpers for the metrics tests: groups whose ranks serve /metrics on free ports (through
-tests/group/grouplib.py), scrapes, a small parser of the text exposition format, promtool.
+"""Helpers for the metrics tests: groups whose ranks serve /metrics on free ports (started by
+tests/lib/embps_servers.py), scrapes, a small parser of the text exposition format, promtool.
+grouplib (tests/group/grouplib.py) is imported for the tests' raw gRPC clients.
 
 Tests that need Debian's prometheus package (promtool, prometheus) exit 77 without it."""
 import os
@@ -11,9 +12,10 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "group"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "lib"))
 
 import grouplib  # noqa: E402,F401
-from grouplib import Group, cli_binary, wait_for  # noqa: E402,F401
+from embps_servers import Group, cli_binary, wait_for  # noqa: E402,F401
 
 SKIP = 77
 

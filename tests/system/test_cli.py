@@ -1,7 +1,7 @@
 """System tests of the `embps` command-line tool and of embps-server's own command line.
 
-A real embps-server runs on a free loopback port for the whole module (its "listening on"
-line gives the port) and every CLI command runs as a user would run it, through subprocess:
+A real embps-server runs on a free loopback port for the whole module (started by
+tests/lib/embps_servers.py) and every CLI command runs as a user would run it, through subprocess:
 exit codes (0; 1 for server and runtime errors; 2 for usage errors, per client/cli/args.h),
 stdout parsed into rows, JSON or counters, and the server's message on stderr. Numbers are
 checked against values computed here: SGD with --grad-value gives exactly w - lr*g in f32
@@ -19,14 +19,17 @@ import signal
 import socket
 import struct
 import subprocess
-import tempfile
+import sys
 import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-SERVER_BIN = os.environ.get("EMBPS_SERVER_BIN", os.path.join(ROOT, "build", "bin", "embps-server"))
-CLI_BIN = os.environ.get("EMBPS_CLI_BIN", os.path.join(ROOT, "build", "bin", "embps"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+import embps_servers  # noqa: E402
+
+SERVER_BIN = embps_servers.server_binary()
+CLI_BIN = embps_servers.cli_binary()
 CMD_TIMEOUT = 60
 
 COMMANDS = {
@@ -60,50 +63,17 @@ def f32(x):
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-class Server:
-    """embps-server on a free loopback port; close() stops it and returns its exit status."""
+class Server(embps_servers.Server):
+    """embps-server on a free loopback port, ready (tests/lib/embps_servers.py); close() stops it
+    and returns its exit status, printing its log when that is not 0."""
 
     def __init__(self, *flags, env=None):
-        self.log = tempfile.NamedTemporaryFile(prefix="embps-cli-server-", suffix=".log",
-                                               delete=False)
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        self.proc = subprocess.Popen([SERVER_BIN, "--listen", "127.0.0.1:0", *flags],
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
-        self.port = None
-        deadline = time.time() + 60
-        while time.time() < deadline and self.port is None:
-            text = self.log_text()
-            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", text)
-            if m and "the group is ready" in text:  # before that: UNAVAILABLE to all but health
-                self.port = int(m.group(1))
-            elif self.proc.poll() is not None:
-                break
-            else:
-                time.sleep(0.01)
-        if self.port is None:
-            text = self.log_text()
-            self.close()
-            raise RuntimeError("embps-server did not start:\n" + text)
-        self.address = "127.0.0.1:%d" % self.port
-
-    def log_text(self):
-        with open(self.log.name) as f:
-            return f.read()
+        super().__init__(*flags, env=env, prefix="embps-cli-server-")
 
     def close(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                return -1
-        rc = self.proc.returncode
+        rc = super().close()
         if rc != 0:
-            print("embps-server exited with %d; its log:\n%s" % (rc, self.log_text()))
-        os.unlink(self.log.name)
+            print("embps-server exited with %s; its log:\n%s" % (rc, self.last_log))
         return rc
 
 
@@ -126,7 +96,7 @@ def setUpModule():
 def tearDownModule():
     rc = SERVER.close()
     if rc != 0:
-        raise AssertionError("embps-server exited with %d after SIGTERM" % rc)
+        raise AssertionError("embps-server exited with %s after SIGTERM" % rc)
 
 
 def embps(*args, servers=None, env=None, timeout=CMD_TIMEOUT):

@@ -5,19 +5,19 @@ role and the method; a token file that cannot be used is a usage error (exit 2) 
 file but never prints the token. Standard library only; every subprocess has a timeout."""
 import json
 import os
-import re
 import shutil
-import signal
 import struct
 import subprocess
+import sys
 import tempfile
-import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-SERVER_BIN = os.environ.get("EMBPS_SERVER_BIN", os.path.join(ROOT, "build", "bin", "embps-server"))
-CLI_BIN = os.environ.get("EMBPS_CLI_BIN", os.path.join(ROOT, "build", "bin", "embps"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+import embps_servers  # noqa: E402
+
+CLI_BIN = embps_servers.cli_binary()
 CMD_TIMEOUT = 60
 
 TOKENS = {"admin": "cli-admin-token-0d9a8b7c6e5f", "worker": "cli-worker-token-1f2e3d4c5b6a",
@@ -41,48 +41,17 @@ class CliAuthTest(unittest.TestCase):
             cls.files[role] = os.path.join(cls.dir, role + ".token")
             with open(cls.files[role], "w") as f:
                 f.write(tok + "\n")  # a trailing newline, as editors and secrets leave
-        cls.log = open(os.path.join(cls.dir, "server.log"), "w+")
-        cls.proc = subprocess.Popen([SERVER_BIN, "--listen", "127.0.0.1:0", "--backend", "cpu",
-                                     "--auth-tokens-file", cls.tokens],
-                                    stdout=cls.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 30
-        cls.port = None
-        while cls.port is None and time.time() < deadline and cls.proc.poll() is None:
-            m = re.search(r"listening on 127\.0\.0\.1:(\d+)", cls.server_log())
-            if m:
-                cls.port = int(m.group(1))
-            else:
-                time.sleep(0.02)
-        if cls.port is None:
-            cls.proc.kill()
-            raise RuntimeError("the server did not start:\n" + cls.server_log())
-        cls.servers = "127.0.0.1:%d" % cls.port
-        while cls.cli("health").returncode != 0:  # health is open: no token needed to wait
-            if time.time() > deadline:
-                cls.proc.kill()
-                raise RuntimeError("the server never served:\n" + cls.server_log())
-            time.sleep(0.05)
+        cls.server = embps_servers.Server("--backend", "cpu", "--auth-tokens-file", cls.tokens)
+        cls.servers = cls.server.address
 
     @classmethod
     def tearDownClass(cls):
-        cls.proc.send_signal(signal.SIGTERM)
-        try:
-            code = cls.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            cls.proc.kill()
-            code = "hung"
-        log = cls.server_log()
-        cls.log.close()
+        code = cls.server.close()
+        log = cls.server.last_log
         shutil.rmtree(cls.dir, ignore_errors=True)
         assert code == 0, "server exited with %s:\n%s" % (code, log)
         for tok in TOKENS.values():
             assert tok not in log, "the server log holds a token"
-
-    @classmethod
-    def server_log(cls):
-        cls.log.flush()
-        with open(cls.log.name) as f:
-            return f.read()
 
     @classmethod
     def cli(cls, *args, token=None, env_token=None):
