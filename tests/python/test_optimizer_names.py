@@ -14,7 +14,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
 
 import embps  # noqa: E402
-from embps import client as pyclient  # noqa: E402
+from embps import _names as pyclient  # noqa: E402
 from embps import values  # noqa: E402
 
 CLI = os.environ.get("EMBPS_CLI_BIN") or os.path.join(
@@ -43,7 +43,7 @@ class OptimizerNamesTest(unittest.TestCase):
         listed = [n.strip() for n in cls.help["--optimizer"].split(",")]
         cls.c_default = [n[:-len(" (default)")] for n in listed if n.endswith(" (default)")]
         cls.c_names = [n[:-len(" (default)")] if n.endswith(" (default)") else n for n in listed]
-        cls.py_names = [n for n in pyclient._OPTIMIZER_NAMES if n not in (None, "default")]
+        cls.py_names = [n for n in pyclient.OPTIMIZER_NAMES if n not in (None, "default")]
 
     def test_same_names(self):
         self.assertEqual(self.c_names, ["sgd", "adagrad", "rowwise_adagrad", "adam"])
@@ -53,7 +53,7 @@ class OptimizerNamesTest(unittest.TestCase):
     def test_names_map_to_the_proto_enum(self):
         for n in self.c_names:
             number = pyclient._OPT["OPTIMIZER_" + n.upper()]
-            self.assertEqual(pyclient._OPTIMIZER_NAMES[n], number, n)
+            self.assertEqual(pyclient.OPTIMIZER_NAMES[n], number, n)
             self.assertEqual(values.OPTIMIZERS[number], n, n)
 
     def test_same_default(self):
