@@ -220,6 +220,15 @@ void embps_update_adam_cpu(void *table, embps_dtype_t dtype, size_t width, const
 void embps_apply_weight_decay_cpu(const void *table, embps_dtype_t dtype, size_t width,
                                   const int64_t *rows, size_t n, float *grad, float weight_decay);
 
+/* ---- row marks ---------------------------------------------------------------------------- */
+
+/**
+ * Sets bit (r % 64) of bits[r / 64] for every row r in rows[0..n): a bitmap of the rows a batch
+ * wrote (incremental checkpoints' dirty rows). Other bits are left as they are; rows may repeat
+ * and come in any order. Every rows[i] is >= 0 and within the bitmap's words.
+ */
+void embps_mark_rows_cpu(uint64_t *bits, const int64_t *rows, size_t n);
+
 /* ---- initializer -------------------------------------------------------------------------- */
 
 /**

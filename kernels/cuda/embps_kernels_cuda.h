@@ -157,6 +157,14 @@ embps_status_t embps_apply_weight_decay_cuda(const void *table, embps_dtype_t dt
                                              const int64_t *rows, size_t n, float *grad,
                                              float weight_decay, cudaStream_t stream);
 
+/* ---- row marks ---------------------------------------------------------------------------- */
+
+/** embps_mark_rows_cpu on the device (bits and rows device memory): the same bitmap bit for
+ * bit, its bits set by atomic ORs in any order. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (NULL
+ * arrays, n beyond the grid), EMBPS_INTERNAL. */
+embps_status_t embps_mark_rows_cuda(uint64_t *bits, const int64_t *rows, size_t n,
+                                    cudaStream_t stream);
+
 /* ---- initializer -------------------------------------------------------------------------- */
 
 /** embps_init_rows_cpu on the device: the same values bit for bit (same hash, same f32 math).

@@ -144,7 +144,10 @@ embps_status_t embps_engine_agree_max(embps_engine_t *engine, uint64_t *v, embps
  * Copies the whole of a table's arrays (data and optimizer state, as embps_table_arrays_t says)
  * to host memory (export: a checkpoint's capture) or from it (import: a restore), on the group's
  * thread between rounds; host's arrays are sized as embps_table_initial_state and the slice
- * say. Waits for the copy. Returns EMBPS_OK or EMBPS_INTERNAL (a device error, in err).
+ * say. An export also brings the rows the engine marked written since the last export into the
+ * table's dirty-row bitmap (embps_table_dirty), where the engine keeps them elsewhere (the CUDA
+ * backend marks them in GPU memory). Waits for the copy. Returns EMBPS_OK or EMBPS_INTERNAL (a
+ * device error, in err).
  */
 embps_status_t embps_engine_table_export(embps_engine_t *engine, embps_table_t *table,
                                          const embps_table_arrays_t *host, embps_error_t *err);

@@ -47,7 +47,8 @@ struct embps__engine_backend {
   buf_t row_sumsq, summed, partials, gathered, send, recv, rows, out, figures;
   /* pinned host staging: h_small for figures; the rest only for requests and replies that are
    * not pinned themselves */
-  buf_t h_in[2], h_out, h_small, h_dirty;
+  buf_t h_in[2], h_out, h_small, h_dirty; /* h_dirty: a capture's dirty rows (cuda_table_copy) */
+  int warned_dirty; /* a dirty-row bitmap did not fit in GPU memory (logged once) */
   /* the lookup in flight: its reply (host), where the rows are copied to, their size */
   void *reply;
   uint8_t *out_host;
@@ -511,30 +512,45 @@ static embps_status_t cuda_update(embps__engine_backend_t *c, embps_table_t *t, 
   return embps_error_set(err, EMBPS_INTERNAL, "unknown optimizer %d", (int)cfg->optimizer);
 }
 
-/* The rows a push wrote come to the host (they are few next to the gradients) to be marked in
- * the table's bitmap. */
+/* The rows a push wrote are marked in the table's bitmap in GPU memory, on the stream after the
+ * update: no copy and no wait per push (the host copy of the rows and the sync it needed cost a
+ * round trip per push). The bitmap is allocated and cleared at the first mark; where GPU memory
+ * cannot hold it, every row of the table counts as written, so its next checkpoint is whole
+ * rather than missing a row. */
 static embps_status_t cuda_mark_dirty(embps__engine_backend_t *c, embps_table_t *t,
                                       const int64_t *rows, size_t m, embps_error_t *err) {
+  const size_t bytes = embps_dirty_words(embps_table_config(t)->rows) * sizeof(uint64_t);
   embps_status_t ret = EMBPS_OK;
-  if (m == 0)
-    return EMBPS_OK;
-  EMBPS_CUDA_CHECK_GOTO(hgrow(&c->h_dirty, m * sizeof(int64_t)), err, exit);
-  EMBPS_CUDA_CHECK_GOTO(
-      cudaMemcpyAsync(c->h_dirty.p, rows, m * sizeof(int64_t), cudaMemcpyDeviceToHost, c->stream),
-      err, exit);
-  EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), err, exit);
-  embps_table_mark_dirty(t, c->h_dirty.p, m);
+  uint64_t *bits = embps_table_device_dirty(t);
+  if (!bits) {
+    if (embps_table_device_dirty_new(t, &bits) != EMBPS_OK) {
+      if (!c->warned_dirty)
+        EMBPS_WARN("no GPU memory for the dirty-row bitmap of table '%s' (%zu bytes): its next "
+                   "checkpoints write every row",
+                   embps_table_config(t)->name, bytes);
+      c->warned_dirty = 1;
+      memset(embps_table_dirty(t), 0xff, bytes);
+      return EMBPS_OK;
+    }
+    EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(bits, 0, bytes, c->stream), err, exit);
+  }
+  if ((ret = embps_mark_rows_cuda(bits, rows, m, c->stream)) != EMBPS_OK)
+    embps_error_set(err, ret, "marking the %zu rows a push wrote failed", m);
 exit:
   return ret;
 }
 
-/* A checkpoint's capture and a restore: whole arrays between GPU and host memory. */
+/* A checkpoint's capture and a restore: whole arrays between GPU and host memory. A capture also
+ * takes the rows marked on the device since the last one (after every push before it: the same
+ * stream) and ORs them into the host bitmap that the checkpointer reads. */
 static embps_status_t cuda_table_copy(embps__engine_backend_t *c, embps_table_t *t,
                                       const embps_table_arrays_t *host, int to_host,
                                       embps_error_t *err) {
   const embps_table_arrays_t a = embps_table_arrays(t);
   void *const mine[3] = {a.data, a.state0, a.state1};
   void *const theirs[3] = {host->data, host->state0, host->state1};
+  uint64_t *marks = to_host && embps_table_dirty(t) ? embps_table_device_dirty(t) : NULL;
+  const size_t words = embps_dirty_words(embps_table_config(t)->rows);
   embps_status_t ret = EMBPS_OK;
   size_t bytes[3];
   embps_table_array_bytes(t, bytes);
@@ -544,7 +560,21 @@ static embps_status_t cuda_table_copy(embps__engine_backend_t *c, embps_table_t 
           cudaMemcpyAsync(to_host ? theirs[i] : mine[i], to_host ? mine[i] : theirs[i], bytes[i],
                           to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, c->stream),
           err, exit);
+  if (marks) {
+    EMBPS_CUDA_CHECK_GOTO(hgrow(&c->h_dirty, words * sizeof(uint64_t)), err, exit);
+    EMBPS_CUDA_CHECK_GOTO(cudaMemcpyAsync(c->h_dirty.p, marks, words * sizeof(uint64_t),
+                                          cudaMemcpyDeviceToHost, c->stream),
+                          err, exit);
+    EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(marks, 0, words * sizeof(uint64_t), c->stream), err,
+                          exit);
+  }
   EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), err, exit);
+  if (marks) {
+    uint64_t *dst = embps_table_dirty(t);
+    const uint64_t *src = c->h_dirty.p;
+    for (size_t i = 0; i < words; i++)
+      dst[i] |= src[i];
+  }
 exit:
   return ret;
 }

@@ -121,12 +121,15 @@ typedef struct embps__engine_ops {
                            size_t m, const float *g, const float *row_sumsq,
                            const embps_opt_params_t *p, embps_error_t *err);
 
-  /** Marks rows[0..m) dirty in the table's bitmap (embps_table_mark_dirty), for incremental
-   * checkpoints; called only for tables that track them. */
+  /** Marks rows[0..m) dirty, for incremental checkpoints; called only for tables that track
+   * them. In the host bitmap (embps_table_mark_dirty), or in one where the table lives
+   * (embps_table_device_dirty), without waiting: table_copy to the host then folds those marks
+   * into the host bitmap. */
   embps_status_t (*mark_dirty)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
                                size_t m, embps_error_t *err);
   /** Copies every array the table has, whole, to the host arrays of `host` (to_host) or from
-   * them; waits for the copy. */
+   * them; waits for the copy. To the host, also ORs the marks that mark_dirty left where the
+   * table lives into the host bitmap and clears them there. */
   embps_status_t (*table_copy)(embps__engine_backend_t *be, embps_table_t *t,
                                const embps_table_arrays_t *host, int to_host, embps_error_t *err);
 

@@ -177,6 +177,7 @@ struct embps_table {
   atomic_int dropped;          /* embps_store_drop: the arrays are gone */
   embps_table_t *next_dropped; /* the store's list of dropped tables */
   uint64_t *dirty;             /* rows written since the last capture (tracking on), else NULL */
+  uint64_t *device_dirty; /* the same marks not yet taken, in t->mem (embps_table_device_dirty) */
   /* The snapshot in progress (embps_table_snapshot_begin): blocks of block_rows rows, each
    * PENDING, BUSY (one thread is copying it) or DONE. `active` is 1 from begin until every
    * block is DONE; the group's thread reads it before every write. */
@@ -203,6 +204,7 @@ void embps_table_free(embps_table_t *t) {
   release(&t->mem, t->a.data);
   release(&t->mem, t->a.state0);
   release(&t->mem, t->a.state1);
+  release(&t->mem, t->device_dirty);
   embps_free(t->dirty);
   embps_free((void *)t->snap.state);
   embps_free(t);
@@ -283,10 +285,20 @@ embps_status_t embps_table_track_dirty(embps_table_t *t) {
 uint64_t *embps_table_dirty(embps_table_t *t) { return t->dirty; }
 
 void embps_table_mark_dirty(embps_table_t *t, const int64_t *rows, size_t n) {
-  if (!t->dirty)
-    return;
-  for (size_t i = 0; i < n; i++)
-    t->dirty[(uint64_t)rows[i] >> 6] |= UINT64_C(1) << ((uint64_t)rows[i] & 63);
+  if (t->dirty)
+    embps_mark_rows_cpu(t->dirty, rows, n);
+}
+
+uint64_t *embps_table_device_dirty(const embps_table_t *t) { return t->device_dirty; }
+
+embps_status_t embps_table_device_dirty_new(embps_table_t *t, uint64_t **out) {
+  if (!t->dirty || !t->mem.alloc)
+    return EMBPS_FAILED_PRECONDITION;
+  if (!t->device_dirty &&
+      !(t->device_dirty = t->mem.alloc(embps_dirty_words(t->config.rows) * sizeof(uint64_t))))
+    return EMBPS_RESOURCE_EXHAUSTED;
+  *out = t->device_dirty;
+  return EMBPS_OK;
 }
 
 void embps_store_free(embps_store_t *store) {
@@ -363,6 +375,8 @@ embps_status_t embps_store_drop(embps_store_t *store, embps_table_t *t) {
   release(&t->mem, t->a.state0);
   release(&t->mem, t->a.state1);
   memset(&t->a, 0, sizeof(t->a));
+  release(&t->mem, t->device_dirty);
+  t->device_dirty = NULL;
   embps_free(t->dirty);
   t->dirty = NULL;
   return EMBPS_OK;

@@ -141,6 +141,19 @@ embps_status_t embps_table_track_dirty(embps_table_t *table);
 uint64_t *embps_table_dirty(embps_table_t *table);
 /** Marks rows[0..n) (host memory) dirty; a no-op while tracking is off. */
 void embps_table_mark_dirty(embps_table_t *table, const int64_t *rows, size_t n);
+/**
+ * The marks' second bitmap, in the memory the table's arrays live in (GPU memory), of as many
+ * words: an engine that writes rows there marks them there, without a copy to the host per
+ * write, and ORs these marks into the host bitmap (clearing them) when it copies the table out
+ * for a checkpoint's capture. NULL until embps_table_device_dirty_new, and once tracking stops.
+ */
+uint64_t *embps_table_device_dirty(const embps_table_t *table);
+/**
+ * Allocates that bitmap from the table's memory; its contents are undefined until the engine
+ * clears it. Sets *out (also when it exists already). Returns EMBPS_OK, EMBPS_FAILED_PRECONDITION
+ * (tracking is off, or the table is in host memory), EMBPS_RESOURCE_EXHAUSTED.
+ */
+embps_status_t embps_table_device_dirty_new(embps_table_t *table, uint64_t **out);
 /** Words in the bitmap of a table of `rows` rows. */
 size_t embps_dirty_words(uint64_t rows);
 

@@ -652,6 +652,32 @@ static void check_convert(rng_t *r) {
   dev_free(d_in), dev_free(d_out), dev_free(d_all), dev_free(d_back);
 }
 
+/* Row marks: Zipf tokens (hot rows hit by many threads' atomics at once, padding included) over
+ * a bitmap that already has bits set, which must stay; 0, 1, 4099 and 1M rows. */
+static void check_mark_rows(const zipf_t *z, rng_t *r) {
+  static const size_t batches[] = {0, 1, 4099, (size_t)1 << 20};
+  const size_t words = (NUM_ROWS + 63) / 64;
+  for (size_t b = 0; b < sizeof(batches) / sizeof(batches[0]); b++) {
+    const size_t n = batches[b];
+    int64_t *rows = xmalloc(n * sizeof(int64_t));
+    uint64_t *want = xmalloc(words * sizeof(uint64_t));
+    char name[64];
+    for (size_t i = 0; i < n; i++)
+      rows[i] = zipf_token(z, r);
+    for (size_t w = 0; w < words; w++)
+      want[w] = next_u64(r) & next_u64(r) & next_u64(r); /* an eighth of the bits set */
+    uint64_t *d_bits = dev_upload(want, words * sizeof(uint64_t));
+    int64_t *d_rows = dev_upload(rows, n * sizeof(int64_t));
+    embps_mark_rows_cpu(want, rows, n);
+    STATUS_OK(embps_mark_rows_cuda(d_bits, d_rows, n, stream));
+    uint64_t *got = dev_download(d_bits, words * sizeof(uint64_t));
+    snprintf(name, sizeof(name), "%zu rows", n);
+    same_bits("mark rows", name, want, got, words * sizeof(uint64_t), sizeof(uint64_t));
+    free(got), free(want), free(rows);
+    dev_free(d_bits), dev_free(d_rows);
+  }
+}
+
 /* Arguments rejected before anything is enqueued. */
 static void check_invalid(void) {
   embps_opt_params_t p = {.lr = 1.0f};
@@ -668,6 +694,10 @@ static void check_invalid(void) {
         "row combine with nothing requested should enqueue nothing");
   CHECK(embps_row_partials_cuda(NULL, 4, 6, 4, NULL, stream) == EMBPS_INVALID_ARGUMENT,
         "row partials accepted a block that does not divide the width");
+  CHECK(embps_mark_rows_cuda(NULL, NULL, 1, stream) == EMBPS_INVALID_ARGUMENT,
+        "mark rows accepted a NULL bitmap");
+  CHECK(embps_mark_rows_cuda(NULL, NULL, 0, stream) == EMBPS_OK,
+        "mark rows of no rows should enqueue nothing");
 }
 
 int main(void) {
@@ -716,6 +746,9 @@ int main(void) {
   before = failures;
   check_convert(&r);
   printf("%-4s bf16 conversions\n", failures == before ? "ok" : "FAIL");
+  before = failures;
+  check_mark_rows(z, &r);
+  printf("%-4s row marks of 0 to 1M Zipf rows\n", failures == before ? "ok" : "FAIL");
   check_invalid();
   CUDA_OK(cudaStreamSynchronize(stream));
   CUDA_OK(cudaStreamDestroy(stream));

@@ -21,13 +21,19 @@ RankDiesTest: a rank of a 3-rank CUDA group dies; the others fail with UNAVAILAB
   and still exit 0 with nothing left on their devices.
 DeviceClaimTest: two ranks on one host claiming one device are refused with the leader's
   message, and every rank exits non-zero within a bound.
+IncrementalCheckpointTest: --checkpoint-incremental on a 2-rank CUDA group, whose dirty rows
+  are marked on the device and taken at each capture, beside a CPU group running the same
+  pushes: each checkpoint writes the CPU group's bytes (the same rows: those pushed since the
+  previous one), and the chain restores onto a CPU server bitwise what the CUDA group held.
 
 Run some classes with `test_cuda_sim.py OneRankTest BackendChoiceTest` (as ctest does).
 Needs EMBPS_SIM_SERVER_BIN (embps-server-sim), EMBPS_SERVER_BIN and EMBPS_CLI_BIN."""
 import json
 import os
 import re
+import shutil
 import socket
+import tempfile
 import time
 import unittest
 
@@ -553,6 +559,69 @@ class DeviceClaimTest(unittest.TestCase):
     def test_two_of_three_ranks_on_one_device(self):
         self.check(3, 4, {0: ["--device", "0"], 1: ["--device", "2"], 2: ["--device", "2"]},
                    1, 2, 2)
+
+
+class IncrementalCheckpointTest(unittest.TestCase):
+    ROWS, WIDTH = 200, 128  # four words of dirty bits; 64 columns per rank
+    FLAGS = ("--checkpoint-incremental", "--checkpoint-full-every", "100")
+    # after the full checkpoint: 6 distinct rows (padding 0 is never written), then 16 others
+    PUSHES = ([[0, 5, 5, 63, 64, 130, 199, 7]],
+              [list(range(100, 108)), list(range(108, 116)) + list(range(100, 108))])
+    TABLES = (("t_sgd", "sgd", None), ("t_rowwise", "rowwise_adagrad", pb.DTYPE_BF16))
+
+    def run_group(self, backend, d):
+        if backend == "cuda":
+            group = gl.Group(2, "--backend", "cuda", "--checkpoint-dir", d, *self.FLAGS,
+                             binary=SIM, env=sim_env(2))
+        else:
+            group = gl.Group(2, "--backend", "cpu", "--checkpoint-dir", d, *self.FLAGS)
+        client = gl.RawClient(group.addresses)
+        ckpts, rng = [], np.random.default_rng(5)
+        try:
+            for name, opt, dtype in self.TABLES:
+                client.create(name, self.ROWS, self.WIDTH, opt, dtype=dtype)
+            for k in range(len(self.PUSHES) + 1):
+                if k > 0:
+                    for tokens in self.PUSHES[k - 1]:
+                        for name, _, dtype in self.TABLES:
+                            g = rng.normal(size=(len(tokens), self.WIDTH)).astype(np.float32)
+                            if dtype:  # bf16 gradients as their bit patterns (truncated)
+                                g = (g.view("<u4") >> 16).astype(np.uint16)
+                            for r in client.push(name, tokens, g):
+                                self.assertTrue(r.applied)
+                resp = client.stubs[0].Checkpoint(pb.CheckpointRequest(),
+                                                  timeout=gl.CALL_TIMEOUT)
+                rows = {t[0]: client.lookup_bytes(t[0], np.arange(self.ROWS)) for t in self.TABLES}
+                ckpts.append((resp.path, resp.bytes, rows))
+        finally:
+            client.close()
+            group.close_checked(self)
+        return ckpts
+
+    def test_checkpoints_hold_the_rows_pushed_since_the_last(self):
+        dirs = [tempfile.mkdtemp(prefix="embps-sim-ckpt-") for _ in range(2)]
+        try:
+            cuda, cpu = self.run_group("cuda", dirs[0]), self.run_group("cpu", dirs[1])
+            for k, (a, b) in enumerate(zip(cuda, cpu)):
+                self.assertEqual(a[2], b[2], "checkpoint %d: the tables differ" % k)
+                self.assertEqual(a[1], b[1], "checkpoint %d: %d bytes on cuda, %d on cpu" %
+                                 (k, a[1], b[1]))
+            full, six, sixteen = (c[1] for c in cuda)
+            self.assertLess(six, sixteen)
+            self.assertLess(sixteen, full)
+            # Through the chain (full, then both incrementals) onto a CPU server.
+            g = gl.Group(1, "--restore", cuda[-1][0])
+            c = gl.RawClient(g.addresses)
+            try:
+                for name, *_ in self.TABLES:
+                    self.assertEqual(c.lookup_bytes(name, np.arange(self.ROWS)), cuda[-1][2][name],
+                                     name)
+            finally:
+                c.close()
+                g.close_checked(self)
+        finally:
+            for d in dirs:
+                shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -112,6 +112,13 @@ static struct sigaction previous_segv;
 /* For SIM_CUDA_REPORT: allocations made per device, and what cudaPointerGetAttributes found. */
 static size_t device_allocs_made[SIM_CUDA_MAX_DEVICES], pinned_allocs_made[SIM_CUDA_MAX_DEVICES];
 static size_t queries_pinned, queries_device, queries_pageable;
+/* sim_cuda_counts: the host's waits for each device and the copies from its memory to the host. */
+static sim_cuda_counts_t counts[SIM_CUDA_MAX_DEVICES];
+
+static void count_sync(int device) {
+  if (device >= 0 && device < SIM_CUDA_MAX_DEVICES)
+    counts[device].syncs++;
+}
 
 /* ---- failing loudly ------------------------------------------------------------------------- */
 
@@ -405,8 +412,9 @@ static int check_side(const void *p, size_t bytes, int want_device, int any, int
   return a && !a->pinned;
 }
 
-static void check_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
-                       size_t height, enum cudaMemcpyKind kind, int device, const char *what) {
+/* Checks a copy's pointers and kind; returns 1 when it goes from device to host memory. */
+static int check_copy(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                      size_t height, enum cudaMemcpyKind kind, int device, const char *what) {
   int dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
   int src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
   int any = kind == cudaMemcpyDefault;
@@ -415,11 +423,12 @@ static void check_copy(void *dst, size_t dpitch, const void *src, size_t spitch,
   if (dpitch < width || spitch < width)
     sim_cuda_fail("%s: pitches %zu (dst) and %zu (src) below the row width %zu", what, dpitch,
                   spitch, width);
-  check_side(dst, (height - 1) * dpitch + width, dst_dev, any, device, what, "dst");
-  check_side(src, (height - 1) * spitch + width, src_dev, any, device, what, "src");
+  int to_dev = check_side(dst, (height - 1) * dpitch + width, dst_dev, any, device, what, "dst");
+  int from_dev = check_side(src, (height - 1) * spitch + width, src_dev, any, device, what, "src");
   if (height == 1 && (const char *)dst < (const char *)src + width &&
       (const char *)src < (const char *)dst + width)
     sim_cuda_fail("%s: %zu bytes from %p overlap their destination %p", what, width, src, dst);
+  return from_dev && !to_dev;
 }
 
 static copy_args_t *copy_args(void *dst, size_t dpitch, const void *src, size_t spitch,
@@ -446,11 +455,16 @@ static cudaError_t copy2d(void *dst, size_t dpitch, const void *src, size_t spit
   s = resolve_stream(async ? stream : NULL, what);
   if (width == 0 || height == 0)
     return done(cudaSuccess);
-  check_copy(dst, dpitch, src, spitch, width, height, kind, s->device, what);
+  if (check_copy(dst, dpitch, src, spitch, width, height, kind, s->device, what) &&
+      s->device < SIM_CUDA_MAX_DEVICES) {
+    counts[s->device].d2h_copies++;
+    counts[s->device].d2h_bytes += width * height;
+  }
   a = copy_args(dst, dpitch, src, spitch, width, height, what);
   if (async) {
     enqueue(s, run_copy, a, NULL, 0, what);
   } else {
+    count_sync(s->device);
     drain_device(s->device);
     open_device(s->device);
     run_copy(a);
@@ -497,6 +511,7 @@ static cudaError_t set(void *p, int value, size_t count, int async, cudaStream_t
   if (async) {
     enqueue(s, run_set, a, NULL, 0, what);
   } else {
+    count_sync(s->device);
     drain_device(s->device);
     open_device(s->device);
     run_set(a);
@@ -555,6 +570,7 @@ cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   lock();
+  count_sync(current_device);
   drain_device(current_device);
   return done(cudaSuccess);
 }
@@ -815,6 +831,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   struct CUstream_st *s;
   lock();
   s = resolve_stream(stream, "cudaStreamSynchronize");
+  count_sync(s->device);
   run_until(s, s->enqueued);
   return done(cudaSuccess);
 }
@@ -870,6 +887,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   struct CUevent_st *e;
   lock();
   e = resolve_event(event, "cudaEventSynchronize");
+  count_sync(e->device);
   if (e->stream)
     run_until(e->stream, e->seq);
   return done(cudaSuccess);
@@ -971,6 +989,14 @@ void sim_cuda_live(int device, size_t *device_allocs, size_t *pinned_allocs, siz
     *nstreams = ns;
   if (nevents)
     *nevents = ne;
+}
+
+void sim_cuda_counts(int device, sim_cuda_counts_t *out) {
+  lock();
+  if (device < 0 || device >= SIM_CUDA_MAX_DEVICES)
+    sim_cuda_fail("sim_cuda_counts: no device %d", device);
+  *out = counts[device];
+  unlock();
 }
 
 void sim_cuda_set_device_count(int n) {

@@ -42,6 +42,20 @@ size_t sim_cuda_pending(void);
  * one process each own a device, so a rank asks about its own. */
 size_t sim_cuda_pending_device(int device);
 
+/** What a device cost its host so far (since the process started). */
+typedef struct sim_cuda_counts {
+  /* Calls that made the host wait for the device's work: cudaStreamSynchronize (and
+   * cudaStreamQuery) on its streams, cudaEventSynchronize (cudaEventQuery) of its events,
+   * cudaDeviceSynchronize, and the synchronous copies and memsets. */
+  size_t syncs;
+  /* Copies from its memory to host memory (pinned or not), asynchronous or not, and their
+   * bytes. */
+  size_t d2h_copies, d2h_bytes;
+} sim_cuda_counts_t;
+
+/** The counts of one device, for tests that hold the engine to its round trips per op. */
+void sim_cuda_counts(int device, sim_cuda_counts_t *out);
+
 /** Live device allocations, pinned allocations, streams and events created on a device (any
  * of the outputs may be NULL). */
 void sim_cuda_live(int device, size_t *device_allocs, size_t *pinned_allocs, size_t *streams,

@@ -566,6 +566,42 @@ embps_status_t embps_apply_weight_decay_cuda(const void *table, embps_dtype_t dt
   return EMBPS_OK;
 }
 
+/* ---- row marks ---------------------------------------------------------------------------- */
+
+typedef struct mark_args {
+  uint64_t *bits;
+  const int64_t *rows;
+  size_t n;
+} mark_args_t;
+
+static void run_mark_rows(void *p) {
+  const mark_args_t *a = p;
+  size_t words = sim_cuda_device_extent(a->bits, "mark rows") / sizeof(uint64_t);
+  for (size_t i = 0; i < a->n; i++)
+    if (a->rows[i] < 0 || (uint64_t)a->rows[i] / 64 >= words)
+      sim_cuda_fail("mark rows: rows[%zu] = %lld is outside the bitmap (%zu words)", i,
+                    (long long)a->rows[i], words);
+  embps_mark_rows_cpu(a->bits, a->rows, a->n);
+}
+
+embps_status_t embps_mark_rows_cuda(uint64_t *bits, const int64_t *rows, size_t n,
+                                    cudaStream_t stream) {
+  mark_args_t a;
+  if (n == 0)
+    return EMBPS_OK;
+  if (!bits || !rows) {
+    EMBPS_ERROR("mark rows: NULL %s", !bits ? "bitmap" : "rows");
+    return EMBPS_INVALID_ARGUMENT;
+  }
+  sim_cuda_check_device(stream, bits, sizeof(uint64_t), "mark rows: bits");
+  sim_cuda_check_device(stream, rows, n * sizeof(int64_t), "mark rows: rows");
+  a.bits = bits;
+  a.rows = rows;
+  a.n = n;
+  sim_cuda_enqueue(stream, run_mark_rows, &a, sizeof(a), "mark rows");
+  return EMBPS_OK;
+}
+
 /* ---- initializer -------------------------------------------------------------------------- */
 
 typedef struct init_args {

@@ -8,7 +8,9 @@
  * Groups of 1 to 4 ranks run as threads over socketpairs, each rank on its own simulated
  * device. The CUDA engine's communicator takes device buffers like the NCCL backend: it waits
  * for the engine's stream to be idle and then runs the TCP collective on the buffers. Every
- * scenario runs with the request and reply buffers in pageable and in pinned memory. The first
+ * scenario runs with the request and reply buffers in pageable and in pinned memory, and with
+ * the table tracking its dirty rows (incremental checkpoints): two captures (table exports) take
+ * exactly the rows that the pushes since the previous one wrote, on both engines. The first
  * tests check the simulator itself: that it does catch a missing wait, a read before a sync and
  * a bad pointer, so that a passing engine test means something. */
 #include <setjmp.h>
@@ -37,6 +39,8 @@
 #define MAX_RANKS 4
 #define MAX_BATCH 36 /* batches of 12, 24 and 36 tokens: every size divides them */
 #define WIDE_WIDTH 384
+#define DIRTY_WORDS ((ROWS + 63) / 64)
+#define CAPTURE_STEP 2 /* the first capture follows this step (skipped), the second the last */
 
 /* ---- the simulator catches what it is for ---------------------------------------------------- */
 
@@ -269,6 +273,7 @@ typedef struct scenario {
   int pinned;        /* request and reply buffers in cudaMallocHost memory */
   uint32_t width;    /* the table's emb_width: WIDTH, or WIDE_WIDTH */
   size_t big_lookup; /* tokens per rank of a last, large lookup (0: none) */
+  int untracked;     /* the table does not track its dirty rows (no incremental checkpoints) */
 } scenario_t;
 
 typedef struct step_result {
@@ -276,12 +281,15 @@ typedef struct step_result {
   int applied, skipped;
   uint64_t num_unique;
   double grad_norm;
+  sim_cuda_counts_t cost; /* the push's host waits and copies to the host (cuda) */
 } step_result_t;
 
 typedef struct rank_result {
   step_result_t steps[STEPS];
-  uint8_t *final;    /* this rank's share of a lookup of every row */
-  uint8_t *big;      /* this rank's shard of the large lookup */
+  uint8_t *final; /* this rank's share of a lookup of every row */
+  uint8_t *big;   /* this rank's shard of the large lookup */
+  /* the dirty rows that the captures after steps CAPTURE_STEP and STEPS - 1 took */
+  uint64_t dirty[2][DIRTY_WORDS];
   char failure[512]; /* empty: none */
 } rank_result_t;
 
@@ -432,13 +440,51 @@ static void push(rank_args_t *a, embps_engine_t *engine, embps_table_t *t, const
   op.num_tokens = n;
   op.tokens_per_batch = (uint32_t)(n * a->sc->size);
   op.grads = g;
-  run_op(a, engine, &op, "push", step);
+  if (a->sc->backend == EMBPS_BACKEND_CUDA) {
+    sim_cuda_counts_t before;
+    sim_cuda_counts((int)a->rank, &before);
+    run_op(a, engine, &op, "push", step);
+    sim_cuda_counts((int)a->rank, &r->cost);
+    r->cost.syncs -= before.syncs;
+    r->cost.d2h_copies -= before.d2h_copies;
+    r->cost.d2h_bytes -= before.d2h_bytes;
+  } else {
+    run_op(a, engine, &op, "push", step);
+  }
   r->applied = op.applied;
   r->skipped = op.skipped;
   r->num_unique = op.num_unique;
   r->grad_norm = op.grad_norm;
   host_free(a, req);
   host_free(a, g);
+}
+
+/* A checkpoint's capture as the checkpointer makes it: the table's arrays exported to host
+ * memory, then the dirty rows taken from the table's bitmap, which is cleared. */
+static void capture(rank_args_t *a, embps_engine_t *engine, embps_table_t *t,
+                    uint64_t dirty[DIRTY_WORDS]) {
+  size_t bytes[3];
+  embps_table_arrays_t host;
+  embps_error_t err;
+  uint64_t *bits = embps_table_dirty(t);
+  embps_table_array_bytes(t, bytes);
+  host.data = xmalloc(bytes[0]);
+  host.state0 = bytes[1] ? xmalloc(bytes[1]) : NULL;
+  host.state1 = bytes[2] ? xmalloc(bytes[2]) : NULL;
+  embps_error_clear(&err);
+  RANK_CHECK(a, embps_engine_table_export(engine, t, &host, &err) == EMBPS_OK, "export: %.300s",
+             err.message);
+  if (a->sc->backend == EMBPS_BACKEND_CUDA)
+    RANK_CHECK(a, sim_cuda_pending_device((int)a->rank) == 0,
+               "the export returned with work still queued on its device");
+  memset(dirty, 0, DIRTY_WORDS * sizeof(uint64_t));
+  if (bits) {
+    memcpy(dirty, bits, DIRTY_WORDS * sizeof(uint64_t));
+    memset(bits, 0, DIRTY_WORDS * sizeof(uint64_t));
+  }
+  free(host.data);
+  free(host.state0);
+  free(host.state1);
 }
 
 static void *rank_main(void *p) {
@@ -487,6 +533,8 @@ static void *rank_main(void *p) {
     RANK_CHECK(a, 0, "the table was not registered");
     goto exit;
   }
+  if (!sc->untracked)
+    RANK_CHECK(a, embps_table_track_dirty(t) == EMBPS_OK, "cannot track the dirty rows");
 
   for (int step = 0; step < STEPS; step++) {
     size_t n = batch_of(step) / sc->size;
@@ -494,6 +542,8 @@ static void *rank_main(void *p) {
     a->result->steps[step].lookup = lookup(a, engine, t, tokens + a->rank * n, n, step);
     push(a, engine, t, tokens + a->rank * n, grads + a->rank * n * sc->width, n,
          &a->result->steps[step], step);
+    if (step == CAPTURE_STEP || step == STEPS - 1)
+      capture(a, engine, t, a->result->dirty[step == CAPTURE_STEP ? 0 : 1]);
   }
   {
     /* Every row, split over the group (39 rows for 3 ranks). */
@@ -580,6 +630,35 @@ static void run_group(const scenario_t *sc, rank_result_t *results) {
       fail_msg("%s, rank %u: %s", scenario_name(sc, name, sizeof(name)), r, results[r].failure);
 }
 
+/* The captures took exactly the rows (all ranks' tokens, padding excepted) of the pushes applied
+ * since the previous capture, on every rank (each holds a column slice of every row); none when
+ * the table does not track them. */
+static void check_dirty(const scenario_t *sc, const rank_result_t *res) {
+  uint64_t want[2][DIRTY_WORDS];
+  int64_t tokens[MAX_BATCH];
+  float *grads = xmalloc(MAX_BATCH * sc->width * sizeof(float));
+  char name[200];
+  memset(want, 0, sizeof(want));
+  for (int step = 0; step < STEPS && !sc->untracked; step++) {
+    if (skipped_step(step))
+      continue;
+    workload(step, sc->width, tokens, grads);
+    for (size_t i = 0; i < batch_of(step); i++)
+      if (tokens[i] != 0)
+        want[step > CAPTURE_STEP][tokens[i] / 64] |= UINT64_C(1) << (tokens[i] % 64);
+  }
+  free(grads);
+  if (!sc->untracked) /* some row of the first capture is not written again: it must be gone */
+    assert_true((want[0][0] & ~want[1][0]) != 0 && want[1][0] != 0);
+  for (uint32_t r = 0; r < sc->size; r++)
+    for (int c = 0; c < 2; c++)
+      for (size_t w = 0; w < DIRTY_WORDS; w++)
+        if (res[r].dirty[c][w] != want[c][w])
+          fail_msg("%s, rank %u: capture %d took dirty rows %#llx in word %zu, not %#llx",
+                   scenario_name(sc, name, sizeof(name)), r, c,
+                   (unsigned long long)res[r].dirty[c][w], w, (unsigned long long)want[c][w]);
+}
+
 /* The CPU run's own sanity: the gate fired exactly where it should, on every rank alike, and
  * the pushes moved the table (so that equal tables mean something). */
 static void check_reference(const scenario_t *sc, const rank_result_t *ref) {
@@ -612,6 +691,7 @@ static void check_reference(const scenario_t *sc, const rank_result_t *ref) {
         moved += got != init;
       }
   assert_true(moved > 0);
+  check_dirty(sc, ref);
 }
 
 static void compare(const scenario_t *sc, const rank_result_t *ref, const rank_result_t *got) {
@@ -644,6 +724,8 @@ static void compare(const scenario_t *sc, const rank_result_t *ref, const rank_r
       if (memcmp(ref[r].big + i * row, got[r].big + i * row, row) != 0)
         fail_msg("%s, rank %u: row %zu of the large lookup differs from the CPU engine's", name, r,
                  i);
+    if (memcmp(ref[r].dirty, got[r].dirty, sizeof(ref[r].dirty)) != 0)
+      fail_msg("%s, rank %u: the captures took other dirty rows than the CPU engine's", name, r);
   }
 }
 
@@ -676,7 +758,7 @@ static void run_size(uint32_t size) {
   for (size_t o = 0; o < 4; o++)
     for (size_t d = 0; d < 2; d++)
       for (int wd = 0; wd < 2; wd++) {
-        scenario_t sc = {size, opts[o], dtypes[d], wd, EMBPS_BACKEND_CPU, 0, WIDTH, 0};
+        scenario_t sc = {size, opts[o], dtypes[d], wd, EMBPS_BACKEND_CPU, 0, WIDTH, 0, 0};
         check_scenario(sc);
       }
 }
@@ -714,9 +796,111 @@ static void test_large_lookup(void **state) {
                        EMBPS_BACKEND_CPU,
                        0,
                        WIDE_WIDTH,
-                       6000};
+                       6000,
+                       0};
       check_scenario(sc);
     }
+}
+
+/* ---- dirty rows on the device --------------------------------------------------------------- */
+
+/* A push that marks its rows for an incremental checkpoint costs the host no more waits and no
+ * more copies from the device than one that does not: the marks stay on the device until a
+ * capture takes them (whose rows check_dirty checks). */
+static void test_dirty_rows_cost_no_round_trip(void **state) {
+  rank_result_t *on = calloc(MAX_RANKS, sizeof(*on)), *off = calloc(MAX_RANKS, sizeof(*off));
+  (void)state;
+  assert_non_null(on);
+  assert_non_null(off);
+  for (uint32_t size = 1; size <= 2; size++) {
+    scenario_t sc = {
+        size, EMBPS_OPTIMIZER_ROWWISE_ADAGRAD, EMBPS_DTYPE_F32, 1, EMBPS_BACKEND_CUDA, 0, WIDTH, 0,
+        0};
+    run_group(&sc, on);
+    check_dirty(&sc, on);
+    sc.untracked = 1;
+    run_group(&sc, off);
+    check_dirty(&sc, off);
+    for (uint32_t r = 0; r < size; r++)
+      for (int s = 0; s < STEPS; s++) {
+        const sim_cuda_counts_t *a = &on[r].steps[s].cost, *b = &off[r].steps[s].cost;
+        assert_true(b->syncs > 0 && b->d2h_copies > 0); /* the counts count */
+        if (a->syncs != b->syncs || a->d2h_copies != b->d2h_copies || a->d2h_bytes != b->d2h_bytes)
+          fail_msg("%u ranks, rank %u, step %d: a push that tracks its rows made %zu host waits "
+                   "and %zu copies (%zu bytes) to the host, one that does not %zu and %zu (%zu)",
+                   size, r, s, a->syncs, a->d2h_copies, a->d2h_bytes, b->syncs, b->d2h_copies,
+                   b->d2h_bytes);
+      }
+  }
+  results_free(on);
+  results_free(off);
+  free(on);
+  free(off);
+}
+
+/* Where the device has no room for the bitmap, a push marks every row in the host bitmap (the
+ * next checkpoint is whole, not short of a row) and still succeeds; once there is room, the
+ * marks are on the device again and a capture takes exactly the rows pushed. */
+static void test_dirty_rows_without_device_memory(void **state) {
+  scenario_t sc = {1, EMBPS_OPTIMIZER_SGD, EMBPS_DTYPE_F32, 0, EMBPS_BACKEND_CUDA, 0, WIDTH, 0, 0};
+  rank_result_t *res = calloc(1, sizeof(*res));
+  rank_args_t a = {.sc = &sc, .rank = 0, .fds = {-1, -1, -1, -1}, .result = res};
+  embps_comm_t *tcp, *comm;
+  embps_store_t *store;
+  embps_engine_t *engine;
+  embps_table_t *t;
+  embps_error_t err;
+  embps_op_t op;
+  void *stream;
+  char bus[64];
+  size_t free_b, total_b;
+  int64_t tokens[MAX_BATCH];
+  float grads[MAX_BATCH * WIDTH];
+  uint64_t want = 0, got[DIRTY_WORDS];
+  step_result_t r;
+  (void)state;
+  assert_non_null(res);
+  assert_int_equal(embps_comm_tcp_new(&tcp, 0, 1, a.fds, 20000), EMBPS_OK);
+  assert_int_equal(embps_cuda_open(0, &stream, bus, sizeof(bus), &err), EMBPS_OK);
+  comm = sim_nccl_wrap(tcp, stream, 0);
+  assert_int_equal(embps_store_new(&store, 0, 1, 4), EMBPS_OK);
+  assert_int_equal(embps_engine_new(&engine, comm, store, EMBPS_BACKEND_CUDA, stream), EMBPS_OK);
+  memset(&op, 0, sizeof(op));
+  op.kind = EMBPS_OP_CREATE_TABLE;
+  op.create = table_config(&sc);
+  run_op(&a, engine, &op, "create", -1);
+  assert_non_null(t = embps_store_find(store, "t"));
+  workload(0, WIDTH, tokens, grads);
+  push(&a, engine, t, tokens, grads, 12, &r, 0); /* the scratch a push needs, before the cap */
+
+  assert_int_equal(cudaSetDevice(0), cudaSuccess);
+  assert_int_equal(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+  sim_cuda_set_memory_limit(0, total_b - free_b); /* nothing more fits */
+  assert_int_equal(embps_table_track_dirty(t), EMBPS_OK);
+  push(&a, engine, t, tokens, grads, 12, &r, 1);
+  assert_true(r.applied);
+  capture(&a, engine, t, got);
+  assert_true(got[0] == UINT64_MAX);
+  assert_null(embps_table_device_dirty(t));
+
+  sim_cuda_set_memory_limit(0, 0);
+  workload(1, WIDTH, tokens, grads);
+  push(&a, engine, t, tokens, grads, 24, &r, 2);
+  assert_true(r.applied);
+  assert_non_null(embps_table_device_dirty(t));
+  for (size_t i = 0; i < 24; i++)
+    if (tokens[i] != 0)
+      want |= UINT64_C(1) << tokens[i];
+  capture(&a, engine, t, got);
+  assert_true(got[0] == want);
+  if (res->failure[0])
+    fail_msg("%s", res->failure);
+
+  embps_engine_free(engine);
+  embps_store_free(store);
+  embps_comm_free(comm);
+  embps_cuda_close(stream);
+  free(res);
 }
 
 /* ---- CreateTable out of device memory on one rank -------------------------------------------- */
@@ -736,8 +920,8 @@ static void *oom_rank(void *p) {
   embps_engine_t *engine;
   embps_error_t err;
   embps_op_t op;
-  scenario_t sc = {a->size, EMBPS_OPTIMIZER_ADAM, EMBPS_DTYPE_F32, 1, EMBPS_BACKEND_CUDA, 0, WIDTH,
-                   0};
+  scenario_t sc = {
+      a->size, EMBPS_OPTIMIZER_ADAM, EMBPS_DTYPE_F32, 1, EMBPS_BACKEND_CUDA, 0, WIDTH, 0, 1};
   void *stream;
   char bus[64];
   size_t dev_allocs, pinned, streams, events;
@@ -835,6 +1019,8 @@ int main(void) {
       cmocka_unit_test(test_group_of_3),
       cmocka_unit_test(test_group_of_4),
       cmocka_unit_test(test_large_lookup),
+      cmocka_unit_test(test_dirty_rows_cost_no_round_trip),
+      cmocka_unit_test(test_dirty_rows_without_device_memory),
       cmocka_unit_test(test_create_out_of_device_memory),
   };
   sim_cuda_set_device_count(MAX_RANKS);

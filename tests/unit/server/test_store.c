@@ -1,5 +1,6 @@
-/* The store: config resolution and its refusals, the registry, allocation, and that a table
- * split over N ranks by columns holds exactly the columns of the unsplit table. */
+/* The store: config resolution and its refusals, the registry, allocation, dirty-row bitmaps,
+ * and that a table split over N ranks by columns holds exactly the columns of the unsplit
+ * table. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -191,6 +192,66 @@ static void test_allocation_failure(void **state) {
   embps_table_free(t);
 }
 
+/* A table's arrays in another memory (a stand-in for GPU memory that counts what it holds). */
+static int other_live;
+static void *other_alloc(size_t bytes) {
+  other_live++;
+  return embps_malloc(bytes);
+}
+static void other_release(void *p) {
+  if (p) {
+    other_live--;
+    embps_free(p);
+  }
+}
+
+/* Dirty rows: marks in the host bitmap; the second bitmap only in the table's own memory and
+ * while tracking is on, from that memory, and given back there at a drop and at a free. */
+static void test_dirty_rows(void **state) {
+  static const embps_table_memory_t other = {other_alloc, other_release};
+  const int64_t rows[] = {1, 64, 64, 129};
+  embps_table_config_t c = config("t", 130, 4);
+  embps_table_t *host, *t, *t2;
+  embps_store_t *s;
+  embps_error_t err;
+  uint64_t *dev = NULL;
+  (void)state;
+  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
+  assert_int_equal(embps_table_new(&host, &c, 0, 1), EMBPS_OK);
+  embps_table_mark_dirty(host, rows, 4); /* tracking off: a no-op */
+  assert_null(embps_table_dirty(host));
+  assert_int_equal(embps_table_track_dirty(host), EMBPS_OK);
+  embps_table_mark_dirty(host, rows, 4);
+  assert_true(embps_table_dirty(host)[0] == 2 && embps_table_dirty(host)[1] == 1 &&
+              embps_table_dirty(host)[2] == 2);
+  assert_int_equal(embps_table_device_dirty_new(host, &dev), EMBPS_FAILED_PRECONDITION);
+  assert_null(dev);
+  embps_table_free(host);
+
+  assert_int_equal(embps_table_new_in(&t, &c, 0, 1, &other), EMBPS_OK);
+  assert_int_equal(embps_table_new_in(&t2, &c, 0, 1, &other), EMBPS_OK);
+  assert_int_equal(other_live, 4); /* two tables of data and accumulators */
+  assert_int_equal(embps_table_device_dirty_new(t, &dev), EMBPS_FAILED_PRECONDITION);
+  assert_int_equal(embps_table_track_dirty(t), EMBPS_OK);
+  assert_int_equal(embps_table_track_dirty(t2), EMBPS_OK);
+  assert_null(embps_table_device_dirty(t));
+  assert_int_equal(embps_table_device_dirty_new(t, &dev), EMBPS_OK);
+  assert_ptr_equal(dev, embps_table_device_dirty(t));
+  assert_int_equal(embps_table_device_dirty_new(t, &dev), EMBPS_OK); /* the same one */
+  assert_ptr_equal(dev, embps_table_device_dirty(t));
+  assert_int_equal(embps_table_device_dirty_new(t2, &dev), EMBPS_OK);
+  assert_int_equal(other_live, 6);
+  assert_int_equal(embps_store_new(&s, 0, 1, 4), EMBPS_OK);
+  assert_int_equal(embps_store_add(s, t, &err), EMBPS_OK);
+  assert_int_equal(embps_store_drop(s, t), EMBPS_OK);
+  assert_null(embps_table_device_dirty(t));
+  assert_null(embps_table_dirty(t));
+  assert_int_equal(other_live, 3);
+  embps_store_free(s);
+  embps_table_free(t2);
+  assert_int_equal(other_live, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_resolve_defaults),
@@ -200,6 +261,7 @@ int main(void) {
       cmocka_unit_test(test_allocation_failure),
       cmocka_unit_test(test_drop_and_budget),
       cmocka_unit_test(test_name_check_full_length),
+      cmocka_unit_test(test_dirty_rows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
