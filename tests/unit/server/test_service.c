@@ -10,6 +10,9 @@
 #include <stdlib.h>
 
 #include "server/service/service.c"
+#include "tests/unit/common/table_fields_fixture.h"
+
+TABLE_FIELDS_FIXTURE(config, embps_table_config_t)
 
 /* ---- fakes ------------------------------------------------------------------------------- */
 
@@ -521,6 +524,41 @@ static void test_create_and_lookup_reply_encoding(void **state) {
   }
 }
 
+/* A table's settings through the service's TableSpec encoder (CreateTable's and ListTables'
+ * replies), protobuf's bytes and its decoder (CreateTable's request), each setting a value no
+ * other has: one forgotten or crossed fails by name. Without an OptimizerConfig, its settings
+ * are zero (the optimizer's defaults, once resolved). */
+static void test_table_settings_through_protobuf(void **state) {
+  Embps__V1__TableSpec spec = EMBPS__V1__TABLE_SPEC__INIT, *back;
+  Embps__V1__OptimizerConfig opt = EMBPS__V1__OPTIMIZER_CONFIG__INIT, *unpacked_opt;
+  embps_table_config_t c, got;
+  uint8_t buf[512];
+  size_t len;
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  strcpy(c.name, "settings");
+  config_fill(&c);
+  spec_from_config(&c, &spec, &opt);
+  assert_true(spec.optimizer == &opt);
+  len = protobuf_c_message_get_packed_size(&spec.base);
+  assert_true(len <= sizeof(buf));
+  protobuf_c_message_pack(&spec.base, buf);
+  back = embps__v1__table_spec__unpack(NULL, len, buf);
+  assert_non_null(back);
+  memset(&got, 0xa5, sizeof(got));
+  config_from_spec(back, &got);
+  assert_string_equal(got.name, "settings");
+  config_assert_same(&got, &c);
+  unpacked_opt = back->optimizer;
+  back->optimizer = NULL;
+  config_from_spec(back, &got);
+  assert_true(got.rows == c.rows && got.seed == c.seed && got.init_scale == c.init_scale);
+  assert_int_equal(got.optimizer, 0);
+  assert_true(got.lr == 0.0f && got.beta2 == 0.0f);
+  back->optimizer = unpacked_opt;
+  embps__v1__table_spec__free_unpacked(back, NULL);
+}
+
 static void test_validation_messages(void **state) {
   embps_net_call_t c;
   int64_t ok[] = {1, 2}, out_of_range[] = {1, 10};
@@ -990,6 +1028,7 @@ int main(void) {
       cmocka_unit_test(test_lookup_streamed_in_chunks),
       cmocka_unit_test(test_lookup_fails_after_first_chunk),
       cmocka_unit_test(test_create_and_lookup_reply_encoding),
+      cmocka_unit_test(test_table_settings_through_protobuf),
       cmocka_unit_test(test_validation_messages),
       cmocka_unit_test(test_reply_limits),
       cmocka_unit_test(test_async_push_answered_when_ordered),
