@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/backend.h"
 #include "common/clock.h"
 #include "common/dtype.h"
 #include "common/log.h"
@@ -1090,7 +1091,7 @@ static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uin
     embps_net_get_stats(svc->net, &ns);
   resp.rank = embps_group_rank(svc->group);
   resp.group_size = embps_group_size(svc->group);
-  resp.backend = (char *)embps_group_backend(svc->group);
+  resp.backend = (char *)embps_backend_name(embps_group_backend(svc->group));
   {
     embps_comm_stats_t cs;
     embps_group_comm_stats(svc->group, &cs);

@@ -51,13 +51,13 @@ const embps_optimizer_info_t *embps_optimizer_info(embps_optimizer_t opt) {
   return NULL;
 }
 
-int embps_optimizer_has_fused_update(embps_optimizer_t opt, const char *backend) {
+int embps_optimizer_has_fused_update(embps_optimizer_t opt, embps_backend_t backend) {
   const embps_optimizer_info_t *info = embps_optimizer_info(opt);
   if (!info)
     return 0;
-  if (strcmp(backend, "cpu") == 0)
+  if (backend == EMBPS_BACKEND_CPU)
     return info->fused_cpu;
-  if (strcmp(backend, "cuda") == 0)
+  if (backend == EMBPS_BACKEND_CUDA)
     return info->fused_cuda;
   return 0; /* a backend the registry does not know fuses nothing */
 }

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/backend.h"
 #include "common/status.h"
 #include "common/table_fields.h"
 #include "kernels/embps_kernels.h"
@@ -77,9 +78,8 @@ typedef struct embps_optimizer_info {
   int fused_cuda;        /* likewise on the CUDA backend */
 } embps_optimizer_info_t;
 
-/** Whether optimizer opt has a fused table update on the named backend ("cpu", "cuda"), which
- * async pushes require. */
-int embps_optimizer_has_fused_update(embps_optimizer_t opt, const char *backend);
+/** Whether optimizer opt has a fused table update on backend, which async pushes require. */
+int embps_optimizer_has_fused_update(embps_optimizer_t opt, embps_backend_t backend);
 
 /** The registry entry for an optimizer; NULL for an unknown one. */
 const embps_optimizer_info_t *embps_optimizer_info(embps_optimizer_t opt);

@@ -182,9 +182,11 @@ uint32_t embps_group_size(const embps_group_t *group) {
   return 1;
 }
 
-static const char *fake_backend = "cpu";
+static embps_backend_t fake_backend = EMBPS_BACKEND_CPU;
+/* a value that names no backend: the registry fuses nothing on it */
+#define UNKNOWN_BACKEND ((embps_backend_t)7)
 
-const char *embps_group_backend(const embps_group_t *group) {
+embps_backend_t embps_group_backend(const embps_group_t *group) {
   (void)group;
   return fake_backend;
 }
@@ -740,9 +742,10 @@ static void test_async_needs_fused_update(void **state) {
   int64_t tokens[] = {1, 2};
   float g[8] = {0};
   (void)state;
-  assert_true(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ADAM, "cpu"));
-  assert_true(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ROWWISE_ADAGRAD, "cuda"));
-  assert_false(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ADAM, "abacus"));
+  assert_true(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ADAM, EMBPS_BACKEND_CPU));
+  assert_true(
+      embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ROWWISE_ADAGRAD, EMBPS_BACKEND_CUDA));
+  assert_false(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ADAM, UNKNOWN_BACKEND));
   create(&c, "fused", 10, 4);
   release_call(&c);
   req.table = "fused";
@@ -751,18 +754,18 @@ static void test_async_needs_fused_update(void **state) {
   req.gradients.data = (uint8_t *)g;
   req.gradients.len = sizeof(g);
   req.mode = EMBPS__V1__UPDATE_MODE__UPDATE_MODE_ASYNC;
-  fake_backend = "abacus";
+  fake_backend = UNKNOWN_BACKEND;
   call(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base);
-  fake_backend = "cpu";
+  fake_backend = EMBPS_BACKEND_CPU;
   assert_int_equal(c.status, EMBPS_FAILED_PRECONDITION);
   assert_non_null(strstr(c.message, "async updates require an optimizer with a fused table "
                                     "update, and rowwise_adagrad has none"));
   assert_int_equal(num_queued, 0);
   /* Sync pushes are fine on such a backend. */
   req.mode = EMBPS__V1__UPDATE_MODE__UPDATE_MODE_SYNC;
-  fake_backend = "abacus";
+  fake_backend = UNKNOWN_BACKEND;
   call(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base);
-  fake_backend = "cpu";
+  fake_backend = EMBPS_BACKEND_CPU;
   assert_int_equal(num_queued, 1);
   run_engine();
   assert_int_equal(c.status, EMBPS_OK);
