@@ -9,6 +9,7 @@
 #include "common/alloc.h"
 #include "common/optimizer.h"
 #include "common/shape.h"
+#include "common/table_fields.h"
 #include "embps/v1/embps.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
 
@@ -48,7 +49,27 @@ static embps_status_t unary(embps_client_t *c, const char *path, const ProtobufC
   return EMBPS_OK;
 }
 
-static int optimizer_to_pb(embps_optimizer_t o) { return (int)o; }
+/* The public embps_table_spec_t is written by hand (its layout is API): it must carry every
+ * setting that common/table_fields.h declares, as declared. */
+EMBPS_TABLE_FIELDS_CHECK(embps_table_spec_t)
+EMBPS_TABLE_FIELDS_TO_PB(settings_to_pb, embps_table_spec_t)
+EMBPS_TABLE_FIELDS_FROM_PB(settings_from_pb, embps_table_spec_t)
+
+void embps__table_spec_to_pb(const embps_table_spec_t *spec, Embps__V1__TableSpec *ts,
+                             Embps__V1__OptimizerConfig *oc) {
+  ts->name = (char *)spec->name;
+  settings_to_pb(spec, ts, oc);
+}
+
+int embps__table_spec_from_pb(const Embps__V1__TableSpec *ts, embps_table_spec_t *out) {
+  out->name = embps_strdup(ts->name ? ts->name : "");
+  if (!out->name)
+    return -1;
+  settings_from_pb(ts, out);
+  if (out->dtype == 0)
+    out->dtype = EMBPS_DTYPE_F32;
+  return 0;
+}
 
 static embps_status_t created_decode(embps_client_t *c, const embps__stream_t *s,
                                      embps_table_spec_t **out);
@@ -77,21 +98,7 @@ embps_status_t embps_create_table_answered(embps_client_t *client, const embps_t
   embps_error_clear(&err);
   if (embps_shape_check_emb_width(spec->emb_width, client->group_size, &err) != EMBPS_OK)
     return embps__client_fail_err(client, &err);
-  ts.name = (char *)spec->name;
-  ts.rows = spec->rows;
-  ts.emb_width = spec->emb_width;
-  ts.dtype = (Embps__V1__DType)spec->dtype;
-  ts.seed = spec->seed;
-  ts.init_scale = spec->init_scale;
-  oc.kind = (Embps__V1__OptimizerKind)optimizer_to_pb(spec->optimizer);
-  oc.lr = spec->lr;
-  oc.eps = spec->eps;
-  oc.half_life = spec->half_life;
-  oc.initial_accumulator = spec->initial_accumulator;
-  oc.weight_decay = spec->weight_decay;
-  oc.beta1 = spec->beta1;
-  oc.beta2 = spec->beta2;
-  ts.optimizer = &oc;
+  embps__table_spec_to_pb(spec, &ts, &oc);
   req.spec = &ts;
   st = unary(client, EMBPS__PATH_PREFIX "CreateTable", &req.base, 0, 1, &call);
   if (st != EMBPS_OK)
@@ -125,31 +132,6 @@ void embps_tables_free(embps_table_spec_t *tables, size_t n) {
   embps_free(tables);
 }
 
-/* Fills *out from the TableSpec ts, the name copied (owned by out). Returns 0, or -1 when out
- * of memory. */
-static int spec_from_pb(const Embps__V1__TableSpec *ts, embps_table_spec_t *out) {
-  const Embps__V1__OptimizerConfig *oc = ts->optimizer;
-  out->name = embps_strdup(ts->name ? ts->name : "");
-  if (!out->name)
-    return -1;
-  out->rows = ts->rows;
-  out->emb_width = ts->emb_width;
-  out->dtype = ts->dtype == 0 ? EMBPS_DTYPE_F32 : (embps_dtype_t)ts->dtype;
-  out->seed = ts->seed;
-  out->init_scale = ts->init_scale;
-  if (oc) {
-    out->optimizer = (embps_optimizer_t)oc->kind;
-    out->lr = oc->lr;
-    out->eps = oc->eps;
-    out->half_life = oc->half_life;
-    out->initial_accumulator = oc->initial_accumulator;
-    out->weight_decay = oc->weight_decay;
-    out->beta1 = oc->beta1;
-    out->beta2 = oc->beta2;
-  }
-  return 0;
-}
-
 /* Decodes a CreateTableResponse's spec into a new one-element array (*out). */
 static embps_status_t created_decode(embps_client_t *c, const embps__stream_t *s,
                                      embps_table_spec_t **out) {
@@ -161,7 +143,7 @@ static embps_status_t created_decode(embps_client_t *c, const embps__stream_t *s
     return c->last.status;
   if (!m->spec) {
     st = embps__client_fail(c, EMBPS_INTERNAL, "create table: the reply holds no table spec");
-  } else if (!(t = embps_calloc(1, sizeof(*t))) || spec_from_pb(m->spec, t) != 0) {
+  } else if (!(t = embps_calloc(1, sizeof(*t))) || embps__table_spec_from_pb(m->spec, t) != 0) {
     embps_free(t);
     st = embps__client_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
   } else {
@@ -186,7 +168,7 @@ static embps_status_t tables_decode(embps_client_t *c, const embps__stream_t *s,
     if (!t)
       goto oom;
     for (size_t i = 0; i < m->n_tables; i++)
-      if (spec_from_pb(m->tables[i], &t[i]) != 0) {
+      if (embps__table_spec_from_pb(m->tables[i], &t[i]) != 0) {
         embps_tables_free(t, i);
         goto oom;
       }

@@ -18,6 +18,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "embps/embps.h"
+#include "embps/v1/embps.pb-c.h"
 
 #define EMBPS__PATH_PREFIX "/embps.v1.EmbeddingService/"
 
@@ -107,5 +108,15 @@ void embps__reply_free(ProtobufCMessage *m);
 
 /** Learns the group size from every rank's ListTables and checks it against the addresses. */
 embps_status_t embps__learn_group_size(embps_client_t *c);
+
+/** Fills the TableSpec ts and its OptimizerConfig oc (both initialized by the caller) from spec:
+ * its name (ts points at spec's string) and every setting of common/table_fields.h. */
+void embps__table_spec_to_pb(const embps_table_spec_t *spec, Embps__V1__TableSpec *ts,
+                             Embps__V1__OptimizerConfig *oc);
+
+/** Fills *out from the TableSpec ts: the name copied (owned by out, freed with embps_free), the
+ * settings (those of the OptimizerConfig only when ts has one), and an unset dtype as f32.
+ * Returns 0, or -1 when out of memory (nothing allocated). */
+int embps__table_spec_from_pb(const Embps__V1__TableSpec *ts, embps_table_spec_t *out);
 
 #endif

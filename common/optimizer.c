@@ -62,13 +62,13 @@ embps_status_t embps_optimizer_from_name(const char *name, embps_optimizer_t *ou
   return EMBPS_INVALID_ARGUMENT;
 }
 
-int embps_optimizer_has_fused_update(embps_optimizer_t kind, const char *backend) {
+int embps_optimizer_has_fused_update(embps_optimizer_t kind, embps_backend_t backend) {
   const embps_optimizer_info_t *info = embps_optimizer_info(kind);
   if (!info)
     return 0;
-  if (strcmp(backend, "cpu") == 0)
+  if (backend == EMBPS_BACKEND_CPU)
     return info->fused_cpu;
-  if (strcmp(backend, "cuda") == 0)
+  if (backend == EMBPS_BACKEND_CUDA)
     return info->fused_cuda;
   return 0; /* a backend the registry does not know fuses nothing */
 }

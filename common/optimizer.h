@@ -8,6 +8,7 @@
 #ifndef EMBPS_OPTIMIZER_H
 #define EMBPS_OPTIMIZER_H
 
+#include "common/backend.h"
 #include "common/status.h"
 #include "embps/optimizer.h"
 
@@ -83,8 +84,8 @@ const char *embps_optimizer_name(embps_optimizer_t kind);
  */
 embps_status_t embps_optimizer_from_name(const char *name, embps_optimizer_t *out);
 
-/** Whether optimizer kind has a fused table update on the named backend ("cpu", "cuda"), which
- * async pushes require; 0 for an unknown kind or backend. */
-int embps_optimizer_has_fused_update(embps_optimizer_t kind, const char *backend);
+/** Whether optimizer kind has a fused table update on backend, which async pushes require; 0 for
+ * an unknown kind or backend. */
+int embps_optimizer_has_fused_update(embps_optimizer_t kind, embps_backend_t backend);
 
 #endif

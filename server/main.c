@@ -13,6 +13,7 @@
 #include <uv.h>
 
 #include "common/alloc.h"
+#include "common/backend.h"
 #include "common/clock.h"
 #include "common/cpus.h"
 #include "common/hostport.h"
@@ -454,17 +455,14 @@ int main(int argc, char **argv) {
   }
   embps_log_set_level((embps_log_level_t)level);
   num_devices = embps_cuda_device_count();
-  if (strcmp(set.backend, "cpu") == 0 || (strcmp(set.backend, "auto") == 0 && num_devices == 0)) {
-    backend = EMBPS_BACKEND_CPU;
-  } else if (strcmp(set.backend, "cuda") == 0 || strcmp(set.backend, "auto") == 0) {
-    backend = EMBPS_BACKEND_CUDA;
-    if (num_devices == 0) {
-      fprintf(stderr, "embps-server: --backend cuda: no CUDA device is visible to this process%s\n",
-              EMBPS_HAVE_CUDA_BUILD ? "" : " (this build has no CUDA backend)");
-      return 2;
-    }
-  } else {
+  if (strcmp(set.backend, "auto") == 0) {
+    backend = num_devices > 0 ? EMBPS_BACKEND_CUDA : EMBPS_BACKEND_CPU;
+  } else if (embps_backend_parse(set.backend, &backend) != 0) {
     fprintf(stderr, "embps-server: --backend: '%s' is not auto, cpu or cuda\n", set.backend);
+    return 2;
+  } else if (backend == EMBPS_BACKEND_CUDA && num_devices == 0) {
+    fprintf(stderr, "embps-server: --backend cuda: no CUDA device is visible to this process%s\n",
+            EMBPS_HAVE_CUDA_BUILD ? "" : " (this build has no CUDA backend)");
     return 2;
   }
   if (strcmp(set.device, "auto") == 0) {
@@ -626,7 +624,8 @@ int main(int argc, char **argv) {
   uv_signal_start(&s.sighup, on_sighup, SIGHUP);
   EMBPS_INFO("embps-server %s: rank %u of a %u-rank group, mesh %s, backend %s, max table "
              "bytes %llu",
-             EMBPS_VERSION, rank, group_size, mesh_text, embps_group_backend(s.group),
+             EMBPS_VERSION, rank, group_size, mesh_text,
+             embps_backend_name(embps_group_backend(s.group)),
              (unsigned long long)scfg.max_table_bytes);
   if (s.auth)
     log_auth("accepting", &s);

@@ -47,10 +47,6 @@ struct embps_engine {
     }                                                                                              \
   } while (0)
 
-const char *embps_backend_name(embps_backend_t backend) {
-  return backend == EMBPS_BACKEND_CUDA ? "cuda" : "cpu";
-}
-
 embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_store_t *store,
                                 embps_backend_t backend, void *stream) {
   embps_engine_t *e = embps_calloc(1, sizeof(*e));

@@ -15,6 +15,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "common/backend.h"
 #include "common/status.h"
 #include "server/comm/comm.h"
 #include "server/store/store.h"
@@ -94,14 +95,6 @@ struct embps_op {
 };
 
 typedef struct embps_engine embps_engine_t;
-
-typedef enum embps_backend {
-  EMBPS_BACKEND_CPU = 0,
-  EMBPS_BACKEND_CUDA = 1, /* tables in GPU memory, kernels on `stream`, an NCCL communicator */
-} embps_backend_t;
-
-/** "cpu" or "cuda". */
-const char *embps_backend_name(embps_backend_t backend);
 
 /**
  * An engine for this rank. comm is borrowed (its rank and size are the group's; for the CUDA

@@ -15,9 +15,9 @@
 #include "common/alloc.h"
 #include "common/byteorder.h"
 
-/* Bytes of a table config on the wire besides its name: rows, emb_width, dtype, seed,
- * init_scale, optimizer and seven float hyper-parameters. */
-#define CONFIG_FIXED_LEN (8 + 4 + 4 + 8 + 4 + 4 + 7 * 4)
+/* Bytes of a table config on the wire besides its name: its settings (common/table_fields.h),
+ * in the checkpoint header's layout (embps_table_config_put_settings). */
+#define CONFIG_FIXED_LEN EMBPS_TABLE_FIELDS_WIRE_BYTES
 /* Bytes of a round entry before its message: client_id, batch_id, action, kind, status and the
  * message's length. */
 #define ENTRY_FIXED_LEN (8 + 8 + 4 + 4 + 4 + 2)
@@ -69,12 +69,6 @@ static void put64(uint8_t **p, uint64_t v) {
   *p += 8;
 }
 
-static void putf(uint8_t **p, float v) {
-  uint32_t bits;
-  memcpy(&bits, &v, sizeof(bits));
-  put32(p, bits);
-}
-
 static void put_bytes(uint8_t **p, const void *src, size_t n) {
   memcpy(*p, src, n);
   *p += n;
@@ -124,13 +118,6 @@ static uint16_t get16(reader_t *r) {
 
 static uint32_t get32(reader_t *r) { return embps_get_le32(take(r, 4)); }
 static uint64_t get64(reader_t *r) { return embps_get_le64(take(r, 8)); }
-
-static float getf(reader_t *r) {
-  uint32_t bits = get32(r);
-  float v;
-  memcpy(&v, &bits, sizeof(v));
-  return v;
-}
 
 /* Copies an n-byte string into out (cap bytes) and NUL-terminates it; refuses n >= cap. */
 static int get_string(reader_t *r, size_t n, char *out, size_t cap) {
@@ -378,19 +365,8 @@ embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *en
       size_t nl = strnlen(c->name, EMBPS_TABLE_NAME_MAX - 1);
       put8(&p, (uint8_t)nl);
       put_bytes(&p, c->name, nl);
-      put64(&p, c->rows);
-      put32(&p, c->emb_width);
-      put32(&p, (uint32_t)c->dtype);
-      put64(&p, c->seed);
-      putf(&p, c->init_scale);
-      put32(&p, (uint32_t)c->optimizer);
-      putf(&p, c->lr);
-      putf(&p, c->eps);
-      putf(&p, c->half_life);
-      putf(&p, c->initial_accumulator);
-      putf(&p, c->weight_decay);
-      putf(&p, c->beta1);
-      putf(&p, c->beta2);
+      embps_table_config_put_settings(p, c);
+      p += CONFIG_FIXED_LEN;
     }
     if (runs_checkpoint(e)) {
       size_t sl = strnlen(ckpts[i].scope, EMBPS_TABLE_NAME_MAX - 1);
@@ -405,22 +381,12 @@ embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *en
 
 static embps_status_t parse_config(reader_t *r, embps_table_config_t *c, embps_error_t *err) {
   size_t nl = get8(r);
+  const uint8_t *p;
   memset(c, 0, sizeof(*c));
   if (get_string(r, nl, c->name, sizeof(c->name)) != 0)
     return malformed(err, EMBPS__FRAME_ROUND, "table name length", nl);
-  c->rows = get64(r);
-  c->emb_width = get32(r);
-  c->dtype = (embps_dtype_t)get32(r);
-  c->seed = get64(r);
-  c->init_scale = getf(r);
-  c->optimizer = (embps_optimizer_t)get32(r);
-  c->lr = getf(r);
-  c->eps = getf(r);
-  c->half_life = getf(r);
-  c->initial_accumulator = getf(r);
-  c->weight_decay = getf(r);
-  c->beta1 = getf(r);
-  c->beta2 = getf(r);
+  if ((p = take(r, CONFIG_FIXED_LEN)) != NULL) /* NULL: cut short, which the caller reports */
+    embps_table_config_get_settings(p, c);
   return EMBPS_OK;
 }
 

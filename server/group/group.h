@@ -172,7 +172,8 @@ embps_group_state_t embps_group_state(embps_group_t *group, char *message, size_
 
 uint32_t embps_group_rank(const embps_group_t *group);
 uint32_t embps_group_size(const embps_group_t *group);
-const char *embps_group_backend(const embps_group_t *group);
+/** The backend this rank computes on (its configuration's). Any thread. */
+embps_backend_t embps_group_backend(const embps_group_t *group);
 
 /** The CUDA device whose pinned host memory request and reply buffers should use (see
  * embps_host_alloc), once the group has formed with the CUDA backend; -1 before, and for the

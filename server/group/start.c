@@ -205,9 +205,7 @@ fail:
 
 uint32_t embps_group_rank(const embps_group_t *g) { return g->cfg.rank; }
 uint32_t embps_group_size(const embps_group_t *g) { return g->cfg.size; }
-const char *embps_group_backend(const embps_group_t *g) {
-  return embps_backend_name(g->cfg.backend);
-}
+embps_backend_t embps_group_backend(const embps_group_t *g) { return g->cfg.backend; }
 int embps_group_host_device(embps_group_t *g) { return atomic_load(&g->host_device); }
 
 const embps_group_metrics_t *embps_group_metrics(const embps_group_t *g) { return &g->metrics; }

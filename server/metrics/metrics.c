@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/backend.h"
 #include "common/hostport.h"
 
 /* ---- text builder ---------------------------------------------------------------------------- */
@@ -177,7 +178,8 @@ static void render_group(text_t *t, embps_group_t *g) {
   put(t, "embps_group_ready %d\n", embps_group_state(g, NULL, 0) == EMBPS_GROUP_READY);
   family(t, "embps_group_backend_info", "gauge",
          "The compute backend this rank runs (cpu or cuda), as a label; the value is 1.");
-  put(t, "embps_group_backend_info{backend=\"%s\"} 1\n", embps_group_backend(g));
+  put(t, "embps_group_backend_info{backend=\"%s\"} 1\n",
+      embps_backend_name(embps_group_backend(g)));
   scalar(t, "embps_group_peer_sent_bytes_total", "counter",
          "Collective payload bytes this rank sent to its peers.", ld(&m->peer_bytes_sent));
   scalar(t, "embps_group_peer_received_bytes_total", "counter",
@@ -231,7 +233,7 @@ static void render_group(text_t *t, embps_group_t *g) {
 
 /* Per-table series, over one listing of the tables: a table dropped meanwhile keeps a readable
  * struct (embps_store_drop), and a dropped table is in no later listing. */
-static void render_tables(text_t *t, embps_store_t *store, const char *backend) {
+static void render_tables(text_t *t, embps_store_t *store, embps_backend_t backend) {
   size_t n = embps_store_count(store) + 1;
   embps_table_t **list = embps_calloc(n, sizeof(*list));
   uint64_t table_bytes = 0;
@@ -316,7 +318,7 @@ static void render_tables(text_t *t, embps_store_t *store, const char *backend) 
            "where the backend keeps them), buffers_pinned and buffers_host (request and reply "
            "buffers: page-locked for the CUDA backend, else pageable), process_resident (the "
            "whole process's resident set).");
-    int device = strcmp(backend, "cuda") == 0;
+    int device = backend == EMBPS_BACKEND_CUDA;
     put(t, "embps_memory_bytes{kind=\"tables_host\"} %llu\n",
         (unsigned long long)(device ? 0 : table_bytes));
     put(t, "embps_memory_bytes{kind=\"tables_device\"} %llu\n",
@@ -343,7 +345,7 @@ embps_status_t embps_metrics_render(const embps_metrics_sources_t *src, char **o
   if (src->group)
     render_group(&t, src->group);
   if (src->store)
-    render_tables(&t, src->store, src->group ? embps_group_backend(src->group) : "cpu");
+    render_tables(&t, src->store, src->group ? embps_group_backend(src->group) : EMBPS_BACKEND_CPU);
   if (t.failed || !t.buf) {
     embps_free(t.buf);
     return EMBPS_RESOURCE_EXHAUSTED;

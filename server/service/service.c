@@ -21,10 +21,12 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/backend.h"
 #include "common/clock.h"
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/shape.h"
+#include "common/table_fields.h"
 #include "common/varint.h"
 #include "server/service/auth.h"
 #include "server/service/bufpool.h"
@@ -315,8 +317,8 @@ static embps_status_t validate_lookup(embps_service_t *svc, const Embps__V1__Loo
   return EMBPS_OK;
 }
 
-static void spec_from_table(const embps_table_t *t, Embps__V1__TableSpec *spec,
-                            Embps__V1__OptimizerConfig *o);
+static void spec_from_config(const embps_table_config_t *c, Embps__V1__TableSpec *spec,
+                             Embps__V1__OptimizerConfig *o);
 
 static int name_reserved(const embps_service_t *svc, const char *name) {
   for (size_t i = 0; i < svc->num_pending_creates; i++)
@@ -411,7 +413,7 @@ static void on_op_done(embps_op_t *op) {
     Embps__V1__TableSpec spec = EMBPS__V1__TABLE_SPEC__INIT;
     Embps__V1__OptimizerConfig opt = EMBPS__V1__OPTIMIZER_CONFIG__INIT;
     const embps_table_config_t *c = embps_table_config(op->created);
-    spec_from_table(op->created, &spec, &opt);
+    spec_from_config(c, &spec, &opt);
     resp.spec = &spec;
     resp.group_size = embps_group_size(svc->group);
     EMBPS_INFO("created table '%s': rows=%llu emb_width=%u %s %s, %llu bytes on this rank", c->name,
@@ -481,28 +483,18 @@ static void submit(request_t *r) {
 
 /* ---- the calls ----------------------------------------------------------------------------- */
 
+/* A table's settings to and from its TableSpec, as common/table_fields.h declares them; zeros
+ * stay zeros here and take their defaults in embps_table_config_resolve. */
+EMBPS_TABLE_FIELDS_FROM_PB(settings_from_pb, embps_table_config_t)
+EMBPS_TABLE_FIELDS_TO_PB(settings_to_pb, embps_table_config_t)
+
 static void config_from_spec(const Embps__V1__TableSpec *spec, embps_table_config_t *c) {
   memset(c, 0, sizeof(*c));
   if (spec->name && strlen(spec->name) < sizeof(c->name))
     strcpy(c->name, spec->name);
   else if (spec->name) /* too long: keep it unterminated-length so resolve refuses it */
     memset(c->name, 'x', sizeof(c->name));
-  c->rows = spec->rows;
-  c->emb_width = spec->emb_width;
-  c->dtype = (embps_dtype_t)spec->dtype;
-  c->seed = spec->seed;
-  c->init_scale = spec->init_scale;
-  if (spec->optimizer) {
-    const Embps__V1__OptimizerConfig *o = spec->optimizer;
-    c->optimizer = (embps_optimizer_t)o->kind;
-    c->lr = o->lr;
-    c->eps = o->eps;
-    c->half_life = o->half_life;
-    c->initial_accumulator = o->initial_accumulator;
-    c->weight_decay = o->weight_decay;
-    c->beta1 = o->beta1;
-    c->beta2 = o->beta2;
-  }
+  settings_from_pb(spec, c);
 }
 
 /* protobuf-c answers NULL both for bytes that do not parse and for an allocation that failed;
@@ -575,24 +567,11 @@ exit:
   embps__v1__create_table_request__free_unpacked(req, &svc->pb);
 }
 
-static void spec_from_table(const embps_table_t *t, Embps__V1__TableSpec *spec,
-                            Embps__V1__OptimizerConfig *o) {
-  const embps_table_config_t *c = embps_table_config(t);
+/* The TableSpec of c, in spec and o (initialized by the caller), which point into c. */
+static void spec_from_config(const embps_table_config_t *c, Embps__V1__TableSpec *spec,
+                             Embps__V1__OptimizerConfig *o) {
   spec->name = (char *)c->name;
-  spec->rows = c->rows;
-  spec->emb_width = c->emb_width;
-  spec->dtype = (Embps__V1__DType)c->dtype;
-  spec->seed = c->seed;
-  spec->init_scale = c->init_scale;
-  o->kind = (Embps__V1__OptimizerKind)c->optimizer;
-  o->lr = c->lr;
-  o->eps = c->eps;
-  o->half_life = c->half_life;
-  o->initial_accumulator = c->initial_accumulator;
-  o->weight_decay = c->weight_decay;
-  o->beta1 = c->beta1;
-  o->beta2 = c->beta2;
-  spec->optimizer = o;
+  settings_to_pb(c, spec, o);
 }
 
 /* Checkpoint: any rank takes it to the leader, which orders it; answered once it is complete. */
@@ -796,7 +775,7 @@ static void handle_list_tables(embps_service_t *svc, embps_net_call_t *call, con
     const embps_table_t *t = tables[i];
     embps__v1__table_spec__init(&specs[k]);
     embps__v1__optimizer_config__init(&opts[k]);
-    spec_from_table(t, &specs[k], &opts[k]);
+    spec_from_config(embps_table_config(t), &specs[k], &opts[k]);
     ptrs[k] = &specs[k];
     k++;
   }
@@ -1016,7 +995,7 @@ static void handle_stats(embps_service_t *svc, embps_net_call_t *call, const uin
     embps_net_get_stats(svc->net, &ns);
   resp.rank = embps_group_rank(svc->group);
   resp.group_size = embps_group_size(svc->group);
-  resp.backend = (char *)embps_group_backend(svc->group);
+  resp.backend = (char *)embps_backend_name(embps_group_backend(svc->group));
   {
     embps_comm_stats_t cs;
     embps_group_comm_stats(svc->group, &cs);

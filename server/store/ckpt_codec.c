@@ -5,7 +5,8 @@
  * Byte layouts. Integers are little-endian, floats their IEEE-754 bits as a u32; a name is its
  * length (u32) and its bytes; a table spec is name | rows u64 | emb_width u32 | dtype u32 |
  * seed u64 | init_scale | optimizer u32 | lr | eps | half_life | initial_accumulator |
- * weight_decay | beta1 | beta2.
+ * weight_decay | beta1 | beta2: its settings in the order common/table_fields.h declares them,
+ * which embps_table_config_put_settings (here) writes for the group's control frames too.
  *
  * A slice file (r<rank>-<table>.embps):
  *   header   "EMBPSCKP" | format version u32 | header bytes u32 (all of the header) | rank u32 |
@@ -102,12 +103,6 @@ static void put_u64(wbuf_t *b, uint64_t v) {
   put(b, x, 8);
 }
 
-static void put_f32(wbuf_t *b, float v) {
-  uint32_t u;
-  memcpy(&u, &v, 4);
-  put_u32(b, u);
-}
-
 static void put_name(wbuf_t *b, const char *s) {
   size_t n = strnlen(s, EMBPS_TABLE_NAME_MAX - 1);
   put_u32(b, (uint32_t)n);
@@ -116,21 +111,25 @@ static void put_name(wbuf_t *b, const char *s) {
 
 static void put_crc(wbuf_t *b) { put_u32(b, b->oom ? 0 : embps__ckpt_crc(0, b->p, b->len)); }
 
+void embps_table_config_put_settings(uint8_t *p, const embps_table_config_t *c) {
+#define PUT_SETTING(field, type, wire, message, pb_field) embps_table_wire_put_##wire(&p, c->field);
+  EMBPS_TABLE_FIELDS(PUT_SETTING)
+#undef PUT_SETTING
+}
+
+void embps_table_config_get_settings(const uint8_t *p, embps_table_config_t *c) {
+#define GET_SETTING(field, type, wire, message, pb_field)                                          \
+  c->field = (type)embps_table_wire_get_##wire(&p);
+  EMBPS_TABLE_FIELDS(GET_SETTING)
+#undef GET_SETTING
+}
+
+/* A table spec: its name, then its settings. */
 static void put_config(wbuf_t *b, const embps_table_config_t *c) {
+  uint8_t x[EMBPS_TABLE_FIELDS_WIRE_BYTES];
   put_name(b, c->name);
-  put_u64(b, c->rows);
-  put_u32(b, c->emb_width);
-  put_u32(b, (uint32_t)c->dtype);
-  put_u64(b, c->seed);
-  put_f32(b, c->init_scale);
-  put_u32(b, (uint32_t)c->optimizer);
-  put_f32(b, c->lr);
-  put_f32(b, c->eps);
-  put_f32(b, c->half_life);
-  put_f32(b, c->initial_accumulator);
-  put_f32(b, c->weight_decay);
-  put_f32(b, c->beta1);
-  put_f32(b, c->beta2);
+  embps_table_config_put_settings(x, c);
+  put(b, x, sizeof(x));
 }
 
 /* Hands a finished buffer over: 0, or -1 (and frees it) when it ran out of memory. */
@@ -171,13 +170,6 @@ static uint64_t get_u64(rbuf_t *r) {
   return p ? embps_get_le64(p) : 0;
 }
 
-static float get_f32(rbuf_t *r) {
-  uint32_t u = get_u32(r);
-  float v;
-  memcpy(&v, &u, 4);
-  return v;
-}
-
 static void get_name(rbuf_t *r, char out[EMBPS_TABLE_NAME_MAX]) {
   uint32_t n = get_u32(r);
   const uint8_t *p;
@@ -193,21 +185,11 @@ static void get_name(rbuf_t *r, char out[EMBPS_TABLE_NAME_MAX]) {
 }
 
 static void get_config(rbuf_t *r, embps_table_config_t *c) {
+  const uint8_t *p;
   memset(c, 0, sizeof(*c));
   get_name(r, c->name);
-  c->rows = get_u64(r);
-  c->emb_width = get_u32(r);
-  c->dtype = (embps_dtype_t)get_u32(r);
-  c->seed = get_u64(r);
-  c->init_scale = get_f32(r);
-  c->optimizer = (embps_optimizer_t)get_u32(r);
-  c->lr = get_f32(r);
-  c->eps = get_f32(r);
-  c->half_life = get_f32(r);
-  c->initial_accumulator = get_f32(r);
-  c->weight_decay = get_f32(r);
-  c->beta1 = get_f32(r);
-  c->beta2 = get_f32(r);
+  if ((p = get(r, EMBPS_TABLE_FIELDS_WIRE_BYTES)))
+    embps_table_config_get_settings(p, c);
 }
 
 int embps__ckpt_same_config(const embps_table_config_t *a, const embps_table_config_t *b) {

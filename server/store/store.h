@@ -10,9 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/backend.h"
 #include "common/dtype.h"
 #include "common/optimizer.h"
 #include "common/status.h"
+#include "common/table_fields.h"
 
 #define EMBPS_TABLE_NAME_MAX 128
 /* Limits beyond which a table is absurd whatever the memory: they keep index arithmetic far
@@ -20,17 +22,19 @@
 #define EMBPS_MAX_ROWS (UINT64_C(1) << 40)
 #define EMBPS_MAX_EMB_WIDTH 65536u
 
-/** What a table is, as CreateTable gives it (defaults resolved by embps_table_config_resolve). */
+/** What a table is, as CreateTable gives it (defaults resolved by embps_table_config_resolve):
+ * its name and the settings of common/table_fields.h (rows, emb_width, dtype, seed, ...). */
 typedef struct embps_table_config {
   char name[EMBPS_TABLE_NAME_MAX];
-  uint64_t rows;
-  uint32_t emb_width;
-  embps_dtype_t dtype;
-  uint64_t seed;
-  float init_scale;
-  embps_optimizer_t optimizer;
-  float lr, eps, half_life, initial_accumulator, weight_decay, beta1, beta2;
+  EMBPS_TABLE_FIELDS(EMBPS_TABLE_FIELD_MEMBER)
 } embps_table_config_t;
+
+/** Writes c's settings, the name apart, at p: EMBPS_TABLE_FIELDS_WIRE_BYTES bytes in the order of
+ * EMBPS_TABLE_FIELDS, the layout of a checkpoint's table spec and of a control frame's create. */
+void embps_table_config_put_settings(uint8_t *p, const embps_table_config_t *c);
+
+/** Reads what embps_table_config_put_settings wrote at p into c's settings (the name untouched). */
+void embps_table_config_get_settings(const uint8_t *p, embps_table_config_t *c);
 
 typedef struct embps_table_counters {
   atomic_uint_fast64_t lookups, pushes, rows_looked_up, rows_pushed, steps_applied, steps_skipped;

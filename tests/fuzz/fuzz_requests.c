@@ -79,7 +79,7 @@ void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) {
 static struct {
   uint32_t size, rank;
   int ready;
-  const char *backend;
+  embps_backend_t backend;
   const char *checkpoint_dir;
   int engine_fails;
 } group;
@@ -103,7 +103,7 @@ embps_group_state_t embps_group_state(embps_group_t *g, char *message, size_t ca
 
 uint32_t embps_group_rank(const embps_group_t *g) { return (void)g, group.rank; }
 uint32_t embps_group_size(const embps_group_t *g) { return (void)g, group.size; }
-const char *embps_group_backend(const embps_group_t *g) { return (void)g, group.backend; }
+embps_backend_t embps_group_backend(const embps_group_t *g) { return (void)g, group.backend; }
 const char *embps_group_checkpoint_dir(const embps_group_t *g) {
   return (void)g, group.checkpoint_dir;
 }
@@ -224,7 +224,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   group.size = sizes[data[1] & 3];
   group.rank = ((data[1] >> 2) & 3) % group.size;
   group.ready = !(data[1] & 0x10);
-  group.backend = (data[1] & 0x20) ? "cuda" : "cpu";
+  group.backend = (data[1] & 0x20) ? EMBPS_BACKEND_CUDA : EMBPS_BACKEND_CPU;
   group.checkpoint_dir = (data[1] & 0x40) ? "/nonexistent/embps-fuzz" : NULL;
   group.engine_fails = data[1] >> 7;
   svc->draining = data[0] >= 0xf0;

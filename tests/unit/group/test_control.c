@@ -16,6 +16,9 @@
 #include "common/alloc.h"
 #include "server/group/bootstrap.h"
 #include "server/group/control.h"
+#include "tests/unit/common/table_fields_fixture.h"
+
+TABLE_FIELDS_FIXTURE(config, embps_table_config_t)
 
 static void assert_contains(const char *msg, const char *part) {
   if (!strstr(msg, part))
@@ -315,6 +318,38 @@ static void test_round_round_trip(void **state) {
   assert_int_equal(embps__parse_round(f.p, f.len, got, got_c, got_k, n - 1, &got_n, &err),
                    EMBPS_INVALID_ARGUMENT);
   assert_contains(err.message, "entry count 6");
+  embps__buf_free(&b);
+}
+
+/* A create's table settings in a round frame: each at its offset after the name (the layout of
+ * the checkpoint header's), and back; each holds a value no other has, so one forgotten, moved
+ * or read into another's place fails by name. */
+static void test_round_create_settings(void **state) {
+  embps_round_entry_t e = {
+      .batch_id = 4, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_CREATE_TABLE};
+  embps_round_entry_t got[1];
+  embps_table_config_t c, got_c[1];
+  embps__ckpt_order_t got_k[1];
+  embps__buf_t b = {0};
+  embps_error_t err;
+  size_t got_n = 0;
+  frame_t f;
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  strcpy(c.name, "settings");
+  config_fill(&c);
+  assert_int_equal(embps__frame_round(&b, &e, &c, NULL, 1, &err), EMBPS_OK);
+  f = split_frame(&b);
+  /* count u32, then the entry: client_id, batch_id, action, kind, status, message length u16 */
+  assert_int_equal(f.len, 4 + 30 + 1 + 8 + TABLE_FIELDS_LAYOUT_BYTES);
+  assert_int_equal(f.p[34], 8);
+  assert_memory_equal(f.p + 35, "settings", 8);
+  assert_table_fields_bytes(f.p + 43, &c);
+  memset(got_c, 0xa5, sizeof(got_c));
+  assert_int_equal(embps__parse_round(f.p, f.len, got, got_c, got_k, 1, &got_n, &err), EMBPS_OK);
+  assert_int_equal(got_n, 1);
+  assert_string_equal(got_c[0].name, "settings");
+  config_assert_same(&got_c[0], &c);
   embps__buf_free(&b);
 }
 
@@ -639,6 +674,7 @@ int main(void) {
       cmocka_unit_test(test_challenge_round_trip),
       cmocka_unit_test(test_notice_round_trip_and_bytes),
       cmocka_unit_test(test_round_round_trip),
+      cmocka_unit_test(test_round_create_settings),
       cmocka_unit_test(test_checkpoint_round_trip),
       cmocka_unit_test(test_broken_device_nccl_round_trip),
       cmocka_unit_test(test_truncated_and_oversized_payloads),

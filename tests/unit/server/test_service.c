@@ -11,6 +11,9 @@
 
 #include "kernels/embps_kernels.h" /* the fake engine runs the kernels */
 #include "server/service/service.c"
+#include "tests/unit/common/table_fields_fixture.h"
+
+TABLE_FIELDS_FIXTURE(config, embps_table_config_t)
 
 /* ---- fakes ------------------------------------------------------------------------------- */
 
@@ -170,9 +173,11 @@ uint32_t embps_group_size(const embps_group_t *group) {
   return 1;
 }
 
-static const char *fake_backend = "cpu";
+static embps_backend_t fake_backend = EMBPS_BACKEND_CPU;
+/* a value that names no backend: the registry fuses nothing on it */
+#define UNKNOWN_BACKEND ((embps_backend_t)7)
 
-const char *embps_group_backend(const embps_group_t *group) {
+embps_backend_t embps_group_backend(const embps_group_t *group) {
   (void)group;
   return fake_backend;
 }
@@ -467,6 +472,41 @@ static void test_create_and_lookup_reply_encoding(void **state) {
   }
 }
 
+/* A table's settings through the service's TableSpec encoder (CreateTable's and ListTables'
+ * replies), protobuf's bytes and its decoder (CreateTable's request), each setting a value no
+ * other has: one forgotten or crossed fails by name. Without an OptimizerConfig, its settings
+ * are zero (the optimizer's defaults, once resolved). */
+static void test_table_settings_through_protobuf(void **state) {
+  Embps__V1__TableSpec spec = EMBPS__V1__TABLE_SPEC__INIT, *back;
+  Embps__V1__OptimizerConfig opt = EMBPS__V1__OPTIMIZER_CONFIG__INIT, *unpacked_opt;
+  embps_table_config_t c, got;
+  uint8_t buf[512];
+  size_t len;
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  strcpy(c.name, "settings");
+  config_fill(&c);
+  spec_from_config(&c, &spec, &opt);
+  assert_true(spec.optimizer == &opt);
+  len = protobuf_c_message_get_packed_size(&spec.base);
+  assert_true(len <= sizeof(buf));
+  protobuf_c_message_pack(&spec.base, buf);
+  back = embps__v1__table_spec__unpack(NULL, len, buf);
+  assert_non_null(back);
+  memset(&got, 0xa5, sizeof(got));
+  config_from_spec(back, &got);
+  assert_string_equal(got.name, "settings");
+  config_assert_same(&got, &c);
+  unpacked_opt = back->optimizer;
+  back->optimizer = NULL;
+  config_from_spec(back, &got);
+  assert_true(got.rows == c.rows && got.seed == c.seed && got.init_scale == c.init_scale);
+  assert_int_equal(got.optimizer, 0);
+  assert_true(got.lr == 0.0f && got.beta2 == 0.0f);
+  back->optimizer = unpacked_opt;
+  embps__v1__table_spec__free_unpacked(back, NULL);
+}
+
 static void test_validation_messages(void **state) {
   embps_net_call_t c;
   int64_t ok[] = {1, 2}, out_of_range[] = {1, 10};
@@ -648,9 +688,10 @@ static void test_async_needs_fused_update(void **state) {
   int64_t tokens[] = {1, 2};
   float g[8] = {0};
   (void)state;
-  assert_true(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ADAM, "cpu"));
-  assert_true(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ROWWISE_ADAGRAD, "cuda"));
-  assert_false(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ADAM, "abacus"));
+  assert_true(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ADAM, EMBPS_BACKEND_CPU));
+  assert_true(
+      embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ROWWISE_ADAGRAD, EMBPS_BACKEND_CUDA));
+  assert_false(embps_optimizer_has_fused_update(EMBPS_OPTIMIZER_ADAM, UNKNOWN_BACKEND));
   create(&c, "fused", 10, 4);
   release_call(&c);
   req.table = "fused";
@@ -659,18 +700,18 @@ static void test_async_needs_fused_update(void **state) {
   req.gradients.data = (uint8_t *)g;
   req.gradients.len = sizeof(g);
   req.mode = EMBPS__V1__UPDATE_MODE__UPDATE_MODE_ASYNC;
-  fake_backend = "abacus";
+  fake_backend = UNKNOWN_BACKEND;
   call(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base);
-  fake_backend = "cpu";
+  fake_backend = EMBPS_BACKEND_CPU;
   assert_int_equal(c.status, EMBPS_FAILED_PRECONDITION);
   assert_non_null(strstr(c.message, "async updates require an optimizer with a fused table "
                                     "update, and rowwise_adagrad has none"));
   assert_int_equal(num_queued, 0);
   /* Sync pushes are fine on such a backend. */
   req.mode = EMBPS__V1__UPDATE_MODE__UPDATE_MODE_SYNC;
-  fake_backend = "abacus";
+  fake_backend = UNKNOWN_BACKEND;
   call(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base);
-  fake_backend = "cpu";
+  fake_backend = EMBPS_BACKEND_CPU;
   assert_int_equal(num_queued, 1);
   run_engine();
   assert_int_equal(c.status, EMBPS_OK);
@@ -801,6 +842,7 @@ int main(void) {
       cmocka_unit_test(test_lookup_streamed_in_chunks),
       cmocka_unit_test(test_lookup_fails_after_first_chunk),
       cmocka_unit_test(test_create_and_lookup_reply_encoding),
+      cmocka_unit_test(test_table_settings_through_protobuf),
       cmocka_unit_test(test_validation_messages),
       cmocka_unit_test(test_reply_limits),
       cmocka_unit_test(test_async_push_answered_when_ordered),
