@@ -913,7 +913,8 @@ static Embps__V1__PushGradientsRequest *unpack_push(embps_service_t *svc, const 
 }
 
 /* msg[0..len) is the request, *owned the allocation that holds it (from the network layer),
- * which the op takes (*owned = NULL) when it reads its gradients from it. */
+ * which the op takes (*owned = NULL) when it reads its gradients from it. Every optimizer of the
+ * registry has a fused update on every backend, so an async push needs no check of its own. */
 static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
                         size_t len, uint8_t **owned) {
   ProtobufCBinaryData grads = {0, NULL};
@@ -943,11 +944,6 @@ static void handle_push(embps_service_t *svc, embps_net_call_t *call, const uint
     goto fail;
   }
   async = req->mode == EMBPS__V1__UPDATE_MODE__UPDATE_MODE_ASYNC;
-  if (async && !embps_optimizer_has_fused_update(embps_table_config(t)->optimizer,
-                                                 embps_group_backend(svc->group))) {
-    embps_shape_async_unsupported(embps_optimizer_name(embps_table_config(t)->optimizer), &err);
-    goto fail;
-  }
   if (req->mode != EMBPS__V1__UPDATE_MODE__UPDATE_MODE_SYNC && !async) {
     embps_error_set(&err, EMBPS_INVALID_ARGUMENT, "update mode %d is neither sync nor async",
                     (int)req->mode);
