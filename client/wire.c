@@ -10,13 +10,14 @@
  * unpacking a 2 MiB reply with protobuf-c would cost a malloc and a second full copy). The
  * parser keeps no reference to the input, so a field may be split across DATA frames at any
  * byte, and protobuf's rules hold: fields in any order, unknown fields skipped, last one
- * wins. */
+ * wins. Every field number is common/wire_fields.h's, which a test holds equal to the .proto. */
 #include "client/wire.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #include "common/dtype.h"
+#include "common/wire_fields.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "libembps sends int64 tokens and rows in host order and needs a little-endian host"
@@ -24,7 +25,7 @@
 
 /* ---- protobuf encoding ---- */
 
-/* Field key: number << 3 | wire type (0 varint, 2 length-delimited). */
+/* Field key: number << 3 | wire type (EMBPS_WIRE_VARINT, EMBPS_WIRE_LEN). */
 static size_t put_key(uint8_t *p, unsigned field, unsigned wire_type) {
   return embps_varint_put(p, (uint64_t)field << 3 | wire_type);
 }
@@ -33,7 +34,7 @@ static size_t put_varint_field(uint8_t *p, unsigned field, uint64_t v) {
   size_t n;
   if (v == 0)
     return 0; /* proto3: a zero scalar is not encoded */
-  n = put_key(p, field, 0);
+  n = put_key(p, field, EMBPS_WIRE_VARINT);
   return n + embps_varint_put(p + n, v);
 }
 
@@ -45,6 +46,14 @@ void embps__grpc_prefix(uint8_t out[5], uint32_t len) {
   out[4] = (uint8_t)len;
 }
 
+/* LookupRequest and PushGradientsRequest share their first fields, so one head encodes both. */
+#define SAME_FIELD(f) (EMBPS_WIRE_LOOKUP_REQUEST_##f == EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_##f)
+_Static_assert(SAME_FIELD(TABLE) && SAME_FIELD(BATCH_ID) && SAME_FIELD(SHARD_INDEX) &&
+                   SAME_FIELD(SHARD_COUNT) && SAME_FIELD(TOKENS_PER_BATCH) && SAME_FIELD(TOKENS) &&
+                   SAME_FIELD(DTYPE),
+               "LookupRequest and PushGradientsRequest no longer share their head's fields");
+#undef SAME_FIELD
+
 embps_status_t embps__batch_frame_build(embps__batch_frame_t *out, const embps__batch_fields_t *f,
                                         embps_error_t *err) {
   size_t name_len = f->table ? strlen(f->table) : 0;
@@ -55,27 +64,32 @@ embps_status_t embps__batch_frame_build(embps__batch_frame_t *out, const embps__
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "table name is %zu bytes, over 1000",
                            name_len);
   if (name_len > 0) {
-    h += put_key(h, 1, 2);
+    h += put_key(h, EMBPS_WIRE_LOOKUP_REQUEST_TABLE, EMBPS_WIRE_LEN);
     h += embps_varint_put(h, name_len);
     memcpy(h, f->table, name_len);
     h += name_len;
   }
-  h += put_varint_field(h, 2, f->batch_id);
-  h += put_varint_field(h, 3, f->shard_index);
-  h += put_varint_field(h, 4, f->shard_count);
-  h += put_varint_field(h, 5, f->tokens_per_batch);
-  h += put_key(h, 6, 2);
+  h += put_varint_field(h, EMBPS_WIRE_LOOKUP_REQUEST_BATCH_ID, f->batch_id);
+  h += put_varint_field(h, EMBPS_WIRE_LOOKUP_REQUEST_SHARD_INDEX, f->shard_index);
+  h += put_varint_field(h, EMBPS_WIRE_LOOKUP_REQUEST_SHARD_COUNT, f->shard_count);
+  h += put_varint_field(h, EMBPS_WIRE_LOOKUP_REQUEST_TOKENS_PER_BATCH, f->tokens_per_batch);
+  h += put_key(h, EMBPS_WIRE_LOOKUP_REQUEST_TOKENS, EMBPS_WIRE_LEN);
   h += embps_varint_put(h, f->tokens_bytes);
   out->head_len = (size_t)(h - out->head);
 
-  out->mid_len = put_varint_field(out->mid, 7, (uint64_t)f->dtype);
+  out->mid_len = put_varint_field(out->mid, EMBPS_WIRE_LOOKUP_REQUEST_DTYPE, (uint64_t)f->dtype);
   out->tail_len = 0;
   if (f->is_push) {
-    out->mid_len += put_key(out->mid + out->mid_len, 8, 2);
+    out->mid_len += put_key(out->mid + out->mid_len, EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_GRADIENTS,
+                            EMBPS_WIRE_LEN);
     out->mid_len += embps_varint_put(out->mid + out->mid_len, f->grads_bytes);
-    out->tail_len = put_varint_field(out->tail, 9, (uint64_t)f->mode);
+    out->tail_len =
+        put_varint_field(out->tail, EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_MODE, (uint64_t)f->mode);
   }
-  out->tail_len += put_varint_field(out->tail + out->tail_len, f->is_push ? 10 : 8, f->client_id);
+  out->tail_len += put_varint_field(out->tail + out->tail_len,
+                                    f->is_push ? EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_CLIENT_ID
+                                               : EMBPS_WIRE_LOOKUP_REQUEST_CLIENT_ID,
+                                    f->client_id);
   body = (out->head_len - 5) + f->tokens_bytes + out->mid_len + (f->is_push ? f->grads_bytes : 0) +
          out->tail_len;
   if (body > UINT32_MAX)
@@ -236,16 +250,16 @@ static embps_status_t malformed(embps_error_t *err, const char *what) {
 /* A complete varint value arrived for field p->field. */
 static void set_varint_field(embps__lookup_parser_t *p, uint64_t v) {
   switch (p->field) {
-  case 1:
+  case EMBPS_WIRE_LOOKUP_RESPONSE_BATCH_ID:
     p->batch_id = v;
     break;
-  case 2:
+  case EMBPS_WIRE_LOOKUP_RESPONSE_SHARD_INDEX:
     p->shard_index = (uint32_t)v;
     break;
-  case 3:
+  case EMBPS_WIRE_LOOKUP_RESPONSE_EMB_WIDTH:
     p->emb_width = (uint32_t)v;
     break;
-  case 4:
+  case EMBPS_WIRE_LOOKUP_RESPONSE_DTYPE:
     p->dtype = (int)v;
     break;
   default:
@@ -259,9 +273,13 @@ static embps_status_t on_key(embps__lookup_parser_t *p, uint64_t key, embps_erro
   p->wire_type = (int)(key & 7);
   if (key >> 3 == 0 || key >> 3 > 536870911)
     return malformed(err, "field number 0 or out of range");
-  if (p->field >= 1 && p->field <= 4 && p->wire_type != 0)
+  if ((p->field == EMBPS_WIRE_LOOKUP_RESPONSE_BATCH_ID ||
+       p->field == EMBPS_WIRE_LOOKUP_RESPONSE_SHARD_INDEX ||
+       p->field == EMBPS_WIRE_LOOKUP_RESPONSE_EMB_WIDTH ||
+       p->field == EMBPS_WIRE_LOOKUP_RESPONSE_DTYPE) &&
+      p->wire_type != EMBPS_WIRE_VARINT)
     return malformed(err, "a scalar field has the wrong wire type");
-  if (p->field == 5 && p->wire_type != 2)
+  if (p->field == EMBPS_WIRE_LOOKUP_RESPONSE_ROWS && p->wire_type != EMBPS_WIRE_LEN)
     return malformed(err, "rows is not length-delimited");
   switch (p->wire_type) {
   case 0:
@@ -289,7 +307,7 @@ static embps_status_t on_key(embps__lookup_parser_t *p, uint64_t key, embps_erro
 /* A length arrived for a length-delimited field. */
 static void on_len(embps__lookup_parser_t *p, uint64_t len) {
   p->left = len;
-  if (p->field != 5) {
+  if (p->field != EMBPS_WIRE_LOOKUP_RESPONSE_ROWS) {
     p->state = P_SKIP;
     return;
   }

@@ -11,19 +11,20 @@
 
 /* ---- protobuf encoding ---- */
 
-/** The fields of a LookupRequest or PushGradientsRequest (they share field numbers 1..7). */
+/** The fields of a LookupRequest or PushGradientsRequest (which share their first fields; the
+ * numbers are common/wire_fields.h's). */
 typedef struct embps__batch_fields {
   const char *table;
   uint64_t batch_id;
   uint32_t shard_index;
   uint32_t shard_count;
   uint32_t tokens_per_batch;
-  uint64_t tokens_bytes; /* length of the tokens field (field 6) */
-  int dtype;             /* field 7; 0: omitted */
-  int is_push;           /* 1: PushGradientsRequest, with gradients (8) and mode (9) */
+  uint64_t tokens_bytes; /* length of the tokens field */
+  int dtype;             /* 0: omitted */
+  int is_push;           /* 1: PushGradientsRequest, with gradients and mode */
   uint64_t grads_bytes;  /* length of the gradients field */
   int mode;
-  uint64_t client_id; /* 0: omitted; field 8 of a lookup, 10 of a push */
+  uint64_t client_id; /* 0: omitted */
 } embps__batch_fields_t;
 
 /** The encoded request around its two bulk fields: the message is

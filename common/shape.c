@@ -30,10 +30,3 @@ uint64_t embps_shape_padded_tokens(uint64_t tokens_per_batch, uint32_t group_siz
     return tokens_per_batch;
   return (tokens_per_batch + group_size - 1) / group_size * group_size;
 }
-
-embps_status_t embps_shape_async_unsupported(const char *optimizer_name, embps_error_t *err) {
-  return embps_error_set(err, EMBPS_FAILED_PRECONDITION,
-                         "async updates require an optimizer with a fused table update, and %s "
-                         "has none: choose another optimizer or use sync updates",
-                         optimizer_name);
-}

@@ -18,7 +18,4 @@ embps_status_t embps_shape_check_emb_width(uint64_t emb_width, uint32_t group_si
 /** The smallest multiple of group_size that is >= tokens_per_batch (the padded batch size). */
 uint64_t embps_shape_padded_tokens(uint64_t tokens_per_batch, uint32_t group_size);
 
-/** FAILED_PRECONDITION: async updates asked of an optimizer without a fused update. */
-embps_status_t embps_shape_async_unsupported(const char *optimizer_name, embps_error_t *err);
-
 #endif

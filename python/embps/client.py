@@ -219,8 +219,8 @@ class Client(TableAdmin):
         sees it).
 
         Raises ShapeError (the batch does not split, grads of the wrong shape), TypeError,
-        ValueError, embps.Error (FAILED_PRECONDITION: async with an optimizer that has no fused
-        update; NOT_FOUND; INVALID_ARGUMENT; ...). A refused push changes nothing."""
+        ValueError, embps.Error (NOT_FOUND; INVALID_ARGUMENT; ...). A refused push changes
+        nothing."""
         _, calls, join = self._push_start(table, tokens, grads, mode, True)
         return join(calls)
 

@@ -11,8 +11,8 @@
  * guess matches, nor on which token matched. With a handful of tokens that is well under a
  * microsecond, against the tens of microseconds of the smallest call.
  *
- * Which role a method needs lives in one table, methods[], read by the service before any
- * method runs. */
+ * Which role a method needs is not auth's business: it is a column of the service's method
+ * table (service.c), and the service passes it to every check. */
 #include "server/service/auth.h"
 
 #include <errno.h>
@@ -34,24 +34,6 @@ struct embps_auth {
   size_t count[4]; /* tokens per role */
 };
 
-/* The least role of every method; DropTable is admin's like CreateTable. grpc.reflection is
- * not served, so it falls under "any other path": a known token, then UNIMPLEMENTED. */
-static const struct {
-  const char *path;
-  embps_auth_role_t role;
-} methods[] = {
-    {"/embps.v1.EmbeddingService/CreateTable", EMBPS_AUTH_ADMIN},
-    {"/embps.v1.EmbeddingService/DropTable", EMBPS_AUTH_ADMIN},
-    {"/embps.v1.EmbeddingService/Checkpoint", EMBPS_AUTH_ADMIN},
-    {"/embps.v1.EmbeddingService/PushGradients", EMBPS_AUTH_WORKER},
-    {"/embps.v1.EmbeddingService/Lookup", EMBPS_AUTH_READER},
-    {"/embps.v1.EmbeddingService/ListTables", EMBPS_AUTH_READER},
-    {"/embps.v1.EmbeddingService/GetStats", EMBPS_AUTH_READER},
-    {"/embps.v1.EmbeddingService/ListCheckpoints", EMBPS_AUTH_READER},
-    {"/grpc.health.v1.Health/Check", EMBPS_AUTH_OPEN},
-    {"/grpc.health.v1.Health/Watch", EMBPS_AUTH_OPEN},
-};
-
 const char *embps_auth_role_name(embps_auth_role_t role) {
   switch (role) {
   case EMBPS_AUTH_OPEN:
@@ -64,13 +46,6 @@ const char *embps_auth_role_name(embps_auth_role_t role) {
     return "admin";
   }
   return "unknown";
-}
-
-embps_auth_role_t embps_auth_method_role(const char *path) {
-  for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++)
-    if (strcmp(path, methods[i].path) == 0)
-      return methods[i].role;
-  return EMBPS_AUTH_READER;
 }
 
 /* ---- the tokens file ---- */
@@ -308,9 +283,8 @@ static unsigned find_role(const embps_auth_t *a, const uint8_t *t, size_t len) {
   return found;
 }
 
-embps_status_t embps_auth_check(const embps_auth_t *auth, const char *path,
+embps_status_t embps_auth_check(const embps_auth_t *auth, embps_auth_role_t need, const char *path,
                                 const char *authorization, embps_error_t *err) {
-  embps_auth_role_t need = embps_auth_method_role(path);
   const char *tok, *method;
   unsigned role;
 

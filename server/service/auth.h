@@ -1,6 +1,7 @@
-/* Client authentication: bearer tokens with roles, read from --auth-tokens-file, and the table
- * of the least role each gRPC method needs. The service checks every call against it in one
- * place before dispatching it (service.c). Roles nest: admin > worker > reader. */
+/* Client authentication: bearer tokens with roles, read from --auth-tokens-file, and the check
+ * of a call's token against the least role its method needs, which the service's method table
+ * gives (service.c); the service checks every call in one place before dispatching it. Roles
+ * nest: admin > worker > reader. */
 #ifndef EMBPS_SERVICE_AUTH_H
 #define EMBPS_SERVICE_AUTH_H
 
@@ -8,12 +9,13 @@
 
 #include "common/status.h"
 
-/** The roles, in increasing power; EMBPS_AUTH_OPEN marks a method that needs no token. */
+/** The roles, in increasing power; EMBPS_AUTH_OPEN marks a method that needs no token. Which
+ * methods each reaches is the service's method table (service.c). */
 typedef enum embps_auth_role {
   EMBPS_AUTH_OPEN = 0,
-  EMBPS_AUTH_READER = 1, /* Lookup, ListTables, GetStats, ListCheckpoints */
-  EMBPS_AUTH_WORKER = 2, /* and PushGradients */
-  EMBPS_AUTH_ADMIN = 3,  /* and CreateTable, DropTable, Checkpoint */
+  EMBPS_AUTH_READER = 1, /* reads: lookups, listings, stats */
+  EMBPS_AUTH_WORKER = 2, /* and pushes */
+  EMBPS_AUTH_ADMIN = 3,  /* and what creates, drops or checkpoints tables */
 } embps_auth_role_t;
 
 /** Tokens are RFC 6750 b64token strings of this many bytes. */
@@ -52,19 +54,16 @@ size_t embps_auth_count(const embps_auth_t *auth, embps_auth_role_t role);
 /** "admin", "worker", "reader" or "open". Static string. */
 const char *embps_auth_role_name(embps_auth_role_t role);
 
-/** The least role that may call the gRPC method at path ("/embps.v1.EmbeddingService/Lookup").
- * grpc.health.v1.Health is open; a path not in the table needs EMBPS_AUTH_READER (any known
- * token), so that unknown methods are not probed without one. */
-embps_auth_role_t embps_auth_method_role(const char *path);
-
 /**
- * Decides whether a call to path with this authorization header value (NULL: none) may run.
- * auth NULL (no --auth-tokens-file) allows everything. The token is compared with every known
- * token in time that does not depend on their contents.
+ * Decides whether a call to the gRPC method at path ("/embps.v1.EmbeddingService/Lookup"), which
+ * needs role `need` (EMBPS_AUTH_OPEN: no token), may run with this authorization header value
+ * (NULL: none). auth NULL (no --auth-tokens-file) allows everything. path only names the method
+ * in messages. The token is compared with every known token in time that does not depend on
+ * their contents.
  * Returns EMBPS_OK; EMBPS_UNAUTHENTICATED (no header, not "Bearer TOKEN", an unknown token) or
  * EMBPS_PERMISSION_DENIED (a known token whose role is below the method's), err saying which.
  */
-embps_status_t embps_auth_check(const embps_auth_t *auth, const char *path,
+embps_status_t embps_auth_check(const embps_auth_t *auth, embps_auth_role_t need, const char *path,
                                 const char *authorization, embps_error_t *err);
 
 #endif

@@ -261,8 +261,7 @@ EMBPS_EXPORT embps_status_t embps_lookup_start(embps_client_t *client, const cha
  *
  * grads: n full-width rows of dtype (grad_bytes = n * emb_width * dtype size bytes), read
  * during the call. result, if not NULL, receives the joined reply. Returns EMBPS_OK;
- * EMBPS_INVALID_ARGUMENT (shape or dtype mismatch); EMBPS_FAILED_PRECONDITION (async push
- * with an optimizer that has no fused update); EMBPS_NOT_FOUND; EMBPS_UNAVAILABLE;
+ * EMBPS_INVALID_ARGUMENT (shape or dtype mismatch); EMBPS_NOT_FOUND; EMBPS_UNAVAILABLE;
  * EMBPS_DEADLINE_EXCEEDED; EMBPS_INTERNAL; or another status the server returns. */
 EMBPS_EXPORT embps_status_t embps_push(embps_client_t *client, const char *table,
                                        const int64_t *tokens, size_t n, const void *grads,

@@ -32,20 +32,10 @@ static void test_emb_width(void **state) {
       strstr(err.message, "emb_width=130 does not shard evenly over the 4-rank communicator"));
 }
 
-static void test_async_message(void **state) {
-  embps_error_t err;
-  (void)state;
-  assert_int_equal(embps_shape_async_unsupported("adam", &err), EMBPS_FAILED_PRECONDITION);
-  assert_non_null(
-      strstr(err.message,
-             "async updates require an optimizer with a fused table update, and adam has none"));
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tokens_per_batch),
       cmocka_unit_test(test_emb_width),
-      cmocka_unit_test(test_async_message),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

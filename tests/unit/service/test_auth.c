@@ -1,6 +1,8 @@
 /* Bearer tokens: the tokens file's parser (what it accepts, what it refuses and how it says so,
- * without ever quoting a token), the table of each method's least role, and the check a call
- * goes through. Includes auth.c to reach its static helpers. */
+ * without ever quoting a token), each method's least role as the service's method table gives
+ * it, and the check a call goes through with that role. Includes auth.c to reach its static
+ * helpers; the method table comes with the service's sources over the shared fake
+ * (embps_service_faked), whose own auth.c the included one stands in for. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "server/service/auth.c"
+#include "server/service/service_internal.h"
 
 #define ADMIN "admin-0123456789abcdef"
 #define WORKER "worker-0123456789abcdef"
@@ -44,7 +47,7 @@ static embps_status_t check(const embps_auth_t *a, const char *method, const cha
   char path[128];
   snprintf(path, sizeof(path), "/embps.v1.EmbeddingService/%s", method);
   embps_error_clear(err);
-  return embps_auth_check(a, path, header, err);
+  return embps_auth_check(a, embps__svc_method_role(path), path, header, err);
 }
 
 static void test_parse_accepts(void **state) {
@@ -125,29 +128,29 @@ static void test_load(void **state) {
 
 static void test_method_roles(void **state) {
   (void)state;
-  assert_int_equal(embps_auth_method_role("/embps.v1.EmbeddingService/CreateTable"),
+  assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/CreateTable"),
                    EMBPS_AUTH_ADMIN);
-  assert_int_equal(embps_auth_method_role("/embps.v1.EmbeddingService/DropTable"),
+  assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/DropTable"),
                    EMBPS_AUTH_ADMIN);
-  assert_int_equal(embps_auth_method_role("/embps.v1.EmbeddingService/Checkpoint"),
+  assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/Checkpoint"),
                    EMBPS_AUTH_ADMIN);
-  assert_int_equal(embps_auth_method_role("/embps.v1.EmbeddingService/PushGradients"),
+  assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/PushGradients"),
                    EMBPS_AUTH_WORKER);
-  assert_int_equal(embps_auth_method_role("/embps.v1.EmbeddingService/Lookup"), EMBPS_AUTH_READER);
-  assert_int_equal(embps_auth_method_role("/embps.v1.EmbeddingService/ListTables"),
+  assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/Lookup"), EMBPS_AUTH_READER);
+  assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/ListTables"),
                    EMBPS_AUTH_READER);
-  assert_int_equal(embps_auth_method_role("/embps.v1.EmbeddingService/GetStats"),
+  assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/GetStats"),
                    EMBPS_AUTH_READER);
-  assert_int_equal(embps_auth_method_role("/embps.v1.EmbeddingService/ListCheckpoints"),
+  assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/ListCheckpoints"),
                    EMBPS_AUTH_READER);
-  assert_int_equal(embps_auth_method_role("/grpc.health.v1.Health/Check"), EMBPS_AUTH_OPEN);
-  assert_int_equal(embps_auth_method_role("/grpc.health.v1.Health/Watch"), EMBPS_AUTH_OPEN);
+  assert_int_equal(embps__svc_method_role("/grpc.health.v1.Health/Check"), EMBPS_AUTH_OPEN);
+  assert_int_equal(embps__svc_method_role("/grpc.health.v1.Health/Watch"), EMBPS_AUTH_OPEN);
   /* anything else needs a known token: no probing of unknown methods without one */
-  assert_int_equal(embps_auth_method_role("/embps.v1.EmbeddingService/Nope"), EMBPS_AUTH_READER);
+  assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/Nope"), EMBPS_AUTH_READER);
   assert_int_equal(
-      embps_auth_method_role("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"),
+      embps__svc_method_role("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"),
       EMBPS_AUTH_READER);
-  assert_int_equal(embps_auth_method_role("/grpc.health.v1.Health/Check/x"), EMBPS_AUTH_READER);
+  assert_int_equal(embps__svc_method_role("/grpc.health.v1.Health/Check/x"), EMBPS_AUTH_READER);
 }
 
 static void test_check(void **state) {
@@ -158,7 +161,9 @@ static void test_check(void **state) {
   assert_int_equal(check(NULL, "CreateTable", NULL, &err), EMBPS_OK);
   /* open methods pass without a header */
   embps_error_clear(&err);
-  assert_int_equal(embps_auth_check(a, "/grpc.health.v1.Health/Check", NULL, &err), EMBPS_OK);
+  assert_int_equal(embps_auth_check(a, embps__svc_method_role("/grpc.health.v1.Health/Check"),
+                                    "/grpc.health.v1.Health/Check", NULL, &err),
+                   EMBPS_OK);
 
   assert_int_equal(check(a, "Lookup", NULL, &err), EMBPS_UNAUTHENTICATED);
   assert_string_equal(err.message, "missing authorization metadata: this server requires "

@@ -1,0 +1,89 @@
+/* The protobuf field numbers that embps's hand-written wire code uses, declared once for the
+ * client and the server. Most messages go through protobuf-c, which takes its numbers from the
+ * .proto; a few are walked or laid out by hand for speed (the client's batch requests and its
+ * streaming LookupResponse parser, the server's LookupResponse header, its table-name checks on
+ * a request's own bytes and its in-place read of a push's gradients). Those walkers use these
+ * constants, and tests/unit/common/test_wire_fields.c holds every row equal to the descriptors
+ * protoc-c generates from proto/embps/v1/embps.proto, so a renumbered field fails the tests. */
+#ifndef EMBPS_WIRE_FIELDS_H
+#define EMBPS_WIRE_FIELDS_H
+
+/** Protobuf wire types: a varint scalar (integers, enums, bools) and a length-delimited field
+ * (string, bytes, message). */
+#define EMBPS_WIRE_VARINT 0
+#define EMBPS_WIRE_LEN 2
+
+/**
+ * X(NAME, descriptor, message, field, number, wire_type): one row per field that hand-written
+ * code reads or writes.
+ *  - NAME: the suffix of its constants (EMBPS_WIRE_NAME, the number; EMBPS_WIRE_TYPE_NAME).
+ *  - descriptor: the protobuf-c prefix of the message's C names (the test reaches
+ *    descriptor##__descriptor); nothing else expands it.
+ *  - message, field: the message's full name and the field's name as the .proto spells them.
+ *  - number: the field number; wire_type: EMBPS_WIRE_VARINT or EMBPS_WIRE_LEN.
+ */
+#define EMBPS_WIRE_FIELDS(X)                                                                       \
+  X(LOOKUP_REQUEST_TABLE, embps__v1__lookup_request, "embps.v1.LookupRequest", "table", 1,         \
+    EMBPS_WIRE_LEN)                                                                                \
+  X(LOOKUP_REQUEST_BATCH_ID, embps__v1__lookup_request, "embps.v1.LookupRequest", "batch_id", 2,   \
+    EMBPS_WIRE_VARINT)                                                                             \
+  X(LOOKUP_REQUEST_SHARD_INDEX, embps__v1__lookup_request, "embps.v1.LookupRequest",               \
+    "shard_index", 3, EMBPS_WIRE_VARINT)                                                           \
+  X(LOOKUP_REQUEST_SHARD_COUNT, embps__v1__lookup_request, "embps.v1.LookupRequest",               \
+    "shard_count", 4, EMBPS_WIRE_VARINT)                                                           \
+  X(LOOKUP_REQUEST_TOKENS_PER_BATCH, embps__v1__lookup_request, "embps.v1.LookupRequest",          \
+    "tokens_per_batch", 5, EMBPS_WIRE_VARINT)                                                      \
+  X(LOOKUP_REQUEST_TOKENS, embps__v1__lookup_request, "embps.v1.LookupRequest", "tokens", 6,       \
+    EMBPS_WIRE_LEN)                                                                                \
+  X(LOOKUP_REQUEST_DTYPE, embps__v1__lookup_request, "embps.v1.LookupRequest", "dtype", 7,         \
+    EMBPS_WIRE_VARINT)                                                                             \
+  X(LOOKUP_REQUEST_CLIENT_ID, embps__v1__lookup_request, "embps.v1.LookupRequest", "client_id", 8, \
+    EMBPS_WIRE_VARINT)                                                                             \
+  X(PUSH_GRADIENTS_REQUEST_TABLE, embps__v1__push_gradients_request,                               \
+    "embps.v1.PushGradientsRequest", "table", 1, EMBPS_WIRE_LEN)                                   \
+  X(PUSH_GRADIENTS_REQUEST_BATCH_ID, embps__v1__push_gradients_request,                            \
+    "embps.v1.PushGradientsRequest", "batch_id", 2, EMBPS_WIRE_VARINT)                             \
+  X(PUSH_GRADIENTS_REQUEST_SHARD_INDEX, embps__v1__push_gradients_request,                         \
+    "embps.v1.PushGradientsRequest", "shard_index", 3, EMBPS_WIRE_VARINT)                          \
+  X(PUSH_GRADIENTS_REQUEST_SHARD_COUNT, embps__v1__push_gradients_request,                         \
+    "embps.v1.PushGradientsRequest", "shard_count", 4, EMBPS_WIRE_VARINT)                          \
+  X(PUSH_GRADIENTS_REQUEST_TOKENS_PER_BATCH, embps__v1__push_gradients_request,                    \
+    "embps.v1.PushGradientsRequest", "tokens_per_batch", 5, EMBPS_WIRE_VARINT)                     \
+  X(PUSH_GRADIENTS_REQUEST_TOKENS, embps__v1__push_gradients_request,                              \
+    "embps.v1.PushGradientsRequest", "tokens", 6, EMBPS_WIRE_LEN)                                  \
+  X(PUSH_GRADIENTS_REQUEST_DTYPE, embps__v1__push_gradients_request,                               \
+    "embps.v1.PushGradientsRequest", "dtype", 7, EMBPS_WIRE_VARINT)                                \
+  X(PUSH_GRADIENTS_REQUEST_GRADIENTS, embps__v1__push_gradients_request,                           \
+    "embps.v1.PushGradientsRequest", "gradients", 8, EMBPS_WIRE_LEN)                               \
+  X(PUSH_GRADIENTS_REQUEST_MODE, embps__v1__push_gradients_request,                                \
+    "embps.v1.PushGradientsRequest", "mode", 9, EMBPS_WIRE_VARINT)                                 \
+  X(PUSH_GRADIENTS_REQUEST_CLIENT_ID, embps__v1__push_gradients_request,                           \
+    "embps.v1.PushGradientsRequest", "client_id", 10, EMBPS_WIRE_VARINT)                           \
+  X(LOOKUP_RESPONSE_BATCH_ID, embps__v1__lookup_response, "embps.v1.LookupResponse", "batch_id",   \
+    1, EMBPS_WIRE_VARINT)                                                                          \
+  X(LOOKUP_RESPONSE_SHARD_INDEX, embps__v1__lookup_response, "embps.v1.LookupResponse",            \
+    "shard_index", 2, EMBPS_WIRE_VARINT)                                                           \
+  X(LOOKUP_RESPONSE_EMB_WIDTH, embps__v1__lookup_response, "embps.v1.LookupResponse", "emb_width", \
+    3, EMBPS_WIRE_VARINT)                                                                          \
+  X(LOOKUP_RESPONSE_DTYPE, embps__v1__lookup_response, "embps.v1.LookupResponse", "dtype", 4,      \
+    EMBPS_WIRE_VARINT)                                                                             \
+  X(LOOKUP_RESPONSE_ROWS, embps__v1__lookup_response, "embps.v1.LookupResponse", "rows", 5,        \
+    EMBPS_WIRE_LEN)                                                                                \
+  X(CREATE_TABLE_REQUEST_SPEC, embps__v1__create_table_request, "embps.v1.CreateTableRequest",     \
+    "spec", 1, EMBPS_WIRE_LEN)                                                                     \
+  X(TABLE_SPEC_NAME, embps__v1__table_spec, "embps.v1.TableSpec", "name", 1, EMBPS_WIRE_LEN)       \
+  X(DROP_TABLE_REQUEST_NAME, embps__v1__drop_table_request, "embps.v1.DropTableRequest", "name",   \
+    1, EMBPS_WIRE_LEN)                                                                             \
+  X(CHECKPOINT_REQUEST_TABLE, embps__v1__checkpoint_request, "embps.v1.CheckpointRequest",         \
+    "table", 1, EMBPS_WIRE_LEN)
+
+/** EMBPS_WIRE_<NAME>: each row's field number; EMBPS_WIRE_TYPE_<NAME>: its wire type. */
+#define EMBPS__WIRE_NUMBER(name, desc, msg, field, number, type) EMBPS_WIRE_##name = (number),
+#define EMBPS__WIRE_TYPE(name, desc, msg, field, number, type) EMBPS_WIRE_TYPE_##name = (type),
+enum { EMBPS_WIRE_FIELDS(EMBPS__WIRE_NUMBER) };
+enum { EMBPS_WIRE_FIELDS(EMBPS__WIRE_TYPE) };
+
+/** The key that opens field NAME on the wire (number << 3 | wire type), a constant expression. */
+#define EMBPS_WIRE_KEY(name) ((EMBPS_WIRE_##name << 3) | EMBPS_WIRE_TYPE_##name)
+
+#endif
