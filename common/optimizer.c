@@ -16,8 +16,8 @@ enum {
 };
 
 static const embps_optimizer_info_t registry[ROW_COUNT] = {
-#define ROW(kind, name, dflt, per_element, per_row, acc, cpu, cuda)                                \
-  [ROW_##kind] = {EMBPS_OPTIMIZER_##kind, name, dflt, per_element, per_row, acc, cpu, cuda},
+#define ROW(kind, name, dflt, per_element, per_row, acc)                                           \
+  [ROW_##kind] = {EMBPS_OPTIMIZER_##kind, name, dflt, per_element, per_row, acc},
     EMBPS_OPTIMIZERS(ROW)
 #undef ROW
 };
@@ -60,15 +60,4 @@ embps_status_t embps_optimizer_from_name(const char *name, embps_optimizer_t *ou
       return EMBPS_OK;
     }
   return EMBPS_INVALID_ARGUMENT;
-}
-
-int embps_optimizer_has_fused_update(embps_optimizer_t kind, embps_backend_t backend) {
-  const embps_optimizer_info_t *info = embps_optimizer_info(kind);
-  if (!info)
-    return 0;
-  if (backend == EMBPS_BACKEND_CPU)
-    return info->fused_cpu;
-  if (backend == EMBPS_BACKEND_CUDA)
-    return info->fused_cuda;
-  return 0; /* a backend the registry does not know fuses nothing */
 }

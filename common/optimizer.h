@@ -8,26 +8,25 @@
 #ifndef EMBPS_OPTIMIZER_H
 #define EMBPS_OPTIMIZER_H
 
-#include "common/backend.h"
 #include "common/status.h"
 #include "embps/optimizer.h"
 
 /**
- * X(KIND, name, server_default, state_per_element, state_per_row, accumulator, fused_cpu,
- *   fused_cuda): one row per optimizer, in the order lists of them are printed.
+ * X(KIND, name, server_default, state_per_element, state_per_row, accumulator): one row per
+ * optimizer, in the order lists of them are printed. Every optimizer has a fused table update
+ * on every backend (the kernels' opt_<name> files), so async pushes take any of them.
  *  - KIND: the suffix of its EMBPS_OPTIMIZER_ constant.
  *  - name: as the CLI, the server's messages and the Python library spell it.
  *  - server_default: 1 for the one optimizer a spec's EMBPS_OPTIMIZER_DEFAULT stands for.
  *  - state_per_element, state_per_row: its float state arrays of rows x shard_width, of rows.
  *  - accumulator: 1 where its first state array is an accumulator that starts at the spec's
  *    initial_accumulator (other state starts at 0).
- *  - fused_cpu, fused_cuda: 1 where the backend has a fused table update (async pushes need one).
  */
 #define EMBPS_OPTIMIZERS(X)                                                                        \
-  X(SGD, "sgd", 0, 0, 0, 0, 1, 1)                                                                  \
-  X(ADAGRAD, "adagrad", 0, 1, 0, 1, 1, 1)                                                          \
-  X(ROWWISE_ADAGRAD, "rowwise_adagrad", 1, 0, 1, 1, 1, 1)                                          \
-  X(ADAM, "adam", 0, 2, 0, 0, 1, 1)
+  X(SGD, "sgd", 0, 0, 0, 0)                                                                        \
+  X(ADAGRAD, "adagrad", 0, 1, 0, 1)                                                                \
+  X(ROWWISE_ADAGRAD, "rowwise_adagrad", 1, 0, 1, 1)                                                \
+  X(ADAM, "adam", 0, 2, 0, 0)
 
 /** The optimizer the server gives a table whose spec says EMBPS_OPTIMIZER_DEFAULT (the row of
  * EMBPS_OPTIMIZERS marked server_default; a constant expression). */
@@ -65,8 +64,6 @@ typedef struct {
   int state_per_element; /* float state arrays of rows x shard_width */
   int state_per_row;     /* float state arrays of rows */
   int accumulator;       /* state0 starts at initial_accumulator */
-  int fused_cpu;         /* a fused table update exists on the CPU backend (async allowed) */
-  int fused_cuda;        /* likewise on the CUDA backend */
 } embps_optimizer_info_t;
 
 /** The registry's row for an optimizer (static); NULL for a kind that is none, such as
@@ -83,9 +80,5 @@ const char *embps_optimizer_name(embps_optimizer_t kind);
  * EMBPS_OPTIMIZER_NAMES.
  */
 embps_status_t embps_optimizer_from_name(const char *name, embps_optimizer_t *out);
-
-/** Whether optimizer kind has a fused table update on backend, which async pushes require; 0 for
- * an unknown kind or backend. */
-int embps_optimizer_has_fused_update(embps_optimizer_t kind, embps_backend_t backend);
 
 #endif

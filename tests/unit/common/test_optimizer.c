@@ -49,7 +49,6 @@ static void test_only_the_enum_is_known(void **state) {
     const embps_optimizer_info_t *info = embps_optimizer_info((embps_optimizer_t)k);
     if (!info) {
       assert_string_equal(embps_optimizer_name((embps_optimizer_t)k), "unknown");
-      assert_false(embps_optimizer_has_fused_update((embps_optimizer_t)k, EMBPS_BACKEND_CPU));
       continue;
     }
     known++;
@@ -119,15 +118,6 @@ static void test_server_default_and_names_list(void **state) {
   assert_string_equal(EMBPS_OPTIMIZER_NAMES, "sgd, adagrad, rowwise_adagrad, adam");
 }
 
-static void test_fused_update_by_backend(void **state) {
-  (void)state;
-  for (size_t i = 0; i < N_EXPECTED; i++) {
-    assert_true(embps_optimizer_has_fused_update(expected[i].kind, EMBPS_BACKEND_CPU));
-    assert_true(embps_optimizer_has_fused_update(expected[i].kind, EMBPS_BACKEND_CUDA));
-    assert_false(embps_optimizer_has_fused_update(expected[i].kind, (embps_backend_t)7));
-  }
-}
-
 static void test_hyper_parameter_defaults(void **state) {
   (void)state;
   /* The store fills (float) of these; they must be the f32 values the kernels have always had,
@@ -149,7 +139,6 @@ int main(void) {
       cmocka_unit_test(test_unknown_names_refused),
       cmocka_unit_test(test_alternate_spelling),
       cmocka_unit_test(test_server_default_and_names_list),
-      cmocka_unit_test(test_fused_update_by_backend),
       cmocka_unit_test(test_hyper_parameter_defaults),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
