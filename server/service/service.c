@@ -309,8 +309,8 @@ static embps_status_t validate_lookup(embps_service_t *svc, const Embps__V1__Loo
   if (svc->cfg.max_reply_bytes && bytes > svc->cfg.max_reply_bytes)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
                            "the reply would hold %zu bytes of rows (%zu tokens of emb_width=%u "
-                           "%s), more than --max-reply-bytes=%llu: split the batch into smaller "
-                           "lookups, or raise --max-reply-bytes",
+                           "%s), more than --max-message-bytes=%llu: split the batch into smaller "
+                           "lookups, or raise --max-message-bytes",
                            bytes, n, c->emb_width, embps_dtype_name(c->dtype),
                            (unsigned long long)svc->cfg.max_reply_bytes);
   *rows_bytes = bytes;
@@ -538,8 +538,8 @@ static void handle_create_table(embps_service_t *svc, embps_net_call_t *call, co
     goto exit;
   }
   if (check_group(svc, &err) != EMBPS_OK ||
-      embps_table_config_resolve(&cfg, embps_group_size(svc->group), svc->cfg.max_table_bytes,
-                                 &err) != EMBPS_OK) {
+      embps_table_config_resolve(&cfg, embps_group_size(svc->group),
+                                 embps_store_budget_max(svc->store), &err) != EMBPS_OK) {
     fail_call(call, &err);
     goto exit;
   }
