@@ -201,12 +201,9 @@ static unsigned engine_threads(uint64_t asked) {
   return cpus > 8 ? 8u : cpus;
 }
 
-static uint64_t default_max_table_bytes(void) {
-  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0)
-    return UINT64_C(1) << 32;
-  return (uint64_t)pages * (uint64_t)page / 4 * 3;
-}
+/* --max-message-bytes' help says how many maximal replies a connection may hold. */
+_Static_assert(EMBPS_NET_CONNECTION_REPLY_MESSAGES == 4,
+               "--max-message-bytes' help in settings.h says 4 times: keep the two together");
 
 /* The address to serve clients on: --listen, else this rank's --peers entry, else
  * 127.0.0.1:7070. A host given by name is resolved here, since the network layer takes IP
@@ -387,7 +384,7 @@ static int checkpoint_setup(const embps_settings_t *set, uint32_t rank, uint32_t
                restore_dir);
   if ((size_t)snprintf(identity + used, cap - used,
                        "checkpoints=%s\nincremental=%d\nrestore=%llu\n", dir[0] ? "on" : "off",
-                       (int)set->checkpoint_incremental,
+                       set->checkpoint_full_every > 1,
                        (unsigned long long)*restore_round) >= cap - used) {
     fprintf(stderr, "embps-server: the group's configuration does not fit in %zu bytes\n", cap);
     return -1;
@@ -426,7 +423,7 @@ int main(int argc, char **argv) {
   embps_mesh_t mesh;
   embps_error_t err;
   server_t s;
-  int want_help, level, num_devices, device, bind_any;
+  int want_help, level, device, bind_any;
   embps_backend_t backend;
   uint32_t group_size = 1, rank;
 
@@ -454,27 +451,18 @@ int main(int argc, char **argv) {
     return 2;
   }
   embps_log_set_level((embps_log_level_t)level);
-  num_devices = embps_cuda_device_count();
-  if (strcmp(set.backend, "auto") == 0) {
-    backend = num_devices > 0 ? EMBPS_BACKEND_CUDA : EMBPS_BACKEND_CPU;
-  } else if (embps_backend_parse(set.backend, &backend) != 0) {
-    fprintf(stderr, "embps-server: --backend: '%s' is not auto, cpu or cuda\n", set.backend);
-    return 2;
-  } else if (backend == EMBPS_BACKEND_CUDA && num_devices == 0) {
-    fprintf(stderr, "embps-server: --backend cuda: no CUDA device is visible to this process%s\n",
-            EMBPS_HAVE_CUDA_BUILD ? "" : " (this build has no CUDA backend)");
+  if (embps_settings_device(set.device, set.rank, embps_cuda_device_count(), &backend, &device,
+                            &err) != EMBPS_OK) {
+    fprintf(stderr, "embps-server: %s%s\n", err.message,
+            err.status == EMBPS_FAILED_PRECONDITION && !EMBPS_HAVE_CUDA_BUILD
+                ? " (this build has no CUDA backend)"
+                : "");
     return 2;
   }
-  if (strcmp(set.device, "auto") == 0) {
-    device = num_devices > 0 ? (int)(set.rank % (uint64_t)num_devices) : 0;
-  } else {
-    char *end;
-    long d = strtol(set.device, &end, 10);
-    if (*set.device == '\0' || *end != '\0' || d < 0 || d > 4096) {
-      fprintf(stderr, "embps-server: --device: '%s' is not a device number or auto\n", set.device);
-      return 2;
-    }
-    device = (int)d;
+  if (set.checkpoint_full_every == 0) {
+    fprintf(stderr, "embps-server: --checkpoint-full-every: 0 is not a count of checkpoints; 1 "
+                    "makes every checkpoint full, N > 1 a full one every N\n");
+    return 2;
   }
 
   /* The group's shape, checked before anything listens. */
@@ -536,10 +524,9 @@ int main(int argc, char **argv) {
     return 2;
 
   memset(&scfg, 0, sizeof(scfg));
-  scfg.max_table_bytes = set.max_table_bytes ? set.max_table_bytes : default_max_table_bytes();
   /* A lookup's reply is as large as the push of the same tokens, which --max-message-bytes
-   * already bounds: the same figure bounds replies unless set apart. */
-  scfg.max_reply_bytes = set.max_reply_bytes ? set.max_reply_bytes : set.max_message_bytes;
+   * already bounds: the same figure bounds replies. */
+  scfg.max_reply_bytes = set.max_message_bytes;
   snprintf(scfg.mesh, sizeof(scfg.mesh), "%s", mesh_text);
   scfg.loop = &s.loop;
   memset(&ncfg, 0, sizeof(ncfg));
@@ -548,7 +535,6 @@ int main(int argc, char **argv) {
   ncfg.idle_timeout_ms = set.idle_timeout_ms;
   ncfg.max_connections = (uint32_t)set.max_connections;
   ncfg.max_connections_per_source = (uint32_t)set.max_connections_per_source;
-  ncfg.max_connection_reply_bytes = (size_t)set.max_connection_reply_bytes;
   memset(&gcfg, 0, sizeof(gcfg));
   gcfg.rank = rank;
   gcfg.size = group_size;
@@ -567,11 +553,10 @@ int main(int argc, char **argv) {
   gcfg.checkpoint_dir = set.checkpoint_dir;
   gcfg.checkpoint_keep = (uint32_t)set.checkpoint_keep;
   gcfg.checkpoint_interval_ms = set.checkpoint_interval_s * 1000u;
-  gcfg.checkpoint_incremental = (int)set.checkpoint_incremental;
-  gcfg.checkpoint_full_every = set.checkpoint_full_every ? (uint32_t)set.checkpoint_full_every : 1;
+  gcfg.checkpoint_full_every =
+      set.checkpoint_full_every > UINT32_MAX ? UINT32_MAX : (uint32_t)set.checkpoint_full_every;
   gcfg.restore_dir = restore_dir;
   gcfg.restore_round = restore_round;
-  gcfg.max_table_bytes = scfg.max_table_bytes;
   gcfg.max_memory_bytes = set.max_memory_bytes;
   s.has_checkpoints = set.checkpoint_dir[0] != '\0';
   gcfg.on_fatal = on_group_fatal;
@@ -584,7 +569,7 @@ int main(int argc, char **argv) {
   /* Say which step failed and how: not every failure here is running out of memory. */
   const char *step = NULL;
   embps_status_t st;
-  if ((st = embps_store_new(&s.store, rank, group_size, set.max_tables)) != EMBPS_OK)
+  if ((st = embps_store_new(&s.store, rank, group_size)) != EMBPS_OK)
     step = "the table store";
   else if ((st = embps_group_new(&s.group, &s.loop, &gcfg, s.store)) != EMBPS_OK)
     step = "the group";
@@ -622,11 +607,9 @@ int main(int argc, char **argv) {
   uv_signal_start(&s.sigint, on_signal, SIGINT);
   uv_signal_start(&s.sigterm, on_signal, SIGTERM);
   uv_signal_start(&s.sighup, on_sighup, SIGHUP);
-  EMBPS_INFO("embps-server %s: rank %u of a %u-rank group, mesh %s, backend %s, max table "
-             "bytes %llu",
+  EMBPS_INFO("embps-server %s: rank %u of a %u-rank group, mesh %s, backend %s, --device %s",
              EMBPS_VERSION, rank, group_size, mesh_text,
-             embps_backend_name(embps_group_backend(s.group)),
-             (unsigned long long)scfg.max_table_bytes);
+             embps_backend_name(embps_group_backend(s.group)), set.device);
   if (s.auth)
     log_auth("accepting", &s);
   else

@@ -11,7 +11,7 @@
 #include "common/alloc.h"
 #include "common/hostport.h"
 
-typedef enum { TYPE_STR, TYPE_SIZE, TYPE_U64, TYPE_ADDR, TYPE_ADDRS, TYPE_BOOL } setting_type_t;
+typedef enum { TYPE_STR, TYPE_SIZE, TYPE_U64, TYPE_ADDR, TYPE_ADDRS } setting_type_t;
 
 typedef struct setting_desc {
   const char *flag;
@@ -132,15 +132,6 @@ static embps_status_t set_value(embps_settings_t *s, const setting_desc_t *d, co
                              value);
     break;
   }
-  case TYPE_BOOL:
-    if (strcmp(value, "1") == 0 || strcmp(value, "true") == 0)
-      v = 1;
-    else if (strcmp(value, "0") == 0 || strcmp(value, "false") == 0)
-      v = 0;
-    else
-      return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "%s: '%s' is not true, false, 1 or 0",
-                             source, value);
-    break;
   default:
     return EMBPS_INTERNAL;
   }
@@ -187,8 +178,6 @@ embps_status_t embps_settings_load(embps_settings_t *s, int argc, char **argv, i
                              argv[i]);
     if (eq)
       value = eq + 1;
-    else if (d->type == TYPE_BOOL) /* a bare boolean flag turns it on */
-      value = "true";
     else if (i + 1 < argc)
       value = argv[++i];
     else
@@ -217,4 +206,53 @@ void embps_settings_usage(FILE *out, const char *prog) {
     fprintf(out, "\n  %-22s   env %s\n", "", name);
   }
   fprintf(out, "  --%-20s print this help\n", "help");
+}
+
+embps_status_t embps_settings_device(const char *text, uint64_t rank, int num_devices,
+                                     embps_backend_t *backend, int *device, embps_error_t *err) {
+  char name[16], *end;
+  const char *colon = strchr(text, ':');
+  size_t len = colon ? (size_t)(colon - text) : strlen(text);
+  embps_backend_t b;
+  long n;
+
+  if (strcmp(text, "auto") == 0) {
+    *backend = num_devices > 0 ? EMBPS_BACKEND_CUDA : EMBPS_BACKEND_CPU;
+    *device = num_devices > 0 ? (int)(rank % (uint64_t)num_devices) : 0;
+    return EMBPS_OK;
+  }
+  if (len < sizeof(name)) {
+    memcpy(name, text, len);
+    name[len] = '\0';
+  }
+  if (len >= sizeof(name) || embps_backend_parse(name, &b) != 0 ||
+      (colon && b != EMBPS_BACKEND_CUDA))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "--device: '%s' is not auto, cpu, cuda or cuda:N", text);
+  if (b == EMBPS_BACKEND_CPU) {
+    *backend = b;
+    *device = 0;
+    return EMBPS_OK;
+  }
+  if (num_devices <= 0)
+    return embps_error_set(err, EMBPS_FAILED_PRECONDITION,
+                           "--device %s: no CUDA device is visible to this process", text);
+  if (!colon) {
+    *backend = b;
+    *device = (int)(rank % (uint64_t)num_devices);
+    return EMBPS_OK;
+  }
+  errno = 0;
+  n = strtol(colon + 1, &end, 10);
+  if (!isdigit((unsigned char)colon[1]) || *end != '\0' || errno)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "--device: '%s' is not auto, cpu, cuda or cuda:N", text);
+  if (n >= num_devices)
+    return embps_error_set(err, EMBPS_FAILED_PRECONDITION,
+                           "--device %s: no such CUDA device; this process sees %d (cuda:0 to "
+                           "cuda:%d)",
+                           text, num_devices, num_devices - 1);
+  *backend = b;
+  *device = (int)n;
+  return EMBPS_OK;
 }

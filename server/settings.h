@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "common/backend.h"
 #include "common/status.h"
 
 /* X(field, type, flag, default, help). The environment variable is EMBPS_ followed by the flag
@@ -14,8 +15,7 @@
  * Types: STR (a string), SIZE (an unsigned count that takes K/M/G/T suffixes, powers of 1024),
  * U64 (a plain unsigned count), ADDR (empty, or a listen address as common/hostport.h parses
  * it: HOST:PORT, [V6]:PORT, port 0 allowed), ADDRS (empty, or a comma-separated list of at most
- * EMBPS_SETTINGS_MAX_PEERS HOST:PORT addresses), BOOL (true, false, 1 or 0; the bare flag means
- * true). Hosts are IP literals or DNS names. */
+ * EMBPS_SETTINGS_MAX_PEERS HOST:PORT addresses). Hosts are IP literals or DNS names. */
 #define EMBPS_SERVER_SETTINGS(X)                                                                   \
   X(listen, ADDR, "listen", "",                                                                    \
     "address to serve gRPC clients on (HOST:PORT); default: this rank's entry of --peers, "        \
@@ -41,14 +41,13 @@
   X(batch_deadline_ms, U64, "batch-deadline-ms", "10000",                                          \
     "a batch whose shards do not all reach their ranks within this fails (DEADLINE_EXCEEDED)")     \
   X(max_message_bytes, SIZE, "max-message-bytes", "256M",                                          \
-    "largest gRPC request message accepted; larger ones get RESOURCE_EXHAUSTED")                   \
-  X(max_table_bytes, SIZE, "max-table-bytes", "0",                                                 \
-    "largest table (rows, optimizer state) CreateTable accepts; 0 = 3/4 of physical memory")       \
+    "largest gRPC message, request or reply: a larger request, or a lookup whose reply (its "      \
+    "rows) would be larger, gets RESOURCE_EXHAUSTED before any work; one connection may hold "     \
+    "4 times this in replies not yet read by its client (one reply alone always fits)")            \
   X(max_memory_bytes, SIZE, "max-memory-bytes", "0",                                               \
     "most bytes all tables (rows, optimizer state, and with checkpoints on the cpu backend their " \
-    "snapshot copies) take on this rank; CreateTable refuses a table beyond it; 0 = 80% of "       \
-    "physical memory (cpu) or of the GPU's memory (cuda)")                                         \
-  X(max_tables, U64, "max-tables", "1024", "most tables a server holds")                           \
+    "snapshot copies) take on this rank; CreateTable and restore refuse a table beyond it; 0 = "   \
+    "80% of physical memory (cpu) or of the GPU's memory (cuda)")                                  \
   X(max_connections, U64, "max-connections", "4096", "most client connections at once")            \
   X(stall_timeout_ms, U64, "stall-timeout-ms", "10000",                                            \
     "close a connection that stops sending in the middle of a request, or reads none of its "      \
@@ -58,23 +57,16 @@
     "HTTP/2 PING (gRPC keepalive) too, keeps it open; 0 = never")                                  \
   X(max_connections_per_source, U64, "max-connections-per-source", "256",                          \
     "most client connections at once from one IP address; 0 = no limit but --max-connections")     \
-  X(max_reply_bytes, SIZE, "max-reply-bytes", "0",                                                 \
-    "largest reply one call may produce (a lookup's rows); larger ones get RESOURCE_EXHAUSTED "    \
-    "before any work; 0 = --max-message-bytes")                                                    \
-  X(max_connection_reply_bytes, SIZE, "max-connection-reply-bytes", "1G",                          \
-    "most bytes of replies one connection may hold at once (being made, or not yet read by its "   \
-    "client); a lookup beyond gets RESOURCE_EXHAUSTED; one reply alone always fits")               \
   X(drain_timeout_ms, U64, "drain-timeout-ms", "20000",                                            \
     "on SIGTERM, how long to finish the calls already taken (new ones are refused) before "        \
     "exiting; a second signal exits at once")                                                      \
   X(auth_tokens_file, STR, "auth-tokens-file", "",                                                 \
     "bearer tokens clients must send, one 'ROLE TOKEN' per line (ROLE admin, worker or "           \
     "reader), reread on SIGHUP; empty: no client authentication")                                  \
-  X(backend, STR, "backend", "auto",                                                               \
-    "compute backend: cuda (tables in GPU memory, NCCL between ranks), cpu, or auto (cuda "        \
-    "when a GPU is visible)")                                                                      \
   X(device, STR, "device", "auto",                                                                 \
-    "cuda: the CUDA device this rank uses; auto = rank modulo the devices visible")                \
+    "where tables live and compute runs: cpu (host memory, TCP between ranks), cuda (GPU "         \
+    "memory, NCCL between ranks; the device is the rank modulo the devices visible), cuda:N "      \
+    "(device N), or auto (cuda when a GPU is visible, else cpu)")                                  \
   X(engine_threads, U64, "engine-threads", "0",                                                    \
     "cpu: threads that apply a push (segment sum, row statistics, optimizer update), the "         \
     "engine's own included; every row stays on one thread, so the tables get the same bits with "  \
@@ -87,10 +79,10 @@
     "removed once a newer one is complete; 0 keeps all")                                           \
   X(checkpoint_interval_s, U64, "checkpoint-interval-s", "0",                                      \
     "take a checkpoint of every table this often; 0: only when asked (Checkpoint, SIGTERM)")       \
-  X(checkpoint_incremental, BOOL, "checkpoint-incremental", "false",                               \
-    "write only the rows changed since the previous checkpoint, chained to a full one")            \
-  X(checkpoint_full_every, U64, "checkpoint-full-every", "8",                                      \
-    "with --checkpoint-incremental: every this many checkpoints, a full one")                      \
+  X(checkpoint_full_every, U64, "checkpoint-full-every", "1",                                      \
+    "every this many checkpoints a full one; those between write only the rows changed since "     \
+    "the previous checkpoint, chained to the full one; 1: every checkpoint is full (0 is "         \
+    "refused)")                                                                                    \
   X(restore, STR, "restore", "auto",                                                               \
     "at startup: auto (the latest complete checkpoint of every table in --checkpoint-dir, if "     \
     "any), none, or the path of a checkpoint")                                                     \
@@ -123,14 +115,14 @@ typedef struct embps_settings {
 #define EMBPS_SETTING_FIELD_ADDRS(name) char name[1024];
 #define EMBPS_SETTING_FIELD_SIZE(name) uint64_t name;
 #define EMBPS_SETTING_FIELD_U64(name) uint64_t name;
-#define EMBPS_SETTING_FIELD_BOOL(name) uint64_t name;
 #define EMBPS_SETTING_FIELD(name, type, flag, def, help) EMBPS_SETTING_FIELD_##type(name)
   EMBPS_SERVER_SETTINGS(EMBPS_SETTING_FIELD)
 #undef EMBPS_SETTING_FIELD
 } embps_settings_t;
 
 /**
- * Fills s from defaults, then the environment, then argv (flags win). Accepts "--flag VALUE" and
+ * Fills s from defaults, then the environment, then argv (flags win). Accepts "--flag VALUE"
+ * and
  * "--flag=VALUE". Sets *want_help when --help or -h is given. Returns EMBPS_OK or
  * EMBPS_INVALID_ARGUMENT with err naming the flag or variable and the bad value.
  */
@@ -139,6 +131,16 @@ embps_status_t embps_settings_load(embps_settings_t *s, int argc, char **argv, i
 
 /** Prints usage: every flag with its variable, default and help. */
 void embps_settings_usage(FILE *out, const char *prog);
+
+/**
+ * Reads --device: "auto" (cuda when num_devices > 0, on device rank modulo num_devices; else cpu),
+ * "cpu", "cuda" (device rank modulo num_devices) or "cuda:N" (device N), the backend named as
+ * common/backend.h names it. Sets *backend and *device (0 for cpu). Returns EMBPS_OK;
+ * EMBPS_INVALID_ARGUMENT for a value of none of those forms; EMBPS_FAILED_PRECONDITION for cuda
+ * with no device visible, or a cuda:N beyond those visible; err names the flag and the value.
+ */
+embps_status_t embps_settings_device(const char *text, uint64_t rank, int num_devices,
+                                     embps_backend_t *backend, int *device, embps_error_t *err);
 
 /** Parses a SIZE value ("256M", "1G", "4096"); returns EMBPS_OK or EMBPS_INVALID_ARGUMENT. */
 embps_status_t embps_settings_parse_size(const char *text, uint64_t *out);

@@ -637,8 +637,8 @@ exit:
 
 embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, embps_store_t *store,
                                    const char *dir, uint64_t round, uint32_t rank, uint32_t size,
-                                   uint64_t max_table_bytes, embps_ckpt_manifest_t *manifest_out,
-                                   embps_error_t *err) {
+                                   embps_ckpt_manifest_t *manifest_out, embps_error_t *err) {
+  const uint64_t max_bytes = embps_store_budget_max(store);
   char path[EMBPS__CKPT_PATH_MAX];
   const uint64_t t0 = embps_now_ns();
   embps_ckpt_manifest_t m;
@@ -652,7 +652,7 @@ embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, emb
   for (size_t i = 0; mine.status == EMBPS_OK && i < m.num_tables; i++) {
     embps_table_config_t cfg = m.tables[i];
     embps_error_t why;
-    if (embps_table_config_resolve(&cfg, size, max_table_bytes, &why) != EMBPS_OK)
+    if (embps_table_config_resolve(&cfg, size, max_bytes, &why) != EMBPS_OK)
       embps_error_set(&mine, why.status, "cannot restore table '%s' of %s onto %u ranks: %s",
                       m.tables[i].name, path, size, why.message);
   }
@@ -673,7 +673,7 @@ embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, emb
     op.kind = EMBPS_OP_CREATE_TABLE;
     op.create = m.tables[i];
     op.create_blank = 1; /* fill_table writes every byte, or the restore fails as a whole */
-    embps_table_config_resolve(&op.create, size, max_table_bytes, NULL);
+    embps_table_config_resolve(&op.create, size, max_bytes, NULL);
     if ((ret = embps_engine_run(engine, &op, err)) != EMBPS_OK)
       goto exit;
     if (op.error.status != EMBPS_OK) {

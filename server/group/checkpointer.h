@@ -86,7 +86,8 @@ int embps__ckpt_take(embps__ckpt_t *c, embps__ckpt_result_t *out);
 /**
  * Restores the checkpoint of `round` in dir onto this rank (every rank calls it after the group
  * formed, in step: it runs collectives): each table's config is resolved for this group's size
- * (emb_width must split evenly over it, with DESIGN.md's message), created through the engine
+ * (emb_width must split evenly over it, with DESIGN.md's message; a table alone beyond the
+ * store's memory budget is refused before any is created), created through the engine
  * and filled from the columns this rank now owns. Tables are tracked for incremental
  * checkpoints (every row clean) when c is not NULL. *manifest_out (may be NULL) receives the
  * manifest (the caller frees it). Returns EMBPS_OK, or the failure of this rank or another (err
@@ -94,7 +95,6 @@ int embps__ckpt_take(embps__ckpt_t *c, embps__ckpt_result_t *out);
  */
 embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, embps_store_t *store,
                                    const char *dir, uint64_t round, uint32_t rank, uint32_t size,
-                                   uint64_t max_table_bytes, embps_ckpt_manifest_t *manifest_out,
-                                   embps_error_t *err);
+                                   embps_ckpt_manifest_t *manifest_out, embps_error_t *err);
 
 #endif

@@ -268,8 +268,8 @@ void embps__group_ckpt_order(embps_group_t *g) {
     g->req_tail = NULL;
   g->cur.round = ++g->round_no;
   g->ckpt_started_ns = embps_now_ns();
-  if (!g->cur.scope[0] && g->cfg.checkpoint_incremental && g->chain_base &&
-      g->since_full + 1 < g->cfg.checkpoint_full_every)
+  /* Incremental (checkpoint_full_every > 1) between full ones: never when every one is full. */
+  if (!g->cur.scope[0] && g->chain_base && g->since_full + 1 < g->cfg.checkpoint_full_every)
     g->cur.base_round = g->chain_base;
   g->ckpt_inflight = 1;
   g->cur_reported = 0;

@@ -129,12 +129,12 @@ typedef struct embps_group_config {
                                       shares (checked and, on the leader, locked by the caller) */
   uint32_t checkpoint_keep;        /* complete checkpoints kept per scope; 0: all */
   uint64_t checkpoint_interval_ms; /* the leader takes one this often; 0: on demand only */
-  int checkpoint_incremental;      /* write only the rows changed since the previous one */
-  uint32_t checkpoint_full_every;  /* with incremental: every this many, a full one */
+  uint32_t checkpoint_full_every;  /* every this many checkpoints a full one, the others write
+                                      only the rows changed since the previous one; 0 or 1: all
+                                      full (no row is tracked) */
   const char *restore_dir;         /* with restore_round: the directory that holds it */
   uint64_t restore_round;          /* 0: start empty; else restore restore_dir's checkpoint of
                                       this round before serving */
-  uint64_t max_table_bytes;        /* what a restored table may take on this rank */
   uint64_t max_memory_bytes;       /* what all tables may take on this rank (embps_store_set_budget,
                                       which the group calls once its engine runs); 0: 80% of the
                                       memory tables live in */

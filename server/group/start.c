@@ -26,7 +26,7 @@ static embps_status_t start_checkpoints(embps_group_t *g, embps_error_t *err) {
                              .rank = g->cfg.rank,
                              .size = g->cfg.size,
                              .keep = g->cfg.checkpoint_keep,
-                             .track_dirty = g->cfg.checkpoint_incremental,
+                             .track_dirty = g->cfg.checkpoint_full_every > 1,
                              .host_tables = embps_engine_backend(g->engine) == EMBPS_BACKEND_CPU,
                              .wake_fd = -1};
   embps_status_t ret;
@@ -46,8 +46,7 @@ static embps_status_t restore(embps_group_t *g, embps_error_t *err) {
   embps_status_t ret;
   memset(&m, 0, sizeof(m));
   if ((ret = embps__ckpt_restore(g->ckpt, g->engine, g->store, g->restore_dir, g->cfg.restore_round,
-                                 g->cfg.rank, g->cfg.size, g->cfg.max_table_bytes, &m, err)) !=
-      EMBPS_OK)
+                                 g->cfg.rank, g->cfg.size, &m, err)) != EMBPS_OK)
     return ret;
   g->round_no = m.round;
   /* A restored checkpoint of every table is the table, row for row: the chain goes on from it

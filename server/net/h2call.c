@@ -116,10 +116,11 @@ embps_status_t embps_net_call_hold_reply(embps_net_call_t *call, size_t bytes, e
       conn->reply_bytes + bytes > conn->max_reply_bytes)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
                            "this connection already holds %zu bytes of replies (being made, or "
-                           "not yet read by the client); another %zu would pass "
-                           "--max-connection-reply-bytes=%zu: read the replies before asking for "
-                           "more, or spread the calls over more connections",
-                           conn->reply_bytes, bytes, conn->max_reply_bytes);
+                           "not yet read by the client); another %zu would pass its limit of %zu "
+                           "(%d x --max-message-bytes): read the replies before asking for more, "
+                           "or spread the calls over more connections",
+                           conn->reply_bytes, bytes, conn->max_reply_bytes,
+                           EMBPS_NET_CONNECTION_REPLY_MESSAGES);
   call->reply_held += bytes;
   conn->reply_bytes += bytes;
   return EMBPS_OK;

@@ -415,6 +415,14 @@ static void conn_discard(conn_t *c) {
   uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
 }
 
+/* The replies a connection may hold: EMBPS_NET_CONNECTION_REPLY_MESSAGES maximal messages
+ * (0, no message limit: none either). */
+static size_t connection_reply_limit(size_t max_message_bytes) {
+  if (max_message_bytes > SIZE_MAX / EMBPS_NET_CONNECTION_REPLY_MESSAGES)
+    return SIZE_MAX;
+  return max_message_bytes * EMBPS_NET_CONNECTION_REPLY_MESSAGES;
+}
+
 static void on_connection(uv_stream_t *server, int status) {
   embps_net_t *net = server->data;
   embps_status_t ret = EMBPS_OK;
@@ -453,7 +461,7 @@ static void on_connection(uv_stream_t *server, int status) {
   ret = embps__h2conn_new(&c->h2, net->cfg.max_message_bytes, &hooks);
   if (ret != EMBPS_OK)
     goto fail;
-  embps__h2conn_set_reply_limit(c->h2, net->cfg.max_connection_reply_bytes);
+  embps__h2conn_set_reply_limit(c->h2, connection_reply_limit(net->cfg.max_message_bytes));
   if (net->tls_ctx && (ret = embps__tls_new(&c->tls, net->tls_ctx)) != EMBPS_OK)
     goto fail;
   EMBPS_UV_CHECK_GOTO(uv_tcp_init(net->loop, &c->tcp), fail);

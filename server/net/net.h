@@ -17,7 +17,8 @@ typedef struct embps_net embps_net_t;
 typedef struct embps_net_call embps_net_call_t;
 
 typedef struct embps_net_config {
-  /** A gRPC message (request) larger than this is refused with RESOURCE_EXHAUSTED. */
+  /** A gRPC message (request) larger than this is refused with RESOURCE_EXHAUSTED; it also
+   * sizes the replies one connection may hold (EMBPS_NET_CONNECTION_REPLY_MESSAGES). */
   size_t max_message_bytes;
   /** A connection that sends no bytes for this long while it has a request half-received,
    * or that never completes its preface, is closed; so is one whose replies wait this long
@@ -31,10 +32,14 @@ typedef struct embps_net_config {
   /** Connections from one IP address beyond this are accepted and closed at once. 0: no
    * limit. */
   uint32_t max_connections_per_source;
-  /** The most bytes of replies one connection may hold (embps_net_call_hold_reply). 0: no
-   * limit. */
-  size_t max_connection_reply_bytes;
 } embps_net_config_t;
+
+/** The replies one connection may hold at once (embps_net_call_hold_reply), in messages of
+ * max_message_bytes: enough for a client to keep a few maximal lookups in flight, while a client
+ * that reads none of its replies pins at most this many of them in server memory. With the
+ * 256 MiB default of --max-message-bytes that is 1 GiB; --max-message-bytes' help names the
+ * factor. */
+#define EMBPS_NET_CONNECTION_REPLY_MESSAGES 4
 
 typedef struct embps_net_stats {
   uint64_t requests;    /* complete requests delivered to the handler */
@@ -184,11 +189,11 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
 /**
  * Counts bytes of reply memory against the call's connection before the handler makes a reply
  * that large, so that one connection cannot make the server hold more than
- * max_connection_reply_bytes: the bytes stay counted until the reply is written, its stream is
- * reset or the connection goes (or the call is failed). A connection holding nothing else always
- * takes one reply, whatever its size. Returns EMBPS_OK; EMBPS_RESOURCE_EXHAUSTED when the
- * connection already holds replies and these bytes would pass the limit (err says so, naming
- * the flag), nothing counted; EMBPS_CANCELLED when the client has gone.
+ * EMBPS_NET_CONNECTION_REPLY_MESSAGES x max_message_bytes: the bytes stay counted until the reply
+ * is written, its stream is reset or the connection goes (or the call is failed). A connection
+ * holding nothing else always takes one reply, whatever its size. Returns EMBPS_OK;
+ * EMBPS_RESOURCE_EXHAUSTED when the connection already holds replies and these bytes would pass the
+ * limit (err says so, naming the flag), nothing counted; EMBPS_CANCELLED when the client has gone.
  */
 embps_status_t embps_net_call_hold_reply(embps_net_call_t *call, size_t bytes, embps_error_t *err);
 

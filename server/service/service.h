@@ -17,8 +17,7 @@
 typedef struct embps_service embps_service_t;
 
 typedef struct embps_service_config {
-  uint64_t max_table_bytes; /* CreateTable's limit per rank */
-  uint64_t max_reply_bytes; /* the largest reply one call may make (--max-reply-bytes); 0: none */
+  uint64_t max_reply_bytes; /* the largest reply one call may make (--max-message-bytes); 0: none */
   char mesh[256];           /* the group's mesh, as GetStats reports it */
   uv_loop_t *loop; /* where disk reads (ListCheckpoints) are queued off the loop thread; NULL:
                       done inline (tests) */

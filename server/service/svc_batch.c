@@ -100,8 +100,8 @@ static embps_status_t validate_lookup(embps_service_t *svc, const Embps__V1__Loo
   if (svc->cfg.max_reply_bytes && bytes > svc->cfg.max_reply_bytes)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
                            "the reply would hold %zu bytes of rows (%zu tokens of emb_width=%u "
-                           "%s), more than --max-reply-bytes=%llu: split the batch into smaller "
-                           "lookups, or raise --max-reply-bytes",
+                           "%s), more than --max-message-bytes=%llu: split the batch into smaller "
+                           "lookups, or raise --max-message-bytes",
                            bytes, n, c->emb_width, embps_dtype_name(c->dtype),
                            (unsigned long long)svc->cfg.max_reply_bytes);
   *rows_bytes = bytes;

@@ -110,8 +110,8 @@ void embps__svc_create_table(embps_service_t *svc, embps_net_call_t *call, const
     goto exit;
   }
   if (embps__svc_check_group(svc, &err) != EMBPS_OK ||
-      embps_table_config_resolve(&cfg, embps_group_size(svc->group), svc->cfg.max_table_bytes,
-                                 &err) != EMBPS_OK) {
+      embps_table_config_resolve(&cfg, embps_group_size(svc->group),
+                                 embps_store_budget_max(svc->store), &err) != EMBPS_OK) {
     embps__svc_fail(call, &err);
     goto exit;
   }

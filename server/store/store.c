@@ -3,6 +3,9 @@
  * under the lock. Tables are registered only once allocated and initialized on every rank, so
  * a lookup that finds a table always finds it whole.
  *
+ * The registry grows as tables are registered (doubling, up to EMBPS_STORE_MAX_TABLES), under
+ * the lock every reader of it takes.
+ *
  * Dropping a table frees its arrays at once (the group's thread does it, in round order, so no
  * round runs on them again) but keeps the small struct, marked dropped, on a list freed with the
  * store: the loop thread, the metrics thread and the checkpoint writer may hold its pointer
@@ -30,9 +33,8 @@ struct embps_store {
   pthread_mutex_t mu; /* guards count, tables, dropped and next_id */
   uint32_t rank;
   uint32_t group_size;
-  size_t max_tables;
-  size_t count;
-  embps_table_t **tables;
+  size_t count, cap;
+  embps_table_t **tables; /* cap slots, count used */
   embps_table_t *dropped; /* dropped tables' structs, freed with the store */
   uint64_t next_id;       /* the id the next registered table gets, less one */
   atomic_uint_fast64_t budget_max, budget_copies;
@@ -136,28 +138,21 @@ embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t gr
   if (bytes > max_bytes)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
                            "table '%s' needs %llu bytes per rank (rows=%llu emb_width=%u %s, "
-                           "%s state), more than this server's limit of %llu "
-                           "(--max-table-bytes)",
+                           "%s state), more than this rank's memory budget of %llu "
+                           "(--max-memory-bytes)",
                            cfg->name, (unsigned long long)bytes, (unsigned long long)cfg->rows,
                            cfg->emb_width, embps_dtype_name(cfg->dtype),
                            embps_optimizer_name(cfg->optimizer), (unsigned long long)max_bytes);
   return EMBPS_OK;
 }
 
-embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t group_size,
-                               size_t max_tables) {
+embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t group_size) {
   embps_store_t *s = embps_calloc(1, sizeof(*s));
   if (!s)
     return EMBPS_RESOURCE_EXHAUSTED;
-  s->tables = embps_calloc(max_tables ? max_tables : 1, sizeof(*s->tables));
-  if (!s->tables) {
-    embps_free(s);
-    return EMBPS_RESOURCE_EXHAUSTED;
-  }
   pthread_mutex_init(&s->mu, NULL);
   s->rank = rank;
   s->group_size = group_size;
-  s->max_tables = max_tables;
   atomic_init(&s->budget_max, UINT64_MAX);
   atomic_init(&s->budget_copies, 0);
   *out = s;
@@ -323,15 +318,31 @@ static embps_table_t *find_locked(const embps_store_t *store, const char *name) 
   return NULL;
 }
 
+/* Doubles the registry's slots (16 at first), up to EMBPS_STORE_MAX_TABLES. */
+static embps_status_t grow_locked(embps_store_t *store) {
+  size_t cap = store->cap ? store->cap * 2 : 16;
+  embps_table_t **tables;
+  if (cap > EMBPS_STORE_MAX_TABLES)
+    cap = EMBPS_STORE_MAX_TABLES;
+  if (!(tables = embps_realloc(store->tables, cap * sizeof(*tables))))
+    return EMBPS_RESOURCE_EXHAUSTED;
+  store->tables = tables;
+  store->cap = cap;
+  return EMBPS_OK;
+}
+
 embps_status_t embps_store_add(embps_store_t *store, embps_table_t *t, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
   pthread_mutex_lock(&store->mu);
   if (find_locked(store, t->config.name))
     ret = embps_error_set(err, EMBPS_ALREADY_EXISTS, "table '%s' already exists", t->config.name);
-  else if (store->count >= store->max_tables)
+  else if (store->count >= EMBPS_STORE_MAX_TABLES)
     ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
-                          "this server already holds %zu tables, its limit (--max-tables)",
+                          "this server already holds %zu tables, the most a server holds",
                           store->count);
+  else if (store->count == store->cap && grow_locked(store) != EMBPS_OK)
+    ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory registering table '%s'",
+                          t->config.name);
   else
     store->tables[store->count++] = t;
   /* Every attempt takes a number, so ranks stay in step even where one of them refused. */

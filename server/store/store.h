@@ -17,6 +17,10 @@
 #include "common/table_fields.h"
 
 #define EMBPS_TABLE_NAME_MAX 128
+/* The most tables a store holds: what tables take is bounded by the memory budget
+ * (--max-memory-bytes); this only keeps a runaway client from growing the registry, whose lookups
+ * by name walk it, without end. */
+#define EMBPS_STORE_MAX_TABLES 65536u
 /* Limits beyond which a table is absurd whatever the memory: they keep index arithmetic far
  * from overflow. */
 #define EMBPS_MAX_ROWS (UINT64_C(1) << 40)
@@ -75,7 +79,8 @@ embps_status_t embps_table_name_check(const char *name, size_t len, embps_error_
  * Fills defaults in cfg (dtype f32; the optimizer and hyper-parameters of common/optimizer.h's
  * EMBPS_OPTIMIZER_SERVER_DEFAULT and EMBPS_OPTIMIZER_DEFAULT_*; init_scale 1/sqrt(emb_width))
  * and validates it: name, rows, emb_width (and its split over group_size), dtype, optimizer,
- * hyper-parameters, and the bytes against max_bytes.
+ * hyper-parameters, and the bytes against max_bytes (the rank's memory budget,
+ * embps_store_budget_max: a table alone beyond it is refused before any rank is asked).
  * Returns EMBPS_OK or EMBPS_INVALID_ARGUMENT / EMBPS_RESOURCE_EXHAUSTED with err set.
  */
 embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t group_size,
@@ -84,9 +89,9 @@ embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t gr
 /** Bytes a table of cfg holds on one rank of a group of group_size (data and state). */
 uint64_t embps_table_config_bytes(const embps_table_config_t *cfg, uint32_t group_size);
 
-/** Creates an empty store for rank `rank` of a group of group_size. */
-embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t group_size,
-                               size_t max_tables);
+/** Creates an empty store for rank `rank` of a group of group_size. On failure *out is
+ * untouched. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED. */
+embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t group_size);
 /** Frees the store and every table's arrays. NULL is a no-op. */
 void embps_store_free(embps_store_t *store);
 
@@ -189,7 +194,8 @@ void embps_table_free(embps_table_t *table);
 
 /**
  * Registers a table; the store takes ownership on success. Returns EMBPS_ALREADY_EXISTS for a
- * taken name, EMBPS_RESOURCE_EXHAUSTED beyond max_tables (err says which).
+ * taken name, EMBPS_RESOURCE_EXHAUSTED beyond EMBPS_STORE_MAX_TABLES or out of memory (err says
+ * which).
  */
 embps_status_t embps_store_add(embps_store_t *store, embps_table_t *table, embps_error_t *err);
 

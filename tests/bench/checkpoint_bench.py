@@ -112,7 +112,7 @@ def main():
         ck = os.path.join(base, "ckpt")
         os.mkdir(ck)
         group = gl.Group(1, "--checkpoint-dir", ck, "--checkpoint-keep", "0",
-                         "--checkpoint-incremental", "--checkpoint-full-every", "1000")
+                         "--checkpoint-full-every", "1000")
         client = gl.RawClient(group.addresses)
         writes, paths = [], []
         try:

@@ -148,7 +148,7 @@ for r in 0 1; do
           -e EMBPS_RANK=$r -e EMBPS_PEERS=embps-0:7070,embps-1:7070 \
           -v "$work/group-secret:/etc/embps/group-secret:ro" \
           -e EMBPS_GROUP_SECRET_FILE=/etc/embps/group-secret \
-          -e EMBPS_MAX_TABLE_BYTES=1G "$image" 2>&1) ||
+          -e EMBPS_MAX_MEMORY_BYTES=1G "$image" 2>&1) ||
     { dump_logs; skip "podman cannot run the container here: $(echo "$out" | tail -n 2 | tr '\n' ' ')"; }
 done
 

@@ -499,20 +499,21 @@ def check_overlay(name, objs, help_names, ep_names, server_bin):
     check(csc.get("allowPrivilegeEscalation") is False, f"{where}: privilege escalation allowed")
     res = c.get("resources", {})
     mem = res.get("limits", {}).get("memory")
+    device = env.get("EMBPS_DEVICE", "auto")
+    check(re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", device),
+          f"{where}: EMBPS_DEVICE={device} is not auto, cpu, cuda or cuda:N")
     if check(mem and res.get("requests", {}).get("memory") and res["requests"].get("cpu"),
              f"{where}: memory limit and cpu/memory requests must be set"):
-        backend = env.get("EMBPS_BACKEND", "auto")
-        if backend == "cpu":
-            mtb = env.get("EMBPS_MAX_TABLE_BYTES")
-            check(mtb and 0 < size_setting(mtb) < quantity(mem), f"{where}: EMBPS_MAX_TABLE_BYTES "
-                  f"({mtb}) must be set below the memory limit ({mem}); its default follows the "
-                  "node's memory, not the pod's")
-    backend = env.get("EMBPS_BACKEND", "auto")
+        if device == "cpu":
+            mmb = env.get("EMBPS_MAX_MEMORY_BYTES")
+            check(mmb and 0 < size_setting(mmb) < quantity(mem), f"{where}: "
+                  f"EMBPS_MAX_MEMORY_BYTES ({mmb}) must be set below the memory limit ({mem}); "
+                  "its default follows the node's memory, not the pod's")
     gpus = res.get("limits", {}).get("nvidia.com/gpu")
-    if backend == "cuda":
+    if device.startswith("cuda"):
         check(gpus == "1", f"{where}: the cuda backend needs limits nvidia.com/gpu: 1 (one per rank)")
     else:
-        check(gpus is None, f"{where}: backend {backend} but the pods ask for GPUs")
+        check(gpus is None, f"{where}: --device {device} but the pods ask for GPUs")
     check(":" in c["image"].rsplit("/", 1)[-1], f"{where}: the image has no tag")
 
     # The entrypoint, as each pod runs it: rank and peer list, then the server's parser.

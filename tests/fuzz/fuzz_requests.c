@@ -45,16 +45,17 @@ static char *render(void *arg, size_t *len) {
 
 /* Tables every input meets: "t" (f32, width 8, 64 rows) and "h" (bf16, width 4, 1000 rows). */
 static void setup(void) {
-  embps_service_config_t cfg = {.max_table_bytes = 1 << 20};
+  embps_service_config_t cfg = {0};
   static const struct {
     const char *name;
     uint64_t rows;
     uint32_t width;
     embps_dtype_t dtype;
   } tables[] = {{"t", 64, 8, EMBPS_DTYPE_F32}, {"h", 1000, 4, EMBPS_DTYPE_BF16}};
-  if (embps_store_new(&store, 0, 1, 64) != EMBPS_OK ||
+  if (embps_store_new(&store, 0, 1) != EMBPS_OK ||
       embps_service_new(&svc, NULL, store, &cfg) != EMBPS_OK)
     abort();
+  embps_store_set_budget(store, 1 << 20, 0); /* what CreateTable accepts (--max-memory-bytes) */
   fake_reset(store);
   fake.keep_created = 0; /* every input meets the same store */
   embps_service_set_metrics(svc, render, NULL);
@@ -68,7 +69,7 @@ static void setup(void) {
     c.emb_width = tables[i].width;
     c.dtype = tables[i].dtype;
     c.seed = 3;
-    if (embps_table_config_resolve(&c, 4, cfg.max_table_bytes, &err) != EMBPS_OK ||
+    if (embps_table_config_resolve(&c, 4, embps_store_budget_max(store), &err) != EMBPS_OK ||
         embps_table_new(&t, &c, 0, 1) != EMBPS_OK || embps_store_add(store, t, &err) != EMBPS_OK)
       abort();
   }

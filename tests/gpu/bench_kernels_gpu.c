@@ -509,14 +509,14 @@ static void usage(FILE *f) {
   fprintf(f, "usage: bench_kernels_gpu [--quick] [--rows-scale X] [--device N] [--probe]\n"
              "  --quick         1 warm-up and 5 timed runs per op (default 3 and 15)\n"
              "  --rows-scale X  multiply the table rows (100M at width 128, 10M at 1024) by X\n"
-             "  --device N      CUDA device (default: $EMBPS_DEVICE, else 0)\n"
+             "  --device N      CUDA device (default: $EMBPS_GPU_DEVICE, else 0)\n"
              "  --probe         print the device and exit (77 when none is visible)\n");
 }
 
 int main(int argc, char **argv) {
   double rows_scale = 1.0;
   int probe = 0, device = 0;
-  const char *env_dev = getenv("EMBPS_DEVICE");
+  const char *env_dev = getenv("EMBPS_GPU_DEVICE"); /* a number; the server's is EMBPS_DEVICE */
   if (env_dev && *env_dev)
     device = atoi(env_dev);
   for (int i = 1; i < argc; i++) {

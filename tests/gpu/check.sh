@@ -15,13 +15,13 @@
 #              a GPU run over a new warning)
 #   build      everything, -j$(nproc)
 #   ctest      ctest -L gpu --output-on-failure (GPU kernels against their CPU references)
-#   e2e        tests/gpu/e2e_cuda.sh: a 1-rank group with --backend cuda through the real server
+#   e2e        tests/gpu/e2e_cuda.sh: a 1-rank group with --device cuda:N through the real server
 #              and CLI (health, create-table, lookup, push, lookup, stats, bench); SKIP while the
 #              server has no CUDA backend
 #   bench      bench_kernels_gpu $EMBPS_BENCH_FLAGS (copy ceiling, dedup, gather, rowwise
 #              Adagrad at widths 128 and 1024, f32 and bf16, and f32 segment sum)
 # and prints a summary last: PASS/FAIL/SKIP per step, then the benchmark's and e2e's numbers.
-# Device: $EMBPS_DEVICE (default 0). Exit status: 0 when no step failed (SKIPs are fine), else 1.
+# Device: $EMBPS_GPU_DEVICE, a number (default 0); the server gets --device cuda:N. Exit status: 0 when no step failed (SKIPs are fine), else 1.
 # Where $OUT is set (the device tool's output folder), the full log, the summary, the build log,
 # the benchmark's output and the e2e results are copied there (also after each step, so a run
 # cut short still brings back what it did).
@@ -34,7 +34,7 @@ DEBS=${EMBPS_GPU_DEBS:-$ROOT/.gpu-debs}
 DEPS_PREFIX=${EMBPS_GPU_DEPS_PREFIX:-/tmp/embps-deps}
 BUDGET=${EMBPS_GPU_BUDGET_S:-450}
 WERROR=${EMBPS_GPU_WERROR:-OFF}
-export EMBPS_DEVICE=${EMBPS_DEVICE:-0}
+export EMBPS_GPU_DEVICE=${EMBPS_GPU_DEVICE:-0}
 BENCH_FLAGS=${EMBPS_BENCH_FLAGS:-}
 WORK=$(mktemp -d /tmp/embps-gpu-check.XXXXXX)
 LOG=$WORK/check.log
@@ -105,7 +105,7 @@ copy_out() {
 
 main() {
   echo "embps GPU check: $(git -C "$ROOT" log -1 --format='%h %s' 2>/dev/null | cut -c1-100)"
-  echo "host: $(uname -srm), $(nproc) CPUs; build dir $BUILD; device $EMBPS_DEVICE; budget ${BUDGET}s"
+  echo "host: $(uname -srm), $(nproc) CPUs; build dir $BUILD; device $EMBPS_GPU_DEVICE; budget ${BUDGET}s"
   command -v nvidia-smi >/dev/null 2>&1 &&
     timeout 20 nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version,clocks.sm,clocks.mem \
       --format=csv 2>&1 | sed 's/^/  /'

@@ -2,10 +2,10 @@
 # End-to-end check of the CUDA backend through the real server and CLI (step (d) of
 # tests/gpu/check.sh; runs alone too):
 #
-#   tests/gpu/e2e_cuda.sh BUILD_DIR [OUT_DIR]       device: $EMBPS_DEVICE (default 0)
+#   tests/gpu/e2e_cuda.sh BUILD_DIR [OUT_DIR]       device: $EMBPS_GPU_DEVICE (default 0)
 #
-# A 1-rank group with --backend cuda (and --device N when the server has that flag; the
-# EMBPS_DEVICE variable is set either way) and, beside it, the same group with --backend cpu.
+# A 1-rank group with --device cuda:N and, beside it, the same group with --device cpu (every
+# server gets its --device flag, which wins over an EMBPS_DEVICE in the environment).
 # On both: health, create-table (f32 width 128 and bf16 width 1024, rowwise Adagrad), lookup,
 # push, lookup; the CUDA server's rows must equal the CPU server's text for text (the kernels
 # are bit for bit the CPU's), and the push must have moved every looked-up value. Then `stats`
@@ -17,7 +17,7 @@
 # wrote them, and take one more push alike (the optimizer state came across too).
 # Exit 0: passed; 77: skipped (no CUDA backend in the server yet, or no GPU visible); else
 # failed. Writes server logs, CLI outputs and the bench JSON to OUT_DIR.
-# EMBPS_E2E_BACKEND=cpu runs the same flow with the "cuda" server on --backend cpu: a dry run of
+# EMBPS_E2E_BACKEND=cpu runs the same flow with the "cuda" server on --device cpu: a dry run of
 # this script on a machine without a GPU. EMBPS_E2E_SERVER names another server binary for both
 # servers (no GPU probe then): tests/unit/engine_sim's embps-server-sim runs the whole flow on
 # the simulated CUDA runtime (SIM_CUDA_DEVICES=1). EMBPS_E2E_BENCH_S: seconds per bench (5).
@@ -25,9 +25,8 @@ set -uo pipefail
 
 BUILD=${1:?usage: e2e_cuda.sh BUILD_DIR [OUT_DIR]}
 OUTD=${2:-$(mktemp -d /tmp/embps-e2e.XXXXXX)}
-DEVICE=${EMBPS_DEVICE:-0}
+DEVICE=${EMBPS_GPU_DEVICE:-0}
 BACKEND=${EMBPS_E2E_BACKEND:-cuda}
-export EMBPS_DEVICE=$DEVICE
 SERVER=${EMBPS_E2E_SERVER:-$BUILD/bin/embps-server}
 BENCH_S=${EMBPS_E2E_BENCH_S:-5}
 CLI=$BUILD/bin/embps
@@ -41,10 +40,10 @@ fail() {
 if [ ! -x "$SERVER" ] || [ ! -x "$CLI" ]; then fail "no $SERVER or $CLI"; fi
 
 help=$("$SERVER" --help 2>&1)
-# The --backend entry: its line (and the wrapped description, if any) up to the env line.
-backend_help=$(awk '/^ *--backend/ {on = 1} on {print} on && /env EMBPS_BACKEND/ {exit}' <<<"$help")
-if ! grep -qw "$BACKEND" <<<"$backend_help"; then
-  echo "SKIP e2e: server has no CUDA backend yet (--backend: $(head -1 <<<"$backend_help" | sed 's/^ *--backend *//'))"
+# The --device entry: its line (and the wrapped description, if any) up to the env line.
+device_help=$(awk '/^ *--device/ {on = 1} on {print} on && /env EMBPS_DEVICE/ {exit}' <<<"$help")
+if ! grep -qw "$BACKEND" <<<"$device_help"; then
+  echo "SKIP e2e: server has no CUDA backend yet (--device: $(head -1 <<<"$device_help" | sed 's/^ *--device *//'))"
   exit 77
 fi
 if [ "$BACKEND" = cuda ] && [ -z "${EMBPS_E2E_SERVER:-}" ] && [ -x "$PROBE" ]; then
@@ -91,9 +90,10 @@ start_server() { # start_server NAME FLAGS...
   echo "$name server: pid ${PID[$name]} on ${ADDR[$name]}: $(grep -m1 'embps-server' "$log" | sed 's/^.*main\.c:[0-9]* //')"
 }
 
-cuda_flags=(--backend "$BACKEND")
-if [ "$BACKEND" = cuda ] && grep -q -- '^ *--device' <<<"$help"; then
-  cuda_flags+=(--device "$DEVICE")
+if [ "$BACKEND" = cuda ]; then
+  cuda_flags=(--device "cuda:$DEVICE")
+else
+  cuda_flags=(--device "$BACKEND")
 fi
 # Empty checkpoint directories: a reused OUTD (ctest's build directory) keeps an earlier run's
 # checkpoints, whose rounds can be higher than this run's, and --checkpoint-keep would then
@@ -101,7 +101,7 @@ fi
 rm -rf "$OUTD/ckpt-cuda" "$OUTD/ckpt-cpu"
 mkdir -p "$OUTD/ckpt-cuda" "$OUTD/ckpt-cpu"
 start_server cuda "${cuda_flags[@]}" --checkpoint-dir "$OUTD/ckpt-cuda" --restore none
-start_server cpu --backend cpu --checkpoint-dir "$OUTD/ckpt-cpu" --restore none
+start_server cpu --device cpu --checkpoint-dir "$OUTD/ckpt-cpu" --restore none
 
 cli() { # cli NAME ARGS...: the CLI against server NAME, output also saved
   local name=$1
@@ -190,7 +190,7 @@ for name in cuda cpu; do
 done
 ckpt_of() { sed -n 's/^checkpoint complete: .*bytes, //p' "$OUTD/$1-checkpoint.txt"; }
 # the CUDA server's checkpoint into a CPU server, the CPU server's into a CUDA one
-start_server from_cuda --backend cpu --restore "$(ckpt_of cuda)"
+start_server from_cuda --device cpu --restore "$(ckpt_of cuda)"
 start_server from_cpu "${cuda_flags[@]}" --restore "$(ckpt_of cpu)"
 for name in from_cuda from_cpu; do
   wait_serving "$name"

@@ -4,7 +4,7 @@ build builds them, with engine_cuda.c on the simulator's runtime, kernels and NC
 TCP stand-in). SIM_CUDA_DEVICES sets how many devices a process sees; SIM_CUDA_REPORT=1 makes
 it report at exit what it allocated and what it left on its devices.
 
-OneRankTest: a 1-rank --backend cuda server beside a --backend cpu embps-server: four tables
+OneRankTest: a 1-rank --device cuda server beside a --device cpu embps-server: four tables
   (f32 width 128 and bf16 width 64, rowwise_adagrad and adam), lookups with duplicates and
   padding token 0, pushes (one gated by a NaN, one with a NaN on padding, one async), lookups
   again and a large lookup that the CUDA engine returns in chunks: rows and push replies
@@ -12,16 +12,17 @@ OneRankTest: a 1-rank --backend cuda server beside a --backend cpu embps-server:
   backend, the device and the simulated communicator; the request buffers reached the engine
   pinned (the service's pool), and the server leaves nothing on the device when it exits 0 on
   SIGTERM.
-BackendChoiceTest: main.c's backend choice: auto picks cuda with a device and cpu without;
-  --backend cuda without a device and a --device that does not exist are refused.
-GroupTest: 2- and 3-rank --backend cuda groups (each rank its own simulated device: the default
-  rank-modulo choice, and --device) against CPU groups of the same size: bitwise equal, and
+BackendChoiceTest: main.c's --device choice: auto picks cuda with a device and cpu without;
+  cuda:N picks device N; --device cuda without a device and a cuda:N that does not exist are
+  refused (exit 2, naming the flag).
+GroupTest: 2- and 3-rank --device cuda groups (each rank its own simulated device: the default
+  rank-modulo choice, and cuda:N) against CPU groups of the same size: bitwise equal, and
   the f32 tables equal to the numpy reference at 1e-6.
 RankDiesTest: a rank of a 3-rank CUDA group dies; the others fail with UNAVAILABLE naming it
   and still exit 0 with nothing left on their devices.
 DeviceClaimTest: two ranks on one host claiming one device are refused with the leader's
   message, and every rank exits non-zero within a bound.
-IncrementalCheckpointTest: --checkpoint-incremental on a 2-rank CUDA group, whose dirty rows
+IncrementalCheckpointTest: --checkpoint-full-every 100 on a 2-rank CUDA group, whose dirty rows
   are marked on the device and taken at each capture, beside a CPU group running the same
   pushes: each checkpoint writes the CPU group's bytes (the same rows: those pushed since the
   previous one), and the chain restores onto a CPU server bitwise what the CUDA group held.
@@ -206,8 +207,8 @@ class OneRankTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.t0 = time.time()
-        cls.cuda = Single("--backend", "cuda", binary=SIM, env=sim_env(1))
-        cls.cpu = Single("--backend", "cpu")
+        cls.cuda = Single("--device", "cuda", binary=SIM, env=sim_env(1))
+        cls.cpu = Single("--device", "cpu")
         cls.results, cls.stats, cls.cli = {}, {}, {}
         scripts = {name: script(i + 1, cls.ROWS, width, cls.BATCHES)
                    for i, (name, _, width, _) in enumerate(cls.TABLES)}
@@ -323,8 +324,8 @@ class OneRankTest(unittest.TestCase):
 class BackendChoiceTest(unittest.TestCase):
     """main.c's backend and device choice in a build with the CUDA backend."""
 
-    def test_auto_picks_cuda_when_a_device_is_visible(self):
-        s = Single("--device", "1", binary=SIM, env=sim_env(2))
+    def check_cuda(self, flags, device):
+        s = Single(*flags, binary=SIM, env=sim_env(2))
         client = Client([s.address])
         try:
             self.assertEqual(client.stats().backend, "cuda")
@@ -333,8 +334,15 @@ class BackendChoiceTest(unittest.TestCase):
         code, log = s.stop()
         self.assertEqual(code, 0, log)
         self.assertIn("backend cuda,", log)
-        self.assertIn("rank 0 uses CUDA device 1 (PCI 0000:28:00.0)", log)
-        self.assertEqual([m.groups() for m in READY.finditer(log)], [("0", "1", "1")], log)
+        self.assertIn("rank 0 uses CUDA device %d (PCI 0000:%02X:00.0)" % (device, 0x18 + 0x10 * device),
+                      log)
+        self.assertEqual([m.groups() for m in READY.finditer(log)], [("0", "1", str(device))], log)
+
+    def test_auto_picks_cuda_when_a_device_is_visible(self):
+        self.check_cuda((), 0)  # rank 0 modulo 2 devices
+
+    def test_cuda_n_picks_device_n(self):
+        self.check_cuda(("--device", "cuda:1"), 1)
 
     def test_auto_picks_cpu_without_a_device(self):
         s = Single(binary=SIM, env=sim_env(0))
@@ -344,21 +352,21 @@ class BackendChoiceTest(unittest.TestCase):
         self.assertIsNone(READY.search(log), log)
 
     def test_cuda_without_a_device_is_refused(self):
-        p = gl.Proc(["--listen", "127.0.0.1:0", "--backend", "cuda"], env=sim_env(0), binary=SIM)
+        p = gl.Proc(["--listen", "127.0.0.1:0", "--device", "cuda"], env=sim_env(0), binary=SIM)
         try:
             self.assertEqual(wait_exit(p), 2, p.text())
-            self.assertIn("embps-server: --backend cuda: no CUDA device is visible to this process",
+            self.assertIn("embps-server: --device cuda: no CUDA device is visible to this process",
                           p.text())
             self.assertNotIn("this build has no CUDA backend", p.text())
         finally:
             p.cleanup()
 
     def test_device_that_does_not_exist_is_refused(self):
-        p = gl.Proc(["--listen", "127.0.0.1:0", "--backend", "cuda", "--device", "3"],
-                    env=sim_env(2), binary=SIM)
+        p = gl.Proc(["--listen", "127.0.0.1:0", "--device", "cuda:3"], env=sim_env(2), binary=SIM)
         try:
-            self.assertEqual(wait_exit(p), 1, p.text())
-            self.assertIn("CUDA device 3 does not exist: this process sees 2 device(s)", p.text())
+            self.assertEqual(wait_exit(p), 2, p.text())
+            self.assertIn("embps-server: --device cuda:3: no such CUDA device; this process sees 2 "
+                          "(cuda:0 to cuda:1)", p.text())
         finally:
             p.cleanup()
 
@@ -370,18 +378,18 @@ class GroupTest(unittest.TestCase):
               ("bf16_rw", "bf16", "rowwise_adagrad"), ("bf16_adam", "bf16", "adam")]
     ROWS = 300
     BATCHES = (12, 36, 24, 48, 600, 1200)  # divide by 2 and by 3
-    # rank -> device: the default (rank modulo 4) for 2 ranks, --device for 3
+    # rank -> device: the default (rank modulo 4) for 2 ranks, --device cuda:N for 3
     DEVICES = {2: {0: 0, 1: 1}, 3: {0: 3, 1: 0, 2: 2}}
 
     @classmethod
     def run_group(cls, n, backend):
         if backend == "cuda":
-            rank_flags = {} if n == 2 else {r: ["--device", str(d)]
+            rank_flags = {} if n == 2 else {r: ["--device", "cuda:%d" % d]
                                             for r, d in cls.DEVICES[n].items()}
-            group = gl.Group(n, "--backend", "cuda", rank_flags=rank_flags, binary=SIM,
-                             env=sim_env(4))
+            group = gl.Group(n, *(["--device", "cuda"] if n == 2 else []), rank_flags=rank_flags,
+                             binary=SIM, env=sim_env(4))
         else:
-            group = gl.Group(n, "--backend", "cpu")
+            group = gl.Group(n, "--device", "cpu")
         client = Client(group.addresses)
         scripts = {name: script(10 * n + i, cls.ROWS, cls.WIDTHS[dtype], cls.BATCHES)
                    for i, (name, dtype, _) in enumerate(cls.TABLES)}
@@ -488,7 +496,7 @@ class RankDiesTest(unittest.TestCase):
     report NOT_SERVING, and still exit 0 on SIGTERM with nothing left on their devices."""
 
     def test_rank_dies(self):
-        group = gl.Group(3, "--backend", "cuda", "--peer-timeout-ms", "3000", binary=SIM,
+        group = gl.Group(3, "--device", "cuda", "--peer-timeout-ms", "3000", binary=SIM,
                          env=sim_env(4))
         client = Client(group.addresses)
         try:
@@ -523,7 +531,7 @@ class DeviceClaimTest(unittest.TestCase):
             peers = ",".join("127.0.0.1:%d" % p for p in ports)
             t0 = time.time()
             procs = [gl.Proc(["--rank", str(r), "--peers", peers, "--peer-port-offset",
-                              str(offset), "--backend", "cuda", *rank_flags.get(r, [])],
+                              str(offset), *rank_flags.get(r, ["--device", "cuda"])],
                              env=sim_env(devices), binary=SIM) for r in range(n)]
             try:
                 codes = [wait_exit(p) for p in procs]
@@ -557,13 +565,14 @@ class DeviceClaimTest(unittest.TestCase):
         self.check(2, 1, {}, 0, 1, 0)  # rank modulo 1 device: both on device 0
 
     def test_two_of_three_ranks_on_one_device(self):
-        self.check(3, 4, {0: ["--device", "0"], 1: ["--device", "2"], 2: ["--device", "2"]},
+        self.check(3, 4, {0: ["--device", "cuda:0"], 1: ["--device", "cuda:2"],
+                          2: ["--device", "cuda:2"]},
                    1, 2, 2)
 
 
 class IncrementalCheckpointTest(unittest.TestCase):
     ROWS, WIDTH = 200, 128  # four words of dirty bits; 64 columns per rank
-    FLAGS = ("--checkpoint-incremental", "--checkpoint-full-every", "100")
+    FLAGS = ("--checkpoint-full-every", "100")
     # after the full checkpoint: 6 distinct rows (padding 0 is never written), then 16 others
     PUSHES = ([[0, 5, 5, 63, 64, 130, 199, 7]],
               [list(range(100, 108)), list(range(108, 116)) + list(range(100, 108))])
@@ -571,10 +580,10 @@ class IncrementalCheckpointTest(unittest.TestCase):
 
     def run_group(self, backend, d):
         if backend == "cuda":
-            group = gl.Group(2, "--backend", "cuda", "--checkpoint-dir", d, *self.FLAGS,
+            group = gl.Group(2, "--device", "cuda", "--checkpoint-dir", d, *self.FLAGS,
                              binary=SIM, env=sim_env(2))
         else:
-            group = gl.Group(2, "--backend", "cpu", "--checkpoint-dir", d, *self.FLAGS)
+            group = gl.Group(2, "--device", "cpu", "--checkpoint-dir", d, *self.FLAGS)
         client = gl.RawClient(group.addresses)
         ckpts, rng = [], np.random.default_rng(5)
         try:

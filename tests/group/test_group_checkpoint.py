@@ -13,7 +13,8 @@
 - SIGTERM under concurrent sync and async pushes: every acknowledged push is in the final
   checkpoint, and the rank exits 0 within its drain timeout.
 - Faults and bad input: a missing directory, two groups in one directory, a corrupt or truncated
-  file, a missing file, a full disk (a small tmpfs), a checkpoint of another format version.
+  file, a missing file, a full disk (a small tmpfs), a checkpoint of another format version, a
+  table beyond the restoring rank's --max-memory-bytes.
 
 The widths are multiples of 32 * 12, so that every group size here splits them into whole
 row-statistics blocks and a push computes bitwise the same on any of them."""
@@ -209,12 +210,32 @@ class ReshardTest(TmpDirs, unittest.TestCase):
             self.assertEqual(code, 1, "rank %d: %s" % (r, out))
             self.assertIn(want, out, "rank %d" % r)
 
+    def test_table_beyond_the_memory_budget(self):
+        """A table larger than the restoring rank's --max-memory-bytes is refused before any is
+        created, naming the table and the flag; the rank exits instead of serving without it."""
+        d = self.tmpdir()
+        group = gl.Group(1, "--checkpoint-dir", d)
+        client = gl.RawClient(group.addresses)
+        try:
+            client.create("small", 12, 8, "sgd")
+            client.create("big", 1000, 8, "sgd")  # 32000 bytes
+            path = checkpoint(client).path
+        finally:
+            client.close()
+            group.close_checked(self)
+        p = subprocess.run([gl.server_binary(), "--listen", "127.0.0.1:0", "--restore", path,
+                            "--max-memory-bytes", "16K"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=60)
+        self.assertEqual(p.returncode, 1, p.stdout)
+        self.assertIn("cannot restore table 'big'", p.stdout)
+        self.assertIn("more than this rank's memory budget of 16384 (--max-memory-bytes)", p.stdout)
+
 
 class IncrementalTest(TmpDirs, unittest.TestCase):
     def test_chain_restores_bitwise_onto_other_sizes(self):
         d = self.tmpdir()
-        group = gl.Group(2, "--checkpoint-dir", d, "--checkpoint-incremental",
-                         "--checkpoint-full-every", "3", "--checkpoint-keep", "10")
+        group = gl.Group(2, "--checkpoint-dir", d, "--checkpoint-full-every", "3",
+                         "--checkpoint-keep", "10")
         client = gl.RawClient(group.addresses)
         snaps = []
         try:

@@ -1,7 +1,7 @@
 """Tables as a whole through real server processes (issue 12, items 3 and 5).
 
-- The memory budget (--max-memory-bytes): two tables, each under --max-table-bytes, whose sum
-  exceeds the budget: the second is refused with RESOURCE_EXHAUSTED naming its bytes, the bytes
+- The memory budget (--max-memory-bytes): two tables, each under the budget, whose sum
+  exceeds it: the second is refused with RESOURCE_EXHAUSTED naming its bytes, the bytes
   in use, the budget and the flag, on 1 and 2 ranks; with ranks of different budgets, the rank
   that refuses leaves no half-created table on the other; after DropTable the table fits.
 - DropTable: a lookup and a push afterwards get NOT_FOUND, every rank stops listing and counting
@@ -80,10 +80,10 @@ class GroupCase(unittest.TestCase):
 
 class BudgetTest(unittest.TestCase):
     BUDGET = 1 << 20  # 1048576
-    TABLE = 600000    # bytes per rank: under --max-table-bytes, two of them over the budget
+    TABLE = 600000    # bytes per rank: one under the budget, two of them over it
 
     def check_budget(self, n):
-        group = gl.Group(n, "--max-memory-bytes", "1M", "--max-table-bytes", "800K")
+        group = gl.Group(n, "--max-memory-bytes", "1M")
         client = gl.RawClient(group.addresses)
         try:
             rows = rows_for(self.TABLE, n)

@@ -44,7 +44,7 @@ class AuthTest(unittest.TestCase):
             f.write(TOKENS)
         cls.ckpt = os.path.join(cls.dir, "ckpt")
         os.mkdir(cls.ckpt)
-        cls.server = lib.Server("--backend", "cpu", "--auth-tokens-file", cls.tokens,
+        cls.server = lib.Server("--device", "cpu", "--auth-tokens-file", cls.tokens,
                                 "--checkpoint-dir", cls.ckpt)
         cls.chan = lib.channel(cls.server.address)
         cls.stub = pbg.EmbeddingServiceStub(cls.chan)
@@ -185,7 +185,7 @@ class StartupTest(unittest.TestCase):
         if text is None:
             os.unlink(f.name)
         try:
-            return subprocess.run([lib.server_binary(), "--listen", "127.0.0.1:0", "--backend",
+            return subprocess.run([lib.server_binary(), "--listen", "127.0.0.1:0", "--device",
                                    "cpu", "--auth-tokens-file", f.name],
                                   capture_output=True, text=True, timeout=60)
         finally:
@@ -206,7 +206,7 @@ class StartupTest(unittest.TestCase):
             self.assertNotIn(ADMIN, r.stderr)
 
     def test_without_the_file_everything_is_open(self):
-        server = lib.Server("--backend", "cpu")
+        server = lib.Server("--device", "cpu")
         try:
             self.assertIn("client auth is off", server.log_text())
             server.wait_serving()

@@ -278,7 +278,7 @@ class InteropTest(unittest.TestCase):
             (lambda: self.create("w0", rows=10, width=0), IA, ["emb_width=0"]),
             (lambda: self.create("r0", rows=0, width=8), IA, ["rows=0"]),
             (lambda: self.create("huge", rows=1 << 39, width=65536),
-             lib.grpc.StatusCode.RESOURCE_EXHAUSTED, ["--max-table-bytes"]),
+             lib.grpc.StatusCode.RESOURCE_EXHAUSTED, ["--max-memory-bytes"]),
             (lambda: self.create("wide", rows=10, width=1 << 20), IA, ["emb_width=1048576"]),
             (lambda: self.create("bad name", rows=10, width=8), IA, ["table name"]),
             (lambda: self.stub.CreateTable(pb.CreateTableRequest()), IA, ["no spec"]),

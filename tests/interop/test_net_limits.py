@@ -128,7 +128,7 @@ class NetLimitsTest(unittest.TestCase):
             self.stub.Lookup(pb.LookupRequest(table="wide", tokens=tok.tobytes()))
         self.assertEqual(cm.exception.code(), lib.grpc.StatusCode.RESOURCE_EXHAUSTED)
         self.assertIn("10485760 bytes of rows (40 tokens of emb_width=65536 f32)", cm.exception.details())
-        self.assertIn("--max-reply-bytes=8388608", cm.exception.details())
+        self.assertIn("more than --max-message-bytes=8388608", cm.exception.details())
         self.assertEqual(self.lookups_done(), 0)  # the engine never saw it
         self.assertEqual(metric(self.stub, r'embps_memory_bytes\{kind="buffers_host"\}'), 0)
         r = self.stub.Lookup(pb.LookupRequest(table="wide", tokens=np.zeros(16, "<i8").tobytes()))
@@ -175,17 +175,18 @@ class NetLimitsTest(unittest.TestCase):
         self.assertEqual(len(r.rows), 2 * ROW_BYTES)
 
     def test_one_connection_holds_at_most_its_bound(self):
-        # 32 MiB replies, 100 MiB per connection: three fit, the fourth and fifth are refused.
-        self.start("--max-connection-reply-bytes", "100M")
-        s = zero_window_client(self.server.port, [lookup_message(128) for _ in range(5)])
+        # A connection holds 4 x --max-message-bytes of replies: 30 MiB replies, 4 x 32 MiB per
+        # connection: four fit, the fifth and sixth are refused.
+        self.start("--max-message-bytes", "32M")
+        s = zero_window_client(self.server.port, [lookup_message(120) for _ in range(6)])
         refused = r'grpc_server_handled_total\{grpc_type="unary",grpc_service="embps.v1.EmbeddingService",' \
                   r'grpc_method="Lookup",grpc_code="ResourceExhausted"\}'
-        self.assertTrue(wait_for(lambda: metric(self.stub, refused) == 2 and self.lookups_done() == 3, 30))
+        self.assertTrue(wait_for(lambda: metric(self.stub, refused) == 2 and self.lookups_done() == 4, 30))
         self.assertLessEqual(metric(self.stub, r'embps_memory_bytes\{kind="buffers_host"\}'),
-                             (100 << 20) + (1 << 20))
+                             (128 << 20) + (1 << 20))
         # another connection is not held to this one's bound
-        r = self.stub.Lookup(pb.LookupRequest(table="wide", tokens=np.zeros(128, "<i8").tobytes()))
-        self.assertEqual(len(r.rows), 128 * ROW_BYTES)
+        r = self.stub.Lookup(pb.LookupRequest(table="wide", tokens=np.zeros(120, "<i8").tobytes()))
+        self.assertEqual(len(r.rows), 120 * ROW_BYTES)
         s.close()
 
     def test_unread_replies_close_the_connection_after_the_stall_timeout(self):

@@ -32,7 +32,7 @@ def need(tool):
 def metrics_group(n, *flags):
     """An n-rank CPU group, every rank with --metrics-listen on a free port; returns (group,
     [metrics URL per rank])."""
-    g = Group(n, "--backend", "cpu", *flags,
+    g = Group(n, "--device", "cpu", *flags,
               rank_flags={r: ["--metrics-listen", "127.0.0.1:0"] for r in range(n)})
     urls = []
     for r, p in enumerate(g.procs):

@@ -41,7 +41,7 @@ class CliAuthTest(unittest.TestCase):
             cls.files[role] = os.path.join(cls.dir, role + ".token")
             with open(cls.files[role], "w") as f:
                 f.write(tok + "\n")  # a trailing newline, as editors and secrets leave
-        cls.server = embps_servers.Server("--backend", "cpu", "--auth-tokens-file", cls.tokens)
+        cls.server = embps_servers.Server("--device", "cpu", "--auth-tokens-file", cls.tokens)
         cls.servers = cls.server.address
 
     @classmethod

@@ -1,7 +1,7 @@
 /* System tests of libembps against the real embps-server binary.
  *
  * The group setup starts one server on a free loopback port (server_proc.c) with small limits
- * (--max-message-bytes 1 MiB, --max-reply-bytes 4 MiB, --max-table-bytes 64 MiB) so that the limits
+ * (--max-message-bytes 1 MiB, requests and replies; --max-memory-bytes 64 MiB) so that the limits
  * can be hit with cheap requests, and every test drives it through the public C API only, as a
  * training worker would: tables of every optimizer and dtype, lookups, sync and async pushes,
  * pipelined calls, several concurrent clients, statistics, and every kind of bad input.
@@ -14,10 +14,10 @@
  * and a table that is bit for bit what it was before.
  *
  * Two tests start servers of their own (idle connections with --stall-timeout-ms 300, and
- * --max-tables 2). Every server is stopped with SIGTERM and must exit with status 0; under
- * AddressSanitizer a leak makes that status non-zero and fails the test. All waits are
- * bounded: clients use a 30 s deadline, sockets are polled with timeouts, and loops have fixed
- * trip counts. */
+ * a --max-memory-bytes that holds two small tables). Every server is stopped with SIGTERM and must
+ * exit with status 0; under AddressSanitizer a leak makes that status non-zero and fails the test.
+ * All waits are bounded: clients use a 30 s deadline, sockets are polled with timeouts, and loops
+ * have fixed trip counts. */
 #define _DEFAULT_SOURCE
 #include <math.h>
 #include <netinet/in.h>
@@ -205,15 +205,10 @@ static void sum_by_token(const int64_t *tokens, size_t n, const float *grads, ui
 /* ---- group setup ------------------------------------------------------------------------- */
 
 static int group_setup(void **state) {
-  /* Replies may be larger than requests here: test_oversized_messages looks up 100 000 tokens
-   * (an 800 KB request) of 32-byte rows. */
-  static const char *const flags[] = {"--max-message-bytes",
-                                      "1048576",
-                                      "--max-reply-bytes",
-                                      "4194304",
-                                      "--max-table-bytes",
-                                      "67108864",
-                                      NULL};
+  /* --max-message-bytes bounds replies too: test_oversized_messages looks up 32 000 tokens (a
+   * 256 KB request) of 32-byte rows, a reply just under 1 MiB, and 40 000, one just over. */
+  static const char *const flags[] = {"--max-message-bytes", "1048576", "--max-memory-bytes",
+                                      "67108864", NULL};
   (void)state;
   return server_proc_start(&g_main, flags) == 0 ? 0 : -1;
 }
@@ -1255,19 +1250,19 @@ static void test_bad_create_table(void **state) {
   expect_fail(c, embps_create_table(c, &s), EMBPS_INVALID_ARGUMENT, "rows=1");
   SPEC("bad_rows_huge", UINT64_MAX, 8);
   expect_fail(c, embps_create_table(c, &s), EMBPS_INVALID_ARGUMENT, "rows=18446744073709551615");
-  /* The largest shape the server allows, far beyond memory: the byte limit refuses it. */
+  /* The largest shape the server allows, far beyond memory: the memory budget refuses it. */
   SPEC("bad_absurd", UINT64_C(1) << 40, 65536);
   s.optimizer = EMBPS_OPTIMIZER_ADAM;
-  expect_fail(c, embps_create_table(c, &s), EMBPS_RESOURCE_EXHAUSTED, "--max-table-bytes");
-  /* 2 Mi rows x 16 f32 = 128 MiB > --max-table-bytes 64 MiB. */
+  expect_fail(c, embps_create_table(c, &s), EMBPS_RESOURCE_EXHAUSTED, "--max-memory-bytes");
+  /* 2 Mi rows x 16 f32 = 128 MiB > --max-memory-bytes 64 MiB. */
   SPEC("too_big", UINT64_C(1) << 21, 16);
   s.optimizer = EMBPS_OPTIMIZER_SGD;
   expect_fail(c, embps_create_table(c, &s), EMBPS_RESOURCE_EXHAUSTED,
-              "more than this server's limit of 67108864 (--max-table-bytes)");
+              "more than this rank's memory budget of 67108864 (--max-memory-bytes)");
   /* Optimizer state counts: 1 Mi rows x 16 f32 is 64 MiB of rows alone; Adagrad doubles it. */
   SPEC("too_big_state", UINT64_C(1) << 20, 16);
   s.optimizer = EMBPS_OPTIMIZER_ADAGRAD;
-  expect_fail(c, embps_create_table(c, &s), EMBPS_RESOURCE_EXHAUSTED, "--max-table-bytes");
+  expect_fail(c, embps_create_table(c, &s), EMBPS_RESOURCE_EXHAUSTED, "--max-memory-bytes");
   SPEC("bad name!", 10, 8);
   expect_fail(c, embps_create_table(c, &s), EMBPS_INVALID_ARGUMENT, "may hold only letters");
   SPEC("bad_lr", 10, 8);
@@ -1363,8 +1358,11 @@ static void test_oversized_messages(void **state) {
     assert_int_equal(serving, 1);
     embps_client_free(d);
   }
-  /* Just under the limit is accepted: 100 000 tokens = 800 000 bytes. */
-  lookup_ok(c, "victim", tok, 100000, buf, V_W * 4);
+  /* --max-message-bytes bounds the reply too: 40 000 tokens are a 320 KB request but 1.28 MB of
+   * rows, refused before any work; 32 000 make 1 024 000 bytes of rows, just under, and pass. */
+  expect_fail(c, embps_lookup(c, "victim", tok, 40000, buf, 40000 * V_W * 4),
+              EMBPS_RESOURCE_EXHAUSTED, "more than --max-message-bytes=1048576");
+  lookup_ok(c, "victim", tok, 32000, buf, V_W * 4);
   assert_memory_equal(buf, (float *)g_victim + V_W, V_W * 4);
   assert_victims_unchanged(c);
   free(tok);
@@ -1667,9 +1665,11 @@ static void test_garbage_and_stalled_connections(void **state) {
   assert_int_equal(server_proc_stop(&g_extra, STOP_TIMEOUT_MS), 0);
 }
 
-static void test_max_tables(void **state) {
+/* The memory budget bounds what tables take, so how many: 10 rows x 4 f32 (SGD) are 160 bytes,
+ * and a budget of 400 holds two such tables, not three. */
+static void test_memory_budget_bounds_tables(void **state) {
   (void)state;
-  static const char *const flags[] = {"--max-tables", "2", NULL};
+  static const char *const flags[] = {"--max-memory-bytes", "400", NULL};
   embps_client_t *c;
   embps_table_spec_t s;
 
@@ -1681,7 +1681,9 @@ static void test_max_tables(void **state) {
   s.name = "t3";
   s.rows = 10;
   s.emb_width = 4;
-  expect_fail(c, embps_create_table(c, &s), EMBPS_RESOURCE_EXHAUSTED, "--max-tables");
+  expect_fail(c, embps_create_table(c, &s), EMBPS_RESOURCE_EXHAUSTED,
+              "rank 0 already holds 320 bytes of tables under its budget of 400 "
+              "(--max-memory-bytes)");
   assert_int_equal(count_tables(c), 2);
   embps_client_free(c);
   assert_int_equal(server_proc_stop(&g_extra, STOP_TIMEOUT_MS), 0);
@@ -1710,7 +1712,7 @@ int main(void) {
       cmocka_unit_test(test_client_out_of_memory),
       cmocka_unit_test(test_main_server_exits_cleanly),
       cmocka_unit_test(test_garbage_and_stalled_connections),
-      cmocka_unit_test(test_max_tables),
+      cmocka_unit_test(test_memory_budget_bounds_tables),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

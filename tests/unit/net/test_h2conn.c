@@ -907,7 +907,7 @@ static void test_reply_hold_accounting(void **state) {
   assert_int_equal(embps_net_call_hold_reply(sv.calls[0], 600, &err), EMBPS_OK);
   assert_int_equal(embps_net_call_hold_reply(sv.calls[1], 600, &err), EMBPS_RESOURCE_EXHAUSTED);
   assert_non_null(strstr(err.message, "already holds 600 bytes"));
-  assert_non_null(strstr(err.message, "--max-connection-reply-bytes=1000"));
+  assert_non_null(strstr(err.message, "its limit of 1000 (4 x --max-message-bytes)"));
   assert_int_equal(embps__h2conn_reply_bytes(sv.conn), 600); /* the refusal counted nothing */
   embps_net_call_fail(sv.calls[1], EMBPS_RESOURCE_EXHAUSTED, err.message);
   assert_int_equal(embps_net_call_hold_reply(sv.calls[2], 400, &err), EMBPS_OK);

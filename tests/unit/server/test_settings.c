@@ -1,4 +1,4 @@
-/* Settings: defaults, environment, flags (which win), sizes, and clear refusals. */
+/* Settings: defaults, environment, flags (which win), sizes, --device, and clear refusals. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,6 +24,8 @@ static void test_defaults(void **state) {
   assert_int_equal(s.peer_port_offset, 1000);
   assert_string_equal(s.table_axis, "shard");
   assert_int_equal(s.max_message_bytes, 256u << 20);
+  assert_string_equal(s.device, "auto");
+  assert_int_equal(s.checkpoint_full_every, 1); /* every checkpoint full */
   assert_int_equal(help, 0);
 }
 
@@ -58,12 +60,73 @@ static void test_refusals(void **state) {
   assert_non_null(strstr(err.message, "unknown flag '--frobnicate'"));
   assert_int_equal(embps_settings_load(&s, 2, missing, &help, &err), EMBPS_INVALID_ARGUMENT);
   assert_non_null(strstr(err.message, "needs a value"));
-  setenv("EMBPS_MAX_TABLES", "many", 1);
+  setenv("EMBPS_MAX_CONNECTIONS", "many", 1);
   assert_int_equal(embps_settings_load(&s, 1, helpv, &help, &err), EMBPS_INVALID_ARGUMENT);
-  assert_non_null(strstr(err.message, "EMBPS_MAX_TABLES: 'many' is not a number"));
-  unsetenv("EMBPS_MAX_TABLES");
+  assert_non_null(strstr(err.message, "EMBPS_MAX_CONNECTIONS: 'many' is not a number"));
+  unsetenv("EMBPS_MAX_CONNECTIONS");
   assert_int_equal(embps_settings_load(&s, 2, helpv, &help, &err), EMBPS_OK);
   assert_int_equal(help, 1);
+}
+
+/* The settings folded into others (issue 29) are gone: their flags are unknown. */
+static void test_removed_flags_are_unknown(void **state) {
+  static const char *const gone[] = {
+      "--max-table-bytes",        "--max-reply-bytes", "--max-connection-reply-bytes",
+      "--checkpoint-incremental", "--backend",         "--max-tables"};
+  embps_settings_t s;
+  embps_error_t err;
+  int help;
+  char msg[128];
+  (void)state;
+  for (size_t i = 0; i < sizeof(gone) / sizeof(gone[0]); i++) {
+    char *argv[] = {"x", (char *)gone[i], "1", NULL};
+    assert_int_equal(embps_settings_load(&s, 3, argv, &help, &err), EMBPS_INVALID_ARGUMENT);
+    snprintf(msg, sizeof(msg), "unknown flag '%s'", gone[i]);
+    assert_non_null(strstr(err.message, msg));
+  }
+}
+
+/* --device: auto, cpu, cuda (the rank modulo the visible devices) and cuda:N. */
+static void test_device(void **state) {
+  embps_backend_t b;
+  embps_error_t err;
+  int d;
+  (void)state;
+  assert_int_equal(embps_settings_device("auto", 5, 0, &b, &d, &err), EMBPS_OK);
+  assert_int_equal(b, EMBPS_BACKEND_CPU);
+  assert_int_equal(embps_settings_device("auto", 5, 4, &b, &d, &err), EMBPS_OK);
+  assert_int_equal(b, EMBPS_BACKEND_CUDA);
+  assert_int_equal(d, 1);
+  assert_int_equal(embps_settings_device("cpu", 5, 4, &b, &d, &err), EMBPS_OK);
+  assert_int_equal(b, EMBPS_BACKEND_CPU);
+  assert_int_equal(d, 0);
+  assert_int_equal(embps_settings_device("cuda", 6, 4, &b, &d, &err), EMBPS_OK);
+  assert_int_equal(b, EMBPS_BACKEND_CUDA);
+  assert_int_equal(d, 2);
+  assert_int_equal(embps_settings_device("cuda:3", 6, 4, &b, &d, &err), EMBPS_OK);
+  assert_int_equal(b, EMBPS_BACKEND_CUDA);
+  assert_int_equal(d, 3);
+
+  /* Refusals name the flag and the value; *backend and *device stay as they were. */
+  b = EMBPS_BACKEND_CPU;
+  d = 7;
+  static const char *const bad[] = {
+      "abacus", "gpu", "cpu:1", "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "", "cudacudacudacuda:1",
+      "auto:0"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    char want[96];
+    assert_int_equal(embps_settings_device(bad[i], 0, 4, &b, &d, &err), EMBPS_INVALID_ARGUMENT);
+    snprintf(want, sizeof(want), "--device: '%s' is not auto, cpu, cuda or cuda:N", bad[i]);
+    assert_string_equal(err.message, want);
+  }
+  assert_int_equal(embps_settings_device("cuda:4", 0, 4, &b, &d, &err), EMBPS_FAILED_PRECONDITION);
+  assert_string_equal(err.message, "--device cuda:4: no such CUDA device; this process sees 4 "
+                                   "(cuda:0 to cuda:3)");
+  assert_int_equal(embps_settings_device("cuda", 0, 0, &b, &d, &err), EMBPS_FAILED_PRECONDITION);
+  assert_string_equal(err.message, "--device cuda: no CUDA device is visible to this process");
+  assert_int_equal(embps_settings_device("cuda:0", 0, 0, &b, &d, &err), EMBPS_FAILED_PRECONDITION);
+  assert_int_equal(b, EMBPS_BACKEND_CPU);
+  assert_int_equal(d, 7);
 }
 
 static void test_sizes(void **state) {
@@ -82,10 +145,9 @@ static void test_sizes(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_defaults),
-      cmocka_unit_test(test_env_then_flags),
-      cmocka_unit_test(test_refusals),
-      cmocka_unit_test(test_sizes),
+      cmocka_unit_test(test_defaults), cmocka_unit_test(test_env_then_flags),
+      cmocka_unit_test(test_refusals), cmocka_unit_test(test_removed_flags_are_unknown),
+      cmocka_unit_test(test_device),   cmocka_unit_test(test_sizes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

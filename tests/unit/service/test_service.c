@@ -27,9 +27,10 @@ static embps_store_t *store;
 static embps_service_t *svc;
 
 static int setup(void **state) {
-  embps_service_config_t cfg = {.max_table_bytes = 1 << 26};
+  embps_service_config_t cfg = {0};
   (void)state;
-  assert_int_equal(embps_store_new(&store, 0, 1, 64), EMBPS_OK);
+  assert_int_equal(embps_store_new(&store, 0, 1), EMBPS_OK);
+  embps_store_set_budget(store, 1 << 26, 0); /* CreateTable's limit (--max-memory-bytes) */
   assert_int_equal(embps_service_new(&svc, NULL, store, &cfg), EMBPS_OK);
   fake_reset(store);
   return 0;
@@ -252,6 +253,11 @@ static void test_validation_messages(void **state) {
   assert_int_equal(fake.num_queued, 0); /* nothing reached the engine */
   create(&c, "val", 10, 4);
   assert_int_equal(c.status, EMBPS_ALREADY_EXISTS);
+  create(&c, "huge", 1 << 20, 64); /* 256 MiB of rows: beyond the 64 MiB budget alone */
+  assert_int_equal(c.status, EMBPS_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(c.message, "more than this rank's memory budget of 67108864 "
+                                    "(--max-memory-bytes)"));
+  assert_int_equal(fake.num_queued, 0);
   call(&c, "/embps.v1.EmbeddingService/Nope", NULL);
   assert_int_equal(c.status, EMBPS_UNIMPLEMENTED);
   assert_non_null(strstr(c.message, "/embps.v1.EmbeddingService/Nope"));
@@ -265,7 +271,7 @@ static void test_validation_messages(void **state) {
   }
 }
 
-/* A lookup whose reply would pass --max-reply-bytes, or that its connection cannot hold, is
+/* A lookup whose reply would pass --max-message-bytes, or that its connection cannot hold, is
  * refused before anything is allocated or queued. */
 static void test_reply_limits(void **state) {
   embps_net_call_t c;
@@ -282,7 +288,7 @@ static void test_reply_limits(void **state) {
   call(&c, "/embps.v1.EmbeddingService/Lookup", &req.base);
   assert_int_equal(c.status, EMBPS_RESOURCE_EXHAUSTED);
   assert_non_null(strstr(c.message, "32768 bytes of rows (8 tokens of emb_width=1024 f32)"));
-  assert_non_null(strstr(c.message, "--max-reply-bytes=32767"));
+  assert_non_null(strstr(c.message, "more than --max-message-bytes=32767"));
   assert_int_equal(fake.num_queued, 0);
   assert_int_equal(embps_service_inflight(svc), 0);
   assert_int_equal(fake.held_reply_bytes, 0);

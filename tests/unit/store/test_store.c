@@ -1,6 +1,7 @@
-/* The store: config resolution and its refusals, the registry, allocation, dirty-row bitmaps,
- * and that a table split over N ranks by columns holds exactly the columns of the unsplit
- * table. */
+/* The store: config resolution and its refusals, the registry (growing as tables come, up to
+ * EMBPS_STORE_MAX_TABLES), allocation, dirty-row bitmaps, and that a table split over N ranks
+ * by columns holds exactly the columns of the unsplit table. The test includes store.c to fill
+ * the registry to its cap without registering 65536 tables. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,7 +11,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "server/store/store.h"
+#include "server/store/store.c"
 
 static embps_table_config_t config(const char *name, uint64_t rows, uint32_t width) {
   embps_table_config_t c;
@@ -51,7 +52,8 @@ static void test_resolve_refusals(void **state) {
   assert_non_null(strstr(err.message, "emb_width=6 does not shard evenly over the 4-rank"));
   c = config("t", 1ull << 30, 128);
   assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_RESOURCE_EXHAUSTED);
-  assert_non_null(strstr(err.message, "--max-table-bytes"));
+  assert_non_null(strstr(err.message, "more than this rank's memory budget of 1073741824 "
+                                      "(--max-memory-bytes)"));
   c = config("a/b", 10, 8);
   assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_INVALID_ARGUMENT);
   c = config("t", 10, 8);
@@ -80,19 +82,61 @@ static void test_registry(void **state) {
                 *t2 = new_table("two", 0, 1), *t3 = new_table("three", 0, 1);
   embps_error_t err;
   (void)state;
-  assert_int_equal(embps_store_new(&s, 0, 1, 2), EMBPS_OK);
+  assert_int_equal(embps_store_new(&s, 0, 1), EMBPS_OK);
   assert_int_equal(embps_store_add(s, t1, &err), EMBPS_OK);
   assert_int_equal(embps_store_add(s, dup, &err), EMBPS_ALREADY_EXISTS);
   assert_non_null(strstr(err.message, "table 'one' already exists"));
   assert_int_equal(embps_store_add(s, t2, &err), EMBPS_OK);
-  assert_int_equal(embps_store_add(s, t3, &err), EMBPS_RESOURCE_EXHAUSTED);
-  assert_non_null(strstr(err.message, "--max-tables"));
   assert_ptr_equal(embps_store_find(s, "two"), t2);
   assert_ptr_equal(embps_store_at(s, 0), t1);
   assert_null(embps_store_at(s, 2));
   assert_null(embps_store_find(s, "three"));
   assert_int_equal(embps_store_count(s), 2);
   embps_table_free(dup); /* refused tables stay the caller's */
+
+  /* The registry grows as tables come (16 slots, then 32, 64), in registration order. */
+  embps_table_t *more[70];
+  char name[32];
+  for (int i = 0; i < 70; i++) {
+    snprintf(name, sizeof(name), "m%d", i);
+    more[i] = new_table(name, 0, 1);
+    assert_int_equal(embps_store_add(s, more[i], &err), EMBPS_OK);
+  }
+  assert_int_equal(embps_store_count(s), 72);
+  assert_true(s->cap >= 72 && s->cap <= 128);
+  for (int i = 0; i < 70; i++) {
+    snprintf(name, sizeof(name), "m%d", i);
+    assert_ptr_equal(embps_store_at(s, (size_t)i + 2), more[i]);
+    assert_ptr_equal(embps_store_find(s, name), more[i]);
+  }
+  /* A failed growth refuses the table and keeps the registry as it was. */
+  while (s->count < s->cap) {
+    snprintf(name, sizeof(name), "f%zu", s->count);
+    assert_int_equal(embps_store_add(s, new_table(name, 0, 1), &err), EMBPS_OK);
+  }
+  size_t full = s->count;
+  embps_alloc_fail_after(1);
+  assert_int_equal(embps_store_add(s, t3, &err), EMBPS_RESOURCE_EXHAUSTED);
+  embps_alloc_fail_after(0);
+  assert_non_null(strstr(err.message, "out of memory registering table 'three'"));
+  assert_int_equal(embps_store_count(s), full);
+  assert_ptr_equal(embps_store_at(s, full - 1), embps_store_find(s, name));
+
+  /* The cap: a registry of EMBPS_STORE_MAX_TABLES refuses one more (its slots are filled here
+   * with the one table t1, since no test should register 65536 tables). */
+  embps_table_t **saved = s->tables;
+  size_t saved_count = s->count, saved_cap = s->cap;
+  s->tables = embps_calloc(EMBPS_STORE_MAX_TABLES, sizeof(*s->tables));
+  assert_non_null(s->tables);
+  for (size_t i = 0; i < EMBPS_STORE_MAX_TABLES; i++)
+    s->tables[i] = t1;
+  s->count = s->cap = EMBPS_STORE_MAX_TABLES;
+  assert_int_equal(embps_store_add(s, t3, &err), EMBPS_RESOURCE_EXHAUSTED);
+  assert_non_null(strstr(err.message, "already holds 65536 tables, the most a server holds"));
+  embps_free(s->tables);
+  s->tables = saved;
+  s->count = saved_count;
+  s->cap = saved_cap;
   embps_table_free(t3);
   embps_store_free(s);
 }
@@ -106,7 +150,7 @@ static void test_drop_and_budget(void **state) {
   embps_error_t err;
   const uint64_t bytes = embps_table_bytes(a);
   (void)state;
-  assert_int_equal(embps_store_new(&s, 0, 1, 8), EMBPS_OK);
+  assert_int_equal(embps_store_new(&s, 0, 1), EMBPS_OK);
   embps_store_set_budget(s, 1000000, 1);
   assert_int_equal(embps_store_budget_cost(s, bytes), 2 * bytes);
   assert_int_equal(embps_store_add(s, a, &err), EMBPS_OK);
@@ -241,7 +285,7 @@ static void test_dirty_rows(void **state) {
   assert_ptr_equal(dev, embps_table_device_dirty(t));
   assert_int_equal(embps_table_device_dirty_new(t2, &dev), EMBPS_OK);
   assert_int_equal(other_live, 6);
-  assert_int_equal(embps_store_new(&s, 0, 1, 4), EMBPS_OK);
+  assert_int_equal(embps_store_new(&s, 0, 1), EMBPS_OK);
   assert_int_equal(embps_store_add(s, t, &err), EMBPS_OK);
   assert_int_equal(embps_store_drop(s, t), EMBPS_OK);
   assert_null(embps_table_device_dirty(t));
