@@ -16,17 +16,10 @@
 #include <stdint.h>
 
 #include "common/backend.h"
+#include "common/op_kind.h"
 #include "common/status.h"
 #include "server/comm/comm.h"
 #include "server/store/store.h"
-
-typedef enum embps_op_kind {
-  EMBPS_OP_LOOKUP = 1, /* values equal embps_batch_kind_t's (server/group/sequencer.h) */
-  EMBPS_OP_PUSH = 2,
-  EMBPS_OP_CREATE_TABLE = 3,
-  EMBPS_OP_CHECKPOINT = 4, /* run by the group (server/group/checkpointer.h), not the engine */
-  EMBPS_OP_DROP_TABLE = 5, /* the table named create.name */
-} embps_op_kind_t;
 
 /** Longest checkpoint path an op reports. */
 #define EMBPS_OP_PATH_MAX 1100
@@ -39,7 +32,7 @@ typedef struct embps_op embps_op_t;
  * engine touch it.
  */
 struct embps_op {
-  embps_op_kind_t kind;
+  embps_op_kind_t kind;        /* common/op_kind.h; the engine runs every kind but CHECKPOINT */
   uint64_t batch_id;           /* the client's batch id (shards of one batch share it) */
   uint64_t client_id;          /* the client's id (0: none): batch ids are scoped by it */
   uint32_t tokens_per_batch;   /* over the whole group */

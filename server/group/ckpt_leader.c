@@ -277,7 +277,7 @@ void embps__group_ckpt_order(embps_group_t *g) {
   memset(&g->round[0], 0, sizeof(g->round[0]));
   g->round[0].batch_id = CKPT_ID_BIT | g->cur.round;
   g->round[0].action = EMBPS_ROUND_RUN;
-  g->round[0].kind = EMBPS_BATCH_CHECKPOINT;
+  g->round[0].kind = EMBPS_OP_CHECKPOINT;
   g->round_ckpts[0] = g->cur;
   if (g->cur_final) {
     g->closing = 1;

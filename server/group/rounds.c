@@ -34,12 +34,6 @@
 #include "common/clock.h"
 #include "common/log.h"
 
-_Static_assert((int)EMBPS_OP_LOOKUP == (int)EMBPS_BATCH_LOOKUP &&
-                   (int)EMBPS_OP_PUSH == (int)EMBPS_BATCH_PUSH &&
-                   (int)EMBPS_OP_CREATE_TABLE == (int)EMBPS_BATCH_CREATE_TABLE &&
-                   (int)EMBPS_OP_DROP_TABLE == (int)EMBPS_BATCH_DROP_TABLE,
-               "op kinds travel as batch kinds");
-
 #define CREATE_ID_BIT (UINT64_C(1) << 63) /* the leader's own ids for creates and drops */
 
 /* ---- completion ------------------------------------------------------------------------------ */
@@ -336,7 +330,7 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
         embps__group_fail_op(g, op, e[i].status, e[i].message);
       continue;
     }
-    if (e[i].kind == EMBPS_BATCH_CHECKPOINT) {
+    if (e[i].kind == EMBPS_OP_CHECKPOINT) {
       embps__group_ckpt_run_entry(g, &ckpts[i]);
       continue;
     }
@@ -346,7 +340,7 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
         !embps__group_is_leader(g)) {
       memset(&tmp, 0,
              sizeof(tmp)); /* creates and drops run on every rank, answered by the leader */
-      tmp.kind = (embps_op_kind_t)e[i].kind;
+      tmp.kind = e[i].kind;
       tmp.batch_id = e[i].batch_id;
       tmp.create = configs[i];
       op = &tmp;
@@ -461,7 +455,7 @@ static void admit(embps_group_t *g, embps_op_t *op) {
   memset(&d, 0, sizeof(d));
   d.client_id = op->client_id;
   d.batch_id = op->batch_id;
-  d.kind = (uint32_t)op->kind;
+  d.kind = op->kind;
   d.tokens_per_batch = op->tokens_per_batch;
   if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE) {
     snprintf(d.table, sizeof(d.table), "%s", op->create.name);
