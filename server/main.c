@@ -54,7 +54,8 @@ typedef struct server {
   int exit_code;
   int has_checkpoints;
   int final_state; /* the drain's final checkpoint: 0 not asked, 1 in flight, 2 done */
-  embps_op_t final_op;
+  embps_group_call_t final_call;
+  embps_group_ckpt_t final_ckpt;
 } server_t;
 
 static void shut_down(server_t *s) {
@@ -73,13 +74,13 @@ static void shut_down(server_t *s) {
   embps_group_close(s->group);
 }
 
-static void on_final_checkpoint(embps_op_t *op) {
-  server_t *s = op->user;
-  if (op->error.status == EMBPS_OK)
-    EMBPS_INFO("final checkpoint complete: %s (round %llu, %llu bytes)", op->ckpt_path,
-               (unsigned long long)op->ckpt_round, (unsigned long long)op->ckpt_bytes);
+static void on_final_checkpoint(embps_group_call_t *call) {
+  server_t *s = call->user;
+  if (call->error.status == EMBPS_OK)
+    EMBPS_INFO("final checkpoint complete: %s (round %llu, %llu bytes)", s->final_ckpt.path,
+               (unsigned long long)s->final_ckpt.round, (unsigned long long)s->final_ckpt.bytes);
   else
-    EMBPS_ERROR("the final checkpoint failed: %s", op->error.message);
+    EMBPS_ERROR("the final checkpoint failed: %s", call->error.message);
   s->final_state = 2;
 }
 
@@ -91,13 +92,13 @@ static void on_drain_tick(uv_timer_t *timer) {
   if (left == 0 && s->final_state == 0 && s->has_checkpoints && embps_store_count(s->store) > 0 &&
       embps_group_state(s->group, NULL, 0) == EMBPS_GROUP_READY) {
     EMBPS_INFO("drained: every call taken is answered; taking the final checkpoint");
-    memset(&s->final_op, 0, sizeof(s->final_op));
-    s->final_op.kind = EMBPS_OP_CHECKPOINT;
-    s->final_op.ckpt_final = 1;
-    s->final_op.done = on_final_checkpoint;
-    s->final_op.user = s;
+    memset(&s->final_call, 0, sizeof(s->final_call));
+    memset(&s->final_ckpt, 0, sizeof(s->final_ckpt));
+    s->final_ckpt.final = 1;
+    s->final_call.done = on_final_checkpoint;
+    s->final_call.user = s;
     s->final_state = 1;
-    embps_group_submit(s->group, &s->final_op);
+    embps_group_checkpoint(s->group, &s->final_call, &s->final_ckpt);
   } else if (left == 0 && s->final_state != 1) {
     EMBPS_INFO("drained: every call taken is answered; shutting down");
     shut_down(s);

@@ -16,33 +16,21 @@
 #include <stdint.h>
 
 #include "common/backend.h"
+#include "common/op_kind.h"
 #include "common/status.h"
 #include "server/comm/comm.h"
 #include "server/store/store.h"
 
-typedef enum embps_op_kind {
-  EMBPS_OP_LOOKUP = 1, /* values equal embps_batch_kind_t's (server/group/sequencer.h) */
-  EMBPS_OP_PUSH = 2,
-  EMBPS_OP_CREATE_TABLE = 3,
-  EMBPS_OP_CHECKPOINT = 4, /* run by the group (server/group/checkpointer.h), not the engine */
-  EMBPS_OP_DROP_TABLE = 5, /* the table named create.name */
-} embps_op_kind_t;
-
-/** Longest checkpoint path an op reports. */
-#define EMBPS_OP_PATH_MAX 1100
-
 typedef struct embps_op embps_op_t;
 
 /**
- * One unit of work: one rank's shard of a batch, or a table to create or drop. The submitter owns
- * the op and everything it points to; between submission and the done callback only the group and
- * engine touch it.
+ * What one round entry computes on this rank: one rank's shard of a batch, or a table to create
+ * or drop; its inputs and, once embps_engine_run returns, its results. Nothing here is about how
+ * the op travels: the group wraps it in its envelope (server/group/group.h), which names the
+ * batch, queues it and answers it. The caller owns the op and everything it points to.
  */
 struct embps_op {
-  embps_op_kind_t kind;
-  uint64_t batch_id;           /* the client's batch id (shards of one batch share it) */
-  uint64_t client_id;          /* the client's id (0: none): batch ids are scoped by it */
-  uint32_t tokens_per_batch;   /* over the whole group */
+  embps_op_kind_t kind;        /* LOOKUP, PUSH, CREATE_TABLE or DROP_TABLE (common/op_kind.h) */
   embps_table_t *table;        /* lookup, push: validated, registered table (a batch whose
                                   table is dropped before it runs fails with NOT_FOUND);
                                   drop: set to the table dropped */
@@ -50,7 +38,7 @@ struct embps_op {
   int create_blank;            /* create: skip the initializer; the caller (a restore) writes
                                   every byte of the arrays before the table is used */
   const int64_t *tokens;       /* this rank's shard, validated: every token in [0, rows) */
-  size_t num_tokens;           /* tokens_per_batch / group_size */
+  size_t num_tokens;           /* the batch's tokens_per_batch / group_size */
   const void *grads;           /* push: num_tokens x emb_width of the table's dtype */
   void *rows_out;              /* lookup: num_tokens x emb_width of the table's dtype */
 
@@ -61,37 +49,15 @@ struct embps_op {
   double grad_norm;       /* push: L2 norm of the summed gradients of non-padding rows */
   uint64_t num_unique;    /* push: distinct non-padding tokens in the batch */
   embps_table_t *created; /* create: the registered table */
-  /* checkpoint: its scope ("" every table) and, once complete, what it is */
-  char ckpt_table[EMBPS_TABLE_NAME_MAX];
-  uint64_t ckpt_round, ckpt_bytes;
-  char ckpt_path[EMBPS_OP_PATH_MAX];
-  uint64_t ckpt_seq; /* the group's number for it */
-  int ckpt_final;    /* the rank is shutting down: the group serves no batch after it */
 
-  /** Called on the loop thread once the op is complete. */
-  void (*done)(embps_op_t *op);
-  /** When not NULL: called on the loop thread once the leader has ordered the op's batch into a
-   * round (before done, which always follows). An async push answers its client here, so that
-   * "ordered" is true when it is said; a batch that fails before it is ordered only gets done,
-   * with the error. */
-  void (*ordered)(embps_op_t *op);
-  /** Lookup, when not NULL: called on the loop thread when more of rows_out is final
-   * (rows_ready grew), so the reply can leave while the engine fills the rest; always before
-   * done. A backend that copies its rows out asynchronously (CUDA) reports none. */
-  void (*progress)(embps_op_t *op);
   /** Lookup: the rows of rows_out [0, rows_ready) are final; the engine stores it (release)
    * after each chunk, a reader loads it (acquire). */
   atomic_size_t rows_ready;
-  /** Set by whoever runs the op (the group) when progress is set: called on the engine's
-   * thread after rows_ready grew, to wake the loop. */
+  /** Lookup, when not NULL: called on the engine's thread each time rows_ready grew, with
+   * publish_arg, so that whoever runs the op can let the rows leave while the engine fills the
+   * rest. A backend that copies its rows out asynchronously (CUDA) publishes none. */
   void (*publish)(embps_op_t *op, void *publish_arg);
   void *publish_arg;
-  atomic_int progress_queued; /* publish queued it and the loop has not yet run progress */
-  embps_op_t *progress_next;  /* the group's queue of progress notifications */
-  void *user;
-  uint64_t submitted_ns;    /* set by embps_group_submit (embps_now_ns), for queue-wait metrics */
-  embps_op_t *next;         /* queue link, owned by whoever holds the op */
-  embps_op_t *ordered_next; /* the group's queue of ordered notifications */
 };
 
 typedef struct embps_engine embps_engine_t;

@@ -1,7 +1,7 @@
 /* The checkpoint protocol between the ranks (DESIGN.md, Durability), in the group's thread: when
  * a checkpoint is taken and who hears of it. What a rank writes, and how, is checkpointer.h's.
  *
- * A checkpoint op on any rank asks the leader (a CHECKPOINT request frame; the leader asks
+ * A checkpoint call on any rank asks the leader (a CHECKPOINT request frame; the leader asks
  * itself directly), and the leader also asks itself every --checkpoint-interval-s. Requests
  * wait in the leader's queue; once no checkpoint is in flight, the leader orders the next as a
  * round of one entry, numbered like the batches' rounds, answering every waiting request of the
@@ -39,14 +39,19 @@ struct embps__ckpt_request {
   struct embps__ckpt_request *next;
 };
 
-/* Answers a shutting-down rank's checkpoint op with the group's final checkpoint, which is
+/* Sets req's results to checkpoint m's. */
+static void set_result(embps_group_ckpt_t *req, const embps__ckpt_msg_t *m) {
+  req->round = m->round;
+  req->bytes = m->bytes;
+  snprintf(req->path, sizeof(req->path), "%s", m->path);
+}
+
+/* Answers a shutting-down rank's checkpoint call with the group's final checkpoint, which is
  * complete: every rank heard of it when it was. */
-void embps__group_ckpt_complete_final(embps_group_t *g, embps_op_t *op) {
-  op->next = NULL;
-  op->ckpt_round = g->final_msg.round;
-  op->ckpt_bytes = g->final_msg.bytes;
-  snprintf(op->ckpt_path, sizeof(op->ckpt_path), "%s", g->final_msg.path);
-  embps__group_complete(g, op);
+void embps__group_ckpt_complete_final(embps_group_t *g, embps_group_call_t *call) {
+  call->next = NULL;
+  set_result(call->ckpt, &g->final_msg);
+  embps__group_complete(g, call);
 }
 
 static embps_status_t send_ckpt(embps_group_t *g, uint32_t peer, const embps__ckpt_msg_t *m) {
@@ -57,22 +62,20 @@ static embps_status_t send_ckpt(embps_group_t *g, uint32_t peer, const embps__ck
   return embps__group_send_out(g, peer);
 }
 
-/* Answers this rank's checkpoint ops up to m->seq with checkpoint m's outcome. */
-static void complete_ckpt_ops(embps_group_t *g, const embps__ckpt_msg_t *m) {
-  while (g->ckpt_ops && m->seq && g->ckpt_ops->ckpt_seq <= m->seq) {
-    embps_op_t *op = g->ckpt_ops;
-    g->ckpt_ops = op->next;
-    if (!g->ckpt_ops)
-      g->ckpt_ops_tail = NULL;
-    op->next = NULL;
+/* Answers this rank's checkpoint calls up to m->seq with checkpoint m's outcome. */
+static void complete_ckpt_calls(embps_group_t *g, const embps__ckpt_msg_t *m) {
+  while (g->ckpt_calls && m->seq && g->ckpt_calls->ckpt->seq <= m->seq) {
+    embps_group_call_t *call = g->ckpt_calls;
+    g->ckpt_calls = call->next;
+    if (!g->ckpt_calls)
+      g->ckpt_calls_tail = NULL;
+    call->next = NULL;
     if (m->status != EMBPS_OK) {
-      embps__group_fail_op(g, op, (embps_status_t)m->status, m->message);
+      embps__group_fail_call(g, call, (embps_status_t)m->status, m->message);
       continue;
     }
-    op->ckpt_round = m->round;
-    op->ckpt_bytes = m->bytes;
-    snprintf(op->ckpt_path, sizeof(op->ckpt_path), "%s", m->path);
-    embps__group_complete(g, op);
+    set_result(call->ckpt, m);
+    embps__group_complete(g, call);
   }
 }
 
@@ -86,7 +89,7 @@ static void leader_request(embps_group_t *g, uint32_t rank, uint64_t seq, const 
         .what = EMBPS__CKPT_COMPLETE, .seq = seq, .status = EMBPS_RESOURCE_EXHAUSTED};
     snprintf(m.message, sizeof(m.message), "the leader is out of memory for a checkpoint request");
     if (rank == 0)
-      complete_ckpt_ops(g, &m);
+      complete_ckpt_calls(g, &m);
     else if (send_ckpt(g, rank, &m) != EMBPS_OK)
       embps__group_break(g, "the leader could not answer a checkpoint request");
     return;
@@ -190,7 +193,7 @@ static void leader_complete(embps_group_t *g, const embps__ckpt_result_t *r) {
     }
   }
   m.seq = g->cur_attached[0];
-  complete_ckpt_ops(g, &m);
+  complete_ckpt_calls(g, &m);
   if (whole) { /* a checkpoint of every table moves the incremental chain on, or breaks it */
     g->since_full = r->error.status == EMBPS_OK && g->cur.base_round ? g->since_full + 1 : 0;
     g->chain_base = r->error.status == EMBPS_OK ? r->round : 0;
@@ -243,7 +246,7 @@ void embps__group_ckpt_order(embps_group_t *g) {
       g->req_head = q->next;
       g->final_msg.seq = q->seq;
       if (q->rank == 0)
-        complete_ckpt_ops(g, &g->final_msg);
+        complete_ckpt_calls(g, &g->final_msg);
       else if (q->seq && send_ckpt(g, q->rank, &g->final_msg) != EMBPS_OK)
         embps__group_break(g, "the leader could not tell a rank that its checkpoint is complete");
       embps_free(q);
@@ -277,7 +280,7 @@ void embps__group_ckpt_order(embps_group_t *g) {
   memset(&g->round[0], 0, sizeof(g->round[0]));
   g->round[0].batch_id = CKPT_ID_BIT | g->cur.round;
   g->round[0].action = EMBPS_ROUND_RUN;
-  g->round[0].kind = EMBPS_BATCH_CHECKPOINT;
+  g->round[0].kind = EMBPS_OP_CHECKPOINT;
   g->round_ckpts[0] = g->cur;
   if (g->cur_final) {
     g->closing = 1;
@@ -292,33 +295,34 @@ void embps__group_ckpt_order(embps_group_t *g) {
   embps__group_apply_round(g, g->round, 1, NULL, g->round_ckpts);
 }
 
-/* A checkpoint op from the loop thread: asks the leader, waits for its answer. */
-void embps__group_ckpt_admit(embps_group_t *g, embps_op_t *op) {
+/* A checkpoint call from the loop thread: asks the leader, waits for its answer. */
+void embps__group_ckpt_admit(embps_group_t *g, embps_group_call_t *call) {
+  embps_group_ckpt_t *req = call->ckpt;
   embps__ckpt_msg_t m = {.what = EMBPS__CKPT_REQUEST};
   if (!g->ckpt) {
-    embps__group_fail_op(
-        g, op, EMBPS_FAILED_PRECONDITION,
+    embps__group_fail_call(
+        g, call, EMBPS_FAILED_PRECONDITION,
         "checkpoints are off: start every rank with --checkpoint-dir (EMBPS_CHECKPOINT_DIR)");
     return;
   }
-  if (op->ckpt_final && g->final_done) {
-    embps__group_ckpt_complete_final(g, op);
+  if (req->final && g->final_done) {
+    embps__group_ckpt_complete_final(g, call);
     return;
   }
-  op->ckpt_seq = ++g->ckpt_seq;
-  op->next = NULL;
-  if (g->ckpt_ops_tail)
-    g->ckpt_ops_tail->next = op;
+  req->seq = ++g->ckpt_seq;
+  call->next = NULL;
+  if (g->ckpt_calls_tail)
+    g->ckpt_calls_tail->next = call;
   else
-    g->ckpt_ops = op;
-  g->ckpt_ops_tail = op;
+    g->ckpt_calls = call;
+  g->ckpt_calls_tail = call;
   if (embps__group_is_leader(g)) {
-    leader_request(g, 0, op->ckpt_seq, op->ckpt_table, op->ckpt_final);
+    leader_request(g, 0, req->seq, req->table, req->final);
     return;
   }
-  m.seq = op->ckpt_seq;
-  m.final = (uint8_t)op->ckpt_final;
-  snprintf(m.scope, sizeof(m.scope), "%s", op->ckpt_table);
+  m.seq = req->seq;
+  m.final = (uint8_t)req->final;
+  snprintf(m.scope, sizeof(m.scope), "%s", req->table);
   if (send_ckpt(g, 0, &m) != EMBPS_OK)
     embps__group_break(g, "this rank lost its connection to the leader (rank 0)");
 }
@@ -342,7 +346,7 @@ embps_status_t embps__group_ckpt_on_frame(embps_group_t *g, uint32_t peer, const
       g->final_done = 1;
       g->final_msg = m;
     }
-    complete_ckpt_ops(g, &m);
+    complete_ckpt_calls(g, &m);
   } else {
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "a checkpoint message of kind %u", m.what);
   }
@@ -357,7 +361,7 @@ uint64_t embps__group_ckpt_due_ms(const embps_group_t *g) {
   return g->next_periodic_ms > now ? g->next_periodic_ms - now : 0;
 }
 
-void embps__group_ckpt_tables_changed(embps_group_t *g, embps_op_t *op) {
+void embps__group_ckpt_tables_changed(embps_group_t *g, const embps_op_t *op) {
   if (!g->ckpt)
     return;
   if (op->kind == EMBPS_OP_CREATE_TABLE && op->created) {

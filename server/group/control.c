@@ -301,7 +301,7 @@ embps_status_t embps__parse_notice(const uint8_t *p, size_t len, embps_batch_des
   memset(d, 0, sizeof(*d));
   d->client_id = get64(&r);
   d->batch_id = get64(&r);
-  d->kind = get32(&r);
+  d->kind = (embps_op_kind_t)get32(&r);
   d->tokens_per_batch = get32(&r);
   size_t tl = get8(&r);
   if (get_string(&r, tl, d->table, sizeof(d->table)) != 0)
@@ -314,11 +314,11 @@ embps_status_t embps__parse_notice(const uint8_t *p, size_t len, embps_batch_des
  * is read. */
 static int runs_create(const embps_round_entry_t *e) {
   return e->action == EMBPS_ROUND_RUN &&
-         (e->kind == EMBPS_BATCH_CREATE_TABLE || e->kind == EMBPS_BATCH_DROP_TABLE);
+         (e->kind == EMBPS_OP_CREATE_TABLE || e->kind == EMBPS_OP_DROP_TABLE);
 }
 
 static int runs_checkpoint(const embps_round_entry_t *e) {
-  return e->action == EMBPS_ROUND_RUN && e->kind == EMBPS_BATCH_CHECKPOINT;
+  return e->action == EMBPS_ROUND_RUN && e->kind == EMBPS_OP_CHECKPOINT;
 }
 
 /* Bytes of a checkpoint order on the wire besides its scope: round and base_round. */
@@ -404,15 +404,16 @@ embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entr
     e->client_id = get64(&r);
     e->batch_id = get64(&r);
     e->action = get32(&r);
-    e->kind = get32(&r);
+    uint32_t kind = get32(&r);
     uint32_t status = get32(&r);
     size_t ml = get16(&r);
     if (r.short_read)
       break;
     if (e->action != EMBPS_ROUND_RUN && e->action != EMBPS_ROUND_FAIL)
       return malformed(err, EMBPS__FRAME_ROUND, "action", e->action);
-    if (e->kind < EMBPS_BATCH_LOOKUP || e->kind > EMBPS_BATCH_DROP_TABLE)
-      return malformed(err, EMBPS__FRAME_ROUND, "batch kind", e->kind);
+    if (!embps_op_kind_valid(kind))
+      return malformed(err, EMBPS__FRAME_ROUND, "batch kind", kind);
+    e->kind = (embps_op_kind_t)kind;
     if (status > EMBPS_UNAUTHENTICATED)
       return malformed(err, EMBPS__FRAME_ROUND, "status", status);
     e->status = (embps_status_t)status;

@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "server/engine/engine.h"
+#include "server/group/group.h"
 #include "server/group/sequencer.h"
 #include "server/store/store.h"
 
@@ -163,7 +163,7 @@ typedef enum embps__ckpt_what {
 } embps__ckpt_what_t;
 
 /** Longest checkpoint path a message carries. */
-#define EMBPS__CKPT_PATH_MAX EMBPS_OP_PATH_MAX
+#define EMBPS__CKPT_PATH_MAX EMBPS_GROUP_CKPT_PATH_MAX
 
 typedef struct embps__ckpt_msg {
   uint8_t what; /* embps__ckpt_what_t */

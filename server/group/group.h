@@ -1,11 +1,13 @@
 /* The shard group as this rank sees it: the thread that owns everything shared between
  * ranks. It bootstraps the group (server/group/bootstrap), parks the shards the loop thread
  * submits, tells the leader which shards it holds, and runs the rounds the leader's sequencer
- * orders, through the engine, in the same order on every rank. It answers each op on the loop
- * thread through a uv_async_t. A group of one runs the same path with no peers. */
+ * orders, through the engine, in the same order on every rank. It answers each call (its
+ * envelope, embps_group_call_t) on the loop thread through a uv_async_t. A group of one runs the
+ * same path with no peers. */
 #ifndef EMBPS_GROUP_H
 #define EMBPS_GROUP_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -157,15 +159,78 @@ typedef enum embps_group_state {
 embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
                                const embps_group_config_t *cfg, embps_store_t *store);
 
+/** Longest checkpoint path a checkpoint request reports. */
+#define EMBPS_GROUP_CKPT_PATH_MAX 1100
+
+/** A checkpoint request (embps_group_checkpoint): what to take and, once its call is done
+ * without error, what was written. */
+typedef struct embps_group_ckpt {
+  char table[EMBPS_TABLE_NAME_MAX]; /* the scope: one table's name, or "" for every table */
+  int final; /* the rank is shutting down: the group serves no batch after this checkpoint */
+  /* Results. */
+  uint64_t round, bytes;
+  char path[EMBPS_GROUP_CKPT_PATH_MAX];
+  uint64_t seq; /* set by the group: this rank's number for the request */
+} embps_group_ckpt_t;
+
+typedef struct embps_group_call embps_group_call_t;
+
 /**
- * Queues op (loop thread). Lookups and pushes wait for their batch's other shards; a create or
- * a drop (leader only) is ordered like a batch; a checkpoint (any rank) asks the leader, which
- * orders it as a round once the checkpoint before it is complete, and is done once its manifest is
- * durable (op->ckpt_round, ckpt_path, ckpt_bytes say what was written). op->done runs on the
- * loop thread when it is complete, with op->error set on failure (UNAVAILABLE when the group
- * is not ready or broken).
+ * One call to the group, its envelope: the engine's op it runs (a lookup or push shard, a create
+ * or a drop) or a checkpoint it takes, the batch's name, the answer and the callbacks. The
+ * submitter owns it and everything it points to; between submission and the done callback only
+ * the group (and, for the op, the engine) touches it.
  */
-void embps_group_submit(embps_group_t *group, embps_op_t *op);
+struct embps_group_call {
+  embps_op_t op;             /* embps_group_submit: what the engine runs; its kind and inputs set
+                                by the submitter, its results the engine's once done */
+  embps_group_ckpt_t *ckpt;  /* embps_group_checkpoint: the request (op is then unused) */
+  uint64_t client_id;        /* lookup, push: the client's id (0: none), which scopes batch_id */
+  uint64_t batch_id;         /* lookup, push: the client's batch id (shards of one batch share it);
+                                create, drop: the group numbers them itself */
+  uint32_t tokens_per_batch; /* lookup, push: over the whole group */
+
+  /** The answer, once done: status EMBPS_OK on success; else the op's failure (op.error) or the
+   * group's (UNAVAILABLE when the group is not ready or broken, DEADLINE_EXCEEDED, ...). */
+  embps_error_t error;
+  /** Called on the loop thread once the call is complete. */
+  void (*done)(embps_group_call_t *call);
+  /** When not NULL: called on the loop thread once the leader has ordered the call's batch into a
+   * round (before done, which always follows). An async push answers its client here, so that
+   * "ordered" is true when it is said; a batch that fails before it is ordered only gets done,
+   * with the error. */
+  void (*ordered)(embps_group_call_t *call);
+  /** Lookup, when not NULL: called on the loop thread when more of op.rows_out is final
+   * (op.rows_ready grew), so the reply can leave while the engine fills the rest; always before
+   * done. A backend that copies its rows out asynchronously (CUDA) reports none. */
+  void (*progress)(embps_group_call_t *call);
+  void *user; /* the submitter's, for its callbacks */
+
+  /* The group's own, from submission to done: its queue links and bookkeeping. */
+  uint64_t submitted_ns;             /* embps_now_ns() at submission, for queue-wait metrics */
+  atomic_int progress_queued;        /* progress is queued and the loop has not yet run it */
+  embps_group_call_t *next;          /* the incoming, parked, checkpoint and done queues */
+  embps_group_call_t *ordered_next;  /* the queue of ordered notices */
+  embps_group_call_t *progress_next; /* the queue of progress notices */
+};
+
+/**
+ * Queues call (loop thread), whose op.kind is a lookup, a push, a create or a drop. Lookups and
+ * pushes wait for their batch's other shards; a create or a drop (leader only) is ordered like a
+ * batch. call->done runs on the loop thread when it is complete, with call->error set on
+ * failure (UNAVAILABLE when the group is not ready or broken).
+ */
+void embps_group_submit(embps_group_t *group, embps_group_call_t *call);
+
+/**
+ * Asks for a checkpoint (loop thread, any rank): the group takes req to the leader, which orders
+ * it as a round once the checkpoint before it is complete, and call->done runs on the loop thread
+ * once its manifest is durable (req->round, path and bytes say what was written) or it failed
+ * (call->error: FAILED_PRECONDITION when checkpoints are off, UNAVAILABLE when the group is not
+ * ready or broken). call and req are the caller's until then; call->op is unused.
+ */
+void embps_group_checkpoint(embps_group_t *group, embps_group_call_t *call,
+                            embps_group_ckpt_t *req);
 
 /** The state; when message is not NULL, a sentence on why it is not READY. */
 embps_group_state_t embps_group_state(embps_group_t *group, char *message, size_t cap);

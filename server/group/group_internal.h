@@ -1,6 +1,6 @@
 /* The group object (group.h's embps_group_t) as its three modules see it, internal to the group
  * layer:
- * - rounds.c: the group's thread and its queues: ops in from the loop thread, parked until the
+ * - rounds.c: the group's thread and its queues: calls in from the loop thread, parked until the
  *   leader's sequencer orders them, run through the engine in rounds, answered on the loop;
  *   the control connections' frames; breaking the group.
  * - ckpt_leader.c: the checkpoint protocol between the ranks: a rank asks the leader, the
@@ -26,12 +26,12 @@
 #include "server/group/group.h"
 #include "server/group/sequencer.h"
 
-/* A queue of ops for the loop thread, linked through one of the op's link fields (`link`, its
- * offset): an op can sit in the done, ordered and progress queues at once. */
-typedef struct embps__op_queue {
-  embps_op_t *head, *tail;
+/* A queue of calls for the loop thread, linked through one of the call's link fields (`link`,
+ * its offset): a call can sit in the done, ordered and progress queues at once. */
+typedef struct embps__call_queue {
+  embps_group_call_t *head, *tail;
   size_t link;
-} embps__op_queue_t;
+} embps__call_queue_t;
 
 /* Leader: a checkpoint asked for and not yet ordered (ckpt_leader.c). */
 typedef struct embps__ckpt_request embps__ckpt_request_t;
@@ -50,12 +50,12 @@ struct embps_group {
   int cancel_fd; /* eventfd made readable by embps_group_close: stops a bootstrap in progress */
 
   pthread_mutex_t mu;
-  embps_op_t *in_head, *in_tail; /* guarded by mu */
-  embps__op_queue_t done;        /* ops whose `done` is due; guarded by mu */
-  embps__op_queue_t ordered;     /* ops whose `ordered` is due; guarded by mu */
-  embps__op_queue_t progress;    /* ops whose `progress` is due; guarded by mu */
-  int stopping;                  /* guarded by mu */
-  char state_msg[400];           /* guarded by mu */
+  embps_group_call_t *in_head, *in_tail; /* guarded by mu */
+  embps__call_queue_t done;              /* calls whose `done` is due; guarded by mu */
+  embps__call_queue_t ordered;           /* calls whose `ordered` is due; guarded by mu */
+  embps__call_queue_t progress;          /* calls whose `progress` is due; guarded by mu */
+  int stopping;                          /* guarded by mu */
+  char state_msg[400];                   /* guarded by mu */
   atomic_int state;
   atomic_int fatal_pending;
   embps_status_t fatal_status;
@@ -74,7 +74,7 @@ struct embps_group {
   /* The round being sent or applied, and the configs of the creates it runs. */
   embps_round_entry_t round[EMBPS__ROUND_MAX];
   embps_table_config_t round_configs[EMBPS__ROUND_MAX];
-  embps_op_t *parked; /* ops waiting for their round, arrival order */
+  embps_group_call_t *parked; /* calls waiting for their round, arrival order */
   uint64_t next_create_id;
 
   /* Checkpoints (group thread only). */
@@ -82,7 +82,7 @@ struct embps_group {
   embps__ckpt_t *ckpt;                               /* capture, writer, restore */
   int ckpt_fd;                                       /* the writer's eventfd */
   embps__ckpt_order_t round_ckpts[EMBPS__ROUND_MAX]; /* the orders of the round being applied */
-  embps_op_t *ckpt_ops, *ckpt_ops_tail;              /* this rank's, waiting, by seq */
+  embps_group_call_t *ckpt_calls, *ckpt_calls_tail;  /* this rank's, waiting, by seq */
   uint64_t ckpt_seq;                                 /* the last this rank asked for */
   /* Leader only, but for final_done and final_msg, which every rank keeps. */
   uint64_t round_no; /* entries run so far (with the restored checkpoint's) */
@@ -116,11 +116,12 @@ void *embps__group_main(void *arg);
  * progress and done callbacks of what the group's thread posted, in that order. */
 void embps__group_on_async(uv_async_t *handle);
 
-/** Answers op on the loop thread (op->done), as it is (any thread). */
-void embps__group_complete(embps_group_t *g, embps_op_t *op);
+/** Answers call on the loop thread (call->done), as it is (any thread). */
+void embps__group_complete(embps_group_t *g, embps_group_call_t *call);
 
-/** Answers op with status and msg (any thread). */
-void embps__group_fail_op(embps_group_t *g, embps_op_t *op, embps_status_t status, const char *msg);
+/** Answers call with status and msg (any thread). */
+void embps__group_fail_call(embps_group_t *g, embps_group_call_t *call, embps_status_t status,
+                            const char *msg);
 
 /** Breaks the group on this rank, with why, and tells the other ranks. */
 void embps__group_break(embps_group_t *g, const char *why);
@@ -144,9 +145,9 @@ void embps__group_publish_comm_stats(embps_group_t *g);
 
 /* ---- ckpt_leader.c --------------------------------------------------------------------------- */
 
-/** A checkpoint op from the loop thread (the group is ready): asks the leader, or fails it at
+/** A checkpoint call from the loop thread (the group is ready): asks the leader, or fails it at
  * once when checkpoints are off. */
-void embps__group_ckpt_admit(embps_group_t *g, embps_op_t *op);
+void embps__group_ckpt_admit(embps_group_t *g, embps_group_call_t *call);
 
 /** Every rank, applying a checkpoint's round entry: captures this rank's tables (the writer
  * does the rest), or reports why it cannot. */
@@ -169,11 +170,11 @@ uint64_t embps__group_ckpt_due_ms(const embps_group_t *g);
 
 /** An op that ran created or dropped a table: the checkpointer readies or forgets it, and the
  * incremental chain starts over. */
-void embps__group_ckpt_tables_changed(embps_group_t *g, embps_op_t *op);
+void embps__group_ckpt_tables_changed(embps_group_t *g, const embps_op_t *op);
 
-/** Answers a shutting-down rank's checkpoint op with the group's final checkpoint (final_done
+/** Answers a shutting-down rank's checkpoint call with the group's final checkpoint (final_done
  * is set). */
-void embps__group_ckpt_complete_final(embps_group_t *g, embps_op_t *op);
+void embps__group_ckpt_complete_final(embps_group_t *g, embps_group_call_t *call);
 
 /** Frees the leader's requests not yet ordered and its per-rank bookkeeping. */
 void embps__group_ckpt_free(embps_group_t *g);

@@ -10,12 +10,12 @@
  * in the same order and their collectives always match: no deadlock, whatever order concurrent
  * clients' shards reach the ranks in.
  *
- * Threads. The loop thread submits ops into `incoming` (mutex + eventfd); this thread polls the
- * eventfd and the control connections, and posts finished ops to `completed` (mutex +
+ * Threads. The loop thread submits calls into `incoming` (mutex + eventfd); this thread polls the
+ * eventfd and the control connections, and posts finished calls to `completed` (mutex +
  * uv_async_t). Collectives block this thread only.
  *
  * Failure. If a peer's connection breaks or a collective fails, the group is broken: every
- * parked op and every later one fails with UNAVAILABLE and the message says which rank and
+ * parked call and every later one fails with UNAVAILABLE and the message says which rank and
  * what happened, so clients see an error within the peer timeout instead of hanging. A broken
  * group does not heal; the ranks must be restarted (the health check reports NOT_SERVING). */
 #include "server/group/group_internal.h"
@@ -34,74 +34,69 @@
 #include "common/clock.h"
 #include "common/log.h"
 
-_Static_assert((int)EMBPS_OP_LOOKUP == (int)EMBPS_BATCH_LOOKUP &&
-                   (int)EMBPS_OP_PUSH == (int)EMBPS_BATCH_PUSH &&
-                   (int)EMBPS_OP_CREATE_TABLE == (int)EMBPS_BATCH_CREATE_TABLE &&
-                   (int)EMBPS_OP_DROP_TABLE == (int)EMBPS_BATCH_DROP_TABLE,
-               "op kinds travel as batch kinds");
-
 #define CREATE_ID_BIT (UINT64_C(1) << 63) /* the leader's own ids for creates and drops */
 
 /* ---- completion ------------------------------------------------------------------------------ */
 
-static embps_op_t **op_link(embps_op_t *op, size_t link) {
-  return (embps_op_t **)((char *)op + link);
+static embps_group_call_t **call_link(embps_group_call_t *call, size_t link) {
+  return (embps_group_call_t **)((char *)call + link);
 }
 
-/* Appends op to q and wakes the loop (any thread). */
-static void post(embps_group_t *g, embps__op_queue_t *q, embps_op_t *op) {
-  *op_link(op, q->link) = NULL;
+/* Appends call to q and wakes the loop (any thread). */
+static void post(embps_group_t *g, embps__call_queue_t *q, embps_group_call_t *call) {
+  *call_link(call, q->link) = NULL;
   pthread_mutex_lock(&g->mu);
   if (q->tail)
-    *op_link(q->tail, q->link) = op;
+    *call_link(q->tail, q->link) = call;
   else
-    q->head = op;
-  q->tail = op;
+    q->head = call;
+  q->tail = call;
   pthread_mutex_unlock(&g->mu);
   uv_async_send(&g->async);
 }
 
-/* Empties q (under mu), returning its ops in order. */
-static embps_op_t *take_all(embps__op_queue_t *q) {
-  embps_op_t *head = q->head;
+/* Empties q (under mu), returning its calls in order. */
+static embps_group_call_t *take_all(embps__call_queue_t *q) {
+  embps_group_call_t *head = q->head;
   q->head = q->tail = NULL;
   return head;
 }
 
-/* The first op of a list take_all returned, unlinked; *list moves past it. */
-static embps_op_t *pop(embps_op_t **list, size_t link) {
-  embps_op_t *op = *list;
-  *list = *op_link(op, link);
-  *op_link(op, link) = NULL;
-  return op;
+/* The first call of a list take_all returned, unlinked; *list moves past it. */
+static embps_group_call_t *pop(embps_group_call_t **list, size_t link) {
+  embps_group_call_t *call = *list;
+  *list = *call_link(call, link);
+  *call_link(call, link) = NULL;
+  return call;
 }
 
-void embps__group_complete(embps_group_t *g, embps_op_t *op) { post(g, &g->done, op); }
+void embps__group_complete(embps_group_t *g, embps_group_call_t *call) { post(g, &g->done, call); }
 
-/* Tells the loop that op's batch is ordered (op->ordered runs there, before op->done). */
-static void announce_ordered(embps_group_t *g, embps_op_t *op) {
-  if (op->ordered)
-    post(g, &g->ordered, op);
+/* Tells the loop that call's batch is ordered (call->ordered runs there, before call->done). */
+static void announce_ordered(embps_group_t *g, embps_group_call_t *call) {
+  if (call->ordered)
+    post(g, &g->ordered, call);
 }
 
-/* The engine made more of a lookup's rows final (engine thread): the loop runs op->progress. An
- * op is queued once until the loop has taken it, so a fast engine costs one wake per loop turn,
- * not one per chunk. */
+/* The engine made more of a lookup's rows final (engine thread): the loop runs the call's
+ * progress. A call is queued once until the loop has taken it, so a fast engine costs one wake
+ * per loop turn, not one per chunk. op is the call's own (the engine knows only the op). */
 static void publish_progress(embps_op_t *op, void *arg) {
   embps_group_t *g = arg;
-  if (!atomic_exchange_explicit(&op->progress_queued, 1, memory_order_acq_rel))
-    post(g, &g->progress, op);
+  embps_group_call_t *call = (embps_group_call_t *)((char *)op - offsetof(embps_group_call_t, op));
+  if (!atomic_exchange_explicit(&call->progress_queued, 1, memory_order_acq_rel))
+    post(g, &g->progress, call);
 }
 
-void embps__group_fail_op(embps_group_t *g, embps_op_t *op, embps_status_t status,
-                          const char *msg) {
-  embps_error_set(&op->error, status, "%s", msg);
-  embps__group_complete(g, op);
+void embps__group_fail_call(embps_group_t *g, embps_group_call_t *call, embps_status_t status,
+                            const char *msg) {
+  embps_error_set(&call->error, status, "%s", msg);
+  embps__group_complete(g, call);
 }
 
 void embps__group_on_async(uv_async_t *handle) {
   embps_group_t *g = handle->data;
-  embps_op_t *op, *ordered, *progress;
+  embps_group_call_t *call, *ordered, *progress;
   if (atomic_exchange(&g->fatal_pending, 0) && g->cfg.on_fatal) {
     char msg[400];
     embps_group_state(g, msg, sizeof(msg));
@@ -110,24 +105,24 @@ void embps__group_on_async(uv_async_t *handle) {
   pthread_mutex_lock(&g->mu);
   ordered = take_all(&g->ordered);
   progress = take_all(&g->progress);
-  op = take_all(&g->done);
+  call = take_all(&g->done);
   pthread_mutex_unlock(&g->mu);
-  /* Every op's ordered notice was queued before its completion: taking the queues at once and
+  /* Every call's ordered notice was queued before its completion: taking the queues at once and
    * running the notices first keeps that order. */
   while (ordered) {
-    embps_op_t *o = pop(&ordered, g->ordered.link);
-    o->ordered(o);
+    embps_group_call_t *c = pop(&ordered, g->ordered.link);
+    c->ordered(c);
   }
-  /* Progress is queued before its op's completion too, so it runs before done frees the op. The
-   * flag is cleared first: a chunk published meanwhile queues the op again. */
+  /* Progress is queued before its call's completion too, so it runs before done frees the call.
+   * The flag is cleared first: a chunk published meanwhile queues the call again. */
   while (progress) {
-    embps_op_t *o = pop(&progress, g->progress.link);
-    atomic_store_explicit(&o->progress_queued, 0, memory_order_release);
-    o->progress(o);
+    embps_group_call_t *c = pop(&progress, g->progress.link);
+    atomic_store_explicit(&c->progress_queued, 0, memory_order_release);
+    c->progress(c);
   }
-  while (op) {
-    embps_op_t *o = pop(&op, g->done.link);
-    o->done(o);
+  while (call) {
+    embps_group_call_t *c = pop(&call, g->done.link);
+    c->done(c);
   }
 }
 
@@ -140,23 +135,23 @@ static void set_state(embps_group_t *g, embps_group_state_t state, const char *m
   atomic_store(&g->state, (int)state);
 }
 
-/* Breaks the group: every parked op fails, and so will every later one. */
+/* Breaks the group: every parked call fails, and so will every later one. */
 static void fail_all(embps_group_t *g, const char *msg) {
   set_state(g, EMBPS_GROUP_BROKEN, msg);
   while (g->parked) {
-    embps_op_t *op = g->parked;
-    g->parked = op->next;
-    embps__group_fail_op(g, op, EMBPS_UNAVAILABLE, msg);
+    embps_group_call_t *call = g->parked;
+    g->parked = call->next;
+    embps__group_fail_call(g, call, EMBPS_UNAVAILABLE, msg);
   }
-  while (g->ckpt_ops) {
-    embps_op_t *op = g->ckpt_ops;
-    g->ckpt_ops = op->next;
-    if (op->ckpt_final && g->final_done) /* the group's final checkpoint is complete */
-      embps__group_ckpt_complete_final(g, op);
+  while (g->ckpt_calls) {
+    embps_group_call_t *call = g->ckpt_calls;
+    g->ckpt_calls = call->next;
+    if (call->ckpt->final && g->final_done) /* the group's final checkpoint is complete */
+      embps__group_ckpt_complete_final(g, call);
     else
-      embps__group_fail_op(g, op, EMBPS_UNAVAILABLE, msg);
+      embps__group_fail_call(g, call, EMBPS_UNAVAILABLE, msg);
   }
-  g->ckpt_ops_tail = NULL;
+  g->ckpt_calls_tail = NULL;
 }
 
 /* Breaks the group on this rank and makes sure every other rank hears of it: a non-leader
@@ -207,17 +202,17 @@ static embps_status_t send_notice(embps_group_t *g, const embps_batch_desc_t *d)
   return embps__group_send_out(g, 0);
 }
 
-/* The parked op of batch (client_id, batch_id); unlinked from the list when unlink is set. */
-static embps_op_t *find_parked(embps_group_t *g, uint64_t client_id, uint64_t batch_id,
-                               int unlink) {
-  for (embps_op_t **pp = &g->parked; *pp; pp = &(*pp)->next) {
+/* The parked call of batch (client_id, batch_id); unlinked from the list when unlink is set. */
+static embps_group_call_t *find_parked(embps_group_t *g, uint64_t client_id, uint64_t batch_id,
+                                       int unlink) {
+  for (embps_group_call_t **pp = &g->parked; *pp; pp = &(*pp)->next) {
     if ((*pp)->client_id == client_id && (*pp)->batch_id == batch_id) {
-      embps_op_t *op = *pp;
+      embps_group_call_t *call = *pp;
       if (unlink) {
-        *pp = op->next;
-        op->next = NULL;
+        *pp = call->next;
+        call->next = NULL;
       }
-      return op;
+      return call;
     }
   }
   return NULL;
@@ -229,12 +224,13 @@ embps_status_t embps__group_send_round(embps_group_t *g, const embps_round_entry
                                        const embps__ckpt_order_t *ckpts, size_t n) {
   embps_status_t ret;
   for (size_t i = 0; i < n; i++) {
-    embps_op_t *op = e[i].action == EMBPS_ROUND_RUN && (e[i].kind == EMBPS_OP_CREATE_TABLE ||
-                                                        e[i].kind == EMBPS_OP_DROP_TABLE)
-                         ? find_parked(g, e[i].client_id, e[i].batch_id, 0)
-                         : NULL;
-    if (op)
-      g->round_configs[i] = op->create;
+    embps_group_call_t *call =
+        e[i].action == EMBPS_ROUND_RUN &&
+                (e[i].kind == EMBPS_OP_CREATE_TABLE || e[i].kind == EMBPS_OP_DROP_TABLE)
+            ? find_parked(g, e[i].client_id, e[i].batch_id, 0)
+            : NULL;
+    if (call)
+      g->round_configs[i] = call->op.create;
     else
       memset(&g->round_configs[i], 0, sizeof(g->round_configs[i]));
   }
@@ -317,26 +313,27 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
     embps_comm_set_call_histogram(g->comm, &g->metrics.collective_seconds);
   /* The round is ordered: every async push in it may say so before any of it runs. */
   for (size_t i = 0; i < n; i++) {
-    embps_op_t *op =
+    embps_group_call_t *call =
         e[i].action == EMBPS_ROUND_RUN ? find_parked(g, e[i].client_id, e[i].batch_id, 0) : NULL;
-    if (op)
-      announce_ordered(g, op);
-    if (op && (op->kind == EMBPS_OP_LOOKUP || op->kind == EMBPS_OP_PUSH)) {
+    if (call)
+      announce_ordered(g, call);
+    if (call && (call->op.kind == EMBPS_OP_LOOKUP || call->op.kind == EMBPS_OP_PUSH)) {
       batches++;
-      if (!oldest_ns || op->submitted_ns < oldest_ns)
-        oldest_ns = op->submitted_ns;
+      if (!oldest_ns || call->submitted_ns < oldest_ns)
+        oldest_ns = call->submitted_ns;
     }
   }
   for (size_t i = 0; i < n && atomic_load(&g->state) != EMBPS_GROUP_BROKEN; i++) {
-    embps_op_t *op = find_parked(g, e[i].client_id, e[i].batch_id, 1), tmp;
+    embps_group_call_t *call = find_parked(g, e[i].client_id, e[i].batch_id, 1);
+    embps_op_t *op = call ? &call->op : NULL, tmp;
     embps_error_t err;
 
     if (e[i].action == EMBPS_ROUND_FAIL) {
-      if (op)
-        embps__group_fail_op(g, op, e[i].status, e[i].message);
+      if (call)
+        embps__group_fail_call(g, call, e[i].status, e[i].message);
       continue;
     }
-    if (e[i].kind == EMBPS_BATCH_CHECKPOINT) {
+    if (e[i].kind == EMBPS_OP_CHECKPOINT) {
       embps__group_ckpt_run_entry(g, &ckpts[i]);
       continue;
     }
@@ -346,8 +343,7 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
         !embps__group_is_leader(g)) {
       memset(&tmp, 0,
              sizeof(tmp)); /* creates and drops run on every rank, answered by the leader */
-      tmp.kind = (embps_op_kind_t)e[i].kind;
-      tmp.batch_id = e[i].batch_id;
+      tmp.kind = e[i].kind;
       tmp.create = configs[i];
       op = &tmp;
     }
@@ -359,20 +355,22 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
       return;
     }
     embps_error_clear(&err);
-    if (op->progress) {
+    if (call && call->progress) {
       op->publish = publish_progress;
       op->publish_arg = g;
     }
     if (embps_engine_run(g->engine, op, &err) != EMBPS_OK) {
-      if (op != &tmp)
-        embps__group_fail_op(g, op, EMBPS_UNAVAILABLE, err.message);
+      if (call)
+        embps__group_fail_call(g, call, EMBPS_UNAVAILABLE, err.message);
       embps__group_break(g, err.message);
       return;
     }
     if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE)
       embps__group_ckpt_tables_changed(g, op);
-    if (op != &tmp)
-      embps__group_complete(g, op);
+    if (call) {
+      call->error = op->error; /* the engine's answer is the call's */
+      embps__group_complete(g, call);
+    }
   }
   if (batches && atomic_load(&g->state) != EMBPS_GROUP_BROKEN)
     record_round(g, start_ns, oldest_ns, batches, comm_ns);
@@ -431,38 +429,39 @@ static void lead_rounds(embps_group_t *g) {
   }
 }
 
-/* Parks an op that the loop thread submitted and reports it to the leader. */
-static void admit(embps_group_t *g, embps_op_t *op) {
+/* Parks a call that the loop thread submitted and reports it to the leader. */
+static void admit(embps_group_t *g, embps_group_call_t *call) {
+  const embps_op_t *op = &call->op;
   embps_batch_desc_t d;
   embps_status_t ret;
   char msg[400];
 
   if (embps_group_state(g, msg, sizeof(msg)) != EMBPS_GROUP_READY) {
-    embps__group_fail_op(g, op, EMBPS_UNAVAILABLE, msg);
+    embps__group_fail_call(g, call, EMBPS_UNAVAILABLE, msg);
     return;
   }
-  if (op->kind == EMBPS_OP_CHECKPOINT) {
-    embps__group_ckpt_admit(g, op);
+  if (call->ckpt) {
+    embps__group_ckpt_admit(g, call);
     return;
   }
   if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE) {
-    op->client_id = 0;
-    op->batch_id = CREATE_ID_BIT | ++g->next_create_id;
+    call->client_id = 0;
+    call->batch_id = CREATE_ID_BIT | ++g->next_create_id;
   }
-  if (find_parked(g, op->client_id, op->batch_id, 0)) {
+  if (find_parked(g, call->client_id, call->batch_id, 0)) {
     snprintf(msg, sizeof(msg),
              "batch_id %llu is already in flight on rank %u: every batch needs its own id",
-             (unsigned long long)op->batch_id, g->cfg.rank);
-    embps__group_fail_op(g, op, EMBPS_INVALID_ARGUMENT, msg);
+             (unsigned long long)call->batch_id, g->cfg.rank);
+    embps__group_fail_call(g, call, EMBPS_INVALID_ARGUMENT, msg);
     return;
   }
-  op->next = g->parked;
-  g->parked = op;
+  call->next = g->parked;
+  g->parked = call;
   memset(&d, 0, sizeof(d));
-  d.client_id = op->client_id;
-  d.batch_id = op->batch_id;
-  d.kind = (uint32_t)op->kind;
-  d.tokens_per_batch = op->tokens_per_batch;
+  d.client_id = call->client_id;
+  d.batch_id = call->batch_id;
+  d.kind = op->kind;
+  d.tokens_per_batch = call->tokens_per_batch;
   if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE) {
     snprintf(d.table, sizeof(d.table), "%s", op->create.name);
   } else {
@@ -473,8 +472,8 @@ static void admit(embps_group_t *g, embps_op_t *op) {
     embps_sequencer_arrive(g->seq, 0, &d, embps_now_ms());
   } else if ((ret = send_notice(g, &d)) == EMBPS_RESOURCE_EXHAUSTED) {
     /* Nothing was sent: the leader never orders this shard, and the others expire. */
-    find_parked(g, op->client_id, op->batch_id, 1);
-    embps__group_fail_op(g, op, ret, "out of memory for the notice to the leader (rank 0)");
+    find_parked(g, call->client_id, call->batch_id, 1);
+    embps__group_fail_call(g, call, ret, "out of memory for the notice to the leader (rank 0)");
   } else if (ret != EMBPS_OK) {
     embps__group_break(g, "this rank lost its connection to the leader (rank 0)");
   }
@@ -482,23 +481,34 @@ static void admit(embps_group_t *g, embps_op_t *op) {
 
 /* ---- the thread ------------------------------------------------------------------------------ */
 
-void embps_group_submit(embps_group_t *g, embps_op_t *op) {
+/* Queues call for the group's thread, in submission order whatever it asks for. */
+static void enqueue(embps_group_t *g, embps_group_call_t *call) {
   uint64_t one = 1;
-  op->next = NULL;
-  op->submitted_ns = embps_now_ns();
+  call->next = NULL;
+  call->submitted_ns = embps_now_ns();
   pthread_mutex_lock(&g->mu);
   if (g->in_tail)
-    g->in_tail->next = op;
+    g->in_tail->next = call;
   else
-    g->in_head = op;
-  g->in_tail = op;
+    g->in_head = call;
+  g->in_tail = call;
   pthread_mutex_unlock(&g->mu);
   if (write(g->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
     EMBPS_ERROR("cannot wake the group thread: %s", strerror(errno));
 }
 
+void embps_group_submit(embps_group_t *g, embps_group_call_t *call) {
+  call->ckpt = NULL;
+  enqueue(g, call);
+}
+
+void embps_group_checkpoint(embps_group_t *g, embps_group_call_t *call, embps_group_ckpt_t *req) {
+  call->ckpt = req;
+  enqueue(g, call);
+}
+
 static void drain_incoming(embps_group_t *g, int *stopping) {
-  embps_op_t *batch;
+  embps_group_call_t *batch;
   uint64_t v;
   while (read(g->wake_fd, &v, sizeof(v)) > 0) {
   }
@@ -509,10 +519,10 @@ static void drain_incoming(embps_group_t *g, int *stopping) {
   pthread_mutex_unlock(&g->mu);
   /* The queue is in submission order; admit in that order. */
   while (batch) {
-    embps_op_t *op = batch;
-    batch = op->next;
-    op->next = NULL;
-    admit(g, op);
+    embps_group_call_t *call = batch;
+    batch = call->next;
+    call->next = NULL;
+    admit(g, call);
   }
 }
 

@@ -66,13 +66,6 @@ void embps_sequencer_free(embps_sequencer_t *s) {
   embps_free(s);
 }
 
-static const char *kind_name(uint32_t kind) {
-  return kind == EMBPS_BATCH_LOOKUP       ? "lookup"
-         : kind == EMBPS_BATCH_PUSH       ? "push"
-         : kind == EMBPS_BATCH_DROP_TABLE ? "drop"
-                                          : "create";
-}
-
 /* Appends a round entry; on allocation failure the entry is dropped (the batch then expires). */
 /* Whether a and b name one batch: the same id from the same client (0: no client id). */
 static int same_batch(const embps_batch_desc_t *a, const embps_batch_desc_t *b) {
@@ -140,9 +133,8 @@ void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_bat
   const failed_t *f;
   pending_t *p = NULL;
   size_t i;
-  uint32_t needed = desc->kind == EMBPS_BATCH_CREATE_TABLE || desc->kind == EMBPS_BATCH_DROP_TABLE
-                        ? 1
-                        : s->group_size;
+  uint32_t needed =
+      desc->kind == EMBPS_OP_CREATE_TABLE || desc->kind == EMBPS_OP_DROP_TABLE ? 1 : s->group_size;
 
   if ((f = find_failed(s, desc)) != NULL) {
     queue_entry(s, desc, EMBPS_ROUND_FAIL, f->status, f->message);
@@ -177,8 +169,8 @@ void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_bat
     snprintf(p->why, sizeof(p->why),
              "shards of batch %llu disagree: one is a %s of table '%.40s' with "
              "tokens_per_batch=%u, rank %u's is a %s of table '%.40s' with tokens_per_batch=%u",
-             (unsigned long long)desc->batch_id, kind_name(p->desc.kind), p->desc.table,
-             p->desc.tokens_per_batch, rank, kind_name(desc->kind), desc->table,
+             (unsigned long long)desc->batch_id, embps_op_kind_name(p->desc.kind), p->desc.table,
+             p->desc.tokens_per_batch, rank, embps_op_kind_name(desc->kind), desc->table,
              desc->tokens_per_batch);
   } else if (!p->failed && p->desc.table_id != desc->table_id) {
     p->failed = 1;

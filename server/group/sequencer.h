@@ -18,21 +18,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/op_kind.h"
 #include "common/status.h"
-
-/* What a batch is, as each rank's shard says; shards of one batch must agree on it. */
-typedef enum embps_batch_kind {
-  EMBPS_BATCH_LOOKUP = 1,
-  EMBPS_BATCH_PUSH = 2,
-  EMBPS_BATCH_CREATE_TABLE = 3, /* arrives at the leader only; runnable at once */
-  EMBPS_BATCH_CHECKPOINT = 4,   /* ordered by the leader itself, never through the sequencer */
-  EMBPS_BATCH_DROP_TABLE = 5,   /* arrives at the leader only; runnable at once */
-} embps_batch_kind_t;
 
 typedef struct embps_batch_desc {
   uint64_t client_id; /* the client's id (0: none); with batch_id, what names the batch */
   uint64_t batch_id;
-  uint32_t kind;
+  /* What the batch is (common/op_kind.h); shards of one batch must agree on it. A create or a
+   * drop arrives at the leader only and is runnable at once; a checkpoint is ordered by the
+   * leader itself, never through the sequencer. */
+  embps_op_kind_t kind;
   uint32_t tokens_per_batch;
   char table[128];
   /* The table's group-wide id (embps_table_id) for lookups and pushes, else 0: the shards of a
@@ -50,7 +45,7 @@ typedef struct embps_round_entry {
   uint64_t client_id; /* with batch_id, the batch (embps_batch_desc_t) */
   uint64_t batch_id;
   uint32_t action;
-  uint32_t kind;
+  embps_op_kind_t kind;
   embps_status_t status; /* FAIL only */
   char message[400];     /* FAIL only */
 } embps_round_entry_t;

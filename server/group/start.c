@@ -167,9 +167,9 @@ embps_status_t embps_group_new(embps_group_t **out, uv_loop_t *loop,
       (g->cancel_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
     goto fail;
   pthread_mutex_init(&g->mu, NULL);
-  g->done.link = offsetof(embps_op_t, next);
-  g->ordered.link = offsetof(embps_op_t, ordered_next);
-  g->progress.link = offsetof(embps_op_t, progress_next);
+  g->done.link = offsetof(embps_group_call_t, next);
+  g->ordered.link = offsetof(embps_group_call_t, ordered_next);
+  g->progress.link = offsetof(embps_group_call_t, progress_next);
   atomic_store(&g->state, EMBPS_GROUP_STARTING);
   snprintf(g->state_msg, sizeof(g->state_msg),
            "the shard group is starting: waiting for all %u ranks to join", cfg->size);

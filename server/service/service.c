@@ -119,20 +119,20 @@ static void request_free(embps__svc_request_t *r) {
 }
 
 int embps__svc_answer_failure(embps__svc_request_t *r) {
-  if (r->op.error.status == EMBPS_OK)
+  if (r->group_call.error.status == EMBPS_OK)
     return 0;
-  embps__svc_fail(r->call, &r->op.error);
+  embps__svc_fail(r->call, &r->group_call.error);
   return 1;
 }
 
-static void on_op_done(embps_op_t *op) {
-  embps__svc_request_t *r = op->user;
+static void on_group_done(embps_group_call_t *gc) {
+  embps__svc_request_t *r = gc->user;
 
   r->svc->inflight--;
   if (!r->call) { /* an async push, answered when it was ordered */
-    if (op->error.status != EMBPS_OK)
-      EMBPS_WARN("async push to '%s' failed: %s", embps_table_config(op->table)->name,
-                 op->error.message);
+    if (gc->error.status != EMBPS_OK)
+      EMBPS_WARN("async push to '%s' failed: %s", embps_table_config(gc->op.table)->name,
+                 gc->error.message);
   } else {
     r->done(r);
   }
@@ -148,14 +148,17 @@ embps__svc_request_t *embps__svc_request_new(embps_service_t *svc, embps_net_cal
   r->call = call;
   r->done = done;
   r->msg = msg;
-  r->op.done = on_op_done;
-  r->op.user = r;
+  r->group_call.done = on_group_done;
+  r->group_call.user = r;
   return r;
 }
 
 void embps__svc_submit(embps__svc_request_t *r) {
   r->svc->inflight++;
-  embps_group_submit(r->svc->group, &r->op);
+  if (r->group_call.ckpt)
+    embps_group_checkpoint(r->svc->group, &r->group_call, r->group_call.ckpt);
+  else
+    embps_group_submit(r->svc->group, &r->group_call);
 }
 
 /* ---- dispatch ---- */

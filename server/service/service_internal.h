@@ -43,19 +43,21 @@ struct embps_service {
 typedef struct embps__svc_request embps__svc_request_t;
 
 /** Called on the loop thread when the group is done with a request whose call is still
- * unanswered: op.error says how it went. It answers the call (embps__svc_answer_failure when the
- * op failed); the request is freed after it returns. */
+ * unanswered: group_call.error says how it went. It answers the call (embps__svc_answer_failure
+ * when the op failed); the request is freed after it returns. */
 typedef void (*embps__svc_done_cb)(embps__svc_request_t *r);
 
-/** One call handed to the group. Owns the unpacked request (tokens and gradients point into it)
- * and, for a lookup, the reply buffer the engine fills. */
+/** One call handed to the group (group_call, whose op the engine runs). Owns the unpacked
+ * request (tokens and gradients point into it) and, for a lookup, the reply buffer the engine
+ * fills. */
 struct embps__svc_request {
   embps_service_t *svc;
   embps_net_call_t *call; /* NULL once answered (an async push is answered before it runs) */
   embps__svc_done_cb done;
   ProtobufCMessage *msg;
   uint8_t *wire; /* a push read in place: the request's bytes, which op.grads points into */
-  embps_op_t op;
+  embps_group_call_t group_call;
+  embps_group_ckpt_t ckpt; /* Checkpoint: the request group_call carries */
   uint32_t shard_index;
   uint8_t *reply; /* lookup: from svc->buffers; NULL once the net streams it */
   size_t reply_len;
@@ -131,10 +133,11 @@ void embps__svc_health(embps_service_t *svc, embps_net_call_t *call, const uint8
 embps__svc_request_t *embps__svc_request_new(embps_service_t *svc, embps_net_call_t *call,
                                              ProtobufCMessage *msg, embps__svc_done_cb done);
 
-/** Hands the request to the group; it comes back through its done callback. */
+/** Hands the request to the group (as a checkpoint when group_call.ckpt is set, else its op);
+ * it comes back through its done callback. */
 void embps__svc_submit(embps__svc_request_t *r);
 
-/** Answers r's call with r->op.error and returns 1 when the op failed; 0 otherwise. */
+/** Answers r's call with r->group_call.error and returns 1 when it failed; 0 otherwise. */
 int embps__svc_answer_failure(embps__svc_request_t *r);
 
 /** Packs a protobuf-c message and answers the call with it (RESOURCE_EXHAUSTED when the reply

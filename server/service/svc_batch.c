@@ -114,13 +114,13 @@ static void set_batch(embps__svc_request_t *r, embps_op_kind_t kind, uint64_t cl
                       const ProtobufCBinaryData *tokens) {
   const size_t n = tokens->len / sizeof(int64_t);
   r->shard_index = shard_index;
-  r->op.kind = kind;
-  r->op.client_id = client_id;
-  r->op.batch_id = batch_id;
-  r->op.tokens_per_batch = (uint32_t)(n * embps_group_size(r->svc->group));
-  r->op.table = t;
-  r->op.tokens = (const int64_t *)tokens->data;
-  r->op.num_tokens = n;
+  r->group_call.client_id = client_id;
+  r->group_call.batch_id = batch_id;
+  r->group_call.tokens_per_batch = (uint32_t)(n * embps_group_size(r->svc->group));
+  r->group_call.op.kind = kind;
+  r->group_call.op.table = t;
+  r->group_call.op.tokens = (const int64_t *)tokens->data;
+  r->group_call.op.num_tokens = n;
 }
 
 /* ---- Lookup ---- */
@@ -131,9 +131,9 @@ static void set_batch(embps__svc_request_t *r, embps_op_kind_t kind, uint64_t cl
  * so the engine never writes into freed memory when the client goes). When the reply cannot
  * begin (client gone, out of memory) nothing changed, and done answers it whole as before. A
  * reply does not begin while its connection carries other calls (embps_net_call_conn_shared). */
-static void on_lookup_progress(embps_op_t *op) {
-  embps__svc_request_t *r = op->user;
-  size_t rows = atomic_load_explicit(&op->rows_ready, memory_order_acquire);
+static void on_lookup_progress(embps_group_call_t *gc) {
+  embps__svc_request_t *r = gc->user;
+  size_t rows = atomic_load_explicit(&gc->op.rows_ready, memory_order_acquire);
   size_t ready = r->reply_head + rows * r->row_bytes;
   if (!r->call)
     return;
@@ -203,11 +203,11 @@ void embps__svc_lookup(embps_service_t *svc, embps_net_call_t *call, const uint8
   memcpy(r->reply, header, head);
   r->reply_len = head + rows_bytes;
   set_batch(r, EMBPS_OP_LOOKUP, req->client_id, req->batch_id, req->shard_index, t, &req->tokens);
-  r->op.rows_out = r->reply + head;
+  r->group_call.op.rows_out = r->reply + head;
   r->reply_head = head;
   r->row_bytes = embps_table_config(t)->emb_width * embps_dtype_size(embps_table_config(t)->dtype);
   /* decided here too, so that a call that arrives beside others costs the engine no wakeups */
-  r->op.progress = embps_net_call_conn_shared(call) ? NULL : on_lookup_progress;
+  r->group_call.progress = embps_net_call_conn_shared(call) ? NULL : on_lookup_progress;
   embps__svc_submit(r);
 }
 
@@ -217,12 +217,12 @@ void embps__svc_lookup(embps_service_t *svc, embps_net_call_t *call, const uint8
  * before any batch ordered later, so every later lookup sees it. Answering any earlier would
  * promise an update that a batch failing before it is ordered (a shard that never arrives, a
  * broken peer) never makes. */
-static void on_push_ordered(embps_op_t *op) {
-  embps__svc_request_t *r = op->user;
+static void on_push_ordered(embps_group_call_t *gc) {
+  embps__svc_request_t *r = gc->user;
   Embps__V1__PushGradientsResponse resp = EMBPS__V1__PUSH_GRADIENTS_RESPONSE__INIT;
   if (!r->call)
     return;
-  resp.batch_id = op->batch_id;
+  resp.batch_id = gc->batch_id;
   resp.shard_index = r->shard_index;
   resp.ordered = 1;
   embps__svc_reply(r->call, &resp.base);
@@ -233,12 +233,12 @@ static void push_done(embps__svc_request_t *r) {
   Embps__V1__PushGradientsResponse resp = EMBPS__V1__PUSH_GRADIENTS_RESPONSE__INIT;
   if (embps__svc_answer_failure(r))
     return;
-  resp.batch_id = r->op.batch_id;
+  resp.batch_id = r->group_call.batch_id;
   resp.shard_index = r->shard_index;
-  resp.applied = r->op.applied;
-  resp.skipped = r->op.skipped;
-  resp.grad_norm = r->op.grad_norm;
-  resp.num_unique = r->op.num_unique;
+  resp.applied = r->group_call.op.applied;
+  resp.skipped = r->group_call.op.skipped;
+  resp.grad_norm = r->group_call.op.grad_norm;
+  resp.num_unique = r->group_call.op.num_unique;
   embps__svc_reply(r->call, &resp.base);
 }
 
@@ -323,13 +323,13 @@ void embps__svc_push(embps_service_t *svc, embps_net_call_t *call, const uint8_t
     goto fail;
   }
   set_batch(r, EMBPS_OP_PUSH, req->client_id, req->batch_id, req->shard_index, t, &req->tokens);
-  r->op.grads = grads.data;
+  r->group_call.op.grads = grads.data;
   if (in_place) { /* msg is *owned: in_place found a field, so the message is not empty */
     r->wire = *owned;
     *owned = NULL;
   }
   if (async)
-    r->op.ordered = on_push_ordered;
+    r->group_call.ordered = on_push_ordered;
   embps__svc_submit(r);
   return;
 fail:

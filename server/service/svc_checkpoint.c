@@ -20,9 +20,9 @@ static void checkpoint_done(embps__svc_request_t *r) {
   Embps__V1__CheckpointResponse resp = EMBPS__V1__CHECKPOINT_RESPONSE__INIT;
   if (embps__svc_answer_failure(r))
     return;
-  resp.bytes = r->op.ckpt_bytes;
-  resp.round = r->op.ckpt_round;
-  resp.path = r->op.ckpt_path;
+  resp.bytes = r->ckpt.bytes;
+  resp.round = r->ckpt.round;
+  resp.path = r->ckpt.path;
   embps__svc_reply(r->call, &resp.base);
 }
 
@@ -54,8 +54,8 @@ void embps__svc_checkpoint(embps_service_t *svc, embps_net_call_t *call, const u
   } else if (!(r = embps__svc_request_new(svc, call, &req->base, checkpoint_done))) {
     embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
   } else {
-    r->op.kind = EMBPS_OP_CHECKPOINT;
-    snprintf(r->op.ckpt_table, sizeof(r->op.ckpt_table), "%s", req->table ? req->table : "");
+    snprintf(r->ckpt.table, sizeof(r->ckpt.table), "%s", req->table ? req->table : "");
+    r->group_call.ckpt = &r->ckpt;
     embps__svc_submit(r);
     return;
   }

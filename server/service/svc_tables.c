@@ -65,17 +65,17 @@ static void create_done(embps__svc_request_t *r) {
   Embps__V1__OptimizerConfig opt = EMBPS__V1__OPTIMIZER_CONFIG__INIT;
   const embps_table_config_t *c;
 
-  unreserve_name(r->svc, r->op.create.name);
+  unreserve_name(r->svc, r->group_call.op.create.name);
   if (embps__svc_answer_failure(r))
     return;
-  c = embps_table_config(r->op.created);
-  embps__svc_spec_from_config(embps_table_config(r->op.created), &spec, &opt);
+  c = embps_table_config(r->group_call.op.created);
+  embps__svc_spec_from_config(embps_table_config(r->group_call.op.created), &spec, &opt);
   resp.spec = &spec;
   resp.group_size = embps_group_size(r->svc->group);
   EMBPS_INFO("created table '%s': rows=%llu emb_width=%u %s %s, %llu bytes on this rank", c->name,
              (unsigned long long)c->rows, c->emb_width, embps_dtype_name(c->dtype),
              embps_optimizer_name(c->optimizer),
-             (unsigned long long)embps_table_bytes(r->op.created));
+             (unsigned long long)embps_table_bytes(r->group_call.op.created));
   embps__svc_reply(r->call, &resp.base);
 }
 
@@ -131,8 +131,8 @@ void embps__svc_create_table(embps_service_t *svc, embps_net_call_t *call, const
     goto exit;
   }
   strcpy(svc->pending_creates[svc->num_pending_creates++], cfg.name);
-  r->op.kind = EMBPS_OP_CREATE_TABLE;
-  r->op.create = cfg;
+  r->group_call.op.kind = EMBPS_OP_CREATE_TABLE;
+  r->group_call.op.create = cfg;
   embps__svc_submit(r);
   return;
 exit:
@@ -145,9 +145,9 @@ static void drop_done(embps__svc_request_t *r) {
   Embps__V1__DropTableResponse resp = EMBPS__V1__DROP_TABLE_RESPONSE__INIT;
   if (embps__svc_answer_failure(r))
     return;
-  EMBPS_INFO("dropped table '%s': %llu bytes on this rank freed", r->op.create.name,
-             (unsigned long long)embps_table_bytes(r->op.table));
-  resp.bytes = embps_table_bytes(r->op.table);
+  EMBPS_INFO("dropped table '%s': %llu bytes on this rank freed", r->group_call.op.create.name,
+             (unsigned long long)embps_table_bytes(r->group_call.op.table));
+  resp.bytes = embps_table_bytes(r->group_call.op.table);
   embps__svc_reply(r->call, &resp.base);
 }
 
@@ -178,8 +178,8 @@ void embps__svc_drop_table(embps_service_t *svc, embps_net_call_t *call, const u
   } else if (!(r = embps__svc_request_new(svc, call, &req->base, drop_done))) {
     embps_net_call_fail(call, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
   } else {
-    r->op.kind = EMBPS_OP_DROP_TABLE;
-    snprintf(r->op.create.name, sizeof(r->op.create.name), "%s", req->name);
+    r->group_call.op.kind = EMBPS_OP_DROP_TABLE;
+    snprintf(r->group_call.op.create.name, sizeof(r->group_call.op.create.name), "%s", req->name);
     embps__svc_submit(r);
     return;
   }

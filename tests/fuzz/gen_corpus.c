@@ -396,7 +396,7 @@ static void control_seeds(void) {
   embps_batch_desc_t d;
   memset(&d, 0, sizeof(d));
   d.batch_id = 12;
-  d.kind = EMBPS_BATCH_PUSH;
+  d.kind = EMBPS_OP_PUSH;
   d.tokens_per_batch = 64;
   snprintf(d.table, sizeof(d.table), "emb");
   embps__frame_notice(&b, &d, &err);
@@ -407,12 +407,12 @@ static void control_seeds(void) {
   memset(e, 0, sizeof(e));
   memset(cfgs, 0, sizeof(cfgs));
   memset(ck, 0, sizeof(ck));
-  e[0] = (embps_round_entry_t){.batch_id = 12, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_PUSH};
+  e[0] = (embps_round_entry_t){.batch_id = 12, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_PUSH};
   e[1] = (embps_round_entry_t){
-      .batch_id = 13, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_CREATE_TABLE};
+      .batch_id = 13, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_CREATE_TABLE};
   fuzz_ckpt_table(0, &cfgs[1]);
-  e[2] = (embps_round_entry_t){
-      .batch_id = 14, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_CHECKPOINT};
+  e[2] =
+      (embps_round_entry_t){.batch_id = 14, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_CHECKPOINT};
   ck[2].round = 9;
   snprintf(ck[2].scope, sizeof(ck[2].scope), "emb");
   embps__frame_round(&b, e, cfgs, ck, 3, &err);

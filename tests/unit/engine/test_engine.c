@@ -71,15 +71,16 @@ static void create(rank_ctx_t *r, const embps_table_config_t *c) {
   assert_non_null(op.created);
 }
 
-static embps_op_t batch_op(embps_op_kind_t kind, embps_table_t *t, const int64_t *tokens, size_t n,
-                           uint32_t size) {
+/* This rank's shard of a batch: n tokens (the engine needs no batch name or size; the group's
+ * envelope carries those). */
+static embps_op_t batch_op(embps_op_kind_t kind, embps_table_t *t, const int64_t *tokens,
+                           size_t n) {
   embps_op_t op;
   memset(&op, 0, sizeof(op));
   op.kind = kind;
   op.table = t;
   op.tokens = tokens;
   op.num_tokens = n;
-  op.tokens_per_batch = (uint32_t)(n * size);
   return op;
 }
 
@@ -102,7 +103,7 @@ static void test_single_rank(void **state) {
   t = embps_store_find(r.store, "t");
   memcpy(before, embps_table_arrays(t).data, sizeof(before));
 
-  op = batch_op(EMBPS_OP_LOOKUP, t, tokens, 4, 1);
+  op = batch_op(EMBPS_OP_LOOKUP, t, tokens, 4);
   op.rows_out = out;
   assert_int_equal(embps_engine_run(r.engine, &op, &err), EMBPS_OK);
   for (int i = 0; i < 4; i++)
@@ -112,7 +113,7 @@ static void test_single_rank(void **state) {
 
   for (int i = 0; i < 4 * WIDTH; i++)
     g[i] = (float)(i % 7) - 3.0f;
-  op = batch_op(EMBPS_OP_PUSH, t, tokens, 4, 1);
+  op = batch_op(EMBPS_OP_PUSH, t, tokens, 4);
   op.grads = g;
   assert_int_equal(embps_engine_run(r.engine, &op, &err), EMBPS_OK);
   assert_true(op.applied);
@@ -132,7 +133,7 @@ static void test_single_rank(void **state) {
   /* The gate: one infinite gradient and nothing changes. */
   memcpy(before, embps_table_arrays(t).data, sizeof(before));
   g[WIDTH + 3] = INFINITY;
-  op = batch_op(EMBPS_OP_PUSH, t, tokens, 4, 1);
+  op = batch_op(EMBPS_OP_PUSH, t, tokens, 4);
   op.grads = g;
   tokens[1] = 9; /* not padding any more, so its gradient counts */
   assert_int_equal(embps_engine_run(r.engine, &op, &err), EMBPS_OK);
@@ -197,7 +198,7 @@ static void test_lookup_published_in_chunks(void **state) {
   rank_init(&r, 0, 1, fds);
   create(&r, &c);
   chunk_seen_t seen = {.config = &c, .tokens = tokens, .out = out};
-  embps_op_t op = batch_op(EMBPS_OP_LOOKUP, embps_store_find(r.store, "t"), tokens, n, 1);
+  embps_op_t op = batch_op(EMBPS_OP_LOOKUP, embps_store_find(r.store, "t"), tokens, n);
   op.rows_out = out;
   op.publish = on_publish;
   op.publish_arg = &seen;
@@ -263,7 +264,7 @@ static void *run_rank(void *p) {
   for (int step = 0; step < STEPS; step++) {
     embps_op_t op;
     workload(step, width, c->dtype, tokens, grads);
-    op = batch_op(EMBPS_OP_PUSH, t, tokens + a->rank * n, n, a->size);
+    op = batch_op(EMBPS_OP_PUSH, t, tokens + a->rank * n, n);
     op.grads = grads + a->rank * n * width * ds;
     if (embps_engine_run(r.engine, &op, &err) != EMBPS_OK || !op.applied)
       a->status = 1;
@@ -275,7 +276,7 @@ static void *run_rank(void *p) {
     /* ROWS must split over the group: 40 over 1, 2, 4 and 8; for 3 ranks, look up 39 rows. */
     size_t rows = ROWS - ROWS % a->size, per = rows / a->size;
     uint8_t *out = calloc(per * width, ds);
-    embps_op_t op = batch_op(EMBPS_OP_LOOKUP, t, all + a->rank * per, per, a->size);
+    embps_op_t op = batch_op(EMBPS_OP_LOOKUP, t, all + a->rank * per, per);
     op.rows_out = out;
     if (embps_engine_run(r.engine, &op, &err) != EMBPS_OK)
       a->status = 1;
@@ -453,7 +454,7 @@ static uint8_t *pushed_with_threads(const embps_table_config_t *c, unsigned thre
           ((float *)grads)[i * T_WIDTH + col] = v;
       }
     }
-    op = batch_op(EMBPS_OP_PUSH, t, tokens, T_BATCH, 1);
+    op = batch_op(EMBPS_OP_PUSH, t, tokens, T_BATCH);
     op.grads = grads;
     assert_int_equal(embps_engine_run(r.engine, &op, &err), EMBPS_OK);
     assert_true(op.applied);

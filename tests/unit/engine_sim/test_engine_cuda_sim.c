@@ -411,7 +411,6 @@ static uint8_t *lookup(rank_args_t *a, embps_engine_t *engine, embps_table_t *t,
   op.table = t;
   op.tokens = req;
   op.num_tokens = n;
-  op.tokens_per_batch = (uint32_t)(n * a->sc->size);
   op.rows_out = reply;
   run_op(a, engine, &op, "lookup", step);
   memcpy(out, reply, n * row);
@@ -438,7 +437,6 @@ static void push(rank_args_t *a, embps_engine_t *engine, embps_table_t *t, const
   op.table = t;
   op.tokens = req;
   op.num_tokens = n;
-  op.tokens_per_batch = (uint32_t)(n * a->sc->size);
   op.grads = g;
   if (a->sc->backend == EMBPS_BACKEND_CUDA) {
     sim_cuda_counts_t before;
@@ -959,7 +957,6 @@ static void *oom_rank(void *p) {
     op.table = embps_store_find(store, "t");
     op.tokens = tokens + a->rank * n;
     op.num_tokens = n;
-    op.tokens_per_batch = 12;
     op.grads = grads + a->rank * n * WIDTH;
     if (embps_engine_run(engine, &op, &err) != EMBPS_OK || !op.applied)
       snprintf(a->failure, sizeof(a->failure), "push after the failed create: %.200s", err.message);

@@ -180,7 +180,7 @@ static embps_batch_desc_t sample_notice(void) {
   memset(&d, 0, sizeof(d));
   d.client_id = UINT64_C(0x1112131415161718);
   d.batch_id = UINT64_C(0x0102030405060708);
-  d.kind = EMBPS_BATCH_PUSH;
+  d.kind = EMBPS_OP_PUSH;
   d.tokens_per_batch = 4096;
   snprintf(d.table, sizeof(d.table), "emb");
   d.table_id = 0x2a;
@@ -193,7 +193,7 @@ static void test_notice_round_trip_and_bytes(void **state) {
       37, 0, 0, 0, EMBPS__FRAME_NOTICE,            /* length (type + payload), type */
       0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, /* client_id, little-endian */
       8, 7, 6, 5, 4, 3, 2, 1,                      /* batch_id */
-      EMBPS_BATCH_PUSH, 0, 0, 0, 0x00, 0x10, 0, 0, /* kind, tokens_per_batch 4096 */
+      EMBPS_OP_PUSH, 0, 0, 0, 0x00, 0x10, 0, 0, /* kind, tokens_per_batch 4096 */
       3, 'e', 'm', 'b',                            /* table */
       0x2a, 0, 0, 0, 0, 0, 0, 0};                  /* table_id */
   /* clang-format on */
@@ -248,24 +248,23 @@ static size_t sample_round(embps_round_entry_t *e, embps_table_config_t *c) {
   e[0] = (embps_round_entry_t){.client_id = UINT64_C(0xfedcba9876543210),
                                .batch_id = 7,
                                .action = EMBPS_ROUND_RUN,
-                               .kind = EMBPS_BATCH_LOOKUP};
-  e[1] = (embps_round_entry_t){.batch_id = UINT64_C(1) << 63 | 2,
-                               .action = EMBPS_ROUND_RUN,
-                               .kind = EMBPS_BATCH_CREATE_TABLE};
+                               .kind = EMBPS_OP_LOOKUP};
+  e[1] = (embps_round_entry_t){
+      .batch_id = UINT64_C(1) << 63 | 2, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_CREATE_TABLE};
   c[1] = sample_config();
   e[2] = (embps_round_entry_t){.batch_id = 9,
                                .action = EMBPS_ROUND_FAIL,
-                               .kind = EMBPS_BATCH_PUSH,
+                               .kind = EMBPS_OP_PUSH,
                                .status = EMBPS_DEADLINE_EXCEEDED};
   snprintf(e[2].message, sizeof(e[2].message), "batch 9 missed its deadline");
-  e[3] = (embps_round_entry_t){.batch_id = 10, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_PUSH};
+  e[3] = (embps_round_entry_t){.batch_id = 10, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_PUSH};
   e[4] = (embps_round_entry_t){
-      .batch_id = UINT64_C(3) << 62 | 5, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_CHECKPOINT};
+      .batch_id = UINT64_C(3) << 62 | 5, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_CHECKPOINT};
   snprintf(sample_ckpts[4].scope, sizeof(sample_ckpts[4].scope), "users.v2");
   sample_ckpts[4].round = UINT64_C(0x0123456789abcdef);
   sample_ckpts[4].base_round = 77;
   e[5] = (embps_round_entry_t){
-      .batch_id = UINT64_C(1) << 63 | 3, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_DROP_TABLE};
+      .batch_id = UINT64_C(1) << 63 | 3, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_DROP_TABLE};
   snprintf(c[5].name, sizeof(c[5].name), "old.table");
   return SAMPLE_ROUND_LEN;
 }
@@ -325,8 +324,7 @@ static void test_round_round_trip(void **state) {
  * the checkpoint header's), and back; each holds a value no other has, so one forgotten, moved
  * or read into another's place fails by name. */
 static void test_round_create_settings(void **state) {
-  embps_round_entry_t e = {
-      .batch_id = 4, .action = EMBPS_ROUND_RUN, .kind = EMBPS_BATCH_CREATE_TABLE};
+  embps_round_entry_t e = {.batch_id = 4, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_CREATE_TABLE};
   embps_round_entry_t got[1];
   embps_table_config_t c, got_c[1];
   embps__ckpt_order_t got_k[1];

@@ -1,4 +1,4 @@
-/* The group's thread with a group of one: ops submitted on the loop come back on the loop in
+/* The group's thread with a group of one: calls submitted on the loop come back on the loop in
  * submission order, a create registers its table before anything queued after it runs, a
  * duplicate batch id in flight is refused, and closing answers what is left. */
 #include <setjmp.h>
@@ -21,10 +21,10 @@ typedef struct {
   embps_group_t *group;
 } log_t;
 
-static void on_done(embps_op_t *op) {
-  log_t *log = op->user;
-  log->status[log->count] = op->error.status;
-  log->order[log->count++] = (int)op->batch_id;
+static void on_done(embps_group_call_t *call) {
+  log_t *log = call->user;
+  log->status[log->count] = call->error.status;
+  log->order[log->count++] = (int)call->batch_id;
   if (log->count == log->expect)
     embps_group_close(log->group);
 }
@@ -42,7 +42,7 @@ static void test_order_and_create(void **state) {
   embps_store_t *store;
   embps_group_t *g;
   embps_group_config_t cfg;
-  embps_op_t ops[OPS + 2];
+  embps_group_call_t calls[OPS + 2];
   log_t log;
   int64_t tokens[] = {1, 2, 3};
   float out[OPS][3 * WIDTH];
@@ -55,7 +55,7 @@ static void test_order_and_create(void **state) {
   cfg.identity = "version=test\n";
   cfg.batch_deadline_ms = 1000;
   memset(&log, 0, sizeof(log));
-  memset(ops, 0, sizeof(ops));
+  memset(calls, 0, sizeof(calls));
   assert_int_equal(uv_loop_init(&loop), 0);
   assert_int_equal(embps_store_new(&store, 0, 1), EMBPS_OK);
   assert_int_equal(embps_group_new(&g, &loop, &cfg, store), EMBPS_OK);
@@ -65,32 +65,32 @@ static void test_order_and_create(void **state) {
   assert_int_equal(embps_group_size(g), 1);
 
   /* A create, then lookups of the table it makes, all queued before any runs. */
-  ops[0].kind = EMBPS_OP_CREATE_TABLE;
-  strcpy(ops[0].create.name, "t");
-  ops[0].create.rows = 10;
-  ops[0].create.emb_width = WIDTH;
-  assert_int_equal(embps_table_config_resolve(&ops[0].create, 1, 1 << 20, &err), EMBPS_OK);
-  ops[0].done = on_done;
-  ops[0].user = &log;
-  embps_group_submit(g, &ops[0]);
+  calls[0].op.kind = EMBPS_OP_CREATE_TABLE;
+  strcpy(calls[0].op.create.name, "t");
+  calls[0].op.create.rows = 10;
+  calls[0].op.create.emb_width = WIDTH;
+  assert_int_equal(embps_table_config_resolve(&calls[0].op.create, 1, 1 << 20, &err), EMBPS_OK);
+  calls[0].done = on_done;
+  calls[0].user = &log;
+  embps_group_submit(g, &calls[0]);
   /* The table does not exist yet, so lookups reference it through a pointer taken after the
    * create ran: run the loop until the create answered. */
   while (log.count < 1)
     uv_run(&loop, UV_RUN_ONCE);
   assert_int_equal(log.status[0], EMBPS_OK);
-  assert_non_null(ops[0].created);
-  assert_ptr_equal(embps_store_find(store, "t"), ops[0].created);
+  assert_non_null(calls[0].op.created);
+  assert_ptr_equal(embps_store_find(store, "t"), calls[0].op.created);
   for (int i = 1; i <= OPS; i++) {
-    ops[i].kind = EMBPS_OP_LOOKUP;
-    ops[i].batch_id = (uint64_t)i;
-    ops[i].table = ops[0].created;
-    ops[i].tokens = tokens;
-    ops[i].num_tokens = 3;
-    ops[i].tokens_per_batch = 3;
-    ops[i].rows_out = out[i - 1];
-    ops[i].done = on_done;
-    ops[i].user = &log;
-    embps_group_submit(g, &ops[i]);
+    calls[i].op.kind = EMBPS_OP_LOOKUP;
+    calls[i].batch_id = (uint64_t)i;
+    calls[i].op.table = calls[0].op.created;
+    calls[i].op.tokens = tokens;
+    calls[i].op.num_tokens = 3;
+    calls[i].tokens_per_batch = 3;
+    calls[i].op.rows_out = out[i - 1];
+    calls[i].done = on_done;
+    calls[i].user = &log;
+    embps_group_submit(g, &calls[i]);
   }
   assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
   assert_int_equal(log.count, OPS + 1);

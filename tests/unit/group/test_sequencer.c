@@ -8,7 +8,7 @@
 
 #include "server/group/sequencer.h"
 
-static embps_batch_desc_t desc(uint64_t id, uint32_t kind, uint32_t tpb, const char *table) {
+static embps_batch_desc_t desc(uint64_t id, embps_op_kind_t kind, uint32_t tpb, const char *table) {
   embps_batch_desc_t d;
   memset(&d, 0, sizeof(d));
   d.batch_id = id;
@@ -21,7 +21,7 @@ static embps_batch_desc_t desc(uint64_t id, uint32_t kind, uint32_t tpb, const c
 static void test_completion_order(void **state) {
   embps_sequencer_t *s;
   embps_round_entry_t e[8];
-  embps_batch_desc_t a = desc(1, EMBPS_BATCH_LOOKUP, 8, "t"), b = desc(2, EMBPS_BATCH_PUSH, 8, "t");
+  embps_batch_desc_t a = desc(1, EMBPS_OP_LOOKUP, 8, "t"), b = desc(2, EMBPS_OP_PUSH, 8, "t");
   (void)state;
   assert_int_equal(embps_sequencer_new(&s, 3, 1000), EMBPS_OK);
   /* Shards reach the ranks in different orders: batch 2 completes first. */
@@ -35,7 +35,7 @@ static void test_completion_order(void **state) {
   assert_int_equal(embps_sequencer_next_round(s, 7, e, 8), 2);
   assert_int_equal(e[0].batch_id, 2);
   assert_int_equal(e[0].action, EMBPS_ROUND_RUN);
-  assert_int_equal(e[0].kind, EMBPS_BATCH_PUSH);
+  assert_int_equal(e[0].kind, EMBPS_OP_PUSH);
   assert_int_equal(e[1].batch_id, 1);
   assert_int_equal(embps_sequencer_pending(s), 0);
   assert_int_equal(embps_sequencer_next_round(s, 8, e, 8), 0);
@@ -48,7 +48,7 @@ static void test_completion_order(void **state) {
 static void test_client_scope(void **state) {
   embps_sequencer_t *s;
   embps_round_entry_t e[8];
-  embps_batch_desc_t a = desc(5, EMBPS_BATCH_LOOKUP, 8, "t"), b = a, none = a;
+  embps_batch_desc_t a = desc(5, EMBPS_OP_LOOKUP, 8, "t"), b = a, none = a;
   (void)state;
   a.client_id = 11;
   b.client_id = 22;
@@ -82,8 +82,7 @@ static void test_client_scope(void **state) {
 static void test_disagreement_and_late_shard(void **state) {
   embps_sequencer_t *s;
   embps_round_entry_t e[8];
-  embps_batch_desc_t a = desc(7, EMBPS_BATCH_LOOKUP, 8, "t"),
-                     b = desc(7, EMBPS_BATCH_LOOKUP, 12, "t");
+  embps_batch_desc_t a = desc(7, EMBPS_OP_LOOKUP, 8, "t"), b = desc(7, EMBPS_OP_LOOKUP, 12, "t");
   (void)state;
   assert_int_equal(embps_sequencer_new(&s, 2, 1000), EMBPS_OK);
   embps_sequencer_arrive(s, 0, &a, 0);
@@ -103,7 +102,7 @@ static void test_disagreement_and_late_shard(void **state) {
 static void test_deadline(void **state) {
   embps_sequencer_t *s;
   embps_round_entry_t e[8];
-  embps_batch_desc_t a = desc(9, EMBPS_BATCH_PUSH, 4, "t");
+  embps_batch_desc_t a = desc(9, EMBPS_OP_PUSH, 4, "t");
   (void)state;
   assert_int_equal(embps_sequencer_new(&s, 4, 100), EMBPS_OK);
   embps_sequencer_arrive(s, 0, &a, 1000);
@@ -128,8 +127,8 @@ static void test_deadline(void **state) {
 static void test_table_id_and_drop(void **state) {
   embps_sequencer_t *s;
   embps_round_entry_t e[8];
-  embps_batch_desc_t a = desc(7, EMBPS_BATCH_LOOKUP, 8, "t"), b = a,
-                     d = desc(8, EMBPS_BATCH_DROP_TABLE, 0, "t");
+  embps_batch_desc_t a = desc(7, EMBPS_OP_LOOKUP, 8, "t"), b = a,
+                     d = desc(8, EMBPS_OP_DROP_TABLE, 0, "t");
   (void)state;
   a.table_id = 1;
   b.table_id = 2;
@@ -144,20 +143,20 @@ static void test_table_id_and_drop(void **state) {
   assert_non_null(strstr(e[0].message, "two different tables called 't'"));
   assert_int_equal(e[1].batch_id, 8);
   assert_int_equal(e[1].action, EMBPS_ROUND_RUN);
-  assert_int_equal(e[1].kind, EMBPS_BATCH_DROP_TABLE);
+  assert_int_equal(e[1].kind, EMBPS_OP_DROP_TABLE);
   embps_sequencer_free(s);
 }
 
 static void test_create_needs_leader_only(void **state) {
   embps_sequencer_t *s;
   embps_round_entry_t e[8];
-  embps_batch_desc_t c = desc(3, EMBPS_BATCH_CREATE_TABLE, 0, "new");
+  embps_batch_desc_t c = desc(3, EMBPS_OP_CREATE_TABLE, 0, "new");
   (void)state;
   assert_int_equal(embps_sequencer_new(&s, 4, 100), EMBPS_OK);
   embps_sequencer_arrive(s, 0, &c, 0);
   assert_int_equal(embps_sequencer_next_round(s, 0, e, 8), 1);
   assert_int_equal(e[0].action, EMBPS_ROUND_RUN);
-  assert_int_equal(e[0].kind, EMBPS_BATCH_CREATE_TABLE);
+  assert_int_equal(e[0].kind, EMBPS_OP_CREATE_TABLE);
   embps_sequencer_free(s);
 }
 
@@ -168,11 +167,11 @@ static void test_many_batches_bounded_round(void **state) {
   (void)state;
   assert_int_equal(embps_sequencer_new(&s, 2, 0), EMBPS_OK);
   for (uint64_t id = 1; id <= 100; id++) {
-    embps_batch_desc_t d = desc(id, EMBPS_BATCH_LOOKUP, 2, "t");
+    embps_batch_desc_t d = desc(id, EMBPS_OP_LOOKUP, 2, "t");
     embps_sequencer_arrive(s, 1, &d, 0);
   }
   for (uint64_t id = 1; id <= 100; id++) {
-    embps_batch_desc_t d = desc(id, EMBPS_BATCH_LOOKUP, 2, "t");
+    embps_batch_desc_t d = desc(id, EMBPS_OP_LOOKUP, 2, "t");
     embps_sequencer_arrive(s, 0, &d, 0);
   }
   while ((n = embps_sequencer_next_round(s, 1u << 30, e, 16)) > 0) {

@@ -143,10 +143,19 @@ void fake_call_release(embps_net_call_t *call) {
 
 /* ---- the group ---- */
 
-void embps_group_submit(embps_group_t *group, embps_op_t *op) {
+void embps_group_submit(embps_group_t *group, embps_group_call_t *call) {
   (void)group;
   FAKE_CHECK(fake.num_queued < (int)(sizeof(fake.queued) / sizeof(fake.queued[0])));
-  fake.queued[fake.num_queued++] = op;
+  call->ckpt = NULL;
+  fake.queued[fake.num_queued++] = call;
+}
+
+void embps_group_checkpoint(embps_group_t *group, embps_group_call_t *call,
+                            embps_group_ckpt_t *req) {
+  (void)group;
+  FAKE_CHECK(fake.num_queued < (int)(sizeof(fake.queued) / sizeof(fake.queued[0])));
+  call->ckpt = req;
+  fake.queued[fake.num_queued++] = call;
 }
 
 embps_group_state_t embps_group_state(embps_group_t *group, char *message, size_t cap) {
@@ -201,8 +210,10 @@ void fake_fail_queued(embps_status_t status, const char *msg) {
   fake.num_queued = 0;
 }
 
-/* A lookup filled chunk_rows rows at a time, each chunk published as the engine does. */
-static void lookup_in_chunks(embps_op_t *op) {
+/* A lookup filled chunk_rows rows at a time, each chunk published as the engine does (and
+ * passed on to the call's progress, as the group does). */
+static void lookup_in_chunks(embps_group_call_t *call) {
+  embps_op_t *op = &call->op;
   const embps_table_config_t *c = embps_table_config(op->table);
   const size_t row_bytes = c->emb_width * embps_dtype_size(c->dtype);
   for (size_t a = 0; a < op->num_tokens; a += fake.chunk_rows) {
@@ -211,8 +222,8 @@ static void lookup_in_chunks(embps_op_t *op) {
                      embps_table_shard_width(op->table), op->tokens + a, m,
                      (uint8_t *)op->rows_out + a * row_bytes);
     atomic_store(&op->rows_ready, a + m);
-    if (op->progress)
-      op->progress(op);
+    if (call->progress)
+      call->progress(call);
     if (fake.fail_after_chunk) {
       embps_error_set(&op->error, EMBPS_UNAVAILABLE, "fake: the group broke mid-round");
       return;
@@ -248,34 +259,36 @@ static void run_push(embps_op_t *op) {
 
 void fake_run_engine(void) {
   for (int i = 0; i < fake.num_queued; i++) {
-    embps_op_t *op = fake.queued[i];
+    embps_group_call_t *call = fake.queued[i];
+    embps_op_t *op = &call->op;
     embps_table_t *dropped = NULL;
     embps_error_clear(&op->error);
-    if (op->ordered)
-      op->ordered(op);
+    if (call->ordered)
+      call->ordered(call);
     if (fake.engine_fails) {
       embps_error_set(&op->error, EMBPS_INTERNAL, "fake: the engine failed");
+    } else if (call->ckpt) {
+      call->ckpt->round = 7;
+      call->ckpt->bytes = 1;
+      snprintf(call->ckpt->path, sizeof(call->ckpt->path), "/fake/ckpt-7");
     } else if (op->kind == EMBPS_OP_CREATE_TABLE) {
       run_create(op, &dropped);
     } else if (op->kind == EMBPS_OP_LOOKUP && fake.chunk_rows) {
-      lookup_in_chunks(op);
+      lookup_in_chunks(call);
     } else if (op->kind == EMBPS_OP_LOOKUP) {
       embps_gather_cpu(embps_table_arrays(op->table).data, embps_table_config(op->table)->dtype,
                        embps_table_shard_width(op->table), op->tokens, op->num_tokens,
                        op->rows_out);
     } else if (op->kind == EMBPS_OP_PUSH) {
       run_push(op);
-    } else if (op->kind == EMBPS_OP_DROP_TABLE) {
+    } else {
+      FAKE_CHECK(op->kind == EMBPS_OP_DROP_TABLE);
       /* the table is answered for, and stays in the store (the fake frees nothing) */
       if (!(op->table = embps_store_find(fake.store, op->create.name)))
         embps_error_set(&op->error, EMBPS_NOT_FOUND, "table '%s' not found", op->create.name);
-    } else {
-      FAKE_CHECK(op->kind == EMBPS_OP_CHECKPOINT);
-      op->ckpt_round = 7;
-      op->ckpt_bytes = 1;
-      snprintf(op->ckpt_path, sizeof(op->ckpt_path), "/fake/ckpt-7");
     }
-    op->done(op);
+    call->error = op->error; /* the group answers with the engine's answer */
+    call->done(call);
     embps_table_free(dropped);
   }
   fake.num_queued = 0;

@@ -1,9 +1,9 @@
 /* One fake of everything the service sits on, for the service's unit tests and the fuzz target
  * that drives it (tests/fuzz/fuzz_requests.c): the network layer's call (which records the
  * answer), the group (its size, rank, readiness, backend, checkpoint directory) and the engine
- * (which runs queued ops on the caller's thread against the service's store, gathering real rows
- * so that a token that passed validation out of range trips AddressSanitizer). The service's
- * sources are linked with it instead of the layers below them (tests/unit/service's
+ * (which runs the queued calls' ops on the caller's thread against the service's store, gathering
+ * real rows so that a token that passed validation out of range trips AddressSanitizer). The
+ * service's sources are linked with it instead of the layers below them (tests/unit/service's
  * embps_service_faked library).
  *
  * Misuse of a call (answered twice, a stream not begun) aborts: the fuzz target has no test
@@ -59,8 +59,8 @@ typedef struct fake_world {
   int engine_fails;
   size_t chunk_rows;
   int fail_after_chunk;
-  /* ops submitted and not yet run */
-  embps_op_t *queued[64];
+  /* calls submitted (ops and checkpoints) and not yet run */
+  embps_group_call_t *queued[64];
   int num_queued;
   /* the last push the engine ran: where its gradients were, and a copy of them (malloc'd) */
   const void *pushed_grads;
@@ -73,13 +73,14 @@ extern fake_world_t fake;
  * it held. */
 void fake_reset(embps_store_t *store);
 
-/** The leader orders every queued op: each gets its ordered notice, as the group gives them. */
+/** The leader orders every queued call: each gets its ordered notice, as the group gives them. */
 void fake_order_queued(void);
 
-/** Fails every queued op before it is ordered (a shard that never arrived). */
+/** Fails every queued call before it is ordered (a shard that never arrived). */
 void fake_fail_queued(embps_status_t status, const char *msg);
 
-/** Runs the queued ops as the group and the engine would: each is ordered, then run, then done. */
+/** Runs the queued calls as the group and the engine would: each is ordered, then run (its op
+ * by the engine, a checkpoint by the group), then done. */
 void fake_run_engine(void);
 
 /** Frees what the fake net kept of a call's reply. */
