@@ -73,6 +73,7 @@ trap 'exit 143' TERM INT # so that a timeout still stops the servers (through th
 start_server() { # start_server NAME FLAGS...
   local name=$1 log=$OUTD/server-$1.log
   shift
+  : >"$log" # emptied here, not by the background redirection: a previous run's port must not be read
   "$SERVER" --listen 127.0.0.1:0 "$@" >"$log" 2>&1 &
   PID[$name]=$!
   local i port=
