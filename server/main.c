@@ -570,7 +570,7 @@ int main(int argc, char **argv) {
   /* Say which step failed and how: not every failure here is running out of memory. */
   const char *step = NULL;
   embps_status_t st;
-  if ((st = embps_store_new(&s.store, rank, group_size)) != EMBPS_OK)
+  if ((st = embps_store_new(&s.store)) != EMBPS_OK)
     step = "the table store";
   else if ((st = embps_group_new(&s.group, &s.loop, &gcfg, s.store)) != EMBPS_OK)
     step = "the group";

@@ -31,8 +31,6 @@
 
 struct embps_store {
   pthread_mutex_t mu; /* guards count, tables, dropped and next_id */
-  uint32_t rank;
-  uint32_t group_size;
   size_t count, cap;
   embps_table_t **tables; /* cap slots, count used */
   embps_table_t *dropped; /* dropped tables' structs, freed with the store */
@@ -146,13 +144,11 @@ embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t gr
   return EMBPS_OK;
 }
 
-embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t group_size) {
+embps_status_t embps_store_new(embps_store_t **out) {
   embps_store_t *s = embps_calloc(1, sizeof(*s));
   if (!s)
     return EMBPS_RESOURCE_EXHAUSTED;
   pthread_mutex_init(&s->mu, NULL);
-  s->rank = rank;
-  s->group_size = group_size;
   atomic_init(&s->budget_max, UINT64_MAX);
   atomic_init(&s->budget_copies, 0);
   *out = s;

@@ -89,9 +89,9 @@ embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t gr
 /** Bytes a table of cfg holds on one rank of a group of group_size (data and state). */
 uint64_t embps_table_config_bytes(const embps_table_config_t *cfg, uint32_t group_size);
 
-/** Creates an empty store for rank `rank` of a group of group_size. On failure *out is
- * untouched. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED. */
-embps_status_t embps_store_new(embps_store_t **out, uint32_t rank, uint32_t group_size);
+/** Creates an empty store (this rank's tables; each table knows its own column slice). On
+ * failure *out is untouched. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED. */
+embps_status_t embps_store_new(embps_store_t **out);
 /** Frees the store and every table's arrays. NULL is a no-op. */
 void embps_store_free(embps_store_t *store);
 

@@ -52,8 +52,7 @@ static void setup(void) {
     uint32_t width;
     embps_dtype_t dtype;
   } tables[] = {{"t", 64, 8, EMBPS_DTYPE_F32}, {"h", 1000, 4, EMBPS_DTYPE_BF16}};
-  if (embps_store_new(&store, 0, 1) != EMBPS_OK ||
-      embps_service_new(&svc, NULL, store, &cfg) != EMBPS_OK)
+  if (embps_store_new(&store) != EMBPS_OK || embps_service_new(&svc, NULL, store, &cfg) != EMBPS_OK)
     abort();
   embps_store_set_budget(store, 1 << 20, 0); /* what CreateTable accepts (--max-memory-bytes) */
   fake_reset(store);

@@ -49,7 +49,7 @@ typedef struct rank_ctx {
 
 static void rank_init(rank_ctx_t *r, uint32_t rank, uint32_t size, const int *fds) {
   assert_int_equal(embps_comm_tcp_new(&r->comm, rank, size, fds, 10000), EMBPS_OK);
-  assert_int_equal(embps_store_new(&r->store, rank, size), EMBPS_OK);
+  assert_int_equal(embps_store_new(&r->store), EMBPS_OK);
   assert_int_equal(embps_engine_new(&r->engine, r->comm, r->store, EMBPS_BACKEND_CPU, NULL),
                    EMBPS_OK);
 }

@@ -517,7 +517,7 @@ static void *rank_main(void *p) {
     }
     comm = sim_nccl_wrap(tcp, stream, (int)a->rank);
   }
-  if (embps_store_new(&store, a->rank, sc->size) != EMBPS_OK ||
+  if (embps_store_new(&store) != EMBPS_OK ||
       embps_engine_new(&engine, comm, store, sc->backend, stream) != EMBPS_OK) {
     RANK_CHECK(a, 0, "cannot create the store or the engine");
     goto exit;
@@ -861,7 +861,7 @@ static void test_dirty_rows_without_device_memory(void **state) {
   assert_int_equal(embps_comm_tcp_new(&tcp, 0, 1, a.fds, 20000), EMBPS_OK);
   assert_int_equal(embps_cuda_open(0, &stream, bus, sizeof(bus), &err), EMBPS_OK);
   comm = sim_nccl_wrap(tcp, stream, 0);
-  assert_int_equal(embps_store_new(&store, 0, 1), EMBPS_OK);
+  assert_int_equal(embps_store_new(&store), EMBPS_OK);
   assert_int_equal(embps_engine_new(&engine, comm, store, EMBPS_BACKEND_CUDA, stream), EMBPS_OK);
   memset(&op, 0, sizeof(op));
   op.kind = EMBPS_OP_CREATE_TABLE;
@@ -930,7 +930,7 @@ static void *oom_rank(void *p) {
     return NULL;
   }
   comm = sim_nccl_wrap(tcp, stream, (int)a->rank);
-  if (embps_store_new(&store, a->rank, a->size) != EMBPS_OK ||
+  if (embps_store_new(&store) != EMBPS_OK ||
       embps_engine_new(&engine, comm, store, EMBPS_BACKEND_CUDA, stream) != EMBPS_OK) {
     snprintf(a->failure, sizeof(a->failure), "setup failed");
     return NULL;

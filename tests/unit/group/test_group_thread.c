@@ -57,7 +57,7 @@ static void test_order_and_create(void **state) {
   memset(&log, 0, sizeof(log));
   memset(calls, 0, sizeof(calls));
   assert_int_equal(uv_loop_init(&loop), 0);
-  assert_int_equal(embps_store_new(&store, 0, 1), EMBPS_OK);
+  assert_int_equal(embps_store_new(&store), EMBPS_OK);
   assert_int_equal(embps_group_new(&g, &loop, &cfg, store), EMBPS_OK);
   log.group = g;
   log.expect = OPS + 1;

@@ -29,7 +29,7 @@ static embps_service_t *svc;
 static int setup(void **state) {
   embps_service_config_t cfg = {0};
   (void)state;
-  assert_int_equal(embps_store_new(&store, 0, 1), EMBPS_OK);
+  assert_int_equal(embps_store_new(&store), EMBPS_OK);
   embps_store_set_budget(store, 1 << 26, 0); /* CreateTable's limit (--max-memory-bytes) */
   assert_int_equal(embps_service_new(&svc, NULL, store, &cfg), EMBPS_OK);
   fake_reset(store);

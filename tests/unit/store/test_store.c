@@ -82,7 +82,7 @@ static void test_registry(void **state) {
                 *t2 = new_table("two", 0, 1), *t3 = new_table("three", 0, 1);
   embps_error_t err;
   (void)state;
-  assert_int_equal(embps_store_new(&s, 0, 1), EMBPS_OK);
+  assert_int_equal(embps_store_new(&s), EMBPS_OK);
   assert_int_equal(embps_store_add(s, t1, &err), EMBPS_OK);
   assert_int_equal(embps_store_add(s, dup, &err), EMBPS_ALREADY_EXISTS);
   assert_non_null(strstr(err.message, "table 'one' already exists"));
@@ -150,7 +150,7 @@ static void test_drop_and_budget(void **state) {
   embps_error_t err;
   const uint64_t bytes = embps_table_bytes(a);
   (void)state;
-  assert_int_equal(embps_store_new(&s, 0, 1), EMBPS_OK);
+  assert_int_equal(embps_store_new(&s), EMBPS_OK);
   embps_store_set_budget(s, 1000000, 1);
   assert_int_equal(embps_store_budget_cost(s, bytes), 2 * bytes);
   assert_int_equal(embps_store_add(s, a, &err), EMBPS_OK);
@@ -285,7 +285,7 @@ static void test_dirty_rows(void **state) {
   assert_ptr_equal(dev, embps_table_device_dirty(t));
   assert_int_equal(embps_table_device_dirty_new(t2, &dev), EMBPS_OK);
   assert_int_equal(other_live, 6);
-  assert_int_equal(embps_store_new(&s, 0, 1), EMBPS_OK);
+  assert_int_equal(embps_store_new(&s), EMBPS_OK);
   assert_int_equal(embps_store_add(s, t, &err), EMBPS_OK);
   assert_int_equal(embps_store_drop(s, t), EMBPS_OK);
   assert_null(embps_table_device_dirty(t));
