@@ -353,7 +353,8 @@ size_t embps_store_list(const embps_store_t *store, embps_table_t **out, size_t 
   size_t n;
   pthread_mutex_lock((pthread_mutex_t *)&store->mu);
   n = store->count < cap ? store->count : cap;
-  memcpy(out, store->tables, n * sizeof(*out));
+  if (n) /* tables is NULL until the first table is registered */
+    memcpy(out, store->tables, n * sizeof(*out));
   pthread_mutex_unlock((pthread_mutex_t *)&store->mu);
   return n;
 }

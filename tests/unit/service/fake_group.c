@@ -252,7 +252,8 @@ static void run_push(embps_op_t *op) {
   fake.pushed_grads = op->grads;
   free(fake.pushed_copy);
   fake.pushed_copy = malloc(bytes ? bytes : 1);
-  memcpy(fake.pushed_copy, op->grads, bytes);
+  if (bytes)
+    memcpy(fake.pushed_copy, op->grads, bytes);
   op->applied = 1;
   op->num_unique = op->num_tokens;
 }
