@@ -10,7 +10,10 @@
  *
  * A reply's prefix lives in its body object, so the reply's DATA points at the prefix and at the
  * handler's bytes without copying either (h2out.c). grpc-message values are percent-encoded as
- * the gRPC spec asks and clipped to MESSAGE_MAX bytes before encoding. */
+ * the gRPC spec asks and clipped to MESSAGE_MAX bytes before encoding.
+ *
+ * A request's grpc-timeout header is parsed here too (embps__grpc_parse_timeout), exactly as the
+ * gRPC protocol spells it: what a stream does with it is h2conn.c's. */
 #include <stdio.h>
 #include <string.h>
 
@@ -20,6 +23,43 @@
 
 /* Longest grpc-message we send, before encoding. */
 #define MESSAGE_MAX 2048
+
+int embps__grpc_parse_timeout(const uint8_t *value, size_t len, uint64_t *ns) {
+  uint64_t n = 0, unit;
+  if (len < 2 || len > 9)
+    return -1;
+  for (size_t i = 0; i + 1 < len; i++) {
+    if (value[i] < '0' || value[i] > '9')
+      return -1;
+    n = n * 10 + (uint64_t)(value[i] - '0');
+  }
+  switch (value[len - 1]) {
+  case 'H':
+    unit = UINT64_C(3600000000000);
+    break;
+  case 'M':
+    unit = UINT64_C(60000000000);
+    break;
+  case 'S':
+    unit = UINT64_C(1000000000);
+    break;
+  case 'm':
+    unit = UINT64_C(1000000);
+    break;
+  case 'u':
+    unit = UINT64_C(1000);
+    break;
+  case 'n':
+    unit = 1;
+    break;
+  default:
+    return -1;
+  }
+  /* 99999999H is about 3.6e20 ns, past 64 bits: such a timeout is as good as none, and stays
+   * the largest value rather than wrapping to a small one. */
+  *ns = n > UINT64_MAX / unit ? UINT64_MAX : n * unit;
+  return 0;
+}
 
 char *embps__h2_percent_encode(const char *message) {
   static const char hex[] = "0123456789ABCDEF";

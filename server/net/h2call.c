@@ -81,6 +81,7 @@ embps_net_call_t *embps__h2call_start(embps__h2conn_t *conn, embps__h2stream_t *
   if (conn->calls)
     conn->calls->prev = call;
   conn->calls = call;
+  call->deadline_ns = s->deadline_ns;
   s->call = call;
   s->state = EMBPS__H2S_CALLED;
   if (conn->hooks.stats)
@@ -287,6 +288,8 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
 const char *embps_net_call_authorization(const embps_net_call_t *call) {
   return call->stream ? call->stream->authorization : NULL;
 }
+
+uint64_t embps_net_call_deadline_ns(const embps_net_call_t *call) { return call->deadline_ns; }
 
 int embps_net_call_cancelled(const embps_net_call_t *call) {
   return call->cancelled || !call->conn || !call->stream;

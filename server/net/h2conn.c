@@ -5,12 +5,14 @@
  * top: it follows each request stream from its headers to its answer and hands complete calls
  * to the request callback. Received bytes go in through embps__h2conn_feed
  * (nghttp2_session_mem_recv); a stream's message is read out of its DATA by grpc_frame.c, in
- * place when it is large (h2read.c). A wrong method or content-type is answered at once with a
- * trailers-only response (and a RST_STREAM(NO_ERROR) once it is sent, when the client is still
- * sending), and the connection carries on. Requests whose stream ended with exactly one message
- * are queued and handed to the request callback only after mem_recv returns, so a handler never
- * runs inside an nghttp2 callback and may answer synchronously. The calls it hands over, and
- * their answers, are h2call.c's; output leaves as batches of segments (h2out.c).
+ * place when it is large (h2read.c). A wrong method or content-type, or a malformed
+ * grpc-timeout, is answered at once with a trailers-only response (and a RST_STREAM(NO_ERROR)
+ * once it is sent, when the client is still sending), and the connection carries on. Requests
+ * whose stream ended with exactly one message are queued and handed to the request callback only
+ * after mem_recv returns, so a handler never runs inside an nghttp2 callback and may answer
+ * synchronously; one whose grpc-timeout has run out by then is answered DEADLINE_EXCEEDED
+ * instead. The calls it hands over, and their answers, are h2call.c's; output leaves as batches
+ * of segments (h2out.c).
  *
  * Windows: we advertise SETTINGS_INITIAL_WINDOW_SIZE = 2^31-1 and raise the connection window to
  * the same, and accept 16 MiB-1 frames, so a client never stalls on our flow control. */
@@ -19,6 +21,7 @@
 #include <strings.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "server/net/h2conn_internal.h"
 
@@ -115,6 +118,29 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
   return 0;
 }
 
+/* The grpc-timeout header: the call's deadline counts from now, when its headers arrive (as
+ * gRPC's servers count it). A malformed or repeated one is remembered and refused once the
+ * headers end, before anything else happens to the call. */
+static void read_timeout(embps__h2stream_t *s, const uint8_t *value, size_t valuelen) {
+  uint64_t ns, now;
+  if (s->timeout_bad)
+    return;
+  if (s->deadline_ns) {
+    s->timeout_bad = 2;
+    return;
+  }
+  if (embps__grpc_parse_timeout(value, valuelen, &ns) != 0) {
+    s->timeout_bad = 1;
+    snprintf(s->timeout_text, sizeof(s->timeout_text), "%.*s%s",
+             (int)(valuelen < 40 ? valuelen : 40), (const char *)value, valuelen > 40 ? "..." : "");
+    return;
+  }
+  now = embps_now_ns();
+  s->deadline_ns = ns > UINT64_MAX - now ? UINT64_MAX : now + ns;
+  if (s->deadline_ns == 0) /* 0 means none; a clock at 0 is not one to worry about */
+    s->deadline_ns = 1;
+}
+
 static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const uint8_t *name,
                      size_t namelen, const uint8_t *value, size_t valuelen, uint8_t flags,
                      void *user) {
@@ -157,6 +183,8 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
     }
     memcpy(s->authorization, value, valuelen);
     s->authorization[valuelen] = '\0';
+  } else if (namelen == 12 && memcmp(name, "grpc-timeout", 12) == 0) {
+    read_timeout(s, value, valuelen);
   }
   return 0;
 }
@@ -175,6 +203,15 @@ static void check_request(embps__h2conn_t *conn, embps__h2stream_t *s) {
     embps__h2_fail_stream(conn, s, 415, EMBPS_INVALID_ARGUMENT, msg);
   } else if (!s->path) {
     embps__h2_fail_stream(conn, s, 200, EMBPS_UNIMPLEMENTED, "missing :path");
+  } else if (s->timeout_bad == 1) {
+    snprintf(msg, sizeof(msg),
+             "malformed grpc-timeout header '%s': expected 1 to 8 digits and a unit H, M, S, m, "
+             "u or n",
+             s->timeout_text);
+    embps__h2_fail_stream(conn, s, 200, EMBPS_INVALID_ARGUMENT, msg);
+  } else if (s->timeout_bad == 2) {
+    embps__h2_fail_stream(conn, s, 200, EMBPS_INVALID_ARGUMENT,
+                          "more than one grpc-timeout header: send one");
   } else if (s->authorization_bad == 1) {
     snprintf(msg, sizeof(msg), "the authorization metadata is longer than %d bytes",
              EMBPS_NET_MAX_AUTHORIZATION);
@@ -347,6 +384,13 @@ static void deliver(embps__h2conn_t *conn) {
     if (msg)
       conn->receiving_bytes -= s->msg_len;
     s->msg = NULL;
+    if (call->deadline_ns && embps_now_ns() >= call->deadline_ns) {
+      /* Its caller has given up already: nothing of it is worth starting. */
+      embps_free(msg);
+      embps_net_call_fail(call, EMBPS_DEADLINE_EXCEEDED,
+                          "the call's deadline (grpc-timeout) passed before it reached the server");
+      continue;
+    }
     conn->hooks.on_request(conn->hooks.request_user, call, s->path, msg, s->msg_len);
   }
   conn->deliver.n = 0;

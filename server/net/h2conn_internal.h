@@ -57,6 +57,9 @@ typedef struct embps__h2stream {
   int method_seen, method_post, ct_ok;
   int headers_out_of_memory; /* a header could not be kept: refused when the headers end */
   int authorization_bad;     /* 1: too long, 2: sent twice; refused when the headers end */
+  int timeout_bad;           /* 1: grpc-timeout malformed, 2: sent twice; refused likewise */
+  char timeout_text[48];     /* a malformed grpc-timeout as sent (clipped), for the refusal */
+  uint64_t deadline_ns;      /* from grpc-timeout, on embps_now_ns()'s clock; 0: none */
   char *path;
   char *authorization; /* the authorization header's value, or NULL */
   char ct[64];
@@ -83,6 +86,7 @@ struct embps_net_call {
   int cancelled;
   embps_net_method_metrics_t *gm; /* counts the answer; NULL once counted (or no metrics) */
   uint64_t start_ns;              /* when the request was delivered */
+  uint64_t deadline_ns;           /* its stream's, kept past the stream; 0: none */
   size_t reply_held;              /* embps_net_call_hold_reply's bytes, in conn->reply_bytes */
   embps__h2body_t *body;          /* a streamed reply being made: the call's reference */
 };
@@ -174,6 +178,12 @@ void embps__grpc_submit_status(embps__h2conn_t *conn, int32_t id, int http_statu
  * is not OK, grpc-message (percent-encoded). Returns nghttp2_submit_trailer's result. */
 int embps__grpc_submit_trailers(nghttp2_session *session, int32_t id, embps_status_t status,
                                 const char *message);
+
+/** Parses a grpc-timeout header value (value[0..len), not NUL-terminated) as the gRPC protocol
+ * defines it: 1 to 8 ASCII digits and one unit, H (hours), M (minutes), S (seconds),
+ * m (milliseconds), u (microseconds) or n (nanoseconds), nothing else. Returns 0 with *ns set
+ * (saturated at UINT64_MAX), or -1 for anything else (*ns untouched). */
+int embps__grpc_parse_timeout(const uint8_t *value, size_t len, uint64_t *ns);
 
 /** The RST_STREAM code for a stream that cannot be answered because nghttp2 failed with rv. */
 uint32_t embps__h2_rst_code_of(int rv);

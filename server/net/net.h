@@ -208,6 +208,16 @@ embps_status_t embps_net_call_hold_reply(embps_net_call_t *call, size_t bytes, e
  */
 const char *embps_net_call_authorization(const embps_net_call_t *call);
 
+/**
+ * The call's deadline: when its grpc-timeout header, counted from the arrival of its headers,
+ * runs out, in nanoseconds on embps_now_ns()'s clock (common/clock.h); 0 when it sent none (a
+ * timeout too large for the clock reads UINT64_MAX). A call whose deadline has passed by the time
+ * it is complete is answered DEADLINE_EXCEEDED without reaching the handler, and a malformed
+ * grpc-timeout (not 1 to 8 digits and one of the units H, M, S, m, u, n) or a second one is
+ * refused with INVALID_ARGUMENT when the headers end. Valid until the call is answered.
+ */
+uint64_t embps_net_call_deadline_ns(const embps_net_call_t *call);
+
 /** Non-zero when the call's peer has gone (connection closed or stream reset). */
 int embps_net_call_cancelled(const embps_net_call_t *call);
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "server/net/h2conn.h"
 #include "tests/unit/net/h2client.h"
 
@@ -24,7 +25,8 @@ typedef struct server {
   int answer_inline; /* echo at once from inside the request callback */
   embps_net_call_t *calls[MAX_CALLS];
   char methods[MAX_CALLS][128];
-  char auths[MAX_CALLS][1100]; /* each call's authorization header, "(none)" without one */
+  char auths[MAX_CALLS][1100];   /* each call's authorization header, "(none)" without one */
+  uint64_t deadlines[MAX_CALLS]; /* each call's embps_net_call_deadline_ns */
   uint8_t *msgs[MAX_CALLS];
   size_t lens[MAX_CALLS];
   int ncalls;
@@ -51,6 +53,7 @@ static void on_request(void *user, embps_net_call_t *call, const char *method, u
   snprintf(sv->methods[i], sizeof(sv->methods[i]), "%s", method);
   const char *auth = embps_net_call_authorization(call);
   snprintf(sv->auths[i], sizeof(sv->auths[i]), "%s", auth ? auth : "(none)");
+  sv->deadlines[i] = embps_net_call_deadline_ns(call);
   sv->lens[i] = len;
   if (sv->answer_inline) {
     sv->msgs[i] = NULL;
@@ -184,6 +187,63 @@ static void test_authorization_header(void **state) {
   assert_error(s4, 200, 16, "the authorization metadata is longer than 1024 bytes");
   assert_error(s5, 200, 16, "more than one authorization header: send one 'Bearer TOKEN'");
   assert_int_equal(sv.stats.errors, 2);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
+#define TIMEOUT_NV(v)                                                                              \
+  { (uint8_t *)"grpc-timeout", (uint8_t *)(v), 12, strlen(v), NGHTTP2_NV_FLAG_NONE }
+
+/* grpc-timeout becomes the call's deadline, counted from the headers' arrival; a malformed or
+ * repeated one is refused with INVALID_ARGUMENT naming it, and a call whose deadline has passed
+ * before it is delivered is answered DEADLINE_EXCEEDED: neither reaches the handler. */
+static void test_grpc_timeout_header(void **state) {
+  static const char *const bad[] = {"bogus", "-1m", "123456789m", "1", "m", "1x", "1mm", ""};
+  enum { NBAD = sizeof(bad) / sizeof(bad[0]) };
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  h2c_stream_t *refused[NBAD];
+  char want[160];
+  (void)state;
+  start_echo(&sv, &c);
+  uint8_t *p = h2c_frame(0, "x", 1, &plen);
+  nghttp2_nv minute[] = {TIMEOUT_NV("1M")};
+  nghttp2_nv huge[] = {TIMEOUT_NV("99999999H")};
+  nghttp2_nv expired[] = {TIMEOUT_NV("0n")};
+  nghttp2_nv twice[] = {TIMEOUT_NV("1S"), TIMEOUT_NV("2S")};
+  uint64_t before = embps_now_ns();
+  h2c_stream_t *s1 = h2c_request_with(&c, PATH, CT, p, plen, 0, plen, minute, 1);
+  h2c_stream_t *s2 = h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  h2c_stream_t *s3 = h2c_request_with(&c, PATH, CT, p, plen, 0, plen, huge, 1);
+  h2c_stream_t *s4 = h2c_request_with(&c, PATH, CT, p, plen, 0, plen, expired, 1);
+  h2c_stream_t *s5 = h2c_request_with(&c, PATH, CT, p, plen, 0, plen, twice, 2);
+  for (int i = 0; i < NBAD; i++) {
+    nghttp2_nv one[] = {TIMEOUT_NV(bad[i])};
+    refused[i] = h2c_request_with(&c, PATH, CT, p, plen, 0, plen, one, 1);
+  }
+  pump(&c, &sv);
+  uint64_t after = embps_now_ns();
+  assert_int_equal(sv.ncalls, 3);
+  assert_true(sv.deadlines[0] >= before + UINT64_C(60000000000));
+  assert_true(sv.deadlines[0] <= after + UINT64_C(60000000000));
+  assert_true(sv.deadlines[1] == 0);
+  assert_true(sv.deadlines[2] == UINT64_MAX);
+  assert_ok_reply(s1, "x", 1);
+  assert_ok_reply(s2, "x", 1);
+  assert_ok_reply(s3, "x", 1);
+  assert_error(s4, 200, 4,
+               "the call's deadline (grpc-timeout) passed before it reached the server");
+  assert_error(s5, 200, 3, "more than one grpc-timeout header: send one");
+  for (int i = 0; i < NBAD; i++) {
+    snprintf(want, sizeof(want),
+             "malformed grpc-timeout header '%s': expected 1 to 8 digits and a unit H, M, S, m, "
+             "u or n",
+             bad[i]);
+    assert_error(refused[i], 200, 3, want);
+  }
+  assert_int_equal(sv.stats.errors, 2 + NBAD);
   free(p);
   h2c_free(&c);
   server_fini(&sv);
@@ -1066,6 +1126,7 @@ int main(void) {
       cmocka_unit_test(test_reply_hold_accounting),
       cmocka_unit_test(test_unsent_reply_freed_with_connection),
       cmocka_unit_test(test_authorization_header),
+      cmocka_unit_test(test_grpc_timeout_header),
       cmocka_unit_test(test_new_fails_cleanly),
       cmocka_unit_test(test_out_of_memory_refuses_the_call),
   };
