@@ -283,7 +283,8 @@ embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
   embps_status_t ret;
   if (tl >= sizeof(d->table))
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "a table name of %zu bytes or more", tl);
-  if ((ret = frame_begin(b, EMBPS__FRAME_NOTICE, 8 + 8 + 4 + 4 + 1 + tl + 8, &p, err)) != EMBPS_OK)
+  if ((ret = frame_begin(b, EMBPS__FRAME_NOTICE, 8 + 8 + 4 + 4 + 1 + tl + 8 + 1 + 4, &p, err)) !=
+      EMBPS_OK)
     return ret;
   put64(&p, d->client_id);
   put64(&p, d->batch_id);
@@ -292,6 +293,8 @@ embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
   put8(&p, (uint8_t)tl);
   put_bytes(&p, d->table, tl);
   put64(&p, d->table_id);
+  put8(&p, d->has_deadline ? 1 : 0);
+  put32(&p, d->has_deadline ? d->deadline_left_ms : 0);
   return EMBPS_OK;
 }
 
@@ -307,7 +310,13 @@ embps_status_t embps__parse_notice(const uint8_t *p, size_t len, embps_batch_des
   if (get_string(&r, tl, d->table, sizeof(d->table)) != 0)
     return malformed(err, EMBPS__FRAME_NOTICE, "table name length", tl);
   d->table_id = get64(&r);
-  return finish(&r, EMBPS__FRAME_NOTICE, err);
+  d->has_deadline = get8(&r);
+  d->deadline_left_ms = get32(&r);
+  if (finish(&r, EMBPS__FRAME_NOTICE, err) != EMBPS_OK)
+    return EMBPS_INVALID_ARGUMENT;
+  if (d->has_deadline > 1 || (!d->has_deadline && d->deadline_left_ms))
+    return malformed(err, EMBPS__FRAME_NOTICE, "deadline flag", d->has_deadline);
+  return EMBPS_OK;
 }
 
 /* A create carries its table's config; a drop carries the same encoding, of which only the name

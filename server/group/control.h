@@ -201,7 +201,8 @@ embps_status_t embps__frame_next(const uint8_t *p, size_t avail, uint8_t *type,
  * (a field that the format cannot carry, named in err) or EMBPS_RESOURCE_EXHAUSTED; on failure
  * b keeps its old length. Arguments are borrowed. */
 
-/** NOTICE: the batch's client id and id, kind, tokens_per_batch, table name and table id. */
+/** NOTICE: the batch's client id and id, kind, tokens_per_batch, table name and table id, and
+ * its caller's deadline (a flag byte, then the milliseconds left). */
 embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
                                    embps_error_t *err);
 

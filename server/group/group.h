@@ -189,6 +189,11 @@ struct embps_group_call {
   uint64_t batch_id;         /* lookup, push: the client's batch id (shards of one batch share it);
                                 create, drop: the group numbers them itself */
   uint32_t tokens_per_batch; /* lookup, push: over the whole group */
+  /** Lookup, push: the caller's deadline in ns on embps_now_ns()'s clock (the net call's
+   * embps_net_call_deadline_ns), 0: none. The batch is ordered only while every shard's deadline
+   * is still ahead; once the earliest passes first, it fails with DEADLINE_EXCEEDED on every rank
+   * and runs on none, as a batch past --batch-deadline-ms does. Once ordered it runs. */
+  uint64_t deadline_ns;
 
   /** The answer, once done: status EMBPS_OK on success; else the op's failure (op.error) or the
    * group's (UNAVAILABLE when the group is not ready or broken, DEADLINE_EXCEEDED, ...). */

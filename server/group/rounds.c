@@ -3,12 +3,12 @@
  * Control plane. Besides the communicator's data connections, every non-leader rank keeps one
  * control connection to the leader (rank 0), which formation (formation.h) hands over. Frames
  * on it (control.h) are NOTICE (rank -> leader: "I hold my shard of batch B: kind,
- * tokens_per_batch, table"), ROUND (leader -> every rank: an ordered list of "run B" / "fail B
- * with status S"; a run of a CreateTable carries the table's config), CHECKPOINT (ckpt_leader.c)
- * and BROKEN. A rank sends its notices in the order its shards arrived, and the leader's
- * sequencer orders a batch once every rank holds its shard, so every rank runs the same batches
- * in the same order and their collectives always match: no deadlock, whatever order concurrent
- * clients' shards reach the ranks in.
+ * tokens_per_batch, table, and the time its caller's deadline leaves"), ROUND (leader -> every
+ * rank: an ordered list of "run B" / "fail B with status S"; a run of a CreateTable carries the
+ * table's config), CHECKPOINT (ckpt_leader.c) and BROKEN. A rank sends its notices in the order its
+ * shards arrived, and the leader's sequencer orders a batch once every rank holds its shard, so
+ * every rank runs the same batches in the same order and their collectives always match: no
+ * deadlock, whatever order concurrent clients' shards reach the ranks in.
  *
  * Threads. The loop thread submits calls into `incoming` (mutex + eventfd); this thread polls the
  * eventfd and the control connections, and posts finished calls to `completed` (mutex +
@@ -429,6 +429,25 @@ static void lead_rounds(embps_group_t *g) {
   }
 }
 
+/* Puts a caller's deadline (deadline_ns on this rank's clock; 0: none) into d as the time it has
+ * left, rounded up to whole milliseconds, since the leader reads it on its own clock. One more
+ * than 49 days away is as good as none. */
+static void set_deadline(embps_batch_desc_t *d, uint64_t deadline_ns, uint64_t now_ns) {
+  uint64_t left_ms;
+  if (!deadline_ns)
+    return;
+  if (deadline_ns > now_ns) {
+    uint64_t left_ns = deadline_ns - now_ns;
+    left_ms = left_ns / 1000000 + (left_ns % 1000000 != 0);
+  } else {
+    left_ms = 0;
+  }
+  if (left_ms > UINT32_MAX)
+    return;
+  d->has_deadline = 1;
+  d->deadline_left_ms = (uint32_t)left_ms;
+}
+
 /* Parks a call that the loop thread submitted and reports it to the leader. */
 static void admit(embps_group_t *g, embps_group_call_t *call) {
   const embps_op_t *op = &call->op;
@@ -467,6 +486,7 @@ static void admit(embps_group_t *g, embps_group_call_t *call) {
   } else {
     snprintf(d.table, sizeof(d.table), "%s", embps_table_config(op->table)->name);
     d.table_id = embps_table_id(op->table);
+    set_deadline(&d, call->deadline_ns, embps_now_ns());
   }
   if (embps__group_is_leader(g)) {
     embps_sequencer_arrive(g->seq, 0, &d, embps_now_ms());

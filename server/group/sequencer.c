@@ -5,8 +5,11 @@
  * that becomes complete moves to the ready queue, so rounds list batches in the order they
  * became complete: since every rank reports its shards in the order they arrived, a batch that
  * a client sent after another on the same connections completes after it, and rounds keep each
- * connection's order. Failed batch ids are remembered in a ring (the most recent 4096) so that
- * a shard arriving after its batch failed is failed at once instead of waiting out a deadline.
+ * connection's order. A batch expires at its batch deadline (its first shard's arrival +
+ * deadline_ms) or at the earliest of its shards' callers' deadlines, whichever comes first, and
+ * is ordered only while that is still ahead. Failed batch ids are remembered in a ring (the most
+ * recent 4096) so that a shard arriving after its batch failed is failed at once instead of waiting
+ * out a deadline.
  *
  * Pending counts are small (the batches in flight), so linear scans are cheaper than a map. */
 #include "sequencer.h"
@@ -21,6 +24,7 @@
 typedef struct pending {
   embps_batch_desc_t desc;
   uint64_t first_ms;
+  uint64_t caller_due_ms; /* the earliest of its shards' callers' deadlines; UINT64_MAX: none */
   uint32_t arrived;
   uint8_t *ranks; /* group_size flags */
   int failed;     /* disagreement found: fail once complete or expired */
@@ -128,6 +132,52 @@ static void fail_pending(embps_sequencer_t *s, size_t i, embps_status_t status, 
   drop_pending(s, i);
 }
 
+/* When batch p expires: its batch deadline or its callers' earliest deadline, whichever comes
+ * first; UINT64_MAX when it has neither. */
+static uint64_t due_ms(const embps_sequencer_t *s, const pending_t *p) {
+  uint64_t due = s->deadline_ms ? p->first_ms + s->deadline_ms : UINT64_MAX;
+  return p->caller_due_ms < due ? p->caller_due_ms : due;
+}
+
+/* The message of batch p, expired while the shards of `missing` ("1,3"; may be empty) were not
+ * in: which of its deadlines passed. */
+static void expired_message(const embps_sequencer_t *s, const pending_t *p, const char *missing,
+                            char *msg, size_t cap) {
+  if (p->caller_due_ms <= (s->deadline_ms ? p->first_ms + s->deadline_ms : UINT64_MAX))
+    snprintf(msg, cap,
+             "batch %llu: the deadline its caller set (grpc-timeout) passed before it was ordered"
+             "%s%s%s; it ran on no rank",
+             (unsigned long long)p->desc.batch_id, missing[0] ? ": the shards for rank(s) " : "",
+             missing, missing[0] ? " had not arrived" : "");
+  else
+    snprintf(msg, cap,
+             "batch %llu: the shards for rank(s) %s did not arrive within %llu ms; send every "
+             "shard of a batch, one to each rank",
+             (unsigned long long)p->desc.batch_id, missing, (unsigned long long)s->deadline_ms);
+}
+
+/* The ranks whose shards of p have not arrived, as "1,3" (empty when none). */
+static void missing_ranks(const embps_sequencer_t *s, const pending_t *p, char *out, size_t cap) {
+  size_t m = 0;
+  out[0] = '\0';
+  for (uint32_t r = 0; r < s->group_size && m + 12 < cap; r++)
+    if (!p->ranks[r])
+      m += (size_t)snprintf(out + m, cap - m, "%s%u", m ? "," : "", r);
+}
+
+/* Fails p, whose expiry has come (now_ms), with DEADLINE_EXCEEDED; one whose shards disagree keeps
+ * its INVALID_ARGUMENT. */
+static void expire_pending(embps_sequencer_t *s, size_t i) {
+  pending_t *p = &s->pending[i];
+  char msg[400], missing[96];
+  missing_ranks(s, p, missing, sizeof(missing));
+  if (p->failed)
+    snprintf(msg, sizeof(msg), "%s", p->why);
+  else
+    expired_message(s, p, missing, msg, sizeof(msg));
+  fail_pending(s, i, p->failed ? EMBPS_INVALID_ARGUMENT : EMBPS_DEADLINE_EXCEEDED, msg);
+}
+
 void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_batch_desc_t *desc,
                             uint64_t now_ms) {
   const failed_t *f;
@@ -162,6 +212,7 @@ void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_bat
     s->num_pending++;
     p->desc = *desc;
     p->first_ms = now_ms;
+    p->caller_due_ms = UINT64_MAX;
   } else if (!p->failed &&
              (p->desc.kind != desc->kind || p->desc.tokens_per_batch != desc->tokens_per_batch ||
               strcmp(p->desc.table, desc->table) != 0)) {
@@ -183,8 +234,12 @@ void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_bat
     return; /* a duplicate report: the rank already refuses duplicate batch ids locally */
   p->ranks[rank] = 1;
   p->arrived++;
+  if (desc->has_deadline && now_ms + desc->deadline_left_ms < p->caller_due_ms)
+    p->caller_due_ms = now_ms + desc->deadline_left_ms;
   if (p->arrived == needed) {
-    if (p->failed)
+    if (p->caller_due_ms <= now_ms)
+      expire_pending(s, (size_t)(p - s->pending)); /* a caller's deadline is not still ahead */
+    else if (p->failed)
       fail_pending(s, (size_t)(p - s->pending), EMBPS_INVALID_ARGUMENT, p->why);
     else {
       queue_entry(s, &p->desc, EMBPS_ROUND_RUN, EMBPS_OK, NULL);
@@ -199,25 +254,10 @@ size_t embps_sequencer_next_round(embps_sequencer_t *s, uint64_t now_ms, embps_r
 
   /* Expire first, so that their failures go out in this round. */
   for (size_t i = 0; i < s->num_pending;) {
-    pending_t *p = &s->pending[i];
-    if (s->deadline_ms && now_ms >= p->first_ms + s->deadline_ms) {
-      char msg[400], missing[96];
-      size_t m = 0;
-      missing[0] = '\0';
-      for (uint32_t r = 0; r < s->group_size && m + 12 < sizeof(missing); r++)
-        if (!p->ranks[r])
-          m += (size_t)snprintf(missing + m, sizeof(missing) - m, "%s%u", m ? "," : "", r);
-      if (p->failed)
-        snprintf(msg, sizeof(msg), "%s", p->why);
-      else
-        snprintf(msg, sizeof(msg),
-                 "batch %llu: the shards for rank(s) %s did not arrive within %llu ms; send "
-                 "every shard of a batch, one to each rank",
-                 (unsigned long long)p->desc.batch_id, missing, (unsigned long long)s->deadline_ms);
-      fail_pending(s, i, p->failed ? EMBPS_INVALID_ARGUMENT : EMBPS_DEADLINE_EXCEEDED, msg);
-    } else {
+    if (now_ms >= due_ms(s, &s->pending[i]))
+      expire_pending(s, i);
+    else
       i++;
-    }
   }
   n = s->num_ready < max ? s->num_ready : max;
   if (n == 0)
@@ -230,11 +270,9 @@ size_t embps_sequencer_next_round(embps_sequencer_t *s, uint64_t now_ms, embps_r
 
 uint64_t embps_sequencer_next_deadline(const embps_sequencer_t *s, uint64_t now_ms) {
   uint64_t best = UINT64_MAX;
-  if (!s->deadline_ms)
-    return best;
   for (size_t i = 0; i < s->num_pending; i++) {
-    uint64_t due = s->pending[i].first_ms + s->deadline_ms;
-    uint64_t left = due > now_ms ? due - now_ms : 0;
+    uint64_t due = due_ms(s, &s->pending[i]);
+    uint64_t left = due == UINT64_MAX ? UINT64_MAX : due > now_ms ? due - now_ms : 0;
     if (left < best)
       best = left;
   }

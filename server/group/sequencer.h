@@ -6,7 +6,9 @@
  * applies in the same order, so all ranks make the same collective calls in the same order
  * whatever order the shards reached them in. Batches whose shards disagree are failed with
  * INVALID_ARGUMENT; batches not complete within the deadline are failed with
- * DEADLINE_EXCEEDED; shards that arrive for a batch already failed are failed the same way.
+ * DEADLINE_EXCEEDED, and so are batches not complete before the earliest deadline their shards'
+ * callers set (each shard's, counted from its arrival here); shards that arrive for a batch
+ * already failed are failed the same way.
  * A batch is named by its client's id and its batch id together, so two clients that pick the
  * same batch id (each knows only its own) run two batches; a client id of 0 (a client that sends
  * none) is one shared scope, as every batch id was before client ids.
@@ -34,6 +36,12 @@ typedef struct embps_batch_desc {
    * batch sent while its table was dropped and created again name the same table but not the
    * same id, and are failed rather than run on two different tables. */
   uint64_t table_id;
+  /* Lookups and pushes: the deadline of the shard's caller (grpc-timeout), as the milliseconds
+   * it had left when its rank reported the shard, rounded up; 0 once it has passed. A duration,
+   * not an instant: one rank's monotonic clock means nothing to another. The batch must be
+   * ordered within it (embps_sequencer_arrive). has_deadline 0: the caller set none. */
+  uint32_t has_deadline;
+  uint32_t deadline_left_ms;
 } embps_batch_desc_t;
 
 typedef enum embps_round_action {
@@ -58,7 +66,10 @@ embps_status_t embps_sequencer_new(embps_sequencer_t **out, uint32_t group_size,
 void embps_sequencer_free(embps_sequencer_t *s);
 
 /** Records that rank `rank` parked its shard of batch (desc->client_id, desc->batch_id) at
- * now_ms. */
+ * now_ms. A shard with a deadline brings the batch's expiry forward to now_ms +
+ * desc->deadline_left_ms when that is earlier than its batch deadline (the first shard's arrival
+ * + deadline_ms): a batch whose expiry has come when its last shard arrives fails instead of
+ * running. */
 void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_batch_desc_t *desc,
                             uint64_t now_ms);
 

@@ -117,6 +117,7 @@ static void set_batch(embps__svc_request_t *r, embps_op_kind_t kind, uint64_t cl
   r->group_call.client_id = client_id;
   r->group_call.batch_id = batch_id;
   r->group_call.tokens_per_batch = (uint32_t)(n * embps_group_size(r->svc->group));
+  r->group_call.deadline_ns = embps_net_call_deadline_ns(r->call);
   r->group_call.op.kind = kind;
   r->group_call.op.table = t;
   r->group_call.op.tokens = (const int64_t *)tokens->data;

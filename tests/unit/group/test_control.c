@@ -184,18 +184,21 @@ static embps_batch_desc_t sample_notice(void) {
   d.tokens_per_batch = 4096;
   snprintf(d.table, sizeof(d.table), "emb");
   d.table_id = 0x2a;
+  d.has_deadline = 1;
+  d.deadline_left_ms = 300;
   return d;
 }
 
 static void test_notice_round_trip_and_bytes(void **state) {
   /* clang-format off */
   static const uint8_t want[] = {
-      37, 0, 0, 0, EMBPS__FRAME_NOTICE,            /* length (type + payload), type */
+      42, 0, 0, 0, EMBPS__FRAME_NOTICE,            /* length (type + payload), type */
       0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, /* client_id, little-endian */
       8, 7, 6, 5, 4, 3, 2, 1,                      /* batch_id */
       EMBPS_OP_PUSH, 0, 0, 0, 0x00, 0x10, 0, 0, /* kind, tokens_per_batch 4096 */
       3, 'e', 'm', 'b',                            /* table */
-      0x2a, 0, 0, 0, 0, 0, 0, 0};                  /* table_id */
+      0x2a, 0, 0, 0, 0, 0, 0, 0,                   /* table_id */
+      1, 0x2c, 0x01, 0, 0};                        /* has a deadline, 300 ms left */
   /* clang-format on */
   embps_batch_desc_t d = sample_notice(), got;
   embps__buf_t b = {0};
@@ -209,6 +212,13 @@ static void test_notice_round_trip_and_bytes(void **state) {
   assert_int_equal(f.type, EMBPS__FRAME_NOTICE);
   assert_int_equal(embps__parse_notice(f.p, f.len, &got, &err), EMBPS_OK);
   assert_memory_equal(&got, &d, sizeof(d));
+  /* A deadline flag other than 0 or 1, or time left without the flag, is malformed. */
+  b.data[EMBPS__FRAME_HEADER_LEN + f.len - 5] = 2;
+  assert_int_equal(embps__parse_notice(f.p, f.len, &got, &err), EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.message, "deadline flag 2"));
+  b.data[EMBPS__FRAME_HEADER_LEN + f.len - 5] = 0;
+  assert_int_equal(embps__parse_notice(f.p, f.len, &got, &err), EMBPS_INVALID_ARGUMENT);
+  b.data[EMBPS__FRAME_HEADER_LEN + f.len - 5] = 1;
   /* A name that fills the whole field has no room for its NUL: refused. */
   memset(d.table, 'x', sizeof(d.table));
   assert_int_equal(embps__frame_notice(&b, &d, &err), EMBPS_INVALID_ARGUMENT);

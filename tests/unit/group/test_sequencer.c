@@ -121,6 +121,96 @@ static void test_deadline(void **state) {
   embps_sequencer_free(s);
 }
 
+/* A shard's caller's deadline brings its batch's expiry forward from the batch deadline (counted
+ * from that shard's arrival), and the earliest shard's wins; the failure says which deadline
+ * passed. A batch whose callers' deadline has passed when its last shard arrives fails instead
+ * of running, and a caller with more time than the batch deadline changes nothing. */
+static void test_caller_deadline(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  embps_batch_desc_t a = desc(1, EMBPS_OP_PUSH, 4, "t"), late = a,
+                     b = desc(2, EMBPS_OP_LOOKUP, 4, "t"), c = desc(3, EMBPS_OP_LOOKUP, 4, "t"),
+                     d = desc(4, EMBPS_OP_LOOKUP, 4, "t");
+  (void)state;
+  assert_int_equal(embps_sequencer_new(&s, 2, 10000), EMBPS_OK);
+  a.has_deadline = 1;
+  a.deadline_left_ms = 300;
+  late.batch_id = 5;
+  late.has_deadline = 1;
+  late.deadline_left_ms = 500;
+  embps_sequencer_arrive(s, 1, &late, 1000); /* due at 1500 */
+  embps_sequencer_arrive(s, 1, &a, 1000);    /* a's own batch 1: due at 1300 */
+  assert_int_equal(embps_sequencer_next_deadline(s, 1000), 300);
+  assert_int_equal(embps_sequencer_next_round(s, 1299, e, 8), 0);
+  assert_int_equal(embps_sequencer_next_round(s, 1300, e, 8), 1);
+  assert_int_equal(e[0].batch_id, 1);
+  assert_int_equal(e[0].action, EMBPS_ROUND_FAIL);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  assert_non_null(strstr(e[0].message, "batch 1: the deadline its caller set (grpc-timeout) passed "
+                                       "before it was ordered: the shards for rank(s) 0 had not "
+                                       "arrived"));
+  /* The sibling arriving after the deadline fails the same way, for its caller. */
+  embps_sequencer_arrive(s, 0, &a, 1400);
+  assert_int_equal(embps_sequencer_next_round(s, 1400, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  assert_int_equal(embps_sequencer_next_deadline(s, 1400), 100);
+  assert_int_equal(embps_sequencer_next_round(s, 1500, e, 8), 1); /* batch 5, by its caller's */
+  assert_int_equal(e[0].batch_id, 5);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+
+  /* Batch 2: the second shard's deadline (200 ms from 2100) is earlier than the first's batch
+   * deadline; the first shard set none. */
+  embps_sequencer_arrive(s, 0, &b, 2000);
+  b.has_deadline = 1;
+  b.deadline_left_ms = 200;
+  embps_sequencer_arrive(s, 1, &b, 2100);
+  assert_int_equal(embps_sequencer_next_round(s, 2100, e, 8), 1);
+  assert_int_equal(e[0].batch_id, 2);
+  assert_int_equal(e[0].action, EMBPS_ROUND_RUN); /* complete with its deadline still ahead */
+
+  /* Batch 3: complete when its last shard arrives with no time left: failed, never run. */
+  embps_sequencer_arrive(s, 0, &c, 3000);
+  c.has_deadline = 1;
+  c.deadline_left_ms = 0;
+  embps_sequencer_arrive(s, 1, &c, 3001);
+  assert_int_equal(embps_sequencer_next_round(s, 3001, e, 8), 1);
+  assert_int_equal(e[0].batch_id, 3);
+  assert_int_equal(e[0].action, EMBPS_ROUND_FAIL);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  assert_non_null(strstr(e[0].message, "passed before it was ordered; it ran on no rank"));
+
+  /* Batch 4: a caller with more time than the batch deadline: the batch deadline still rules. */
+  d.has_deadline = 1;
+  d.deadline_left_ms = 50000;
+  embps_sequencer_arrive(s, 0, &d, 4000);
+  assert_int_equal(embps_sequencer_next_deadline(s, 4000), 10000);
+  assert_int_equal(embps_sequencer_next_round(s, 14000, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  assert_non_null(strstr(e[0].message, "rank(s) 1 did not arrive within 10000 ms"));
+  embps_sequencer_free(s);
+}
+
+/* With the batch deadline off (0), a caller's deadline alone bounds a batch. */
+static void test_caller_deadline_without_batch_deadline(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  embps_batch_desc_t a = desc(1, EMBPS_OP_LOOKUP, 4, "t");
+  (void)state;
+  assert_int_equal(embps_sequencer_new(&s, 2, 0), EMBPS_OK);
+  embps_sequencer_arrive(s, 0, &a, 100);
+  assert_true(embps_sequencer_next_deadline(s, 100) == UINT64_MAX);
+  a.has_deadline = 1;
+  a.deadline_left_ms = 20;
+  a.batch_id = 2;
+  embps_sequencer_arrive(s, 0, &a, 100);
+  assert_int_equal(embps_sequencer_next_deadline(s, 110), 10);
+  assert_int_equal(embps_sequencer_next_round(s, 120, e, 8), 1);
+  assert_int_equal(e[0].batch_id, 2);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  assert_int_equal(embps_sequencer_pending(s), 1); /* batch 1 waits on */
+  embps_sequencer_free(s);
+}
+
 /* Shards that name one table but carry different ids were sent across a drop and a create of the
  * same name: failed, never run on two different tables. A drop, like a create, needs the leader
  * alone. */
@@ -189,6 +279,8 @@ int main(void) {
       cmocka_unit_test(test_client_scope),
       cmocka_unit_test(test_disagreement_and_late_shard),
       cmocka_unit_test(test_deadline),
+      cmocka_unit_test(test_caller_deadline),
+      cmocka_unit_test(test_caller_deadline_without_batch_deadline),
       cmocka_unit_test(test_create_needs_leader_only),
       cmocka_unit_test(test_table_id_and_drop),
       cmocka_unit_test(test_many_batches_bounded_round),

@@ -128,6 +128,11 @@ const char *embps_net_call_authorization(const embps_net_call_t *call) {
   return fake.authorization;
 }
 
+uint64_t embps_net_call_deadline_ns(const embps_net_call_t *call) {
+  (void)call;
+  return fake.deadline_ns;
+}
+
 void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) {
   (void)net;
   memset(out, 0, sizeof(*out));

@@ -43,10 +43,11 @@ typedef struct fake_world {
   embps_backend_t backend;
   const char *checkpoint_dir;
   int host_device;
-  /* the net: the authorization header of every call (NULL); whether a call's connection
-   * carries others, one character per question ('1': it does) and then "no" (""); refuse to hold
-   * replies (0), and the bytes held so far */
+  /* the net: the authorization header of every call (NULL) and its deadline (0: none); whether
+   * a call's connection carries others, one character per question ('1': it does) and then "no"
+   * (""); refuse to hold replies (0), and the bytes held so far */
   const char *authorization;
+  uint64_t deadline_ns;
   const char *conn_shared_script;
   int refuse_hold;
   size_t held_reply_bytes;

@@ -350,6 +350,44 @@ static void test_async_push_answered_when_ordered(void **state) {
   assert_int_equal(embps_service_inflight(svc), 0);
 }
 
+/* A lookup's and a push's shard carry their call's deadline into the group, which bounds the batch
+ * with it; a call without one carries none. */
+static void test_deadline_reaches_the_group(void **state) {
+  embps_net_call_t c;
+  Embps__V1__PushGradientsRequest req = EMBPS__V1__PUSH_GRADIENTS_REQUEST__INIT;
+  Embps__V1__LookupRequest lreq = EMBPS__V1__LOOKUP_REQUEST__INIT;
+  int64_t tokens[] = {1, 2};
+  float g[8] = {0};
+  (void)state;
+  create(&c, "dl", 10, 4);
+  fake_call_release(&c);
+  req.table = "dl";
+  req.tokens.data = (uint8_t *)tokens;
+  req.tokens.len = sizeof(tokens);
+  req.gradients.data = (uint8_t *)g;
+  req.gradients.len = sizeof(g);
+  fake.deadline_ns = UINT64_C(123456789);
+  call(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base);
+  assert_int_equal(fake.num_queued, 1);
+  assert_true(fake.queued[0]->deadline_ns == UINT64_C(123456789));
+  fake_fail_queued(EMBPS_DEADLINE_EXCEEDED, "batch 0: the deadline its caller set passed");
+  assert_int_equal(c.status, EMBPS_DEADLINE_EXCEEDED);
+  fake_call_release(&c);
+  fake.deadline_ns = UINT64_C(987654321);
+  lreq.table = "dl";
+  lreq.tokens = req.tokens;
+  call(&c, "/embps.v1.EmbeddingService/Lookup", &lreq.base);
+  assert_int_equal(fake.num_queued, 1);
+  assert_true(fake.queued[0]->deadline_ns == UINT64_C(987654321));
+  fake_fail_queued(EMBPS_DEADLINE_EXCEEDED, "late");
+  fake_call_release(&c);
+  fake.deadline_ns = 0;
+  lookup(&c, "dl", tokens, 2, 9);
+  assert_int_equal(c.status, EMBPS_OK);
+  fake_call_release(&c);
+  assert_int_equal(embps_service_inflight(svc), 0);
+}
+
 /* On a host backend a push's gradients are read where they arrived, inside the request's bytes
  * (which the request then keeps until it is done); with the CUDA backend they are unpacked into
  * the pool. Either way the op sees the same gradients and the fields after them (mode). A
@@ -637,6 +675,7 @@ int main(void) {
       cmocka_unit_test(test_validation_messages),
       cmocka_unit_test(test_reply_limits),
       cmocka_unit_test(test_async_push_answered_when_ordered),
+      cmocka_unit_test(test_deadline_reaches_the_group),
       cmocka_unit_test(test_push_gradients_in_place),
       cmocka_unit_test(test_async_push_every_optimizer),
       cmocka_unit_test(test_allocation_failures),
