@@ -252,7 +252,7 @@ embps_status_t embps__frame_header(const uint8_t *p, uint8_t *type, size_t *payl
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "malformed control frame: length %u outside 1..%u", len,
                            EMBPS__FRAME_MAX + 1);
-  if (p[4] < EMBPS__FRAME_NOTICE || p[4] > EMBPS__FRAME_CHECKPOINT)
+  if (p[4] < EMBPS__FRAME_NOTICE || p[4] > EMBPS__FRAME_LEAVING)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "malformed control frame: unknown type %u",
                            p[4]);
   *type = p[4];
@@ -442,13 +442,23 @@ embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entr
   return finish(&r, EMBPS__FRAME_ROUND, err);
 }
 
-embps_status_t embps__frame_broken(embps__buf_t *b, const char *why, embps_error_t *err) {
+/* A frame whose payload is a sentence (BROKEN, LEAVING). */
+static embps_status_t frame_sentence(embps__buf_t *b, uint8_t type, const char *why,
+                                     embps_error_t *err) {
   size_t len = strnlen(why, EMBPS__BROKEN_MAX);
   uint8_t *p = NULL;
-  embps_status_t ret = frame_begin(b, EMBPS__FRAME_BROKEN, len, &p, err);
+  embps_status_t ret = frame_begin(b, type, len, &p, err);
   if (ret == EMBPS_OK)
     put_bytes(&p, why, len);
   return ret;
+}
+
+embps_status_t embps__frame_broken(embps__buf_t *b, const char *why, embps_error_t *err) {
+  return frame_sentence(b, EMBPS__FRAME_BROKEN, why, err);
+}
+
+embps_status_t embps__frame_leaving(embps__buf_t *b, const char *why, embps_error_t *err) {
+  return frame_sentence(b, EMBPS__FRAME_LEAVING, why, err);
 }
 
 embps_status_t embps__parse_broken(const uint8_t *p, size_t len, char *why, size_t cap,

@@ -133,6 +133,10 @@ typedef enum embps__frame_type {
   /** about a checkpoint (an embps__ckpt_msg_t): a rank asks the leader for one, a rank tells the
    * leader its files are durable (or why not), the leader tells every rank it is complete. */
   EMBPS__FRAME_CHECKPOINT = 6,
+  /** either way: the sender leaves the group cleanly (it is shutting down), and a sentence
+   * naming it. The group cannot serve without it, but nothing failed: the receiver logs it as
+   * news, not as an error. */
+  EMBPS__FRAME_LEAVING = 7,
 } embps__frame_type_t;
 
 /** Bytes of a frame's header (length and type). */
@@ -220,6 +224,9 @@ embps_status_t embps__frame_checkpoint(embps__buf_t *b, const embps__ckpt_msg_t 
 /** BROKEN: why (NUL-terminated), clipped to EMBPS__BROKEN_MAX bytes. */
 embps_status_t embps__frame_broken(embps__buf_t *b, const char *why, embps_error_t *err);
 
+/** LEAVING: why (NUL-terminated), clipped to EMBPS__BROKEN_MAX bytes. */
+embps_status_t embps__frame_leaving(embps__buf_t *b, const char *why, embps_error_t *err);
+
 /** DEVICE: a device claim. */
 embps_status_t embps__frame_device(embps__buf_t *b, const embps__device_claim_t *c,
                                    embps_error_t *err);
@@ -246,7 +253,8 @@ embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entr
 embps_status_t embps__parse_checkpoint(const uint8_t *p, size_t len, embps__ckpt_msg_t *m,
                                        embps_error_t *err);
 
-/** BROKEN into why (cap bytes, NUL-terminated; clipped). */
+/** BROKEN or LEAVING (the same payload: a sentence) into why (cap bytes, NUL-terminated;
+ * clipped). */
 embps_status_t embps__parse_broken(const uint8_t *p, size_t len, char *why, size_t cap,
                                    embps_error_t *err);
 

@@ -101,14 +101,21 @@ embps_status_t embps__frame_recv(int fd, uint64_t deadline, uint8_t *type, embps
   return EMBPS_OK;
 }
 
-void embps__send_broken(int fd, const char *why) {
+/* Sends a BROKEN (leaving 0) or LEAVING frame carrying why, in one non-blocking send. */
+static void send_sentence(int fd, int leaving, const char *why) {
   uint8_t frame[EMBPS__FRAME_HEADER_LEN + EMBPS__BROKEN_MAX];
   embps__buf_t b = {frame, 0, sizeof(frame)}; /* fits: no allocation happens */
-  if (embps__frame_broken(&b, why, NULL) != EMBPS_OK)
+  if ((leaving ? embps__frame_leaving(&b, why, NULL) : embps__frame_broken(&b, why, NULL)) !=
+      EMBPS_OK)
     return;
   if (send(fd, b.data, b.len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
-    EMBPS_DEBUG("could not tell the peer on fd %d that the group broke: %s", fd, strerror(errno));
+    EMBPS_DEBUG("could not tell the peer on fd %d that %s: %s", fd,
+                leaving ? "this rank leaves the group" : "the group broke", strerror(errno));
 }
+
+void embps__send_broken(int fd, const char *why) { send_sentence(fd, 0, why); }
+
+void embps__send_leaving(int fd, const char *why) { send_sentence(fd, 1, why); }
 
 embps_status_t embps__frame_reader_fill(embps__frame_reader_t *r, int fd, int *closed) {
   embps__buf_t *b = &r->in;

@@ -41,6 +41,10 @@ embps_status_t embps__frame_recv(int fd, uint64_t deadline, uint8_t *type, embps
  * one non-blocking send (the peer may be the one that died). */
 void embps__send_broken(int fd, const char *why);
 
+/** Tells the other side of a control connection that this rank leaves the group cleanly (it
+ * is shutting down), with why naming it: best effort, one non-blocking send. */
+void embps__send_leaving(int fd, const char *why);
+
 /** Frames arriving on one non-blocking control connection. Zero-initialised is empty. */
 typedef struct embps__frame_reader {
   embps__buf_t in; /* bytes received and not yet consumed start at off */

@@ -5,7 +5,8 @@
  * on it (control.h) are NOTICE (rank -> leader: "I hold my shard of batch B: kind,
  * tokens_per_batch, table, and the time its caller's deadline leaves"), ROUND (leader -> every
  * rank: an ordered list of "run B" / "fail B with status S"; a run of a CreateTable carries the
- * table's config), CHECKPOINT (ckpt_leader.c) and BROKEN. A rank sends its notices in the order its
+ * table's config), CHECKPOINT (ckpt_leader.c),
+ * BROKEN and LEAVING. A rank sends its notices in the order its
  * shards arrived, and the leader's sequencer orders a batch once every rank holds its shard, so
  * every rank runs the same batches in the same order and their collectives always match: no
  * deadlock, whatever order concurrent clients' shards reach the ranks in.
@@ -17,7 +18,9 @@
  * Failure. If a peer's connection breaks or a collective fails, the group is broken: every
  * parked call and every later one fails with UNAVAILABLE and the message says which rank and
  * what happened, so clients see an error within the peer timeout instead of hanging. A broken
- * group does not heal; the ranks must be restarted (the health check reports NOT_SERVING). */
+ * group does not heal; the ranks must be restarted (the health check reports NOT_SERVING). A
+ * rank that stops cleanly says so first (LEAVING): the group ends the same way, but the others
+ * log it as news, not as an error. */
 #include "server/group/group_internal.h"
 
 #include <errno.h>
@@ -156,23 +159,51 @@ static void fail_all(embps_group_t *g, const char *msg) {
 
 /* Breaks the group on this rank and makes sure every other rank hears of it: a non-leader
  * tells the leader, and the leader tells every rank and closes its control connections, so a
- * rank that is idle (in no collective) when another dies still fails its calls at once. */
-void embps__group_break(embps_group_t *g, const char *why) {
+ * rank that is idle (in no collective) when another dies still fails its calls at once.
+ *
+ * left: nothing failed, a rank left the group on purpose (its LEAVING frame; why names it). The
+ * group is just as unable to serve, but a clean rolling stop is no error: this is logged as
+ * info, and the leader passes the news on as LEAVING, so the other ranks log it so too. */
+static void end_group(embps_group_t *g, const char *why, int left) {
   char msg[400];
+  int leader = embps__group_is_leader(g);
   if (atomic_load(&g->state) == EMBPS_GROUP_BROKEN)
     return;
   snprintf(msg, sizeof(msg), "the shard group is broken: %.300s; restart its ranks", why);
-  EMBPS_ERROR("rank %u: %s", g->cfg.rank, msg);
+  if (left)
+    EMBPS_INFO("rank %u: %.300s; this rank serves no group calls until the group is restarted",
+               g->cfg.rank, why);
+  else
+    EMBPS_ERROR("rank %u: %s", g->cfg.rank, msg);
   fail_all(g, msg);
-  if (!g->control_fds)
+  if (!g->control_fds || (left && !leader)) /* a non-leader only ever hears the leader leave */
     return;
   for (uint32_t r = 0; r < g->cfg.size; r++) {
-    if (g->control_fds[r] < 0 || (!embps__group_is_leader(g) && r != 0))
+    if (g->control_fds[r] < 0 || (!leader && r != 0))
       continue;
-    embps__send_broken(g->control_fds[r], why);
-    if (embps__group_is_leader(g))
+    if (left)
+      embps__send_leaving(g->control_fds[r], why);
+    else
+      embps__send_broken(g->control_fds[r], why);
+    if (leader)
       shutdown(g->control_fds[r], SHUT_RDWR);
   }
+}
+
+void embps__group_break(embps_group_t *g, const char *why) { end_group(g, why, 0); }
+
+/* This rank stops while its group serves: it tells the others it leaves on purpose (the leader
+ * every rank, a non-leader the leader, who passes it on), so that they log a clean stop as such
+ * and not as a broken group. A rank that dies sends nothing, and they log an error. */
+static void announce_leave(embps_group_t *g) {
+  char why[80];
+  if (!g->control_fds)
+    return;
+  snprintf(why, sizeof(why), "rank %u left the group (shutting down)", g->cfg.rank);
+  EMBPS_INFO("rank %u: leaving the group (shutting down)", g->cfg.rank);
+  for (uint32_t r = 0; r < g->cfg.size; r++)
+    if (g->control_fds[r] >= 0 && (embps__group_is_leader(g) || r == 0))
+      embps__send_leaving(g->control_fds[r], why);
 }
 
 embps_group_state_t embps_group_state(embps_group_t *g, char *message, size_t cap) {
@@ -387,6 +418,10 @@ static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_
       snprintf(why, sizeof(why), "rank %u reported: %s", peer, reason);
       embps__group_break(g, why);
     }
+  } else if (type == EMBPS__FRAME_LEAVING) {
+    char reason[EMBPS__BROKEN_MAX + 1];
+    if ((ret = embps__parse_broken(p, len, reason, sizeof(reason), &err)) == EMBPS_OK)
+      end_group(g, reason, 1);
   } else if (type == EMBPS__FRAME_NOTICE && embps__group_is_leader(g)) {
     embps_batch_desc_t d;
     if ((ret = embps__parse_notice(p, len, &d, &err)) == EMBPS_OK)
@@ -610,6 +645,8 @@ void *embps__group_main(void *arg) {
       embps__group_ckpt_order(g);
     }
   }
+  if (stopping && atomic_load(&g->state) == EMBPS_GROUP_READY)
+    announce_leave(g);
   fail_all(g, "this server is shutting down");
   embps_free(pfds);
   return NULL;

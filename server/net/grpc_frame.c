@@ -90,8 +90,6 @@ uint32_t embps__h2_rst_code_of(int rv) {
   return rv == NGHTTP2_ERR_NOMEM ? NGHTTP2_ENHANCE_YOUR_CALM : NGHTTP2_INTERNAL_ERROR;
 }
 
-/* Submits a trailers-only response (one HEADERS with END_STREAM) carrying status and message;
- * when nghttp2 cannot take it, resets the stream instead. */
 /* The grpc-status and grpc-message fields of a status: code gets its text, *enc the message
  * clipped and percent-encoded (NULL without memory: the message is then sent empty; the caller
  * frees it). */
@@ -105,16 +103,20 @@ static void status_fields(nghttp2_nv nv[2], char code[8], char **enc, embps_stat
   nv[1] = (nghttp2_nv)EMBPS__H2_NV("grpc-message", *enc ? *enc : "", *enc ? strlen(*enc) : 0);
 }
 
+/* A trailers-only response is one HEADERS with END_STREAM. */
 void embps__grpc_submit_status(embps__h2conn_t *conn, int32_t id, int http_status,
-                               embps_status_t status, const char *message) {
+                               embps_status_t status, const char *message, int accept_encoding) {
   char http[8], code[8], *enc;
   snprintf(http, sizeof(http), "%d", http_status);
-  nghttp2_nv nva[4] = {
+  nghttp2_nv nva[5] = {
       EMBPS__H2_NV(":status", http, strlen(http)),
       EMBPS__H2_NV("content-type", "application/grpc", 16),
+      {0},
+      {0},
+      EMBPS__H2_NV("grpc-accept-encoding", "identity", 8),
   };
   status_fields(nva + 2, code, &enc, status, message);
-  int rv = nghttp2_submit_response(conn->session, id, nva, sizeof(nva) / sizeof(nva[0]), NULL);
+  int rv = nghttp2_submit_response(conn->session, id, nva, accept_encoding ? 5 : 4, NULL);
   embps_free(enc);
   if (rv < 0) {
     EMBPS_ERROR("nghttp2_submit_response(stream %d): %s", id, nghttp2_strerror(rv));
@@ -147,8 +149,7 @@ int embps__grpc_on_data_chunk_recv(nghttp2_session *session, uint8_t flags, int3
                       ((uint64_t)s->hdr[3] << 8) | (uint64_t)s->hdr[4];
       char msg[160];
       if (s->hdr[0] == 1) {
-        embps__h2_fail_stream(conn, s, 200, EMBPS_UNIMPLEMENTED,
-                              "compressed messages are not supported");
+        embps__h2_refuse_encoding(conn, s, "compressed messages are not supported");
         return 0;
       }
       if (s->hdr[0] != 0) {

@@ -280,7 +280,7 @@ void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const ch
     s->fail_message = embps_strdup(message ? message : "");
     resume(conn, s);
   } else {
-    embps__grpc_submit_status(conn, s->id, 200, status, message);
+    embps__grpc_submit_status(conn, s->id, 200, status, message, 0);
   }
   notify_output(conn);
 }

@@ -5,7 +5,8 @@
  * top: it follows each request stream from its headers to its answer and hands complete calls
  * to the request callback. Received bytes go in through embps__h2conn_feed
  * (nghttp2_session_mem_recv); a stream's message is read out of its DATA by grpc_frame.c, in
- * place when it is large (h2read.c). A wrong method or content-type, or a malformed
+ * place when it is large (h2read.c). A wrong method or content-type, a grpc-encoding other than
+ * identity (with grpc-accept-encoding: identity, as the gRPC protocol asks), or a malformed
  * grpc-timeout, is answered at once with a trailers-only response (and a RST_STREAM(NO_ERROR)
  * once it is sent, when the client is still sending), and the connection carries on. Requests
  * whose stream ended with exactly one message are queued and handed to the request callback only
@@ -65,8 +66,8 @@ static void drop_msg(embps__h2conn_t *conn, embps__h2stream_t *s) {
 }
 
 /* Answers a stream early with an error, on behalf of the network layer. */
-void embps__h2_fail_stream(embps__h2conn_t *conn, embps__h2stream_t *s, int http_status,
-                           embps_status_t status, const char *message) {
+static void fail_stream(embps__h2conn_t *conn, embps__h2stream_t *s, int http_status,
+                        embps_status_t status, const char *message, int accept_encoding) {
   int was_receiving = s->state == EMBPS__H2S_RECEIVING;
   stop_receiving(conn, s);
   s->state = EMBPS__H2S_ANSWERED;
@@ -76,7 +77,16 @@ void embps__h2_fail_stream(embps__h2conn_t *conn, embps__h2stream_t *s, int http
   /* The reset must wait until the HEADERS are out: nghttp2 drops frames queued for a stream
    * after a RST_STREAM. See on_frame_send. */
   s->rst_after_answer = was_receiving;
-  embps__grpc_submit_status(conn, s->id, http_status, status, message);
+  embps__grpc_submit_status(conn, s->id, http_status, status, message, accept_encoding);
+}
+
+void embps__h2_fail_stream(embps__h2conn_t *conn, embps__h2stream_t *s, int http_status,
+                           embps_status_t status, const char *message) {
+  fail_stream(conn, s, http_status, status, message, 0);
+}
+
+void embps__h2_refuse_encoding(embps__h2conn_t *conn, embps__h2stream_t *s, const char *message) {
+  fail_stream(conn, s, 200, EMBPS_UNIMPLEMENTED, message, 1);
 }
 
 static void stream_free(embps__h2stream_t *s) {
@@ -167,6 +177,10 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
     s->ct_ok = valuelen >= 16 && strncasecmp((const char *)value, "application/grpc", 16) == 0 &&
                (valuelen == 16 || value[16] == '+' || value[16] == ';');
     snprintf(s->ct, sizeof(s->ct), "%.*s", (int)valuelen, (const char *)value);
+  } else if (namelen == 13 && memcmp(name, "grpc-encoding", 13) == 0) {
+    /* Only identity is decoded; any other encoding is refused when the headers end. */
+    if (valuelen > 0 && !(valuelen == 8 && memcmp(value, "identity", 8) == 0))
+      snprintf(s->encoding, sizeof(s->encoding), "%.*s", (int)valuelen, (const char *)value);
   } else if (namelen == 13 && memcmp(name, "authorization", 13) == 0) {
     /* Kept for the service's check (a bearer token); bounded so that a client cannot make
      * every stream hold a large copy. */
@@ -219,6 +233,12 @@ static void check_request(embps__h2conn_t *conn, embps__h2stream_t *s) {
   } else if (s->authorization_bad == 2) {
     embps__h2_fail_stream(conn, s, 200, EMBPS_UNAUTHENTICATED,
                           "more than one authorization header: send one 'Bearer TOKEN'");
+  } else if (s->encoding[0]) {
+    snprintf(msg, sizeof(msg),
+             "grpc-encoding '%s' is not supported: this server takes identity (uncompressed) "
+             "messages only",
+             s->encoding);
+    embps__h2_refuse_encoding(conn, s, msg);
   }
 }
 

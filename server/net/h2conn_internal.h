@@ -60,6 +60,7 @@ typedef struct embps__h2stream {
   int timeout_bad;           /* 1: grpc-timeout malformed, 2: sent twice; refused likewise */
   char timeout_text[48];     /* a malformed grpc-timeout as sent (clipped), for the refusal */
   uint64_t deadline_ns;      /* from grpc-timeout, on embps_now_ns()'s clock; 0: none */
+  char encoding[32];         /* a grpc-encoding other than identity (clipped); refused */
   char *path;
   char *authorization; /* the authorization header's value, or NULL */
   char ct[64];
@@ -132,6 +133,12 @@ void embps__h2_count_error(embps__h2conn_t *conn);
 void embps__h2_fail_stream(embps__h2conn_t *conn, embps__h2stream_t *s, int http_status,
                            embps_status_t status, const char *message);
 
+/** Refuses s, whose request is compressed (a grpc-encoding other than identity, or a message
+ * with the compressed flag), as embps__h2_fail_stream does with UNIMPLEMENTED and message, and
+ * says in grpc-accept-encoding which encoding this server takes (identity), as the gRPC protocol
+ * asks of a server that refuses one. */
+void embps__h2_refuse_encoding(embps__h2conn_t *conn, embps__h2stream_t *s, const char *message);
+
 /* ---- h2call.c ---- */
 
 /** Starts the call of s, a stream whose request is complete: links it to conn, moves s to
@@ -169,10 +176,11 @@ ssize_t embps__grpc_reply_read_cb(nghttp2_session *session, int32_t stream_id, u
                                   size_t length, uint32_t *data_flags, nghttp2_data_source *source,
                                   void *user);
 
-/** Submits a trailers-only response carrying status and message (percent-encoded); when nghttp2
- * cannot take it, resets the stream instead. */
+/** Submits a trailers-only response carrying status and message (percent-encoded), and with
+ * accept_encoding a grpc-accept-encoding of identity; when nghttp2 cannot take it, resets the
+ * stream instead. */
 void embps__grpc_submit_status(embps__h2conn_t *conn, int32_t id, int http_status,
-                               embps_status_t status, const char *message);
+                               embps_status_t status, const char *message, int accept_encoding);
 
 /** Submits the trailers of a reply whose HEADERS went out: grpc-status for status and, when it
  * is not OK, grpc-message (percent-encoded). Returns nghttp2_submit_trailer's result. */

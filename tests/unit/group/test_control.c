@@ -384,6 +384,17 @@ static void test_broken_device_nccl_round_trip(void **state) {
   assert_int_equal(strlen(why), EMBPS__BROKEN_MAX);
   assert_int_equal(embps__parse_broken(f.p, f.len + 1, why, sizeof(why), &err),
                    EMBPS_INVALID_ARGUMENT);
+  b.len = 0; /* LEAVING carries its sentence as BROKEN does, under its own type */
+  assert_int_equal(embps__frame_leaving(&b, "rank 0 left the group (shutting down)", &err),
+                   EMBPS_OK);
+  f = split_frame(&b);
+  assert_int_equal(f.type, EMBPS__FRAME_LEAVING);
+  assert_int_equal(embps__parse_broken(f.p, f.len, why, sizeof(why), &err), EMBPS_OK);
+  assert_string_equal(why, "rank 0 left the group (shutting down)");
+  b.len = 0;
+  assert_int_equal(embps__frame_leaving(&b, long_why, &err), EMBPS_OK);
+  f = split_frame(&b);
+  assert_int_equal(f.len, EMBPS__BROKEN_MAX); /* clipped */
 
   b.len = 0;
   assert_int_equal(embps__frame_device(&b, &claim, &err), EMBPS_OK);
@@ -467,6 +478,7 @@ static embps_status_t parse_any(uint8_t type, const uint8_t *p, size_t len, embp
   case EMBPS__FRAME_CHECKPOINT:
     return embps__parse_checkpoint(p, len, &m, err);
   case EMBPS__FRAME_BROKEN:
+  case EMBPS__FRAME_LEAVING:
     return embps__parse_broken(p, len, why, sizeof(why), err);
   case EMBPS__FRAME_DEVICE:
     return embps__parse_device(p, len, &c, err);
@@ -600,8 +612,12 @@ static void test_frame_headers(void **state) {
   memcpy(header, "\1\0\0\0\0", 5);
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_INVALID_ARGUMENT);
   assert_contains(err.message, "unknown type 0");
-  memcpy(header, "\1\0\0\0\7", 5);
+  memcpy(header, "\1\0\0\0\10", 5);
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_INVALID_ARGUMENT);
+  assert_contains(err.message, "unknown type 8");
+  memcpy(header, "\1\0\0\0\7", 5); /* an empty LEAVING frame is fine */
+  assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_OK);
+  assert_int_equal(type, EMBPS__FRAME_LEAVING);
   memcpy(header, "\1\0\0\0\3", 5); /* an empty BROKEN frame is fine */
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_OK);
   assert_int_equal(len, 0);
@@ -623,7 +639,7 @@ static void test_garbage(void **state) {
       junk[0] = (uint8_t)(rand_r(&seed) % 4);
       junk[1] = junk[2] = junk[3] = 0;
     }
-    for (uint8_t type = EMBPS__FRAME_NOTICE; type <= EMBPS__FRAME_CHECKPOINT; type++) {
+    for (uint8_t type = EMBPS__FRAME_NOTICE; type <= EMBPS__FRAME_LEAVING; type++) {
       embps_status_t st = parse_any(type, junk, len, &err);
       assert_true(st == EMBPS_OK || st == EMBPS_INVALID_ARGUMENT);
     }

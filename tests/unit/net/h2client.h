@@ -24,6 +24,7 @@ typedef struct h2c_stream {
   char content_type[64];
   int grpc_status; /* -1 until seen */
   char grpc_message[4096];
+  char grpc_accept_encoding[64]; /* "" until seen */
   int header_blocks;
   int trailers_only;
   uint8_t *data;
@@ -62,6 +63,8 @@ static int h2c_on_header(nghttp2_session *s, const nghttp2_frame *f, const uint8
     st->grpc_status = atoi(v);
   else if (namelen == 12 && memcmp(name, "grpc-message", 12) == 0)
     snprintf(st->grpc_message, sizeof(st->grpc_message), "%s", v);
+  else if (namelen == 20 && memcmp(name, "grpc-accept-encoding", 20) == 0)
+    snprintf(st->grpc_accept_encoding, sizeof(st->grpc_accept_encoding), "%.63s", v);
   return 0;
 }
 

@@ -640,6 +640,49 @@ static void test_bad_messages(void **state) {
   server_fini(&sv);
 }
 
+#define ENCODING_NV(v)                                                                             \
+  { (uint8_t *)"grpc-encoding", (uint8_t *)(v), 13, sizeof(v) - 1, NGHTTP2_NV_FLAG_NONE }
+
+/* A compressed request (the message's compressed flag, or a grpc-encoding other than identity)
+ * is refused with UNIMPLEMENTED and grpc-accept-encoding: identity, as the gRPC protocol asks;
+ * grpc-encoding: identity and other errors carry no grpc-accept-encoding. */
+static void test_compressed_request(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t lz, lp;
+  (void)state;
+  start_echo(&sv, &c);
+  uint8_t *zipped = h2c_frame(1, "zzzz", 4, &lz);
+  uint8_t *plain = h2c_frame(0, "x", 1, &lp);
+  nghttp2_nv gzip[] = {ENCODING_NV("gzip")};
+  nghttp2_nv identity[] = {ENCODING_NV("identity")};
+  h2c_stream_t *s1 = h2c_request_with(&c, PATH, CT, zipped, lz, 0, lz, gzip, 1);
+  h2c_stream_t *s2 = h2c_request_with(&c, PATH, CT, plain, lp, 0, lp, gzip, 1);
+  h2c_stream_t *s3 = h2c_request(&c, PATH, CT, zipped, lz, 0, lz);
+  h2c_stream_t *s4 = h2c_request_with(&c, PATH, CT, plain, lp, 0, lp, identity, 1);
+  h2c_stream_t *s5 = h2c_request(&c, PATH, "text/plain", plain, lp, 0, lp);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 1); /* s4 only */
+  const char *refused = "grpc-encoding 'gzip' is not supported: this server takes identity "
+                        "(uncompressed) messages only";
+  assert_error(s1, 200, EMBPS_UNIMPLEMENTED, refused);
+  assert_string_equal(s1->grpc_accept_encoding, "identity");
+  assert_error(s2, 200, EMBPS_UNIMPLEMENTED, refused);
+  assert_string_equal(s2->grpc_accept_encoding, "identity");
+  assert_error(s3, 200, EMBPS_UNIMPLEMENTED, "compressed messages are not supported");
+  assert_string_equal(s3->grpc_accept_encoding, "identity");
+  assert_ok_reply(s4, "x", 1);
+  assert_string_equal(s4->grpc_accept_encoding, "");
+  assert_error(s5, 415, EMBPS_INVALID_ARGUMENT, NULL);
+  assert_string_equal(s5->grpc_accept_encoding, "");
+  assert_int_equal(sv.stats.errors, 4);
+  assert_false(c.goaway);
+  free(zipped);
+  free(plain);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
 static void test_garbage_preface(void **state) {
   server_t sv;
   server_init(&sv, 1 << 20);
@@ -1116,6 +1159,7 @@ int main(void) {
       cmocka_unit_test(test_receiving_budget),
       cmocka_unit_test(test_bad_messages),
       cmocka_unit_test(test_garbage_preface),
+      cmocka_unit_test(test_compressed_request),
       cmocka_unit_test(test_percent_encoding),
       cmocka_unit_test(test_answer_after_teardown),
       cmocka_unit_test(test_batch_outlives_connection),
