@@ -11,8 +11,11 @@
  * defers at the end of the bytes made so far and is resumed as more are announced.
  *
  * Replies held by a connection are counted (reply_bytes: reserved by calls, then held by their
- * streams until they close) so that embps_net_call_hold_reply can bound them. Each call's
- * answer is counted once in the gRPC metrics (code, time, reply bytes). */
+ * streams until they close) so that embps_net_call_hold_reply can bound them. Each call is
+ * counted once in the gRPC metrics (code, time, reply bytes), with the code it really ended
+ * with: its answer's when the answer went out, CANCELLED when the client reset the stream or
+ * closed the connection first (the answer, made or not, never reached it). The count of an
+ * answered call therefore waits for its stream to close, when its trailers are sent. */
 #include <stdio.h>
 #include <string.h>
 
@@ -48,20 +51,50 @@ static embps_net_method_metrics_t *method_slot(embps_net_metrics_t *m, const cha
   return slot;
 }
 
-/* Counts a call's answer once: its code, its time, and (OK) the reply message's bytes. */
-static void count_handled(embps_net_call_t *call, embps_status_t status, size_t reply_bytes) {
-  embps_net_method_metrics_t *gm = call->gm;
+/* Counts one call's end: its final code, its time and (OK) the reply message's bytes. */
+static void count(embps_net_metrics_t *metrics, embps_net_method_metrics_t *gm,
+                  embps_status_t status, uint64_t ns, size_t reply_bytes) {
   int code = embps_status_grpc_code(status);
-  if (!gm)
-    return;
-  call->gm = NULL;
   if (code < 0 || code >= EMBPS_NET_GRPC_CODES)
     code = 2; /* UNKNOWN */
   atomic_fetch_add_explicit(&gm->handled[code], 1, memory_order_relaxed);
-  embps_hist_observe_ns(&gm->seconds, embps_now_ns() - call->start_ns);
-  if (reply_bytes && call->conn && call->conn->hooks.metrics)
-    atomic_fetch_add_explicit(&call->conn->hooks.metrics->message_bytes_out, reply_bytes,
-                              memory_order_relaxed);
+  embps_hist_observe_ns(&gm->seconds, ns);
+  if (code == 0 && reply_bytes && metrics)
+    atomic_fetch_add_explicit(&metrics->message_bytes_out, reply_bytes, memory_order_relaxed);
+}
+
+/* The call is answered with status (reply_bytes: its OK message's). The count moves to its
+ * stream, which makes it when it closes (embps__h2call_count_close): only then is it known
+ * whether the client had the answer or reset the stream first. A call whose client already left
+ * was counted CANCELLED then. */
+static void count_answer(embps_net_call_t *call, embps_status_t status, size_t reply_bytes) {
+  embps_net_method_metrics_t *gm = call->gm;
+  embps__h2stream_t *s = call->stream;
+  if (!gm || !s)
+    return;
+  call->gm = NULL;
+  s->gm = gm;
+  s->answer = status;
+  s->answer_ns = embps_now_ns() - call->start_ns;
+  s->answer_bytes = reply_bytes;
+}
+
+void embps__h2call_count_close(embps__h2conn_t *conn, embps__h2stream_t *s) {
+  embps_net_call_t *call = s->call;
+  embps_net_method_metrics_t *gm = s->gm;
+  if (call && call->gm) {
+    /* Reset before the server answered: gRPC servers count a call their client abandoned
+     * (cancelled, or gave up at its deadline) as CANCELLED, whatever they answer later. */
+    count(NULL, call->gm, EMBPS_CANCELLED, embps_now_ns() - call->start_ns, 0);
+    call->gm = NULL;
+  }
+  if (!gm)
+    return;
+  s->gm = NULL;
+  if (s->end_sent || s->answer == EMBPS_DEADLINE_EXCEEDED)
+    count(conn->hooks.metrics, gm, s->answer, s->answer_ns, s->answer_bytes);
+  else
+    count(NULL, gm, EMBPS_CANCELLED, s->answer_ns, 0);
 }
 
 static void notify_output(embps__h2conn_t *conn) {
@@ -98,7 +131,9 @@ embps_net_call_t *embps__h2call_start(embps__h2conn_t *conn, embps__h2stream_t *
 
 void embps__h2call_detach_all(embps__h2conn_t *conn) {
   for (embps_net_call_t *c = conn->calls; c; c = c->next) {
-    count_handled(c, EMBPS_CANCELLED, 0); /* the metrics may not outlive the connection */
+    if (c->gm) /* the metrics may not outlive the connection */
+      count(NULL, c->gm, EMBPS_CANCELLED, embps_now_ns() - c->start_ns, 0);
+    c->gm = NULL;
     c->conn = NULL;
     c->stream = NULL;
     c->cancelled = 1;
@@ -224,7 +259,7 @@ void embps_net_call_reply_end(embps_net_call_t *call) {
   embps__h2body_t *b = call->body;
   b->ready = b->len;
   b->ended = 1;
-  count_handled(call, EMBPS_OK, b->len);
+  count_answer(call, EMBPS_OK, b->len);
   s = call_finish(call, &conn);
   if (s) {
     resume(conn, s);
@@ -237,7 +272,7 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
   embps__h2conn_t *conn;
   embps__h2stream_t *s;
   size_t held = call->reply_held;
-  count_handled(call, len > UINT32_MAX ? EMBPS_INTERNAL : EMBPS_OK, len);
+  count_answer(call, len > UINT32_MAX ? EMBPS_INTERNAL : EMBPS_OK, len);
   s = call_finish(call, &conn);
   if (!s || len > UINT32_MAX) {
     if (s) {
@@ -250,6 +285,8 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
   }
   embps__h2body_t *b = embps__grpc_body_new(body, len, release, release_arg);
   if (!b) {
+    s->answer = EMBPS_RESOURCE_EXHAUSTED; /* what the stream's count will say */
+    s->answer_bytes = 0;
     embps__h2_fail_stream(conn, s, 200, EMBPS_RESOURCE_EXHAUSTED,
                           "out of memory sending the response");
     notify_output(conn);
@@ -264,7 +301,7 @@ void embps_net_call_reply(embps_net_call_t *call, const uint8_t *body, size_t le
 void embps_net_call_fail(embps_net_call_t *call, embps_status_t status, const char *message) {
   embps__h2conn_t *conn;
   embps__h2stream_t *s;
-  count_handled(call, status == EMBPS_OK ? EMBPS_UNKNOWN : status, 0);
+  count_answer(call, status == EMBPS_OK ? EMBPS_UNKNOWN : status, 0);
   int streamed = call->body != NULL;
   s = call_finish(call, &conn);
   if (!s)

@@ -288,6 +288,7 @@ static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
     s->call->stream = NULL;
     s->call->cancelled = 1;
   }
+  embps__h2call_count_close(conn, s);
   stop_receiving(conn, s);
   /* Whatever of its reply is unsent is dropped now (a batch already taken keeps its own
    * reference until written), so the connection no longer holds it. */
@@ -314,6 +315,8 @@ static int on_frame_send(nghttp2_session *session, const nghttp2_frame *frame, v
   if (frame->hd.type != NGHTTP2_HEADERS || !(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
     return 0;
   embps__h2stream_t *s = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
+  if (s)
+    s->end_sent = 1;
   /* A complete answer went out before the request did: ask the client to stop sending
    * (RFC 9113 8.1), which also discards the rest of its DATA. */
   if (s && s->rst_after_answer &&
@@ -382,6 +385,7 @@ void embps__h2conn_free(embps__h2conn_t *conn) {
   while (conn->streams) {
     embps__h2stream_t *s = conn->streams;
     conn->streams = s->next;
+    embps__h2call_count_close(conn, s);
     stream_free(s);
   }
   embps_free(conn->deliver.ids);

@@ -78,6 +78,13 @@ typedef struct embps__h2stream {
   int deferred;               /* its reply waits for bytes still being made (counted in conn) */
   embps_status_t fail_status; /* a streamed reply failed: its trailers carry this */
   char *fail_message;
+  int end_sent; /* our END_STREAM (the trailers) went out */
+  /* The call's answer, counted in the metrics when the stream closes (embps__h2call_count_close):
+   * gm NULL when counted or not to be counted. */
+  embps_net_method_metrics_t *gm;
+  embps_status_t answer;
+  uint64_t answer_ns;  /* from the request's delivery to the answer */
+  size_t answer_bytes; /* the OK reply message's bytes */
 } embps__h2stream_t;
 
 struct embps_net_call {
@@ -85,7 +92,7 @@ struct embps_net_call {
   embps__h2stream_t *stream; /* NULL once the stream is gone */
   struct embps_net_call *prev, *next;
   int cancelled;
-  embps_net_method_metrics_t *gm; /* counts the answer; NULL once counted (or no metrics) */
+  embps_net_method_metrics_t *gm; /* counts the call; NULL once counted or moved to its stream */
   uint64_t start_ns;              /* when the request was delivered */
   uint64_t deadline_ns;           /* its stream's, kept past the stream; 0: none */
   size_t reply_held;              /* embps_net_call_hold_reply's bytes, in conn->reply_bytes */
@@ -149,6 +156,12 @@ embps_net_call_t *embps__h2call_start(embps__h2conn_t *conn, embps__h2stream_t *
 /** Detaches every unanswered call of conn, which is going: each is counted CANCELLED and marked
  * cancelled, and its later answer is dropped. */
 void embps__h2call_detach_all(embps__h2conn_t *conn);
+
+/** Counts the call of s, whose stream is closing (or whose connection is going), in the
+ * metrics, once: CANCELLED when it is not answered yet (the client reset the stream, or left);
+ * when it is answered, with the answer's code if the answer's END_STREAM went out or the answer
+ * is DEADLINE_EXCEEDED, else CANCELLED (the client never had the answer). */
+void embps__h2call_count_close(embps__h2conn_t *conn, embps__h2stream_t *s);
 
 /* ---- h2read.c ---- */
 

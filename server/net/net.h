@@ -60,7 +60,7 @@ typedef struct embps_net_method_metrics {
   char service[128]; /* "embps.v1.EmbeddingService"; "unknown" for the overflow slot */
   char method[64];   /* "Lookup" */
   atomic_uint_fast64_t started;
-  atomic_uint_fast64_t handled[EMBPS_NET_GRPC_CODES]; /* by the gRPC code answered */
+  atomic_uint_fast64_t handled[EMBPS_NET_GRPC_CODES]; /* by the gRPC code the call ended with */
   embps_hist_t seconds;                               /* from the complete request to the answer */
 } embps_net_method_metrics_t;
 
@@ -69,7 +69,9 @@ typedef struct embps_net_method_metrics {
  * thread (a metrics scrape) without a lock. methods[0..num_methods) are in first-seen order;
  * a slot once published (num_methods stored with release) never changes its names. The last
  * slot, methods[EMBPS_NET_METRICS_METHODS], counts the calls of every method past the limit.
- * Calls whose connection goes away before they are answered count as CANCELLED then.
+ * A call counts once, with the code it ended with: its answer's once the answer is sent (or
+ * when it is DEADLINE_EXCEEDED); CANCELLED when its client reset the stream or closed the
+ * connection before it had the answer (counted then), whatever the server answers later.
  */
 typedef struct embps_net_metrics {
   atomic_uint_fast64_t bytes_in, bytes_out;  /* socket bytes */

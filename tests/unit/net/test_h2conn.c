@@ -68,14 +68,20 @@ static void on_request(void *user, embps_net_call_t *call, const char *method, u
 
 static void on_output(void *user) { ((server_t *)user)->outputs_notified++; }
 
-static void server_init(server_t *sv, size_t max_message) {
+/* A server whose connection counts its calls in metrics (NULL: none). */
+static void server_init_metrics(server_t *sv, size_t max_message, embps_net_metrics_t *metrics) {
   memset(sv, 0, sizeof(*sv));
   embps__h2conn_hooks_t hooks = {.on_request = on_request,
                                  .request_user = sv,
                                  .on_output = on_output,
                                  .io_user = sv,
-                                 .stats = &sv->stats};
+                                 .stats = &sv->stats,
+                                 .metrics = metrics};
   assert_int_equal(embps__h2conn_new(&sv->conn, max_message, &hooks), EMBPS_OK);
+}
+
+static void server_init(server_t *sv, size_t max_message) {
+  server_init_metrics(sv, max_message, NULL);
 }
 
 /* A server that answers every request at once with its own message, and a client with large
@@ -1147,6 +1153,117 @@ static void test_out_of_memory_refuses_the_call(void **state) {
   assert_true(refused >= 6);
 }
 
+/* The handled count of PATH's method by gRPC code, and the sum over every code. */
+static uint64_t handled(const embps_net_metrics_t *m, int code) {
+  assert_int_equal(atomic_load(&m->num_methods), 1);
+  assert_string_equal(m->methods[0].method, "Lookup");
+  return atomic_load(&m->methods[0].handled[code]);
+}
+
+static uint64_t handled_all(const embps_net_metrics_t *m) {
+  uint64_t n = 0;
+  for (int c = 0; c < EMBPS_NET_GRPC_CODES; c++)
+    n += handled(m, c);
+  return n;
+}
+
+enum { OK = 0, CANCELLED = 1, NOT_FOUND = 5, DEADLINE_EXCEEDED = 4 };
+
+/* Every call is counted once, with the code it really ended with: an answer that reached the
+ * client with its own code; one the client reset the stream before having (or the connection
+ * went before it was sent) as CANCELLED, even when the server then answered OK; one the server
+ * answered DEADLINE_EXCEEDED before the reset as such (the client gave up at that deadline). */
+static void test_metrics_count_the_final_code(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  embps_net_metrics_t *m = calloc(1, sizeof(*m));
+  assert_non_null(m);
+  server_init_metrics(&sv, 1 << 20, m);
+  h2c_init(&c, 1);
+  uint8_t *p = h2c_frame(0, "abc", 3, &plen);
+  for (int i = 0; i < 9; i++)
+    h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 9);
+  assert_int_equal(atomic_load(&m->methods[0].started), 9);
+  assert_int_equal(handled_all(m), 0);
+
+  /* 0: answered OK, and the answer went out. 1: answered NOT_FOUND, went out. */
+  uint8_t *b0 = malloc(8);
+  memset(b0, 1, 8);
+  embps_net_call_reply(sv.calls[0], b0, 8, count_release, b0);
+  embps_net_call_fail(sv.calls[1], EMBPS_NOT_FOUND, "no such table");
+  pump(&c, &sv);
+  assert_int_equal(c.streams[0].grpc_status, 0);
+  assert_int_equal(c.streams[1].grpc_status, NOT_FOUND);
+  assert_int_equal(handled(m, OK), 1);
+  assert_int_equal(handled(m, NOT_FOUND), 1);
+  assert_int_equal(atomic_load(&m->message_bytes_out), 8);
+
+  /* 2: reset before the server answers: CANCELLED at once; its later OK answer is dropped. */
+  nghttp2_submit_rst_stream(c.session, NGHTTP2_FLAG_NONE, c.streams[2].id, NGHTTP2_CANCEL);
+  pump(&c, &sv);
+  assert_int_equal(handled(m, CANCELLED), 1);
+  uint8_t *b2 = malloc(8);
+  embps_net_call_reply(sv.calls[2], b2, 8, count_release, b2);
+  assert_int_equal(handled(m, OK), 1);
+  assert_int_equal(handled(m, CANCELLED), 1);
+
+  /* 3: answered OK, but the client resets the stream before the answer is sent: CANCELLED,
+   * and its bytes are not counted as sent. */
+  uint8_t *b3 = malloc(8);
+  embps_net_call_reply(sv.calls[3], b3, 8, count_release, b3);
+  assert_int_equal(handled_all(m), 3); /* counted when the stream closes */
+  nghttp2_submit_rst_stream(c.session, NGHTTP2_FLAG_NONE, c.streams[3].id, NGHTTP2_CANCEL);
+  pump(&c, &sv);
+  assert_int_equal(handled(m, OK), 1);
+  assert_int_equal(handled(m, CANCELLED), 2);
+  assert_int_equal(atomic_load(&m->message_bytes_out), 8);
+
+  /* 4: reset first (counted at once), then the server answers DEADLINE_EXCEEDED: CANCELLED.
+   * 5: answered DEADLINE_EXCEEDED, reset before it is sent: DEADLINE_EXCEEDED. */
+  nghttp2_submit_rst_stream(c.session, NGHTTP2_FLAG_NONE, c.streams[4].id, NGHTTP2_CANCEL);
+  pump(&c, &sv);
+  assert_int_equal(handled(m, CANCELLED), 3);
+  embps_net_call_fail(sv.calls[4], EMBPS_DEADLINE_EXCEEDED, "late");
+  embps_net_call_fail(sv.calls[5], EMBPS_DEADLINE_EXCEEDED, "late");
+  nghttp2_submit_rst_stream(c.session, NGHTTP2_FLAG_NONE, c.streams[5].id, NGHTTP2_CANCEL);
+  pump(&c, &sv);
+  assert_int_equal(handled(m, DEADLINE_EXCEEDED), 1);
+  assert_int_equal(handled(m, CANCELLED), 3);
+
+  /* 6: a streamed reply whose stream is reset between its beginning and its end: CANCELLED. */
+  uint8_t *b6 = calloc(1, 4096);
+  assert_int_equal(embps_net_call_reply_begin(sv.calls[6], b6, 4096, 10, count_release, b6),
+                   EMBPS_OK);
+  pump(&c, &sv);
+  nghttp2_submit_rst_stream(c.session, NGHTTP2_FLAG_NONE, c.streams[6].id, NGHTTP2_CANCEL);
+  pump(&c, &sv);
+  embps_net_call_reply_ready(sv.calls[6], 4096);
+  embps_net_call_reply_end(sv.calls[6]);
+  assert_int_equal(handled(m, CANCELLED), 4);
+  assert_int_equal(handled(m, OK), 1);
+
+  /* 7: answered OK but not yet sent, 8: not answered, when the connection goes: CANCELLED. */
+  uint8_t *b7 = malloc(8);
+  embps_net_call_reply(sv.calls[7], b7, 8, count_release, b7);
+  embps__h2conn_free(sv.conn);
+  sv.conn = NULL;
+  assert_int_equal(handled(m, CANCELLED), 6);
+  embps_net_call_reply(sv.calls[8], NULL, 0, NULL, NULL); /* dropped, not counted again */
+
+  /* Each call counted exactly once, and the latency histogram saw each. */
+  assert_int_equal(handled(m, OK), 1);
+  assert_int_equal(handled_all(m), 9);
+  assert_int_equal(atomic_load(&m->methods[0].seconds.count), 9);
+  assert_int_equal(atomic_load(&m->message_bytes_out), 8);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+  free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_unary_round_trip),
@@ -1173,6 +1290,7 @@ int main(void) {
       cmocka_unit_test(test_grpc_timeout_header),
       cmocka_unit_test(test_new_fails_cleanly),
       cmocka_unit_test(test_out_of_memory_refuses_the_call),
+      cmocka_unit_test(test_metrics_count_the_final_code),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
