@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "server/group/bootstrap.h"
+#include "server/group/control.h"
 #include "server/group/group.h"
 
 /* Values quoted in a mismatch message are clipped to this many bytes. */
@@ -19,8 +20,9 @@
 embps_status_t embps_group_identity_format(char *out, size_t cap, const char *version,
                                            const char *mesh, const char *table_axis,
                                            const char *data_axis, const char *peers) {
-  int n = snprintf(out, cap, "version=%s\nmesh=%s\ntable_axis=%s\ndata_axis=%s\npeers=%s\n",
-                   version, mesh, table_axis, data_axis, peers);
+  int n =
+      snprintf(out, cap, "version=%s\ncontrol=%u\nmesh=%s\ntable_axis=%s\ndata_axis=%s\npeers=%s\n",
+               version, (unsigned)EMBPS__CONTROL_VERSION, mesh, table_axis, data_axis, peers);
   return n < 0 || (size_t)n >= cap ? EMBPS_INVALID_ARGUMENT : EMBPS_OK;
 }
 

@@ -139,6 +139,12 @@ typedef enum embps__frame_type {
   EMBPS__FRAME_LEAVING = 7,
 } embps__frame_type_t;
 
+/** The control protocol's version. Ranks agree on it at formation (the identity's `control` key,
+ * agreement.c), so a rank whose frames are laid out otherwise is refused by name instead of
+ * misreading them: bump it with any change to a frame's layout or a new frame type, even where
+ * the release version stays. 2: NOTICE carries the caller's deadline; LEAVING. */
+#define EMBPS__CONTROL_VERSION 2
+
 /** Bytes of a frame's header (length and type). */
 #define EMBPS__FRAME_HEADER_LEN 5
 /** Largest frame payload accepted; a full round of creates is far below it. */

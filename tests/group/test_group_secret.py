@@ -9,6 +9,7 @@ A rank with another secret is refused, and both ranks say why. Unusable secret f
 server before it listens; a file others may read, and a group without a secret, get a warning.
 """
 import os
+import re
 import socket
 import struct
 import tempfile
@@ -21,6 +22,17 @@ from grouplib import pb
 TIMEOUT = 10.0  # bound on every socket wait of the impostor
 
 
+def control_version():
+    """The control protocol's version, as the server declares it (server/group/control.h)."""
+    with open(os.path.join(gl.lib.ROOT, "server", "group", "control.h")) as f:
+        m = re.search(r"#define EMBPS__CONTROL_VERSION (\d+)", f.read())
+    assert m, "server/group/control.h declares no EMBPS__CONTROL_VERSION"
+    return int(m.group(1))
+
+
+CONTROL_VERSION = control_version()
+
+
 def write_secret(directory, name, data, mode=0o600):
     path = os.path.join(directory, name)
     with open(path, "wb") as f:
@@ -31,9 +43,9 @@ def write_secret(directory, name, data, mode=0o600):
 
 def identity(peers, mesh, version, secret=True):
     """The configuration a rank presents in its hello (server/main.c builds the same lines)."""
-    return ("version=%s\nmesh=%s\ntable_axis=shard\ndata_axis=shard\npeers=%s\n"
+    return ("version=%s\ncontrol=%d\nmesh=%s\ntable_axis=shard\ndata_axis=shard\npeers=%s\n"
             "group_secret=%s\ncheckpoints=off\nincremental=0\nrestore=0\n" %
-            (version, mesh, peers, "hmac-sha256" if secret else "none")).encode()
+            (version, CONTROL_VERSION, mesh, peers, "hmac-sha256" if secret else "none")).encode()
 
 
 def recv_exact(sock, n):
