@@ -90,6 +90,7 @@ static embps_status_t parse(uint8_t type, const uint8_t *p, size_t len, decoded_
         embps__parse_round(p, len, d->entries, d->configs, d->ckpts, EMBPS__ROUND_MAX, &d->n, &err);
     break;
   case EMBPS__FRAME_BROKEN:
+  case EMBPS__FRAME_LEAVING: /* the same payload: a sentence */
     st = embps__parse_broken(p, len, d->why, sizeof(d->why), &err);
     break;
   case EMBPS__FRAME_DEVICE:
@@ -118,6 +119,8 @@ static embps_status_t encode(uint8_t type, const decoded_t *d, embps__buf_t *b) 
     return embps__frame_round(b, d->entries, d->configs, d->ckpts, d->n, &err);
   case EMBPS__FRAME_BROKEN:
     return embps__frame_broken(b, d->why, &err);
+  case EMBPS__FRAME_LEAVING:
+    return embps__frame_leaving(b, d->why, &err);
   case EMBPS__FRAME_DEVICE:
     return embps__frame_device(b, &d->claim, &err);
   case EMBPS__FRAME_NCCL_ID:
