@@ -1,7 +1,6 @@
 /* The compute backends a server runs on, with their names, declared once: the setting
  * (--device: a backend's name, cuda with an optional :N) is parsed here, the engine picks its
- * operations by the value, the store asks which optimizers each one fuses, and the stats and
- * metrics print the name. Header-only. */
+ * operations by the value, and the stats and metrics print the name. Header-only. */
 #ifndef EMBPS_BACKEND_H
 #define EMBPS_BACKEND_H
 

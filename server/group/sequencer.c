@@ -132,10 +132,16 @@ static void fail_pending(embps_sequencer_t *s, size_t i, embps_status_t status, 
   drop_pending(s, i);
 }
 
+/* When batch p's own deadline (--batch-deadline-ms from its first shard) passes; UINT64_MAX with
+ * none. */
+static uint64_t batch_due_ms(const embps_sequencer_t *s, const pending_t *p) {
+  return s->deadline_ms ? p->first_ms + s->deadline_ms : UINT64_MAX;
+}
+
 /* When batch p expires: its batch deadline or its callers' earliest deadline, whichever comes
  * first; UINT64_MAX when it has neither. */
 static uint64_t due_ms(const embps_sequencer_t *s, const pending_t *p) {
-  uint64_t due = s->deadline_ms ? p->first_ms + s->deadline_ms : UINT64_MAX;
+  uint64_t due = batch_due_ms(s, p);
   return p->caller_due_ms < due ? p->caller_due_ms : due;
 }
 
@@ -143,7 +149,7 @@ static uint64_t due_ms(const embps_sequencer_t *s, const pending_t *p) {
  * in: which of its deadlines passed. */
 static void expired_message(const embps_sequencer_t *s, const pending_t *p, const char *missing,
                             char *msg, size_t cap) {
-  if (p->caller_due_ms <= (s->deadline_ms ? p->first_ms + s->deadline_ms : UINT64_MAX))
+  if (p->caller_due_ms <= batch_due_ms(s, p))
     snprintf(msg, cap,
              "batch %llu: the deadline its caller set (grpc-timeout) passed before it was ordered"
              "%s%s%s; it ran on no rank",
@@ -165,7 +171,7 @@ static void missing_ranks(const embps_sequencer_t *s, const pending_t *p, char *
       m += (size_t)snprintf(out + m, cap - m, "%s%u", m ? "," : "", r);
 }
 
-/* Fails p, whose expiry has come (now_ms), with DEADLINE_EXCEEDED; one whose shards disagree keeps
+/* Fails p, whose expiry has come, with DEADLINE_EXCEEDED; one whose shards disagree keeps
  * its INVALID_ARGUMENT. */
 static void expire_pending(embps_sequencer_t *s, size_t i) {
   pending_t *p = &s->pending[i];

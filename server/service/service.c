@@ -57,8 +57,7 @@ const embps__svc_method_t *embps__svc_method(const char *path) {
 }
 
 embps_auth_role_t embps__svc_method_role(const char *path) {
-  const embps__svc_method_t *m = embps__svc_method(path);
-  return m ? m->role : EMBPS__SVC_UNKNOWN_METHOD_ROLE;
+  return embps__svc_role(embps__svc_method(path));
 }
 
 /* ---- answers ---- */
@@ -178,8 +177,8 @@ void embps_service_on_request(void *user, embps_net_call_t *call, const char *me
 
   /* Who may call what is decided here, once, before any method runs (or a drain is
    * revealed): the method table gives each method's least role. */
-  if (embps_auth_check(svc->auth, m ? m->role : EMBPS__SVC_UNKNOWN_METHOD_ROLE, method,
-                       embps_net_call_authorization(call), &err) != EMBPS_OK) {
+  if (embps_auth_check(svc->auth, embps__svc_role(m), method, embps_net_call_authorization(call),
+                       &err) != EMBPS_OK) {
     EMBPS_DEBUG("refused a call to %.200s: %s", method, err.message);
     embps__svc_fail(call, &err);
   } else if (svc->draining && strncmp(method, SERVICE_PREFIX, strlen(SERVICE_PREFIX)) == 0) {

@@ -93,7 +93,13 @@ const embps__svc_method_t *embps__svc_method(const char *path);
  * methods are not probed without one (they are then answered UNIMPLEMENTED). */
 #define EMBPS__SVC_UNKNOWN_METHOD_ROLE EMBPS_AUTH_READER
 
-/** The least role that may call path: its row's, or EMBPS__SVC_UNKNOWN_METHOD_ROLE. */
+/** The least role that may call the method of row m (embps__svc_method's answer): its row's, or
+ * EMBPS__SVC_UNKNOWN_METHOD_ROLE for NULL. The dispatch's rule. */
+static inline embps_auth_role_t embps__svc_role(const embps__svc_method_t *m) {
+  return m ? m->role : EMBPS__SVC_UNKNOWN_METHOD_ROLE;
+}
+
+/** The least role that may call path: embps__svc_role of its row. */
 embps_auth_role_t embps__svc_method_role(const char *path);
 
 /* ---- the table settings <-> TableSpec (svc_tables.c, driven by common/table_fields.h) ---- */

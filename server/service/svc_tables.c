@@ -69,7 +69,7 @@ static void create_done(embps__svc_request_t *r) {
   if (embps__svc_answer_failure(r))
     return;
   c = embps_table_config(r->group_call.op.created);
-  embps__svc_spec_from_config(embps_table_config(r->group_call.op.created), &spec, &opt);
+  embps__svc_spec_from_config(c, &spec, &opt);
   resp.spec = &spec;
   resp.group_size = embps_group_size(r->svc->group);
   EMBPS_INFO("created table '%s': rows=%llu emb_width=%u %s %s, %llu bytes on this rank", c->name,

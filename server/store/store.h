@@ -10,7 +10,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/backend.h"
 #include "common/dtype.h"
 #include "common/optimizer.h"
 #include "common/status.h"
