@@ -12,7 +12,7 @@ EMBPS_PACKAGES=(
   python3 python3-grpcio python3-grpc-tools python3-numpy python3-protobuf protobuf-compiler
   python3-torch
   iproute2 iperf3 redis-server redis-tools clang-format prometheus linux-perf
-  python3-yaml python3-kubernetes
+  python3-yaml python3-kubernetes python3-h2
   buildah podman mmdebstrap runc netavark aardvark-dns iptables
 )
 
