@@ -343,7 +343,6 @@ int embps_sequencer_withdraw(embps_sequencer_t *s, uint32_t rank, uint64_t clien
                              uint64_t batch_id, uint32_t attempt, uint64_t now_ms) {
   embps_batch_desc_t key;
   char msg[400];
-  (void)now_ms;
   memset(&key, 0, sizeof(key));
   key.client_id = client_id;
   key.batch_id = batch_id;
@@ -354,6 +353,10 @@ int embps_sequencer_withdraw(embps_sequencer_t *s, uint32_t rank, uint64_t clien
       continue;
     if (disagreement(s, p, msg, sizeof(msg))) { /* it fails anyway: say why it was wrong */
       fail_pending(s, i, EMBPS_INVALID_ARGUMENT, msg);
+      return 0;
+    }
+    if (now_ms >= due_ms(s, p)) { /* expired already, the leader just has not said so yet */
+      expire_pending(s, i);
       return 0;
     }
     snprintf(msg, sizeof(msg),

@@ -98,7 +98,8 @@ size_t embps_sequencer_next_round(embps_sequencer_t *s, uint64_t now_ms, embps_r
  * its stream or closed its connection) at now_ms. When the batch is still pending (not every
  * shard is in, or it is not yet queued to run), it fails on every rank with CANCELLED, naming
  * the rank ("batch B was cancelled before it was ordered: ..."), and shards that arrive for it
- * later fail the same way; a batch whose shards already disagree keeps its INVALID_ARGUMENT.
+ * later fail the same way; a batch whose shards already disagree keeps its INVALID_ARGUMENT, and
+ * one whose expiry has come by now_ms fails DEADLINE_EXCEEDED as it would have at its expiry.
  * Otherwise (unknown, already queued to run, or already failed) nothing changes: once ordered a
  * batch runs as ordered. Returns 1 when it failed a batch with CANCELLED, else 0.
  */

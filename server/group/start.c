@@ -269,6 +269,7 @@ void embps_group_free(embps_group_t *g) {
   embps_free(g->peer_addrs);
   embps_free(g->identity);
   free_secret(g);
+  embps__group_withdrawals_free(g);
   close(g->wake_fd);
   close(g->cancel_fd);
   pthread_mutex_destroy(&g->mu);

@@ -418,9 +418,19 @@ static void test_withdraw(void **state) {
   embps_sequencer_arrive(s, 0, &b, 22);
   assert_int_equal(embps_sequencer_next_round(s, 1022, e, 8), 1);
   assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  /* A withdrawal that comes once the batch's expiry has passed (before the leader said so): the
+   * deadline it is, not a cancellation. */
+  b.batch_id = 11;
+  b.has_deadline = 1;
+  b.deadline_left_ms = 50;
+  embps_sequencer_arrive(s, 0, &b, 2000);
+  assert_int_equal(embps_sequencer_withdraw(s, 0, 3, 11, 0, 2050), 0);
+  assert_int_equal(embps_sequencer_next_round(s, 2050, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  assert_non_null(strstr(e[0].message, "the deadline its caller set (grpc-timeout) passed"));
   embps_sequencer_counts(s, &c);
   assert_int_equal(c.cancelled, 1);
-  assert_int_equal(c.expired, 1);
+  assert_int_equal(c.expired, 2);
   embps_sequencer_free(s);
 }
 
