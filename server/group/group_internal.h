@@ -23,6 +23,7 @@
 #include "server/group/checkpointer.h"
 #include "server/group/control.h"
 #include "server/group/control_io.h"
+#include "server/group/dedup.h"
 #include "server/group/group.h"
 #include "server/group/sequencer.h"
 
@@ -75,6 +76,7 @@ struct embps_group {
   embps_round_entry_t round[EMBPS__ROUND_MAX];
   embps_table_config_t round_configs[EMBPS__ROUND_MAX];
   embps_group_call_t *parked; /* calls waiting for their round, arrival order */
+  embps_dedup_t *dedup;       /* the retry window: pushes applied, changed only in rounds */
   uint64_t next_create_id;
 
   /* Checkpoints (group thread only). */
