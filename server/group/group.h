@@ -113,6 +113,11 @@ embps_status_t embps_group_peer_tls_new(embps_group_peer_tls_t **out, const char
 /** Frees what embps_group_peer_tls_new made; connections still open keep working. NULL: no-op. */
 void embps_group_peer_tls_free(embps_group_peer_tls_t *tls);
 
+/** The most pushes per client a retry window may hold (embps_group_config_t.retry_window). */
+#define EMBPS_GROUP_RETRY_WINDOW_MAX 1048576u
+/** What retry_window 0 means. */
+#define EMBPS_GROUP_RETRY_WINDOW_DEFAULT 1024u
+
 typedef struct embps_group_config {
   uint32_t rank;
   uint32_t size;
@@ -147,6 +152,10 @@ typedef struct embps_group_config {
   uint64_t max_memory_bytes;       /* what all tables may take on this rank (embps_store_set_budget,
                                       which the group calls once its engine runs); 0: 80% of the
                                       memory tables live in */
+  uint32_t retry_window;           /* pushes remembered per client, so that a retried push is
+                                      applied at most once (the group's retry window); 0: the
+                                      default,
+                                      at most EMBPS_GROUP_RETRY_WINDOW_MAX */
   /** Called on the loop thread if the group cannot form (bootstrap or restore failed). */
   void (*on_fatal)(void *arg, embps_status_t status, const char *message);
   void *on_fatal_arg;

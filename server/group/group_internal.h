@@ -25,6 +25,7 @@
 #include "server/group/checkpointer.h"
 #include "server/group/control.h"
 #include "server/group/control_io.h"
+#include "server/group/dedup.h"
 #include "server/group/group.h"
 #include "server/group/sequencer.h"
 
@@ -91,6 +92,7 @@ struct embps_group {
   embps_table_config_t round_configs[EMBPS__ROUND_MAX];
   embps_group_call_t *parked; /* calls waiting for their round, most recent first */
   uint64_t admitted;          /* calls taken from the incoming queue so far */
+  embps_dedup_t *dedup;       /* the retry window: pushes applied, changed only in rounds */
   uint64_t next_create_id;
 
   /* Checkpoints (group thread only). */
