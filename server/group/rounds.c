@@ -333,6 +333,70 @@ static void record_round(embps_group_t *g, uint64_t start_ns, uint64_t oldest_ns
   embps_hist_observe_ns(&m->phase_seconds[EMBPS_ROUND_PHASE_COMPUTE], total - coll);
 }
 
+/* ---- the retry window ------------------------------------------------------------------------ */
+
+/* Whether the retry window rules on call: a push with a client id and a digest. Every rank holds
+ * its shard of the same batch, with the same client id and digest (the leader joined only equal
+ * digests), so every rank answers the same. */
+static int windowed(const embps_group_t *g, const embps_group_call_t *call) {
+  return g->dedup && call && call->op.kind == EMBPS_OP_PUSH && call->client_id && call->digest;
+}
+
+/* Before running windowed push call: what the window says. Returns 1 when that answers it (the
+ * first attempt's result, replayed; or a refusal) and it must not run, else 0. The window holds
+ * the same keys on every rank at every round, so every rank decides alike and none enters a
+ * collective another skips. */
+static int answered_by_window(embps_group_t *g, embps_group_call_t *call) {
+  embps_dedup_result_t res;
+  uint64_t first = 0;
+  char msg[400];
+  switch (
+      embps_dedup_check(g->dedup, call->client_id, call->batch_id, call->digest, &res, &first)) {
+  case EMBPS_DEDUP_REPLAY:
+    call->op.applied = res.applied;
+    call->op.skipped = res.skipped;
+    call->op.grad_norm = res.grad_norm;
+    call->op.num_unique = res.num_unique;
+    call->replayed = 1;
+    embps_error_clear(&call->error);
+    atomic_fetch_add_explicit(&g->metrics.retries_deduplicated, 1, memory_order_relaxed);
+    embps__group_complete(g, call);
+    return 1;
+  case EMBPS_DEDUP_CONFLICT:
+    snprintf(msg, sizeof(msg),
+             "batch %llu of client 0x%llx was already applied with other content (digest "
+             "0x%016llx then, 0x%016llx now): a retry must send the same batch",
+             (unsigned long long)call->batch_id, (unsigned long long)call->client_id,
+             (unsigned long long)first, (unsigned long long)call->digest);
+    embps__group_fail_call(g, call, EMBPS_INVALID_ARGUMENT, msg);
+    return 1;
+  case EMBPS_DEDUP_FORGOTTEN:
+    snprintf(msg, sizeof(msg),
+             "push batch %llu of client 0x%llx is older than the retry window remembers (the last "
+             "%u pushes of each client, --retry-window): whether its first attempt was applied is "
+             "unknown, and it was not applied again",
+             (unsigned long long)call->batch_id, (unsigned long long)call->client_id,
+             embps_dedup_window(g->dedup));
+    embps__group_fail_call(g, call, EMBPS_FAILED_PRECONDITION, msg);
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+/* After windowed push call ran without error (applied, or skipped by the gate): the window
+ * remembers its answer. Returns EMBPS_OK, or EMBPS_RESOURCE_EXHAUSTED when it could not, which
+ * breaks the group (the caller): the ranks' windows must never differ. */
+static embps_status_t remember_push(embps_group_t *g, const embps_group_call_t *call) {
+  const embps_op_t *op = &call->op;
+  embps_dedup_result_t res = {.applied = (uint8_t)(op->applied != 0),
+                              .skipped = (uint8_t)(op->skipped != 0),
+                              .grad_norm = op->grad_norm,
+                              .num_unique = op->num_unique};
+  return embps_dedup_record(g->dedup, call->client_id, call->batch_id, call->digest,
+                            embps_table_config(op->table)->name, g->round_no, &res);
+}
+
 void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n,
                               const embps_table_config_t *configs,
                               const embps__ckpt_order_t *ckpts) {
@@ -341,13 +405,14 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
   size_t batches = 0;
   if (g->comm && !g->comm->call_seconds)
     embps_comm_set_call_histogram(g->comm, &g->metrics.collective_seconds);
-  /* The round is ordered: every async push in it may say so before any of it runs. */
+  /* The round is ordered: every async push in it may say so before any of it runs, but for those
+   * the retry window rules on, which say so once it has (a replay or a refusal is no order). */
   for (size_t i = 0; i < n; i++) {
     embps_group_call_t *call =
         e[i].action == EMBPS_ROUND_RUN
             ? embps__group_find_parked(g, e[i].client_id, e[i].batch_id, e[i].attempt, 0)
             : NULL;
-    if (call)
+    if (call && !windowed(g, call))
       announce_ordered(g, call);
     if (call && (call->op.kind == EMBPS_OP_LOOKUP || call->op.kind == EMBPS_OP_PUSH)) {
       batches++;
@@ -388,6 +453,11 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
       embps__group_break(g, msg);
       return;
     }
+    if (windowed(g, call)) {
+      if (answered_by_window(g, call))
+        continue;
+      announce_ordered(g, call);
+    }
     embps_error_clear(&err);
     if (call && call->progress) {
       op->publish = publish_progress;
@@ -401,6 +471,18 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
     }
     if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE)
       embps__group_ckpt_tables_changed(g, op);
+    if (windowed(g, call) && op->error.status == EMBPS_OK && remember_push(g, call) != EMBPS_OK) {
+      char msg[300];
+      snprintf(msg, sizeof(msg),
+               "rank %u could not remember push batch %llu of client 0x%llx in its retry window "
+               "(out of memory), so the ranks' windows would differ",
+               g->cfg.rank, (unsigned long long)call->batch_id,
+               (unsigned long long)call->client_id);
+      call->error = op->error; /* it was applied: its caller hears so before the group breaks */
+      embps__group_complete(g, call);
+      embps__group_break(g, msg);
+      return;
+    }
     if (call) {
       call->error = op->error; /* the engine's answer is the call's */
       embps__group_complete(g, call);
