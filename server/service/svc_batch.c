@@ -116,6 +116,7 @@ static embps_status_t validate_lookup(embps_service_t *svc, const Embps__V1__Loo
  * and the network layer never calls this after. */
 static void on_call_cancel(void *arg) {
   embps__svc_request_t *r = arg;
+  r->caller_gone = 1;
   embps_group_withdraw(r->svc->group, &r->group_call);
 }
 
