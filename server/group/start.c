@@ -46,7 +46,7 @@ static embps_status_t restore(embps_group_t *g, embps_error_t *err) {
   embps_status_t ret;
   memset(&m, 0, sizeof(m));
   if ((ret = embps__ckpt_restore(g->ckpt, g->engine, g->store, g->restore_dir, g->cfg.restore_round,
-                                 g->cfg.rank, g->cfg.size, &m, err)) != EMBPS_OK)
+                                 g->cfg.rank, g->cfg.size, &g->dedup, &m, err)) != EMBPS_OK)
     return ret;
   g->round_no = m.round;
   /* A restored checkpoint of every table is the table, row for row: the chain goes on from it
