@@ -20,6 +20,9 @@
 #include "common/log.h"
 #include "server/group/formation.h"
 
+_Static_assert(EMBPS_GROUP_RETRY_WINDOW_MAX == EMBPS_DEDUP_WINDOW_MAX,
+               "--retry-window's bound is the most a window's checkpoint file may hold");
+
 /* Starts this rank's checkpointer: its writer thread and the eventfd it wakes us with. */
 static embps_status_t start_checkpoints(embps_group_t *g, embps_error_t *err) {
   embps__ckpt_config_t cc = {.dir = g->ckpt_dir,
