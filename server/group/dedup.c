@@ -178,12 +178,19 @@ static embps_status_t name_get(embps_dedup_t *d, const char *name, uint32_t *out
   char *copy;
   size_t len = strnlen(name, EMBPS_DEDUP_NAME_MAX - 1);
   *added = 0;
+  /* Pushes come in runs on one table: the last name found is looked at first. */
+  if (d->last_name < d->nnames && d->names[d->last_name].name &&
+      strncmp(d->names[d->last_name].name, name, len) == 0 &&
+      d->names[d->last_name].name[len] == '\0') {
+    *out = d->last_name;
+    return EMBPS_OK;
+  }
   for (uint32_t i = 0; i < d->nnames; i++) {
     if (!d->names[i].name) {
       if (free_at == UINT32_MAX)
         free_at = i;
     } else if (strncmp(d->names[i].name, name, len) == 0 && d->names[i].name[len] == '\0') {
-      *out = i;
+      *out = d->last_name = i;
       return EMBPS_OK;
     }
   }
@@ -206,7 +213,7 @@ static embps_status_t name_get(embps_dedup_t *d, const char *name, uint32_t *out
   }
   d->names[free_at].name = copy;
   d->names[free_at].refs = 0;
-  *out = free_at;
+  *out = d->last_name = free_at;
   *added = 1;
   return EMBPS_OK;
 }
@@ -260,9 +267,7 @@ static uint32_t least_recent(const embps_dedup_t *d) {
   return best;
 }
 
-/* Client id, made if new (replacing the least recent when max_clients are held). EMBPS_OK or
- * EMBPS_RESOURCE_EXHAUSTED (nothing changed). */
-static embps_status_t client_get(embps_dedup_t *d, uint64_t id, embps__dd_client_t **out) {
+embps_status_t embps__dedup_client_get(embps_dedup_t *d, uint64_t id, embps__dd_client_t **out) {
   int found;
   uint32_t pos = client_pos(d, id, &found), victim;
   embps__dd_client_t *c;
@@ -309,26 +314,14 @@ static embps_status_t client_get(embps_dedup_t *d, uint64_t id, embps__dd_client
   return EMBPS_OK;
 }
 
-embps_status_t embps_dedup_record(embps_dedup_t *d, uint64_t client_id, uint64_t batch_id,
-                                  uint64_t digest, const char *table, uint64_t round,
-                                  const embps_dedup_result_t *result) {
-  embps__dd_client_t *c;
+embps_status_t embps__dedup_put(embps_dedup_t *d, uint64_t client_id, uint64_t batch_id,
+                                uint64_t digest, uint32_t name, uint64_t round,
+                                const embps_dedup_result_t *result) {
+  embps__dd_client_t *c = embps__dedup_client(d, client_id);
   embps__dd_entry_t *e;
-  uint32_t name, at, slot;
-  int added;
-  if (!client_id || !digest)
-    return EMBPS_OK;
-  if ((c = embps__dedup_client(d, client_id)) && embps__dedup_find(c, batch_id))
-    return EMBPS_OK; /* held already: the first attempt's answer stays */
-  if (name_get(d, table ? table : "", &name, &added) != EMBPS_OK)
+  uint32_t at, slot;
+  if ((c ? ring_reserve(d, c) : embps__dedup_client_get(d, client_id, &c)) != EMBPS_OK)
     return EMBPS_RESOURCE_EXHAUSTED;
-  if ((c ? ring_reserve(d, c) : client_get(d, client_id, &c)) != EMBPS_OK) {
-    if (added) {
-      embps_free(d->names[name].name);
-      d->names[name].name = NULL;
-    }
-    return EMBPS_RESOURCE_EXHAUSTED;
-  }
   if (c->count == d->window)
     forget_oldest(d, c);
   at = (c->head + c->count) % c->ring_cap;
@@ -344,6 +337,27 @@ embps_status_t embps_dedup_record(embps_dedup_t *d, uint64_t client_id, uint64_t
   c->count++;
   d->entries++;
   c->last_round = round;
+  return EMBPS_OK;
+}
+
+embps_status_t embps_dedup_record(embps_dedup_t *d, uint64_t client_id, uint64_t batch_id,
+                                  uint64_t digest, const char *table, uint64_t round,
+                                  const embps_dedup_result_t *result) {
+  uint32_t name;
+  int added;
+  if (!client_id || !digest)
+    return EMBPS_OK;
+  if (embps__dedup_find(embps__dedup_client(d, client_id), batch_id))
+    return EMBPS_OK; /* held already: the first attempt's answer stays */
+  if (name_get(d, table ? table : "", &name, &added) != EMBPS_OK)
+    return EMBPS_RESOURCE_EXHAUSTED;
+  if (embps__dedup_put(d, client_id, batch_id, digest, name, round, result) != EMBPS_OK) {
+    if (added) {
+      embps_free(d->names[name].name);
+      d->names[name].name = NULL;
+    }
+    return EMBPS_RESOURCE_EXHAUSTED;
+  }
   return EMBPS_OK;
 }
 

@@ -41,6 +41,7 @@ struct embps_dedup {
   uint32_t nclients, clients_cap;
   embps__dd_name_t *names;
   uint32_t nnames, names_cap;
+  uint32_t last_name; /* the name found last (a hint) */
   size_t entries;
 };
 
@@ -49,6 +50,16 @@ embps__dd_client_t *embps__dedup_client(const embps_dedup_t *d, uint64_t id);
 
 /** c's entry of batch_id, or NULL (c may be NULL). */
 const embps__dd_entry_t *embps__dedup_find(const embps__dd_client_t *c, uint64_t batch_id);
+
+/** Client id, made if new (replacing the least recent client when max_clients are held).
+ * EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED (nothing changed). */
+embps_status_t embps__dedup_client_get(embps_dedup_t *d, uint64_t id, embps__dd_client_t **out);
+
+/** Records a push (client_id and digest nonzero, batch_id not held) of interned name `name`, as
+ * embps_dedup_record does. EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED (nothing changed). */
+embps_status_t embps__dedup_put(embps_dedup_t *d, uint64_t client_id, uint64_t batch_id,
+                                uint64_t digest, uint32_t name, uint64_t round,
+                                const embps_dedup_result_t *result);
 
 /** Interned name i (an entry's table). */
 const char *embps__dedup_name(const embps_dedup_t *d, uint32_t i);

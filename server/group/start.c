@@ -20,6 +20,9 @@
 #include "common/log.h"
 #include "server/group/formation.h"
 
+_Static_assert(EMBPS_GROUP_RETRY_WINDOW_MAX == EMBPS_DEDUP_WINDOW_MAX,
+               "--retry-window's bound is the most a window's checkpoint file may hold");
+
 /* Starts this rank's checkpointer: its writer thread and the eventfd it wakes us with. */
 static embps_status_t start_checkpoints(embps_group_t *g, embps_error_t *err) {
   embps__ckpt_config_t cc = {.dir = g->ckpt_dir,
@@ -46,7 +49,7 @@ static embps_status_t restore(embps_group_t *g, embps_error_t *err) {
   embps_status_t ret;
   memset(&m, 0, sizeof(m));
   if ((ret = embps__ckpt_restore(g->ckpt, g->engine, g->store, g->restore_dir, g->cfg.restore_round,
-                                 g->cfg.rank, g->cfg.size, &m, err)) != EMBPS_OK)
+                                 g->cfg.rank, g->cfg.size, &g->dedup, &m, err)) != EMBPS_OK)
     return ret;
   g->round_no = m.round;
   /* A restored checkpoint of every table is the table, row for row: the chain goes on from it

@@ -18,6 +18,7 @@
 #include "embps/v1/embps.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "server/group/control.h"
+#include "server/group/dedup.h"
 #include "server/net/h2conn.h"
 #include "server/store/checkpoint.h"
 #include "tests/fuzz/fuzz_ckpt_tables.h"
@@ -536,6 +537,48 @@ static void checkpoint_seeds(void) {
   rmdir(dir);
 }
 
+/* ---- the retry window ---- */
+
+static void retry_window_seeds(void) {
+  embps_dedup_t *d;
+  uint8_t *p, sel;
+  size_t n;
+  if (embps_dedup_new(&d, 4, 8) != EMBPS_OK)
+    abort();
+  if (embps_dedup_encode(d, NULL, 1, &p, &n) != EMBPS_OK)
+    abort();
+  sel = 0;
+  seed("fuzz_retry_window", "empty", &sel, 1, p, n);
+  free(p);
+  /* Three clients over two tables; client 10 forgets two pushes (a floor). */
+  for (uint64_t b = 1; b <= 6; b++) {
+    embps_dedup_result_t r = {.applied = (uint8_t)(b % 2),
+                              .skipped = (uint8_t) !(b % 2),
+                              .grad_norm = 0.5 * (double)b,
+                              .num_unique = b * 3};
+    if (embps_dedup_record(d, 10, b, 100 + b, b % 3 ? "a" : "b", b, &r) != EMBPS_OK)
+      abort();
+  }
+  embps_dedup_result_t r = {.applied = 1, .grad_norm = 2.0, .num_unique = 9};
+  if (embps_dedup_record(d, 20, 9, 0x9999, "b", 3, &r) != EMBPS_OK ||
+      embps_dedup_record(d, 20, 4, 0x4444, "a", 7, &r) != EMBPS_OK ||
+      embps_dedup_record(d, 30, 1, 0x1111, "a", 7, &r) != EMBPS_OK)
+    abort();
+  if (embps_dedup_encode(d, NULL, 9, &p, &n) != EMBPS_OK)
+    abort();
+  sel = 4 | 8; /* a window of 4, every client: reads back whole */
+  seed("fuzz_retry_window", "window", &sel, 1, p, n);
+  sel = 1 | 2; /* crc rewritten; a window of 2 and 2 clients: forgets on the way */
+  seed("fuzz_retry_window", "window_fixed_smaller", &sel, 1, p, n);
+  free(p);
+  if (embps_dedup_encode(d, "b", 9, &p, &n) != EMBPS_OK)
+    abort();
+  sel = 1 | 6;
+  seed("fuzz_retry_window", "window_scoped_fixed", &sel, 1, p, n);
+  free(p);
+  embps_dedup_free(d);
+}
+
 /* ---- text ---- */
 
 static void text_seeds(void) {
@@ -570,6 +613,7 @@ int main(int argc, char **argv) {
   http2_seeds();
   control_seeds();
   checkpoint_seeds();
+  retry_window_seeds();
   text_seeds();
   return 0;
 }

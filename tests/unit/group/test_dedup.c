@@ -1,6 +1,7 @@
 /* The retry window: verdicts, a client's window and floor, the clients' eviction order, pushes
- * without a client id or digest, allocation failures, and a random sequence against a plain
- * model that scans arrays. */
+ * without a client id or digest, allocation failures, a random sequence against a plain model
+ * that scans arrays; and its checkpoint encoding: round trips, scopes, smaller windows, every
+ * corruption refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,7 @@
 
 #include "common/alloc.h"
 #include "server/group/dedup.h"
+#include "server/store/checkpoint.h"
 
 static embps_dedup_result_t res(uint8_t applied, double norm, uint64_t unique) {
   embps_dedup_result_t r;
@@ -336,12 +338,273 @@ static void test_allocation_failure(void **state) {
   assert_null(d);
 }
 
+/* ---- checkpoint encoding --------------------------------------------------------------------- */
+
+/* A window with three clients over two tables, one with a floor, one with ids out of order. */
+static embps_dedup_t *sample(uint32_t window) {
+  embps_dedup_t *d;
+  embps_dedup_result_t r;
+  assert_int_equal(embps_dedup_new(&d, window, 8), EMBPS_OK);
+  for (uint64_t b = 1; b <= 6; b++) { /* client 10: forgets 1 and 2 with a window of 4 */
+    r = res(b % 2, 0.25 * (double)b, b * 3);
+    assert_int_equal(embps_dedup_record(d, 10, b, 100 + b, b % 3 ? "a" : "b", b, &r), EMBPS_OK);
+  }
+  r = res(1, -1.5, 7);
+  assert_int_equal(embps_dedup_record(d, 20, 9, 0x9999, "b", 3, &r), EMBPS_OK);
+  assert_int_equal(embps_dedup_record(d, 20, 4, 0x4444, "a", 7, &r), EMBPS_OK);
+  assert_int_equal(embps_dedup_record(d, 30, 1, 0x1111, "a", 7, &r), EMBPS_OK);
+  return d;
+}
+
+/* Every verdict of (client, batch) for clients 1..40 and batches 0..12, with each entry's
+ * result, must be the same in a and b. */
+static void assert_same(const embps_dedup_t *a, const embps_dedup_t *b) {
+  assert_int_equal(embps_dedup_size(a), embps_dedup_size(b));
+  for (uint64_t c = 1; c <= 40; c++)
+    for (uint64_t bt = 0; bt <= 12; bt++) {
+      embps_dedup_result_t ra, rb;
+      uint64_t fa = 0, fb = 0;
+      memset(&ra, 0, sizeof(ra));
+      memset(&rb, 0, sizeof(rb));
+      embps_dedup_verdict_t va = embps_dedup_check(a, c, bt, 1, &ra, &fa);
+      embps_dedup_verdict_t vb = embps_dedup_check(b, c, bt, 1, &rb, &fb);
+      assert_int_equal(va, vb);
+      assert_int_equal(fa, fb);
+      assert_int_equal(ra.applied, rb.applied);
+      assert_int_equal(ra.skipped, rb.skipped);
+      assert_true(ra.grad_norm == rb.grad_norm);
+      assert_int_equal(ra.num_unique, rb.num_unique);
+    }
+}
+
+static void test_encode_round_trip(void **state) {
+  embps_dedup_t *d = sample(4), *back;
+  uint8_t *p, *q;
+  size_t len, qlen;
+  uint64_t round = 0;
+  embps_dedup_result_t got;
+  embps_error_t err;
+  (void)state;
+  assert_int_equal(embps_dedup_encode(d, NULL, 42, &p, &len), EMBPS_OK);
+  assert_int_equal(embps_dedup_decode(&back, 4, 8, p, len, "W", &round, &err), EMBPS_OK);
+  assert_int_equal(round, 42);
+  assert_same(d, back);
+  assert_int_equal(embps_dedup_check(back, 10, 2, 102, NULL, NULL), EMBPS_DEDUP_FORGOTTEN);
+  assert_int_equal(embps_dedup_check(back, 10, 5, 105, &got, NULL), EMBPS_DEDUP_REPLAY);
+  assert_true(got.grad_norm == 1.25);
+  assert_int_equal(got.applied, 1);
+  assert_int_equal(got.num_unique, 15);
+  assert_int_equal(embps_dedup_check(back, 20, 9, 0x9999, &got, NULL), EMBPS_DEDUP_REPLAY);
+  assert_true(got.grad_norm == -1.5);
+  /* The same window encodes to the same bytes, whoever holds it. */
+  assert_int_equal(embps_dedup_encode(back, "", 42, &q, &qlen), EMBPS_OK);
+  assert_int_equal(qlen, len);
+  assert_memory_equal(p, q, len);
+  /* ... and goes on alike: the next records forget the same entries and clients. */
+  for (uint64_t c = 100; c < 108; c++) {
+    embps_dedup_result_t r = res(1, 1.0, c);
+    assert_int_equal(embps_dedup_record(d, c, 1, 1, "a", 8, &r), EMBPS_OK);
+    assert_int_equal(embps_dedup_record(back, c, 1, 1, "a", 8, &r), EMBPS_OK);
+  }
+  assert_same(d, back);
+  embps_free(p);
+  embps_free(q);
+  embps_dedup_free(back);
+  /* An empty window. */
+  embps_dedup_free(d);
+  assert_int_equal(embps_dedup_new(&d, 4, 8), EMBPS_OK);
+  assert_int_equal(embps_dedup_encode(d, NULL, 1, &p, &len), EMBPS_OK);
+  assert_int_equal(len, 36);
+  assert_int_equal(embps_dedup_decode(&back, 4, 8, p, len, "W", NULL, &err), EMBPS_OK);
+  assert_int_equal(embps_dedup_size(back), 0);
+  embps_free(p);
+  embps_dedup_free(back);
+  embps_dedup_free(d);
+}
+
+/* A checkpoint of one table keeps that table's entries, and every client's floor. */
+static void test_encode_scope(void **state) {
+  embps_dedup_t *d = sample(4), *back;
+  uint8_t *p;
+  size_t len;
+  embps_error_t err;
+  (void)state;
+  assert_int_equal(embps_dedup_encode(d, "b", 9, &p, &len), EMBPS_OK);
+  assert_int_equal(embps_dedup_decode(&back, 4, 8, p, len, "W", NULL, &err), EMBPS_OK);
+  /* client 10 holds 3 (b), 4 (a), 5 (a), 6 (b); client 20: 9 (b), 4 (a); client 30: 1 (a). */
+  assert_int_equal(embps_dedup_size(back), 3);
+  assert_int_equal(embps_dedup_check(back, 10, 3, 103, NULL, NULL), EMBPS_DEDUP_REPLAY);
+  assert_int_equal(embps_dedup_check(back, 10, 6, 106, NULL, NULL), EMBPS_DEDUP_REPLAY);
+  assert_int_equal(embps_dedup_check(back, 10, 4, 104, NULL, NULL), EMBPS_DEDUP_NEW);
+  assert_int_equal(embps_dedup_check(back, 10, 2, 102, NULL, NULL), EMBPS_DEDUP_FORGOTTEN);
+  assert_int_equal(embps_dedup_check(back, 20, 9, 0x9999, NULL, NULL), EMBPS_DEDUP_REPLAY);
+  assert_int_equal(embps_dedup_check(back, 20, 4, 0x4444, NULL, NULL), EMBPS_DEDUP_NEW);
+  assert_int_equal(embps_dedup_check(back, 30, 1, 0x1111, NULL, NULL), EMBPS_DEDUP_NEW);
+  embps_free(p);
+  embps_dedup_free(back);
+  /* A table with no entries: only the floors. */
+  assert_int_equal(embps_dedup_encode(d, "none", 9, &p, &len), EMBPS_OK);
+  assert_int_equal(embps_dedup_decode(&back, 4, 8, p, len, "W", NULL, &err), EMBPS_OK);
+  assert_int_equal(embps_dedup_size(back), 0);
+  assert_int_equal(embps_dedup_check(back, 10, 2, 102, NULL, NULL), EMBPS_DEDUP_FORGOTTEN);
+  assert_int_equal(embps_dedup_check(back, 10, 3, 103, NULL, NULL), EMBPS_DEDUP_NEW);
+  embps_free(p);
+  embps_dedup_free(back);
+  embps_dedup_free(d);
+}
+
+/* Read back into a smaller window, or fewer clients: what recording the same pushes leaves. */
+static void test_decode_smaller(void **state) {
+  embps_dedup_t *d = sample(4), *back, *want;
+  embps_dedup_result_t r = res(1, 1.0, 1);
+  uint8_t *p;
+  size_t len;
+  embps_error_t err;
+  (void)state;
+  assert_int_equal(embps_dedup_encode(d, NULL, 9, &p, &len), EMBPS_OK);
+  assert_int_equal(embps_dedup_decode(&back, 2, 8, p, len, "W", NULL, &err), EMBPS_OK);
+  want = sample(2);
+  assert_same(back, want);
+  {
+    uint8_t *x, *y; /* the names of entries forgotten on the way stay for the later ones */
+    size_t xl, yl;
+    assert_int_equal(embps_dedup_encode(back, NULL, 9, &x, &xl), EMBPS_OK);
+    assert_int_equal(embps_dedup_encode(want, NULL, 9, &y, &yl), EMBPS_OK);
+    assert_int_equal(xl, yl);
+    assert_memory_equal(x, y, xl);
+    embps_free(x);
+    embps_free(y);
+  }
+  assert_int_equal(embps_dedup_check(back, 10, 4, 104, NULL, NULL), EMBPS_DEDUP_FORGOTTEN);
+  assert_int_equal(embps_dedup_check(back, 10, 5, 105, NULL, NULL), EMBPS_DEDUP_REPLAY);
+  embps_dedup_free(back);
+  embps_dedup_free(want);
+  /* Two clients: 20 and 30 (both last at round 7) outlive 10 (round 6). */
+  assert_int_equal(embps_dedup_decode(&back, 4, 2, p, len, "W", NULL, &err), EMBPS_OK);
+  assert_int_equal(embps_dedup_check(back, 10, 6, 106, NULL, NULL), EMBPS_DEDUP_NEW);
+  assert_int_equal(embps_dedup_check(back, 20, 4, 0x4444, NULL, NULL), EMBPS_DEDUP_REPLAY);
+  assert_int_equal(embps_dedup_check(back, 30, 1, 0x1111, NULL, NULL), EMBPS_DEDUP_REPLAY);
+  /* One client: 30 (the larger id of the two at round 7). */
+  embps_dedup_free(back);
+  assert_int_equal(embps_dedup_decode(&back, 4, 1, p, len, "W", NULL, &err), EMBPS_OK);
+  assert_int_equal(embps_dedup_size(back), 1);
+  assert_int_equal(embps_dedup_check(back, 30, 1, 0x1111, NULL, NULL), EMBPS_DEDUP_REPLAY);
+  assert_int_equal(embps_dedup_record(back, 31, 1, 1, "a", 8, &r), EMBPS_OK);
+  assert_int_equal(embps_dedup_check(back, 30, 1, 0x1111, NULL, NULL), EMBPS_DEDUP_NEW);
+  embps_dedup_free(back);
+  embps_free(p);
+  embps_dedup_free(d);
+}
+
+static void put_crc(uint8_t *p, size_t len) {
+  uint32_t c = embps_ckpt_crc32(0, p, len - 4);
+  for (int i = 0; i < 4; i++)
+    p[len - 4 + i] = (uint8_t)(c >> (8 * i));
+}
+
+static void expect_refused(const uint8_t *p, size_t len, embps_status_t want, const char *says) {
+  embps_dedup_t *back = NULL;
+  embps_error_t err;
+  memset(&err, 0, sizeof(err));
+  assert_int_equal(embps_dedup_decode(&back, 4, 8, p, len, "DIR/RETRY_WINDOW", NULL, &err), want);
+  assert_null(back);
+  assert_int_equal(err.status, want);
+  if (!strstr(err.message, "DIR/RETRY_WINDOW") || (says && !strstr(err.message, says)))
+    fail_msg("message '%s' should name the file and say '%s'", err.message, says ? says : "");
+}
+
+/* Every byte flipped, every truncation, every extension: refused, never misread. With the
+ * checksum made right again, a field out of its bounds is still refused. */
+static void test_decode_corrupt(void **state) {
+  embps_dedup_t *d = sample(4);
+  uint8_t *p, *q;
+  size_t len;
+  (void)state;
+  assert_int_equal(embps_dedup_encode(d, NULL, 9, &p, &len), EMBPS_OK);
+  q = embps_malloc(len + 8);
+  for (size_t i = 0; i < len; i++) {
+    memcpy(q, p, len);
+    q[i] ^= 0x5a;
+    expect_refused(q, len, i >= 8 && i < 12 ? EMBPS_FAILED_PRECONDITION : EMBPS_DATA_LOSS,
+                   i >= 12 && i < len - 4 ? "crc32" : NULL);
+  }
+  for (size_t n = 0; n < len; n++)
+    expect_refused(p, n, EMBPS_DATA_LOSS, NULL);
+  memcpy(q, p, len);
+  memset(q + len, 0, 8);
+  put_crc(q, len + 8);
+  expect_refused(q, len + 8, EMBPS_DATA_LOSS, "malformed");
+  /* Fields past the crc: the first name's length (offset 32) too long; the name count (24)
+   * beyond the bytes; the first client's id (after the names "a", "b": 32 + 5 + 5) zero; its
+   * flags (+24) with an unknown bit; its entry count (+28) above the window's bound; the first
+   * entry's table (+32 + 40) out of range, its digest (+32 + 8) zero. */
+  const size_t c0 = 32 + 5 + 5, e0 = c0 + 32;
+  struct {
+    size_t off;
+    uint8_t v;
+  } pokes[] = {{32, 200},           {24, 0xff},   {c0, 0},     {c0 + 24, 4},
+               {c0 + 28 + 2, 0x20}, {e0 + 40, 9}, {e0 + 8, 0}, {28, 9}};
+  assert_int_equal(q[32], 1); /* the layout the offsets assume: names "a", "b" */
+  for (size_t k = 0; k < sizeof(pokes) / sizeof(pokes[0]); k++) {
+    memcpy(q, p, len);
+    if (pokes[k].off == c0 || pokes[k].off == e0 + 8)
+      memset(q + pokes[k].off, 0, 8);
+    else
+      q[pokes[k].off] = pokes[k].v;
+    put_crc(q, len);
+    expect_refused(q, len, EMBPS_DATA_LOSS, "malformed");
+  }
+  /* Client 10 (last at round 6) renamed 20: in order, but one client twice. */
+  memcpy(q, p, len);
+  q[c0] = 20;
+  put_crc(q, len);
+  expect_refused(q, len, EMBPS_DATA_LOSS, "malformed");
+  embps_free(q);
+  embps_free(p);
+  embps_dedup_free(d);
+}
+
+/* Allocation failures while encoding or decoding: refused cleanly (and nothing leaks, which the
+ * sanitizer build checks). */
+static void test_codec_allocation_failure(void **state) {
+  embps_dedup_t *d = sample(4), *back;
+  uint8_t *p, *q;
+  size_t len, qlen;
+  embps_error_t err;
+  int failed = 0;
+  (void)state;
+  assert_int_equal(embps_dedup_encode(d, NULL, 9, &p, &len), EMBPS_OK);
+  for (long n = 1; n < 64; n++) {
+    embps_alloc_fail_after(n);
+    embps_status_t a = embps_dedup_encode(d, NULL, 9, &q, &qlen);
+    embps_alloc_fail_after(n);
+    embps_status_t b = embps_dedup_decode(&back, 4, 8, p, len, "W", NULL, &err);
+    embps_alloc_fail_after(0);
+    if (a == EMBPS_OK) {
+      assert_memory_equal(p, q, len);
+      embps_free(q);
+    } else {
+      assert_int_equal(a, EMBPS_RESOURCE_EXHAUSTED);
+      failed++;
+    }
+    if (b == EMBPS_OK)
+      embps_dedup_free(back);
+    else
+      assert_int_equal(b, EMBPS_RESOURCE_EXHAUSTED);
+  }
+  assert_true(failed > 0);
+  embps_free(p);
+  embps_dedup_free(d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_verdicts),           cmocka_unit_test(test_unnamed_never_recorded),
       cmocka_unit_test(test_window_and_floor),   cmocka_unit_test(test_client_eviction),
       cmocka_unit_test(test_against_model),      cmocka_unit_test(test_large),
-      cmocka_unit_test(test_allocation_failure),
+      cmocka_unit_test(test_allocation_failure), cmocka_unit_test(test_encode_round_trip),
+      cmocka_unit_test(test_encode_scope),       cmocka_unit_test(test_decode_smaller),
+      cmocka_unit_test(test_decode_corrupt),     cmocka_unit_test(test_codec_allocation_failure),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
