@@ -1,4 +1,5 @@
-/* A rank's part in checkpoints (checkpointer.h): snapshots, the writer thread, restore.
+/* A rank's part in checkpoints (checkpointer.h): snapshots and the writer thread (restore is
+ * ckpt_restore.c's).
  *
  * Threads. The group's thread owns the snapshot list and calls everything but the writer's
  * loop; it queues jobs (mutex + condition variable) and the writer posts them back finished
@@ -38,7 +39,11 @@ typedef struct job {
   embps_table_t **cow;          /* JOB_SLICES: slice i's table when its snapshot is still open
                                    (copy-on-write: the writer completes it), else NULL */
   embps_table_config_t *tables; /* JOB_MANIFEST: the checkpoint's tables (n of them) */
-  struct snap *snap;            /* JOB_PREFAULT: the buffers to touch */
+  uint8_t *window;              /* JOB_SLICES on the leader: the retry window's file, encoded
+                                   at the round (the group's thread goes on changing it) */
+  size_t window_len;
+  int has_window;    /* JOB_MANIFEST: the leader wrote the retry window's file */
+  struct snap *snap; /* JOB_PREFAULT: the buffers to touch */
   embps__ckpt_result_t result;
   struct job *next;
 } job_t;
@@ -57,6 +62,7 @@ struct embps__ckpt {
   embps_table_config_t *last_tables;
   size_t last_n;
   uint64_t last_round;
+  int last_window; /* ... and it wrote the retry window's file */
 
   pthread_t thread;
   pthread_mutex_t mu;
@@ -81,6 +87,7 @@ static void job_free(job_t *j) {
   embps_free(j->cow);
   embps_free(j->slices);
   embps_free(j->tables);
+  embps_free(j->window);
   embps_free(j);
 }
 
@@ -113,6 +120,12 @@ static void write_slices(embps__ckpt_t *c, job_t *j) {
       return;
     r->bytes += bytes;
   }
+  if (j->window) { /* the leader's: written with its slices, so before the manifest */
+    snprintf(file, sizeof(file), "%s/%s", r->path, EMBPS_CKPT_WINDOW);
+    if (embps_ckpt_write_file(file, j->window, j->window_len, &bytes, &r->error) != EMBPS_OK)
+      return;
+    r->bytes += bytes;
+  }
   embps_ckpt_sync_dir(r->path, &r->error);
 }
 
@@ -138,7 +151,7 @@ static void write_manifest(embps__ckpt_t *c, job_t *j) {
   snprintf(m.scope, sizeof(m.scope), "%s", j->order.scope);
   m.num_tables = j->n;
   m.tables = j->tables;
-  m.num_files = j->n * c->size;
+  m.num_files = j->n * c->size + (j->has_window ? 1 : 0);
   m.files = embps_calloc(m.num_files ? m.num_files : 1, sizeof(*m.files));
   if (!m.files) {
     embps_error_set(&r->error, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a manifest");
@@ -161,6 +174,19 @@ static void write_manifest(embps__ckpt_t *c, job_t *j) {
       f->bytes = (uint64_t)st.st_size;
       m.bytes += f->bytes;
     }
+  }
+  if (j->has_window) { /* listed, so that a restore needs it and checks its size */
+    embps_ckpt_file_t *f = &m.files[j->n * c->size];
+    snprintf(file, sizeof(file), "%s/%s", r->path, EMBPS_CKPT_WINDOW);
+    if (stat(file, &st) != 0) {
+      embps_error_set(&r->error, EMBPS_INTERNAL, "the retry window's file %s is not there (%s)",
+                      file, strerror(errno));
+      goto exit;
+    }
+    f->rank = 0;
+    snprintf(f->table, sizeof(f->table), "%s", EMBPS_CKPT_WINDOW_TABLE);
+    f->bytes = (uint64_t)st.st_size;
+    m.bytes += f->bytes;
   }
   if (embps_ckpt_write_manifest(r->path, &m, &r->error) != EMBPS_OK ||
       embps_ckpt_sync_dir(c->dir, &r->error) != EMBPS_OK)
@@ -415,7 +441,8 @@ void embps__ckpt_prepare(embps__ckpt_t *c, embps_table_t *t) {
 }
 
 embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, embps_store_t *store,
-                                   const embps__ckpt_order_t *order, embps_error_t *err) {
+                                   const embps_dedup_t *window, const embps__ckpt_order_t *order,
+                                   embps_error_t *err) {
   const size_t count = embps_store_count(store);
   const uint64_t t0 = embps_now_ns();
   job_t *j = embps_calloc(1, sizeof(*j));
@@ -487,6 +514,14 @@ embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, emb
     j->n++;
     bytes += embps_table_bytes(t);
   }
+  /* Every rank's window is the same at this round: the leader's alone is written, of the
+   * tables the checkpoint covers. */
+  if (ret == EMBPS_OK && c->rank == 0 && window &&
+      embps_dedup_encode(window, order->scope, order->round, &j->window, &j->window_len) !=
+          EMBPS_OK)
+    ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                          "out of memory capturing the retry window (%zu entries) to checkpoint",
+                          embps_dedup_size(window));
   if (ret != EMBPS_OK) {
     job_cancel(j);
     job_free(j);
@@ -498,6 +533,7 @@ embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, emb
     c->last_tables = j->tables;
     c->last_n = j->n;
     c->last_round = order->round;
+    c->last_window = j->window != NULL;
     j->tables = NULL;
   }
   EMBPS_INFO("rank %u: captured the checkpoint of round %llu (%zu table(s), %llu bytes) in %.1f "
@@ -525,6 +561,7 @@ void embps__ckpt_finish(embps__ckpt_t *c, const embps__ckpt_order_t *order, int 
     j->kind = JOB_MANIFEST;
     j->tables = c->last_tables;
     j->n = c->last_n;
+    j->has_window = c->last_window;
     c->last_tables = NULL;
     c->last_n = 0;
   } else {
@@ -575,142 +612,4 @@ void embps__ckpt_forget(embps__ckpt_t *c, embps_table_t *t) {
   }
   snap_release(s);
   embps_free(s);
-}
-
-/* ---- restore --------------------------------------------------------------------------------- */
-
-/* Every rank learns whether any rank failed (a status code; 0 when none did). */
-static embps_status_t agree_failure(embps_engine_t *engine, embps_status_t mine,
-                                    embps_status_t *worst, embps_error_t *err) {
-  uint64_t v = (uint64_t)mine;
-  embps_status_t ret = embps_engine_agree_max(engine, &v, err);
-  *worst = (embps_status_t)v;
-  return ret;
-}
-
-/* Reads this rank's columns of table `cfg` from the checkpoint into the new (blank) table t:
- * straight into its arrays where they are host memory, else through host buffers. */
-static embps_status_t fill_table(embps_engine_t *engine, embps_table_t *t, const char *dir,
-                                 const embps_ckpt_manifest_t *m, embps_error_t *err) {
-  const int direct = embps_engine_backend(engine) == EMBPS_BACKEND_CPU;
-  embps_ckpt_dest_t dst;
-  embps_table_arrays_t host;
-  size_t bytes[3];
-  embps_status_t ret = EMBPS_RESOURCE_EXHAUSTED;
-
-  memset(&dst, 0, sizeof(dst));
-  memset(&host, 0, sizeof(host));
-  embps_table_array_bytes(t, bytes);
-  if (direct) {
-    embps_table_arrays_t a = embps_table_arrays(t);
-    dst.col_begin = embps_table_col_begin(t);
-    dst.shard_width = embps_table_shard_width(t);
-    dst.data = a.data;
-    dst.state0 = a.state0;
-    dst.state1 = a.state1;
-    if ((ret = embps_ckpt_read_columns(dir, m, embps_table_config(t)->name, &dst, err)) == EMBPS_OK)
-      embps_table_set_step(t, dst.step);
-    return ret;
-  }
-  if (!(host.data = embps_aligned_alloc(bytes[0] ? bytes[0] : 64)) ||
-      (bytes[1] && !(host.state0 = embps_aligned_alloc(bytes[1]))) ||
-      (bytes[2] && !(host.state1 = embps_aligned_alloc(bytes[2])))) {
-    embps_error_set(err, ret, "out of host memory restoring table '%s'",
-                    embps_table_config(t)->name);
-    goto exit;
-  }
-  dst.col_begin = embps_table_col_begin(t);
-  dst.shard_width = embps_table_shard_width(t);
-  dst.data = host.data;
-  dst.state0 = host.state0;
-  dst.state1 = host.state1;
-  if ((ret = embps_ckpt_read_columns(dir, m, embps_table_config(t)->name, &dst, err)) != EMBPS_OK ||
-      (ret = embps_engine_table_import(engine, t, &host, err)) != EMBPS_OK)
-    goto exit;
-  embps_table_set_step(t, dst.step);
-exit:
-  embps_free(host.data);
-  embps_free(host.state0);
-  embps_free(host.state1);
-  return ret;
-}
-
-embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, embps_store_t *store,
-                                   const char *dir, uint64_t round, uint32_t rank, uint32_t size,
-                                   embps_ckpt_manifest_t *manifest_out, embps_error_t *err) {
-  const uint64_t max_bytes = embps_store_budget_max(store);
-  char path[EMBPS__CKPT_PATH_MAX];
-  const uint64_t t0 = embps_now_ns();
-  embps_ckpt_manifest_t m;
-  embps_error_t mine;
-  embps_status_t ret, worst;
-
-  memset(&m, 0, sizeof(m));
-  embps_error_clear(&mine);
-  embps_ckpt_path(path, sizeof(path), dir, round);
-  embps_ckpt_read_manifest(path, &m, &mine);
-  for (size_t i = 0; mine.status == EMBPS_OK && i < m.num_tables; i++) {
-    embps_table_config_t cfg = m.tables[i];
-    embps_error_t why;
-    if (embps_table_config_resolve(&cfg, size, max_bytes, &why) != EMBPS_OK)
-      embps_error_set(&mine, why.status, "cannot restore table '%s' of %s onto %u ranks: %s",
-                      m.tables[i].name, path, size, why.message);
-  }
-  /* Every rank has read the same manifest, or none goes on. */
-  if ((ret = agree_failure(engine, mine.status, &worst, err)) != EMBPS_OK)
-    goto exit;
-  if (worst != EMBPS_OK) {
-    if (mine.status != EMBPS_OK)
-      *err = mine;
-    else
-      embps_error_set(err, worst, "another rank could not read checkpoint %s (see its log)", path);
-    ret = err->status;
-    goto exit;
-  }
-  for (size_t i = 0; i < m.num_tables; i++) {
-    embps_op_t op;
-    memset(&op, 0, sizeof(op));
-    op.kind = EMBPS_OP_CREATE_TABLE;
-    op.create = m.tables[i];
-    op.create_blank = 1; /* fill_table writes every byte, or the restore fails as a whole */
-    embps_table_config_resolve(&op.create, size, max_bytes, NULL);
-    if ((ret = embps_engine_run(engine, &op, err)) != EMBPS_OK)
-      goto exit;
-    if (op.error.status != EMBPS_OK) {
-      *err = op.error; /* every rank agreed on it */
-      ret = err->status;
-      goto exit;
-    }
-    if (mine.status == EMBPS_OK) {
-      fill_table(engine, op.created, dir, &m, &mine);
-      if (c && mine.status == EMBPS_OK) {
-        embps__ckpt_prepare(c, op.created);
-        if (embps_table_dirty(op.created)) /* the restored table is the checkpoint: all clean */
-          memset(embps_table_dirty(op.created), 0,
-                 embps_dirty_words(embps_table_config(op.created)->rows) * sizeof(uint64_t));
-      }
-    }
-  }
-  if ((ret = agree_failure(engine, mine.status, &worst, err)) != EMBPS_OK)
-    goto exit;
-  if (worst != EMBPS_OK) {
-    if (mine.status != EMBPS_OK)
-      *err = mine;
-    else
-      embps_error_set(err, worst, "another rank could not restore checkpoint %s (see its log)",
-                      path);
-    ret = err->status;
-    goto exit;
-  }
-  EMBPS_INFO("rank %u: restored %zu table(s) from %s (round %llu, written by %u rank(s)) in %.1f "
-             "ms",
-             rank, m.num_tables, path, (unsigned long long)m.round, m.group_size,
-             (double)(embps_now_ns() - t0) / 1e6);
-  if (manifest_out) {
-    *manifest_out = m;
-    memset(&m, 0, sizeof(m));
-  }
-exit:
-  embps_ckpt_manifest_free(&m);
-  return ret;
 }

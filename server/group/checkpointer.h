@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "server/engine/engine.h"
 #include "server/group/control.h"
+#include "server/group/dedup.h"
 #include "server/store/checkpoint.h"
 #include "server/store/store.h"
 
@@ -64,11 +65,15 @@ void embps__ckpt_forget(embps__ckpt_t *c, embps_table_t *table);
 /**
  * Group thread, when it applies a checkpoint's round entry: copies every table of the order's
  * scope (in store order) through the engine into the snapshot buffers and queues their files
- * for the writer. Returns EMBPS_OK, or the failure (err says why; nothing was queued, and the
- * caller reports it as this rank's result).
+ * for the writer. On the leader (rank 0) it also encodes `window` (the retry window, as it is at
+ * this round; NULL: none), keeping the entries of the order's scope, and the writer writes it as
+ * the checkpoint's EMBPS_CKPT_WINDOW file with the leader's slices, which the manifest lists.
+ * Returns EMBPS_OK, or the failure (err says why; nothing was queued, and the caller reports it as
+ * this rank's result).
  */
 embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, embps_store_t *store,
-                                   const embps__ckpt_order_t *order, embps_error_t *err);
+                                   const embps_dedup_t *window, const embps__ckpt_order_t *order,
+                                   embps_error_t *err);
 
 /**
  * Leader: every rank has reported on checkpoint `order`. With ok set, queues the manifest (from
@@ -89,12 +94,18 @@ int embps__ckpt_take(embps__ckpt_t *c, embps__ckpt_result_t *out);
  * (emb_width must split evenly over it, with DESIGN.md's message; a table alone beyond the
  * store's memory budget is refused before any is created), created through the engine
  * and filled from the columns this rank now owns. Tables are tracked for incremental
- * checkpoints (every row clean) when c is not NULL. *manifest_out (may be NULL) receives the
+ * checkpoints (every row clean) when c is not NULL. When the manifest lists a retry window file,
+ * every rank reads it into a new window of *window's size (EMBPS_DEDUP_MAX_CLIENTS clients) that
+ * replaces *window: the window as it stood at the checkpoint's round, its entries those of the
+ * checkpoint's tables; a checkpoint without one (written before windows were kept) leaves
+ * *window as it is (window may be NULL: none is read). A corrupt one fails the restore like a
+ * corrupt slice, naming the file. *manifest_out (may be NULL) receives the
  * manifest (the caller frees it). Returns EMBPS_OK, or the failure of this rank or another (err
  * says which); the caller then stops: a half-restored rank never serves.
  */
 embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, embps_store_t *store,
                                    const char *dir, uint64_t round, uint32_t rank, uint32_t size,
-                                   embps_ckpt_manifest_t *manifest_out, embps_error_t *err);
+                                   embps_dedup_t **window, embps_ckpt_manifest_t *manifest_out,
+                                   embps_error_t *err);
 
 #endif

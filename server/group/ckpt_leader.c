@@ -140,7 +140,7 @@ void embps__group_ckpt_run_entry(embps_group_t *g, const embps__ckpt_order_t *o)
     embps_error_set(&err, EMBPS_FAILED_PRECONDITION,
                     "rank %u has no --checkpoint-dir, and every rank of a group needs the same one",
                     g->cfg.rank);
-  else if (embps__ckpt_capture(g->ckpt, g->engine, g->store, o, &err) == EMBPS_OK)
+  else if (embps__ckpt_capture(g->ckpt, g->engine, g->store, g->dedup, o, &err) == EMBPS_OK)
     return;
   report_ckpt_done(g, o->round, &err, 0);
 }

@@ -44,7 +44,8 @@ typedef enum embps_dedup_verdict {
 } embps_dedup_verdict_t;
 
 /** A window of `window` pushes per client (at least 1) and `max_clients` clients. Returns
- * EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED; *out is untouched on failure. */
+ * EMBPS_OK, EMBPS_INVALID_ARGUMENT (window or max_clients 0) or EMBPS_RESOURCE_EXHAUSTED; *out is
+ * untouched on failure. Memory is taken per client as it records, not up front. */
 embps_status_t embps_dedup_new(embps_dedup_t **out, uint32_t window, uint32_t max_clients);
 
 /** Frees d (NULL: no-op). */
@@ -59,8 +60,9 @@ embps_dedup_verdict_t embps_dedup_check(const embps_dedup_t *d, uint64_t client_
 
 /**
  * Records that push (client_id, batch_id) of table `table` (its name, borrowed) with digest was
- * applied at round `round` with *result. client_id or digest 0: nothing is recorded. May forget
- * the client's oldest entry, or the least recent client. Returns EMBPS_OK, or
+ * applied at round `round` with *result. client_id or digest 0: nothing is recorded; a
+ * (client_id, batch_id) the window holds already keeps its first entry. May forget the client's
+ * oldest entry, or the least recent client. Returns EMBPS_OK, or
  * EMBPS_RESOURCE_EXHAUSTED (nothing recorded: the caller must not let the ranks' windows differ,
  * and breaks the group).
  */
@@ -70,5 +72,44 @@ embps_status_t embps_dedup_record(embps_dedup_t *d, uint64_t client_id, uint64_t
 
 /** Entries held, over every client (for tests and metrics). */
 size_t embps_dedup_size(const embps_dedup_t *d);
+
+/** The pushes remembered per client (the `window` it was made with). */
+uint32_t embps_dedup_window(const embps_dedup_t *d);
+
+/* ---- checkpoints ----------------------------------------------------------------------------
+ * A checkpoint holds the window as it stood at its round (docs/checkpoint-format.md, "The retry
+ * window": little-endian, versioned, crc32 as every checkpoint file). The leader encodes it when
+ * it applies the checkpoint's round entry and writes the bytes; a restore decodes them on every
+ * rank, so every rank's window is again the same. */
+
+/** The format version of the window's encoding this build writes and reads. */
+#define EMBPS_DEDUP_FORMAT_VERSION 1u
+/** The most entries per client an encoding may hold (the largest --retry-window). */
+#define EMBPS_DEDUP_WINDOW_MAX 1048576u
+
+/**
+ * Encodes d's entries of table `scope` (NULL or "": of every table) as a checkpoint of `round`
+ * holds them, into a new buffer *out of *len bytes (the caller frees it with embps_free). Every
+ * client with an entry of the scope, or a floor, is written with its floor and last round; the
+ * order is fixed (clients from the least recent, ties by id; each client's entries oldest
+ * first), so equal windows encode to equal bytes. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
+ */
+embps_status_t embps_dedup_encode(const embps_dedup_t *d, const char *scope, uint64_t round,
+                                  uint8_t **out, size_t *len);
+
+/**
+ * Decodes len bytes at p (an encoding from embps_dedup_encode) into a new window *out of
+ * `window` entries per client and `max_clients` clients, as if its pushes had been recorded in
+ * order: a window smaller than the writer's keeps each client's newest entries (raising its
+ * floor), and fewer clients keep the most recent ones. *round (may be NULL) gets the round the
+ * encoding says it was taken at. `name` names the bytes in messages (the file's path).
+ * Returns EMBPS_OK; EMBPS_DATA_LOSS for bytes that are truncated, overlong, malformed or fail
+ * their crc32 (err names `name` and what is wrong, and for a checksum both values);
+ * EMBPS_FAILED_PRECONDITION for another format version (naming both); EMBPS_INVALID_ARGUMENT
+ * for window or max_clients 0; EMBPS_RESOURCE_EXHAUSTED. *out is untouched on failure.
+ */
+embps_status_t embps_dedup_decode(embps_dedup_t **out, uint32_t window, uint32_t max_clients,
+                                  const uint8_t *p, size_t len, const char *name, uint64_t *round,
+                                  embps_error_t *err);
 
 #endif

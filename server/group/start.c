@@ -20,6 +20,9 @@
 #include "common/log.h"
 #include "server/group/formation.h"
 
+_Static_assert(EMBPS_GROUP_RETRY_WINDOW_MAX == EMBPS_DEDUP_WINDOW_MAX,
+               "--retry-window's bound is the most a window's checkpoint file may hold");
+
 /* Starts this rank's checkpointer: its writer thread and the eventfd it wakes us with. */
 static embps_status_t start_checkpoints(embps_group_t *g, embps_error_t *err) {
   embps__ckpt_config_t cc = {.dir = g->ckpt_dir,
@@ -46,7 +49,7 @@ static embps_status_t restore(embps_group_t *g, embps_error_t *err) {
   embps_status_t ret;
   memset(&m, 0, sizeof(m));
   if ((ret = embps__ckpt_restore(g->ckpt, g->engine, g->store, g->restore_dir, g->cfg.restore_round,
-                                 g->cfg.rank, g->cfg.size, &m, err)) != EMBPS_OK)
+                                 g->cfg.rank, g->cfg.size, &g->dedup, &m, err)) != EMBPS_OK)
     return ret;
   g->round_no = m.round;
   /* A restored checkpoint of every table is the table, row for row: the chain goes on from it
@@ -101,6 +104,11 @@ embps_status_t embps__group_start(embps_group_t *g, embps_error_t *err) {
   else if (cfg.engine_threads > 1)
     EMBPS_INFO("engine: pushes applied on %u threads",
                embps_engine_set_threads(g->engine, cfg.engine_threads));
+  if (ret == EMBPS_OK &&
+      (ret = embps_dedup_new(&g->dedup,
+                             cfg.retry_window ? cfg.retry_window : EMBPS_GROUP_RETRY_WINDOW_DEFAULT,
+                             EMBPS_DEDUP_MAX_CLIENTS)) != EMBPS_OK)
+    embps_error_set(err, ret, "cannot make the retry window (--retry-window %u)", cfg.retry_window);
   if (ret == EMBPS_OK)
     set_budget(g);
   if (ret == EMBPS_OK && g->ckpt_dir)
@@ -251,6 +259,7 @@ void embps_group_free(embps_group_t *g) {
   embps_free(g->restore_dir);
   embps_engine_free(g->engine);
   embps_sequencer_free(g->seq);
+  embps_dedup_free(g->dedup);
   embps_comm_free(g->comm);
   embps_cuda_close(g->stream);
   if (g->control_fds)
@@ -269,6 +278,7 @@ void embps_group_free(embps_group_t *g) {
   embps_free(g->peer_addrs);
   embps_free(g->identity);
   free_secret(g);
+  embps__group_withdrawals_free(g);
   close(g->wake_fd);
   close(g->cancel_fd);
   pthread_mutex_destroy(&g->mu);

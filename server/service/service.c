@@ -129,7 +129,10 @@ static void on_group_done(embps_group_call_t *gc) {
 
   r->svc->inflight--;
   if (!r->call) { /* an async push, answered when it was ordered */
-    if (gc->error.status != EMBPS_OK)
+    /* Its caller was told "ordered" and hears nothing more: the log is where the failure shows,
+     * unless the caller had left before even that (its answers were dropped; no news for
+     * anyone). */
+    if (gc->error.status != EMBPS_OK && !r->caller_gone)
       EMBPS_WARN("async push to '%s' failed: %s", embps_table_config(gc->op.table)->name,
                  gc->error.message);
   } else {

@@ -64,6 +64,8 @@ struct embps__svc_request {
   size_t reply_head; /* lookup: the reply's bytes before the rows */
   size_t row_bytes;  /* lookup: bytes of one row */
   int streaming;     /* lookup: the reply began leaving as the engine fills it */
+  int caller_gone;   /* lookup, push: its caller left before it was answered (the net's cancel
+                        hook): what the group says of it later is nobody's news */
 };
 
 /* ---- the method table ---- */

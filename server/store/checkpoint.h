@@ -74,6 +74,33 @@ void embps_ckpt_path(char *out, size_t cap, const char *dir, uint64_t round);
 embps_status_t embps_ckpt_write_slice(const char *path, const embps_ckpt_slice_t *s,
                                       uint64_t *bytes, embps_error_t *err);
 
+/** The retry window's file in a checkpoint's directory (the leader writes it; its manifest lists
+ * it as the file of rank 0 with the empty table name, EMBPS_CKPT_WINDOW_TABLE). */
+#define EMBPS_CKPT_WINDOW "RETRY_WINDOW"
+/** The table name under which a manifest lists the retry window's file (no table has it). */
+#define EMBPS_CKPT_WINDOW_TABLE ""
+
+/** The crc32 of every checksum in the format (zlib's and gzip's): crc continued over n bytes at p
+ * (start from 0). For the group's files (the retry window) to checksum as the store's do. */
+uint32_t embps_ckpt_crc32(uint32_t crc, const void *p, size_t n);
+
+/**
+ * Writes the len bytes at p to `path` durably (temporary name, fsync, rename), for a checkpoint
+ * file whose bytes another layer encodes (the retry window). *bytes (may be NULL) gets the
+ * file's size. The caller fsyncs the directory afterwards. Errors as embps_ckpt_write_slice.
+ */
+embps_status_t embps_ckpt_write_file(const char *path, const void *p, size_t len, uint64_t *bytes,
+                                     embps_error_t *err);
+
+/**
+ * Reads the checkpoint file `path` whole into a new buffer *out (*len bytes; free with
+ * embps_free). Its size must be `want_bytes`, as its manifest lists it. Returns EMBPS_OK;
+ * EMBPS_DATA_LOSS when it is missing, truncated or of another size (naming the file and both
+ * sizes); EMBPS_RESOURCE_EXHAUSTED; EMBPS_INTERNAL for another I/O error (naming the file).
+ */
+embps_status_t embps_ckpt_read_file(const char *path, uint64_t want_bytes, uint8_t **out,
+                                    size_t *len, embps_error_t *err);
+
 /** fsyncs a directory (after files in it were created, renamed or removed). Returns EMBPS_OK or
  * EMBPS_INTERNAL naming it. */
 embps_status_t embps_ckpt_sync_dir(const char *dir, embps_error_t *err);

@@ -8,8 +8,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -143,6 +146,65 @@ embps_status_t embps_ckpt_sync_dir(const char *dir, embps_error_t *err) {
                            strerror(errno));
   if (fsync(fd) != 0)
     ret = embps__ckpt_io_error(err, errno, "fsync directory", dir);
+  close(fd);
+  return ret;
+}
+
+uint32_t embps_ckpt_crc32(uint32_t crc, const void *p, size_t n) {
+  return embps__ckpt_crc(crc, p, n);
+}
+
+embps_status_t embps_ckpt_write_file(const char *path, const void *p, size_t len, uint64_t *bytes,
+                                     embps_error_t *err) {
+  embps__ckpt_out_t f = {.fd = -1};
+  embps_status_t ret;
+  if ((ret = embps__ckpt_out_open(&f, path, err)) != EMBPS_OK ||
+      (ret = embps__ckpt_out_write(&f, p, len, err)) != EMBPS_OK ||
+      (ret = embps__ckpt_out_commit(&f, err)) != EMBPS_OK) {
+    embps__ckpt_out_abandon(&f);
+    return ret;
+  }
+  if (bytes)
+    *bytes = len;
+  return EMBPS_OK;
+}
+
+embps_status_t embps_ckpt_read_file(const char *path, uint64_t want_bytes, uint8_t **out,
+                                    size_t *len, embps_error_t *err) {
+  struct stat st;
+  uint8_t *p = NULL;
+  int fd, r;
+  embps_status_t ret = EMBPS_OK;
+
+  if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+    if (errno == ENOENT || errno == ENOTDIR)
+      return embps_error_set(err, EMBPS_DATA_LOSS,
+                             "checkpoint file %s is missing, though its manifest lists it", path);
+    return embps_error_set(err, EMBPS_INTERNAL, "cannot open %s: %s", path, strerror(errno));
+  }
+  if (fstat(fd, &st) != 0) {
+    ret = embps_error_set(err, EMBPS_INTERNAL, "cannot stat %s: %s", path, strerror(errno));
+    goto exit;
+  }
+  if ((uint64_t)st.st_size != want_bytes || want_bytes > SIZE_MAX - 1) {
+    ret = embps_error_set(err, EMBPS_DATA_LOSS,
+                          "checkpoint file %s is %" PRIu64 " bytes; its manifest says %" PRIu64,
+                          path, (uint64_t)st.st_size, want_bytes);
+    goto exit;
+  }
+  if (!(p = embps_malloc(want_bytes ? (size_t)want_bytes : 1))) {
+    ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory reading %s", path);
+    goto exit;
+  }
+  if ((r = embps__ckpt_read_all(fd, p, (size_t)want_bytes)) <= 0 && want_bytes) {
+    ret = r < 0 ? embps_error_set(err, EMBPS_INTERNAL, "cannot read %s: %s", path, strerror(errno))
+                : embps_error_set(err, EMBPS_DATA_LOSS, "checkpoint file %s is truncated", path);
+    embps_free(p);
+    goto exit;
+  }
+  *out = p;
+  *len = (size_t)want_bytes;
+exit:
   close(fd);
   return ret;
 }

@@ -18,6 +18,7 @@
 #include "embps/v1/embps.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "server/group/control.h"
+#include "server/group/dedup.h"
 #include "server/net/h2conn.h"
 #include "server/store/checkpoint.h"
 #include "tests/fuzz/fuzz_ckpt_tables.h"
@@ -398,6 +399,8 @@ static void control_seeds(void) {
   d.batch_id = 12;
   d.kind = EMBPS_OP_PUSH;
   d.tokens_per_batch = 64;
+  d.digest = UINT64_C(0x9e3779b97f4a7c15);
+  d.attempt = 1;
   snprintf(d.table, sizeof(d.table), "emb");
   embps__frame_notice(&b, &d, &err);
 
@@ -407,7 +410,8 @@ static void control_seeds(void) {
   memset(e, 0, sizeof(e));
   memset(cfgs, 0, sizeof(cfgs));
   memset(ck, 0, sizeof(ck));
-  e[0] = (embps_round_entry_t){.batch_id = 12, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_PUSH};
+  e[0] = (embps_round_entry_t){
+      .batch_id = 12, .attempt = 1, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_PUSH};
   e[1] = (embps_round_entry_t){
       .batch_id = 13, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_CREATE_TABLE};
   fuzz_ckpt_table(0, &cfgs[1]);
@@ -421,6 +425,9 @@ static void control_seeds(void) {
   snprintf(e[0].message, sizeof(e[0].message), "batch 12: shard 1 did not arrive");
   embps__frame_round(&b, e, cfgs, ck, 1, &err);
   embps__frame_broken(&b, "rank 2 left the group", &err);
+  embps__frame_leaving(&b, "rank 1 left the group (shutting down)", &err);
+  embps__withdraw_t w = {.client_id = 77, .batch_id = 12, .attempt = 1};
+  embps__frame_withdraw(&b, &w, &err);
   embps__device_claim_t claim = {.device = 1};
   snprintf(claim.host, sizeof(claim.host), "node-a");
   snprintf(claim.bus_id, sizeof(claim.bus_id), "0000:3b:00.0");
@@ -530,6 +537,48 @@ static void checkpoint_seeds(void) {
   rmdir(dir);
 }
 
+/* ---- the retry window ---- */
+
+static void retry_window_seeds(void) {
+  embps_dedup_t *d;
+  uint8_t *p, sel;
+  size_t n;
+  if (embps_dedup_new(&d, 4, 8) != EMBPS_OK)
+    abort();
+  if (embps_dedup_encode(d, NULL, 1, &p, &n) != EMBPS_OK)
+    abort();
+  sel = 0;
+  seed("fuzz_retry_window", "empty", &sel, 1, p, n);
+  free(p);
+  /* Three clients over two tables; client 10 forgets two pushes (a floor). */
+  for (uint64_t b = 1; b <= 6; b++) {
+    embps_dedup_result_t r = {.applied = (uint8_t)(b % 2),
+                              .skipped = (uint8_t) !(b % 2),
+                              .grad_norm = 0.5 * (double)b,
+                              .num_unique = b * 3};
+    if (embps_dedup_record(d, 10, b, 100 + b, b % 3 ? "a" : "b", b, &r) != EMBPS_OK)
+      abort();
+  }
+  embps_dedup_result_t r = {.applied = 1, .grad_norm = 2.0, .num_unique = 9};
+  if (embps_dedup_record(d, 20, 9, 0x9999, "b", 3, &r) != EMBPS_OK ||
+      embps_dedup_record(d, 20, 4, 0x4444, "a", 7, &r) != EMBPS_OK ||
+      embps_dedup_record(d, 30, 1, 0x1111, "a", 7, &r) != EMBPS_OK)
+    abort();
+  if (embps_dedup_encode(d, NULL, 9, &p, &n) != EMBPS_OK)
+    abort();
+  sel = 4 | 8; /* a window of 4, every client: reads back whole */
+  seed("fuzz_retry_window", "window", &sel, 1, p, n);
+  sel = 1 | 2; /* crc rewritten; a window of 2 and 2 clients: forgets on the way */
+  seed("fuzz_retry_window", "window_fixed_smaller", &sel, 1, p, n);
+  free(p);
+  if (embps_dedup_encode(d, "b", 9, &p, &n) != EMBPS_OK)
+    abort();
+  sel = 1 | 6;
+  seed("fuzz_retry_window", "window_scoped_fixed", &sel, 1, p, n);
+  free(p);
+  embps_dedup_free(d);
+}
+
 /* ---- text ---- */
 
 static void text_seeds(void) {
@@ -564,6 +613,7 @@ int main(int argc, char **argv) {
   http2_seeds();
   control_seeds();
   checkpoint_seeds();
+  retry_window_seeds();
   text_seeds();
   return 0;
 }
