@@ -110,8 +110,8 @@ class Attempts:
                     "status is shown" % (kind, batch_id, error.attempts, elapsed, why))
             if kind == "push" and error.code in RETRYABLE:
                 tail += (": whether the push was applied is unknown (at most once: every attempt "
-                         "carried the same batch id and digest); look its rows up before pushing "
-                         "it again")
+                         "carried the same batch id and digest); a larger timeout or max_attempts "
+                         "gives it more tries")
             error.message = "%s (%s)" % (error.message, tail)
             error.args = (error.message,)
         return error
