@@ -165,7 +165,12 @@ class Client(TableAdmin):
         """A blocking lookup or push: its attempts in this thread, the caller's value or the
         last attempt's Error (annotated by _retry)."""
         sched = batch.schedule
+        last = None
         while True:
+            if last is not None:
+                if self._calls.closed:  # closed during the backoff
+                    raise batch.give_up(last)
+                self._count_retry()
             calls = self._calls.send(batch.kind, batch.requests(), True, sched.call_timeout())
             try:
                 return batch.join(calls)
@@ -173,8 +178,7 @@ class Client(TableAdmin):
                 delay = None if self._calls.closed else sched.retry_after(e)
                 if delay is None:
                     raise batch.give_up(e) from None
-            with self._lock:
-                self.retries += 1
+                last = e
             time.sleep(delay)
 
     def _future(self, batch):
