@@ -187,6 +187,16 @@ class StoppedServerTest(unittest.TestCase):
             return fut.result()
         self.fails_in_time(call, 1.5, "push")
 
+    def test_cancel_stops_retries(self):
+        self.client.timeout, self.client.max_attempts = 30.0, 1000
+        fut = self.client.lookup_async("t", TOK)
+        es.wait_for(lambda: fut.attempts >= 3, 10)
+        self.assertTrue(fut.cancel())
+        n = fut.attempts
+        time.sleep(1.5)  # longer than the longest backoff
+        self.assertEqual(fut.attempts, n, "a cancelled future kept retrying")
+        self.assertTrue(fut.cancelled())
+
     def test_one_attempt(self):
         self.client.max_attempts = 1
         with self.assertRaises(embps.Error) as cm:
