@@ -95,9 +95,17 @@ class Attempts:
         self.attempt += 1
         return delay
 
-    def give_up(self, error, kind, batch_id):
-        """error, the last attempt's, annotated as the batch's outcome (batch_id, attempts and,
-        when the batch was sent more than once, a message that says so and what it means)."""
+    def sibling(self):
+        """A new schedule for another call made for the same batch (the ListTables a push may
+        need first): the same deadline and bounds, its own attempts."""
+        a = Attempts(None, self.max_attempts, self.attempt_timeout, self.clock, self.rand)
+        a.start, a.deadline = self.start, self.deadline
+        return a
+
+    def give_up(self, error, what, push=False, batch_id=None):
+        """error, the last attempt's, annotated as the call's outcome (batch_id, attempts and,
+        when it was sent more than once, a message that says so and what it means). what names
+        the call ("push batch 12"); push: whether a push's fate rides on it."""
         error.batch_id = batch_id
         error.attempts = self.attempt + 1
         if error.attempts > 1:
@@ -106,9 +114,9 @@ class Attempts:
                    and self.clock() + backoff(self.attempt, lambda: 0.0) >= self.deadline
                    else "max_attempts=%d" % self.max_attempts if error.retryable
                    else "a status that is not retried")
-            tail = ("%s batch %d failed after %d attempts in %.2f s (%s); the last attempt's "
-                    "status is shown" % (kind, batch_id, error.attempts, elapsed, why))
-            if kind == "push" and error.code in RETRYABLE:
+            tail = ("%s failed after %d attempts in %.2f s (%s); the last attempt's status is "
+                    "shown" % (what, error.attempts, elapsed, why))
+            if push and error.code in RETRYABLE:
                 tail += (": whether the push was applied is unknown (at most once: every attempt "
                          "carried the same batch id and digest); a larger timeout or max_attempts "
                          "gives it more tries")
@@ -138,4 +146,5 @@ class Batch:
         return self.joiner(calls, self.schedule.attempt + 1)
 
     def give_up(self, error):
-        return self.schedule.give_up(error, self.kind, self.batch_id)
+        return self.schedule.give_up(error, "%s batch %d" % (self.kind, self.batch_id),
+                                     self.kind == "push", self.batch_id)

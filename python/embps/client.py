@@ -241,10 +241,11 @@ class Client(TableAdmin):
         g = _arrays.as_grads(grads, n, "push")
         groups = self.group_size
         plan = _batch.Plan(n, groups, self.padding)
-        info = self._table_info(table)
+        sched = self._schedule()
+        info = self._push_table_info(table, sched)
         if info is not None and g.shape[1] != info[1]:  # the table may have been made anew
             self._tables.pop(table, None)
-            info = self._table_info(table)
+            info = self._push_table_info(table, sched)
         g = _batch.fit_grads(g, table, info)
         bid = self._next_batch_id()
         digest = _digest.digest(table, tok, plan.tokens_per_batch)
@@ -254,11 +255,27 @@ class Client(TableAdmin):
         def join(calls, attempts):
             try:
                 replies = self._calls.results(calls)
-            except Error:
-                self._tables.pop(table, None)  # the table may have changed: ask again next time
+            except Error as e:
+                if not e.retryable:  # the table may have changed: ask again next time
+                    self._tables.pop(table, None)
                 raise
             return _batch.join_push(bid, replies, self._calls.internal, attempts)
-        return _retry.Batch("push", bid, reqs, join, self._schedule())
+        return _retry.Batch("push", bid, reqs, join, sched)
+
+    def _push_table_info(self, table, sched):
+        """_table_info for a push about to be made, its ListTables (when the table is not known
+        yet) retried as the push would be, within the push's deadline (sched's)."""
+        a = sched.sibling()
+        while True:
+            try:
+                return self._table_info(table, a.call_timeout())
+            except Error as e:
+                delay = None if self._calls.closed else a.retry_after(e)
+                if delay is None:
+                    raise a.give_up(e, "the ListTables before a push to table '%s'" % table) \
+                        from None
+            time.sleep(delay)
+            self._count_retry()
 
     def push(self, table, tokens, grads, mode="sync"):
         """Pushes gradients for tokens; returns a PushResult.
