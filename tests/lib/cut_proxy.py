@@ -30,6 +30,9 @@ that meets the rule is cut and the proxy disarms itself (cuts += 1).
 Calls already in flight when the proxy is armed are not the target in HTTP/2 mode (their streams
 were opened before arming); in byte mode any reply counts.
 
+cut_after_request() arms the other side: the cut comes just after the client's request is
+forwarded whole (the frame with END_STREAM on a stream opened after arming), before any reply.
+
 cut_all() cuts every live connection now (counted in kills, not cuts). Standard library only.
 """
 import select
@@ -42,13 +45,14 @@ H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 _TICK = 0.2  # seconds between checks of the closed flag in every loop
 _CHUNK = 65536
 _HEADERS = 0x1
+_END_STREAM = 0x1
 
 
 class _FrameParser:
     """Walks HTTP/2 frames in one direction of a stream of bytes, chunk by chunk. feed(data)
-    yields (offset, type, flags, stream_id) for every frame header that completes inside data;
-    offset is where that frame's header starts in data (negative when it began in an earlier
-    chunk)."""
+    yields (offset, type, flags, stream_id, length) for every frame header that completes
+    inside data; offset is where that frame's header starts in data (negative when it began in
+    an earlier chunk), length its payload's bytes."""
 
     def __init__(self, skip=0):
         self.skip = skip  # bytes to pass before the first frame (the client's preface)
@@ -78,7 +82,7 @@ class _FrameParser:
                     ftype, flags = self.head[3], self.head[4]
                     stream = struct.unpack(">I", self.head[5:9])[0] & 0x7FFFFFFF
                     self.head, self.payload_left = b"", length
-                    yield self.head_start, ftype, flags, stream
+                    yield self.head_start, ftype, flags, stream, length
         # a header still being assembled began in this chunk: relative to the next one it starts
         # len(data) bytes earlier
         if self.head:
@@ -86,10 +90,11 @@ class _FrameParser:
 
 
 class _Arm:
-    def __init__(self, generation, after_request_bytes, reply_bytes):
+    def __init__(self, generation, after_request_bytes, reply_bytes, request=False):
         self.generation = generation
         self.after_request_bytes = after_request_bytes
         self.reply_bytes = reply_bytes
+        self.request = request  # cut_after_request: the cut is on the client's side
 
 
 class _Conn:
@@ -105,6 +110,8 @@ class _Conn:
         self.req_since_arm = 0
         self.streams_since_arm = set()
         self.reply_seen = 0  # byte mode: server bytes since the client reached its count
+        self.up_pos = 0  # client bytes forwarded so far
+        self.up_cut = None  # cut_after_request: the client byte position to cut at
         self.dead = False
 
     def _sync_arm(self, arm):
@@ -113,23 +120,51 @@ class _Conn:
             self.req_since_arm = 0
             self.streams_since_arm = set()
             self.reply_seen = 0
+            self.up_cut = None
 
     def client_bytes(self, data):
-        """Bytes from the client: counted (and parsed), then all forwarded."""
+        """Bytes from the client: counted (and parsed), then forwarded, up to the cut when a
+        cut_after_request rule is met. Returns False when the connection was cut."""
         if self.h2 is None:
             self.first += data[:len(H2_PREFACE) - len(self.first)]
             if len(self.first) == len(H2_PREFACE) or not H2_PREFACE.startswith(self.first):
                 self.h2 = self.first == H2_PREFACE
+        frames = list(self.up.feed(data)) if self.h2 is not False else []
+        cut_at = None
         with self.proxy._lock:
             arm = self.proxy._arm
             self._sync_arm(arm)
             if arm is not None:
+                before = self.req_since_arm
                 self.req_since_arm += len(data)
-        if self.h2 is not False:
-            for _off, ftype, _flags, stream in self.up.feed(data):
-                if ftype == _HEADERS and stream and arm is not None:
-                    self.streams_since_arm.add(stream)
-        self.s.sendall(data)
+                for off, ftype, flags, stream, length in frames:
+                    if ftype == _HEADERS and stream:
+                        self.streams_since_arm.add(stream)
+                    if (arm.request and self.h2 and self.up_cut is None and flags & _END_STREAM
+                            and stream in self.streams_since_arm and ftype in (0, _HEADERS)):
+                        self.up_cut = self.up_pos + off + 9 + length
+                if arm.request and not self.h2 and self.up_cut is None:
+                    need = arm.after_request_bytes or 1
+                    if self.req_since_arm >= need:
+                        self.up_cut = self.up_pos + need - before
+                if (arm.request and self.up_cut is not None
+                        and self.up_pos + len(data) >= self.up_cut):
+                    cut_at = self.up_cut - self.up_pos
+                    self.proxy._arm = None
+                    self.proxy.cuts += 1
+        if cut_at is None:
+            self.s.sendall(data)
+            self.up_pos += len(data)
+            return True
+        if cut_at:
+            self.s.sendall(data[:cut_at])
+        self._cut()
+        return False
+
+    def _cut(self):
+        self.close(reset=True)
+        with self.proxy._cond:
+            self.proxy._cond.notify_all()
 
     def server_bytes(self, data):
         """Bytes from the server: forwarded, up to the cut when the armed rule is met there.
@@ -141,9 +176,11 @@ class _Conn:
             arm = self.proxy._arm
             self._sync_arm(arm)
             cut_at = None
-            if arm is not None and self.h2 and arm.reply_bytes is None:
+            if arm is not None and arm.request:
+                pass  # cut_after_request: the client's side decides
+            elif arm is not None and self.h2 and arm.reply_bytes is None:
                 need = arm.after_request_bytes or 0
-                for off, ftype, _flags, stream in frames:
+                for off, ftype, _flags, stream, _length in frames:
                     if (ftype == _HEADERS and stream in self.streams_since_arm
                             and self.req_since_arm >= need):
                         cut_at = max(0, off)
@@ -163,9 +200,7 @@ class _Conn:
             return True
         if cut_at:
             self.c.sendall(data[:cut_at])
-        self.close(reset=True)
-        with self.proxy._cond:
-            self.proxy._cond.notify_all()
+        self._cut()
         return False
 
     def close(self, reset=False):
@@ -201,9 +236,9 @@ class _Conn:
                         self.close()
                         break
                     try:
-                        if sock is self.c:
-                            self.client_bytes(data)
-                        elif not self.server_bytes(data):
+                        forwarded = (self.client_bytes(data) if sock is self.c
+                                     else self.server_bytes(data))
+                        if not forwarded:
                             break
                     except OSError:
                         self.close()
@@ -276,6 +311,17 @@ class CutProxy:
         with self._lock:
             self._generation += 1
             self._arm = _Arm(self._generation, after_request_bytes, reply_bytes)
+
+    def cut_after_request(self, after_request_bytes=None):
+        """Arms the proxy to cut the next request as soon as the server has all of it, before
+        the server can answer: on HTTP/2 in cleartext, just after forwarding the client's frame
+        that ends (END_STREAM) a stream opened after arming; otherwise after forwarding
+        after_request_bytes (default 1) client bytes since arming. For an embps rank the shard
+        has then arrived whole and its connection is reset at once: the rank withdraws the shard
+        unless its batch was ordered meanwhile (a race the caller's test must accept)."""
+        with self._lock:
+            self._generation += 1
+            self._arm = _Arm(self._generation, after_request_bytes, None, request=True)
 
     def disarm(self):
         """Cancels an armed cut that has not happened."""

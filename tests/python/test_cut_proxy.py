@@ -73,6 +73,17 @@ def read_all(sock, limit=1 << 20):
     return out, False
 
 
+def es_wait(pred, timeout=5.0):
+    """pred() until true or timeout seconds; its last value."""
+    import time
+    end = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() >= end:
+            return v
+        time.sleep(0.01)
+
+
 class ProxyTest(unittest.TestCase):
     def test_bytes_pass_and_byte_rule(self):
         be = Backend(lambda d: d.upper())
@@ -127,6 +138,37 @@ class ProxyTest(unittest.TestCase):
         self.assertTrue(reset)
         self.assertEqual(p.cuts, 1)
 
+    def test_request_rule(self):
+        """cut_after_request: the server gets the request up to its END_STREAM frame (split
+        over several sends), nothing after, and no answer reaches the client."""
+        got = []
+        lock = threading.Lock()
+
+        def respond(data):
+            with lock:
+                got.append(data)
+            return b""
+        be = Backend(respond)
+        self.addCleanup(be.close)
+        p = CutProxy("127.0.0.1", be.port)
+        self.addCleanup(p.close)
+        c = socket.create_connection(("127.0.0.1", p.port))
+        self.addCleanup(c.close)
+        hello = cut_proxy.H2_PREFACE + frame(4, 0) + frame(1, 1, b"x", flags=5)
+        c.sendall(hello)
+        self.assertTrue(es_wait(lambda: sum(map(len, got)) == len(hello)))
+        p.cut_after_request()
+        request = frame(1, 3, b"h" * 4, flags=4) + frame(0, 3, b"a" * 3000) + \
+            frame(0, 3, b"b" * 5000, flags=1)
+        after = frame(8, 0, b"\0\0\0\1") + frame(1, 5, b"n")
+        c.sendall(request[:20])
+        c.sendall(request[20:4000])
+        c.sendall(request[4000:] + after)
+        self.assertTrue(p.wait_cuts(1, 5))
+        self.assertEqual(read_all(c), (b"", True))
+        es_wait(lambda: False, 0.3)
+        self.assertEqual(b"".join(got), hello + request)
+
     def test_parser_split_reads(self):
         """Frame headers split across reads are still found where they start."""
         data = frame(4, 0, b"\0" * 6) + frame(1, 5, b"abc") + frame(0, 5, b"z" * 70)
@@ -134,9 +176,9 @@ class ProxyTest(unittest.TestCase):
             parser = cut_proxy._FrameParser()
             seen, base = [], 0
             for chunk in (data[:cut], data[cut:]):
-                seen += [(base + off, t, s) for off, t, _f, s in parser.feed(chunk)]
+                seen += [(base + off, t, s, n) for off, t, _f, s, n in parser.feed(chunk)]
                 base += len(chunk)
-            self.assertEqual(seen, [(0, 4, 0), (15, 1, 5), (27, 0, 5)], cut)
+            self.assertEqual(seen, [(0, 4, 0, 6), (15, 1, 5, 3), (27, 0, 5, 70)], cut)
 
     def test_cut_all_and_close(self):
         be = Backend(lambda d: d)

@@ -153,6 +153,34 @@ class CutGroupTest(unittest.TestCase):
         self.assertTrue(np.array_equal(bits(self.direct.lookup("tref", all_tokens)),
                                        bits(self.direct.lookup("tcut", all_tokens))))
 
+    def test_push_cut_before_reply(self):
+        """A connection reset as soon as the rank has the whole shard (CutProxy
+        cut_after_request), before any answer: usually before the batch is ordered, so the rank
+        withdraws the shard and the other rank's caller gets CANCELLED; sometimes after. Either
+        way the retry leaves the table as one push does, and says replayed only in the second
+        case."""
+        self.make("eref")
+        self.make("ecut")
+        self.cut.lookup("ecut", np.array([1, 2]))  # the cut client knows the table: no ListTables
+        seen = []
+        for step, rank in enumerate((1, 0, 1, 0)):
+            tok, grads = batch(50 + step)
+            want = self.direct.push("eref", tok, grads)
+            p = self.proxies[rank]
+            cuts = p.cuts
+            p.cut_after_request()
+            got = self.cut.push("ecut", tok, grads)
+            self.assertEqual(p.cuts, cuts + 1)
+            self.assertEqual(got.attempts, 2, got)
+            self.assertEqual((got.grad_norm, got.num_unique), (want.grad_norm, want.num_unique))
+            seen.append(got.replayed)
+        all_tokens = np.arange(ROWS)
+        self.assertTrue(np.array_equal(bits(self.direct.lookup("eref", all_tokens)),
+                                       bits(self.direct.lookup("ecut", all_tokens))),
+                        "replayed: %s" % seen)
+        if os.environ.get("EMBPS_TEST_VERBOSE"):
+            print("cut before the reply, replayed:", seen, file=sys.stderr)
+
     def test_push_table_lookup_retried(self):
         """A client's first push to a table asks rank 0 for the table's shape first; that call
         is retried like the push when its reply is cut."""
