@@ -23,11 +23,13 @@ class TableAdmin:
         for s in specs:
             self._tables[s.name] = (s.dtype or F32, s.emb_width)
 
-    def _table_info(self, table):
-        """(dtype, emb_width) of table if known or listed now; None if the group lacks it."""
+    def _table_info(self, table, timeout=None):
+        """(dtype, emb_width) of table if known or listed now; None if the group lacks it.
+        timeout: the ListTables call's, when one is made (None: the client's)."""
         info = self._tables.get(table)
         if info is None:
-            self._remember(self._unary("ListTables", pb.ListTablesRequest(), [0])[0].tables)
+            self._remember(self._unary("ListTables", pb.ListTablesRequest(), [0],
+                                       timeout)[0].tables)
             info = self._tables.get(table)
         return info
 

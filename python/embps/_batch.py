@@ -7,6 +7,9 @@ ignored) appended at the end, so the caller's tokens keep their positions and th
 is simply the first n rows. A batch that does not split is refused before anything is sent with
 the C client's message (errors.tokens_per_batch_error).
 
+Every shard carries the digest of the whole batch (_digest.py), which the caller computes once
+per batch and which stays the same on every attempt (_retry.py).
+
 Here are the plan of a batch (Plan), the per-rank requests (encoded by _wire.py), and the joins
 of the per-rank replies: rows written into the caller's array, push replies folded as
 client/batch.c's push_join folds them. Nothing here makes a call.
@@ -63,15 +66,16 @@ def check_out(out, n, want):
                          "(%d, emb_width)" % (od, n), "pass out=None")
 
 
-def lookup_requests(table, tok, plan, group_size, batch_id, want, client_id):
-    """Every rank's LookupRequest (bytes) for tokens tok, in rank order."""
+def lookup_requests(table, tok, plan, group_size, batch_id, want, client_id, digest=0):
+    """Every rank's LookupRequest (bytes) for tokens tok, in rank order, each carrying the
+    batch's digest (_digest.digest of the whole batch; 0: none)."""
     tf = _wire.table_field(table)
     reqs = []
     for r in range(group_size):
         first, real, pad = plan.shard(r)
         reqs.append(_wire.lookup_request(tf, batch_id, r, group_size, plan.tokens_per_batch,
                                          tok[first:first + real], pad * 8, want or 0,
-                                         client_id))
+                                         client_id, digest))
     return reqs
 
 
@@ -141,9 +145,10 @@ def fit_grads(g, table, info):
     return g
 
 
-def push_requests(table, tok, g, plan, group_size, batch_id, mode, client_id):
+def push_requests(table, tok, g, plan, group_size, batch_id, mode, client_id, digest=0):
     """Every rank's PushGradientsRequest (bytes) for tokens tok and gradient rows g (f32, or
-    bf16 bits as uint16), in rank order; mode is the UpdateMode number."""
+    bf16 bits as uint16), in rank order; mode is the UpdateMode number; digest as for
+    lookup_requests."""
     dtype = BF16 if g.dtype == np.uint16 else F32
     row_bytes = g.shape[1] * g.dtype.itemsize
     tf = _wire.table_field(table)
@@ -152,14 +157,17 @@ def push_requests(table, tok, g, plan, group_size, batch_id, mode, client_id):
         first, real, pad = plan.shard(r)
         reqs.append(_wire.push_request(tf, batch_id, r, group_size, plan.tokens_per_batch,
                                        tok[first:first + real], pad, g[first:first + real],
-                                       row_bytes, dtype, mode, client_id))
+                                       row_bytes, dtype, mode, client_id, digest))
     return reqs
 
 
-def join_push(bid, replies, internal):
-    """The ranks' PushGradientsResponses joined as client/batch.c's push_join does."""
+def join_push(bid, replies, internal, attempts=1):
+    """The ranks' PushGradientsResponses joined as client/batch.c's push_join does; replayed
+    when any rank answered from the group's retry window (a retry of a push an earlier attempt
+    had applied: every rank decides that alike, at the same round). attempts: the attempts
+    made, this one included."""
     applied = ordered = True
-    skipped = False
+    skipped = replayed = False
     for r, m in enumerate(replies):
         if m.batch_id != bid or m.shard_index != r:
             raise internal(r, "push reply from rank %d is for batch %d shard %d, the "
@@ -168,6 +176,8 @@ def join_push(bid, replies, internal):
         applied = applied and m.applied
         ordered = ordered and m.ordered
         skipped = skipped or m.skipped
+        replayed = replayed or m.replayed
     m0 = replies[0]
     return PushResult(applied=applied, skipped=skipped, ordered=ordered,
-                      grad_norm=m0.grad_norm, num_unique=m0.num_unique, batch_id=bid)
+                      grad_norm=m0.grad_norm, num_unique=m0.num_unique, batch_id=bid,
+                      replayed=replayed, attempts=attempts)

@@ -9,11 +9,17 @@ reply's rows are a memoryview into the bytes gRPC hands over, which numpy reads 
 field numbers and types are taken from the descriptors at import and checked, so a change to
 the proto that this code does not follow fails at import instead of on the wire.
 """
+import struct
+
 from . import _stubs
 
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 # descriptor field types (google.protobuf.descriptor.FieldDescriptor.TYPE_*)
-_T_DOUBLE, _T_UINT64, _T_BOOL, _T_STRING, _T_BYTES, _T_UINT32, _T_ENUM = 1, 4, 8, 9, 12, 13, 14
+_T_DOUBLE, _T_UINT64, _T_FIXED64, _T_BOOL, _T_STRING = 1, 4, 6, 8, 9
+_T_BYTES, _T_UINT32, _T_ENUM = 12, 13, 14
+
+
+_FIXED64_LE = struct.Struct("<Q")
 
 
 class WireError(Exception):
@@ -50,7 +56,8 @@ def _fields(full_name, expect):
 
 _BATCH_FIELDS = {"table": _T_STRING, "batch_id": _T_UINT64, "shard_index": _T_UINT32,
                  "shard_count": _T_UINT32, "tokens_per_batch": _T_UINT32, "tokens": _T_BYTES,
-                 "dtype": _T_ENUM, "client_id": _T_UINT64}
+                 "dtype": _T_ENUM, "client_id": _T_UINT64, "digest": _T_FIXED64,
+                 "attempt": _T_UINT32}
 _LQ = _fields("embps.v1.LookupRequest", _BATCH_FIELDS)
 _PQ = _fields("embps.v1.PushGradientsRequest",
               dict(_BATCH_FIELDS, gradients=_T_BYTES, mode=_T_ENUM))
@@ -69,6 +76,8 @@ class _Keys:
         self.tokens = _key(numbers["tokens"], _LEN)
         self.dtype = _key(numbers["dtype"], _VARINT)
         self.client_id = _key(numbers["client_id"], _VARINT)
+        self.digest = _key(numbers["digest"], _FIXED64)
+        self.attempt = _key(numbers["attempt"], _VARINT)
         if "gradients" in numbers:
             self.gradients = _key(numbers["gradients"], _LEN)
             self.mode = _key(numbers["mode"], _VARINT)
@@ -92,10 +101,11 @@ def _head(k, table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, 
 
 
 def lookup_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, tokens,
-                   pad_bytes, dtype, client_id=0):
+                   pad_bytes, dtype, client_id=0, digest=0):
     """A LookupRequest's bytes. tokens: a buffer of little-endian int64 (a numpy slice);
     pad_bytes: zero bytes appended to it (padding tokens); dtype: 0 or the expected dtype;
-    client_id: 0 or the client's id (the scope of its batch ids)."""
+    client_id: 0 or the client's id (the scope of its batch ids); digest: 0 or the batch's
+    digest (_digest.py). The attempt is 0 (not sent); see with_attempt for retries."""
     k = _LOOKUP_KEYS
     n = memoryview(tokens).nbytes + pad_bytes
     parts = [_head(k, table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, n),
@@ -106,14 +116,16 @@ def lookup_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_b
         parts.append(k.dtype + varint(dtype))
     if client_id:
         parts.append(k.client_id + varint(client_id))
+    if digest:
+        parts.append(k.digest + _FIXED64_LE.pack(digest))
     return b"".join(parts)
 
 
 def push_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, tokens,
-                 pad_tokens, grads, row_bytes, dtype, mode, client_id=0):
+                 pad_tokens, grads, row_bytes, dtype, mode, client_id=0, digest=0):
     """A PushGradientsRequest's bytes. tokens, grads: buffers of the shard's real tokens and
     gradient rows; pad_tokens: padding tokens (zero) and zero gradient rows of row_bytes to
-    append; client_id as for lookup_request."""
+    append; client_id and digest as for lookup_request."""
     k = _PUSH_KEYS
     tb = memoryview(tokens).nbytes + pad_tokens * 8
     gb = memoryview(grads).nbytes + pad_tokens * row_bytes
@@ -129,7 +141,20 @@ def push_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_bat
         parts.append(k.mode + varint(mode))
     if client_id:
         parts.append(k.client_id + varint(client_id))
+    if digest:
+        parts.append(k.digest + _FIXED64_LE.pack(digest))
     return b"".join(parts)
+
+
+def with_attempt(request, kind, attempt):
+    """request (a LookupRequest's or PushGradientsRequest's bytes from the functions above,
+    which never send an attempt) as attempt number `attempt` of the same batch: the field is
+    appended (protobuf reads fields in any order), so everything else, the batch id and the
+    digest included, stays byte for byte the first attempt's. kind: "lookup" or "push"."""
+    if not attempt:
+        return request
+    k = _LOOKUP_KEYS if kind == "lookup" else _PUSH_KEYS
+    return b"".join((request, k.attempt, varint(attempt)))
 
 
 def _read_varint(buf, i, end):

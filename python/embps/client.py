@@ -21,15 +21,24 @@ The other modules of the package, by concern: _connect.py (addresses, tokens, TL
 (channels, calls, BatchFuture), _batch.py (splitting, padding, joining), _admin.py (tables,
 stats, health, checkpoints), errors.py, values.py (what the calls return).
 
+Attempts and retries (_retry.py): every shard of a lookup or push carries the batch's digest
+(_digest.py) and its attempt number (0 first). A batch that fails with UNAVAILABLE or
+DEADLINE_EXCEEDED is sent again, every shard, with the same batch id and digest and attempt + 1,
+after a backoff (20 ms doubling to 1 s, jittered), up to max_attempts and never past the
+overall deadline (timeout); the servers answer a retried push whose first attempt they applied
+with that attempt's result (PushResult.replayed), so a push takes effect at most once. The
+blocking calls retry in the caller's thread, the futures on a timer thread (BatchFuture).
+
 Threads: a Client may be shared by threads. Future callbacks run on gRPC's threads: they must
 not block on another embps call.
 """
 import random
 import threading
+import time
 
 import grpc
 
-from . import _arrays, _batch, _malloc
+from . import _arrays, _batch, _digest, _malloc, _retry
 from ._admin import TableAdmin
 from ._calls import BatchFuture, GroupCalls
 from ._connect import parse_servers, read_token, tls_credentials
@@ -42,8 +51,12 @@ class Client(TableAdmin):
 
     servers: every rank's "host:port" in rank order, as "h:p,h:p" or a list; None reads
     EMBPS_SERVERS (else 127.0.0.1:7070). timeout: deadline of every call in seconds (None:
-    none); padding: pad batches whose size is not a multiple of the group size with padding
-    token 0 instead of refusing them (both may be changed later as attributes).
+    none): the one deadline of a lookup or push with all its attempts; padding: pad batches
+    whose size is not a multiple of the group size with padding token 0 instead of refusing
+    them. max_attempts: how many times a lookup or push is sent at most (default 4; 1: no
+    retries), retried on UNAVAILABLE and DEADLINE_EXCEEDED (see docs/python.md);
+    attempt_timeout: each attempt's own deadline in seconds (None: what is left of timeout).
+    All four may be changed later as attributes.
     connect_timeout: the deadline of learning the group size at construction. token: a bearer
     token sent on every call as the gRPC metadata 'authorization: Bearer TOKEN' (servers started
     with --auth-tokens-file); token_file: a file holding it; neither: the file named by
@@ -62,14 +75,20 @@ class Client(TableAdmin):
 
     def __init__(self, servers=None, *, timeout=None, padding=False, connect_timeout=10.0,
                  token=None, token_file=None, tls_ca=None, tls_cert=None, tls_key=None,
-                 tls_server_name=None):
+                 tls_server_name=None, max_attempts=_retry.DEFAULT_MAX_ATTEMPTS,
+                 attempt_timeout=None):
         self._addresses = tuple(parse_servers(servers))
         token = read_token(token, token_file)
         # Metadata of every call (grpcio's standard per-call metadata).
         metadata = None if token is None else (("authorization", "Bearer " + token),)
         tls = tls_credentials(tls_ca, tls_cert, tls_key, tls_server_name)
-        self.timeout = timeout
+        self.timeout = _retry.check_seconds(timeout, "timeout")
         self.padding = bool(padding)
+        self.max_attempts = _retry.check_max_attempts(max_attempts)
+        self.attempt_timeout = _retry.check_seconds(attempt_timeout, "attempt_timeout")
+        self.retries = 0  # attempts after a batch's first, over this client's life
+        if not _digest.available():
+            _digest.digest("", b"", 0)  # raises ImportError with the remedy
         self._lock = threading.Lock()
         self._batch_id = ((random.SystemRandom().getrandbits(31)) << 32) + 1
         # Sent with every batch: the servers scope batch ids by it, so this client's ids never
@@ -136,7 +155,41 @@ class Client(TableAdmin):
             self._batch_id += 1
         return bid
 
-    def _lookup_start(self, table, tokens, dtype, out, wait):
+    def _schedule(self):
+        """A new batch's Attempts, from the client's settings as they are now."""
+        return _retry.Attempts(_retry.check_seconds(self.timeout, "timeout"),
+                               _retry.check_max_attempts(self.max_attempts),
+                               _retry.check_seconds(self.attempt_timeout, "attempt_timeout"))
+
+    def _run(self, batch):
+        """A blocking lookup or push: its attempts in this thread, the caller's value or the
+        last attempt's Error (annotated by _retry)."""
+        sched = batch.schedule
+        last = None
+        while True:
+            if last is not None:
+                if self._calls.closed:  # closed during the backoff
+                    raise batch.give_up(last)
+                self._count_retry()
+            calls = self._calls.send(batch.kind, batch.requests(), True, sched.call_timeout())
+            try:
+                return batch.join(calls)
+            except Error as e:
+                delay = None if self._calls.closed else sched.retry_after(e)
+                if delay is None:
+                    raise batch.give_up(e) from None
+                last = e
+            time.sleep(delay)
+
+    def _future(self, batch):
+        """A BatchFuture for batch, counting its retries in self.retries."""
+        return BatchFuture(batch, self._calls, self._count_retry)
+
+    def _count_retry(self):
+        with self._lock:
+            self.retries += 1
+
+    def _lookup_batch(self, table, tokens, dtype, out):
         if not isinstance(table, str) or not table:
             raise ValueError("lookup: no table name")
         want = _batch.lookup_dtype(dtype)
@@ -147,13 +200,13 @@ class Client(TableAdmin):
         g = self.group_size
         plan = _batch.Plan(n, g, self.padding)
         bid = self._next_batch_id()
-        reqs = _batch.lookup_requests(table, tok, plan, g, bid, want, self.client_id)
-        calls = self._calls.send("lookup", reqs, wait, self.timeout)
+        digest = _digest.digest(table, tok, plan.tokens_per_batch)
+        reqs = _batch.lookup_requests(table, tok, plan, g, bid, want, self.client_id, digest)
 
-        def join(calls):
+        def join(calls, _attempts):
             return _batch.join_lookup(table, bid, plan, self._calls.results(calls), want, out,
                                       self._calls.internal, self._tables)
-        return bid, calls, join
+        return _retry.Batch("lookup", bid, reqs, join, self._schedule())
 
     def lookup(self, table, tokens, *, dtype=None, out=None):
         """The rows of tokens in table, as a (len(tokens), emb_width) numpy array, row i for
@@ -165,21 +218,20 @@ class Client(TableAdmin):
         INVALID_ARGUMENT). out: an optional array to fill instead of a new one (C-contiguous,
         that dtype and shape).
 
+        Retried on UNAVAILABLE and DEADLINE_EXCEEDED (max_attempts, within timeout).
         Raises ShapeError (the batch does not split over the group, tokens not 1-D), TypeError
         or ValueError (tokens that are not non-negative integers), embps.Error (NOT_FOUND,
         INVALID_ARGUMENT for a token out of range, UNAVAILABLE, DEADLINE_EXCEEDED, ...)."""
-        _, calls, join = self._lookup_start(table, tokens, dtype, out, True)
-        return join(calls)  # joins in this thread: cheaper than a BatchFuture's callbacks
+        return self._run(self._lookup_batch(table, tokens, dtype, out))
 
     def lookup_async(self, table, tokens, *, dtype=None, out=None):
-        """lookup() started without waiting: returns a BatchFuture whose result() is the rows.
-        Argument errors (ShapeError, ...) are raised here, before anything is sent. tokens may be
-        reused at once (the requests hold copies); out must not be touched until the future is
-        done."""
-        bid, calls, join = self._lookup_start(table, tokens, dtype, out, False)
-        return BatchFuture(bid, calls, join)
+        """lookup() started without waiting: returns a BatchFuture whose result() is the rows
+        (retries, if any, happen without anyone waiting: see BatchFuture). Argument errors
+        (ShapeError, ...) are raised here, before anything is sent. tokens may be reused at once
+        (the requests hold copies); out must not be touched until the future is done."""
+        return self._future(self._lookup_batch(table, tokens, dtype, out))
 
-    def _push_start(self, table, tokens, grads, mode, wait):
+    def _push_batch(self, table, tokens, grads, mode):
         if not isinstance(table, str) or not table:
             raise ValueError("push: no table name")
         if mode not in MODES:
@@ -189,24 +241,41 @@ class Client(TableAdmin):
         g = _arrays.as_grads(grads, n, "push")
         groups = self.group_size
         plan = _batch.Plan(n, groups, self.padding)
-        info = self._table_info(table)
+        sched = self._schedule()
+        info = self._push_table_info(table, sched)
         if info is not None and g.shape[1] != info[1]:  # the table may have been made anew
             self._tables.pop(table, None)
-            info = self._table_info(table)
+            info = self._push_table_info(table, sched)
         g = _batch.fit_grads(g, table, info)
         bid = self._next_batch_id()
+        digest = _digest.digest(table, tok, plan.tokens_per_batch)
         reqs = _batch.push_requests(table, tok, g, plan, groups, bid, MODES[mode],
-                                    self.client_id)
-        calls = self._calls.send("push", reqs, wait, self.timeout)
+                                    self.client_id, digest)
 
-        def join(calls):
+        def join(calls, attempts):
             try:
                 replies = self._calls.results(calls)
-            except Error:
-                self._tables.pop(table, None)  # the table may have changed: ask again next time
+            except Error as e:
+                if not e.retryable:  # the table may have changed: ask again next time
+                    self._tables.pop(table, None)
                 raise
-            return _batch.join_push(bid, replies, self._calls.internal)
-        return bid, calls, join
+            return _batch.join_push(bid, replies, self._calls.internal, attempts)
+        return _retry.Batch("push", bid, reqs, join, sched)
+
+    def _push_table_info(self, table, sched):
+        """_table_info for a push about to be made, its ListTables (when the table is not known
+        yet) retried as the push would be, within the push's deadline (sched's)."""
+        a = sched.sibling()
+        while True:
+            try:
+                return self._table_info(table, a.call_timeout())
+            except Error as e:
+                delay = None if self._calls.closed else a.retry_after(e)
+                if delay is None:
+                    raise a.give_up(e, "the ListTables before a push to table '%s'" % table) \
+                        from None
+            time.sleep(delay)
+            self._count_retry()
 
     def push(self, table, tokens, grads, mode="sync"):
         """Pushes gradients for tokens; returns a PushResult.
@@ -218,15 +287,19 @@ class Client(TableAdmin):
         grad_norm, num_unique) or "async" (once it is ordered: ordered=True; every later lookup
         sees it).
 
+        Retried on UNAVAILABLE and DEADLINE_EXCEEDED (max_attempts, within timeout) with the same
+        batch id and digest: the group applies it at most once, and answers a retry of a push it
+        had applied with the first result (PushResult.replayed). What each status says about
+        whether it was applied: docs/python.md.
+
         Raises ShapeError (the batch does not split, grads of the wrong shape), TypeError,
         ValueError, embps.Error (NOT_FOUND; INVALID_ARGUMENT; ...). A refused push changes
         nothing."""
-        _, calls, join = self._push_start(table, tokens, grads, mode, True)
-        return join(calls)
+        return self._run(self._push_batch(table, tokens, grads, mode))
 
     def push_async(self, table, tokens, grads, mode="sync"):
         """push() started without waiting: returns a BatchFuture whose result() is the
-        PushResult. Argument errors are raised here, before anything is sent; tokens and grads
-        may be reused as soon as this returns (the requests hold copies)."""
-        bid, calls, join = self._push_start(table, tokens, grads, mode, False)
-        return BatchFuture(bid, calls, join)
+        PushResult (retries, if any, happen without anyone waiting: see BatchFuture). Argument
+        errors are raised here, before anything is sent; tokens and grads may be reused as soon
+        as this returns (the requests hold copies)."""
+        return self._future(self._push_batch(table, tokens, grads, mode))

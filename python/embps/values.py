@@ -43,13 +43,18 @@ class PushResult:
     applied: the update was applied (sync). skipped: a non-finite gradient gated the whole step,
     nothing changed. ordered: an async push was ordered (not yet applied; every later lookup
     sees it). grad_norm: L2 norm of the summed gradients, num_unique: distinct non-padding
-    tokens (sync only; 0 for async)."""
+    tokens (sync only; 0 for async). replayed: this answer is the group's record of an earlier
+    attempt of the same batch, which it had applied (or ordered) already; nothing was applied
+    again (the push took effect once). attempts: how many times the batch was sent (1: no
+    retry)."""
     applied: bool
     skipped: bool
     ordered: bool
     grad_norm: float
     num_unique: int
     batch_id: int
+    replayed: bool = False
+    attempts: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
