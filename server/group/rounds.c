@@ -384,6 +384,18 @@ static int answered_by_window(embps_group_t *g, embps_group_call_t *call) {
   }
 }
 
+/* Whether windowed push call, entry i of round e, is sure to run: the window has not seen it and
+ * no earlier entry of the round is from the same client, whose record could make the window see
+ * it (an earlier attempt of the same batch) or forget it (a full window moving its floor). */
+static int runs_fresh(const embps_group_t *g, const embps_group_call_t *call,
+                      const embps_round_entry_t *e, size_t i) {
+  for (size_t j = 0; j < i; j++)
+    if (e[j].client_id == call->client_id)
+      return 0;
+  return embps_dedup_check(g->dedup, call->client_id, call->batch_id, call->digest, NULL, NULL) ==
+         EMBPS_DEDUP_NEW;
+}
+
 /* After windowed push call ran without error (applied, or skipped by the gate): the window
  * remembers its answer. Returns EMBPS_OK, or EMBPS_RESOURCE_EXHAUSTED when it could not, which
  * breaks the group (the caller): the ranks' windows must never differ. */
@@ -405,15 +417,20 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
   size_t batches = 0;
   if (g->comm && !g->comm->call_seconds)
     embps_comm_set_call_histogram(g->comm, &g->metrics.collective_seconds);
-  /* The round is ordered: every async push in it may say so before any of it runs, but for those
-   * the retry window rules on, which say so once it has (a replay or a refusal is no order). */
+  uint8_t told[EMBPS__ROUND_MAX] = {0}; /* entry i's async push already said "ordered" */
+  /* The round is ordered: every async push in it may say so before any of it runs. One the retry
+   * window rules on says so now only when the window would run it (a replay or a refusal is no
+   * order), which is known now unless an earlier entry of this round is the same batch; the
+   * others say so once the window has ruled, just before they run. */
   for (size_t i = 0; i < n; i++) {
     embps_group_call_t *call =
         e[i].action == EMBPS_ROUND_RUN
             ? embps__group_find_parked(g, e[i].client_id, e[i].batch_id, e[i].attempt, 0)
             : NULL;
-    if (call && !windowed(g, call))
+    if (call && (!windowed(g, call) || runs_fresh(g, call, e, i))) {
       announce_ordered(g, call);
+      told[i] = 1;
+    }
     if (call && (call->op.kind == EMBPS_OP_LOOKUP || call->op.kind == EMBPS_OP_PUSH)) {
       batches++;
       if (!oldest_ns || call->submitted_ns < oldest_ns)
@@ -456,7 +473,8 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
     if (windowed(g, call)) {
       if (answered_by_window(g, call))
         continue;
-      announce_ordered(g, call);
+      if (!told[i])
+        announce_ordered(g, call);
     }
     embps_error_clear(&err);
     if (call && call->progress) {
