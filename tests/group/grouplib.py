@@ -232,6 +232,32 @@ def run_cli(group_or_servers, *args, timeout=60):
                           text=True, timeout=timeout)
 
 
+def start_expecting_failure(args, timeout=60.0):
+    """Runs one embps-server that must exit by itself; returns (code, output)."""
+    p = subprocess.run([server_binary(), *args], capture_output=True, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
+class TmpDirs:
+    """A unittest mixin: tmpdir() makes a folder that tearDown removes."""
+    tmp_prefix = "embps-test-"
+
+    def setUp(self):
+        self.dirs = []
+
+    def tearDown(self):
+        import shutil
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def tmpdir(self):
+        import tempfile
+        d = tempfile.mkdtemp(prefix=self.tmp_prefix)
+        self.dirs.append(d)
+        return d
+
+
 def design_row(condition_prefix):
     """The message column of docs/design.md's error table for the row whose condition starts with
     condition_prefix, as a template: placeholders in braces."""

@@ -25,7 +25,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import tempfile
 import threading
 import time
 import unittest
@@ -107,25 +106,9 @@ def ckpt_dirs(d):
     return sorted(p for p in glob.glob(os.path.join(d, "ckpt-*")) if os.path.isdir(p))
 
 
-def start_expecting_failure(args, timeout=60.0):
-    """Runs one embps-server that must exit by itself; returns (code, output)."""
-    p = subprocess.run([gl.server_binary(), *args], capture_output=True, text=True,
-                       timeout=timeout)
-    return p.returncode, p.stdout + p.stderr
+class TmpDirs(gl.TmpDirs):
+    tmp_prefix = "embps-ckpt-"
 
-
-class TmpDirs:
-    def setUp(self):
-        self.dirs = []
-
-    def tearDown(self):
-        for d in self.dirs:
-            shutil.rmtree(d, ignore_errors=True)
-
-    def tmpdir(self):
-        d = tempfile.mkdtemp(prefix="embps-ckpt-")
-        self.dirs.append(d)
-        return d
 
 
 class ReshardTest(TmpDirs, unittest.TestCase):
@@ -442,13 +425,13 @@ class SigtermTest(TmpDirs, unittest.TestCase):
 
 class FaultTest(TmpDirs, unittest.TestCase):
     def test_directory_missing_or_not_a_directory(self):
-        code, out = start_expecting_failure(["--checkpoint-dir", "/nonexistent/embps-ckpt"])
+        code, out = gl.start_expecting_failure(["--checkpoint-dir", "/nonexistent/embps-ckpt"])
         self.assertEqual(code, 2, out)
         self.assertIn("/nonexistent/embps-ckpt", out)
         self.assertIn("does not exist", out)
         f = os.path.join(self.tmpdir(), "file")
         open(f, "w").close()
-        code, out = start_expecting_failure(["--checkpoint-dir", f])
+        code, out = gl.start_expecting_failure(["--checkpoint-dir", f])
         self.assertEqual(code, 2, out)
         self.assertIn("not a directory", out)
 
@@ -456,7 +439,7 @@ class FaultTest(TmpDirs, unittest.TestCase):
         d = self.tmpdir()
         g1 = gl.Group(1, "--checkpoint-dir", d)
         try:
-            code, out = start_expecting_failure(["--listen", "127.0.0.1:0", "--checkpoint-dir",
+            code, out = gl.start_expecting_failure(["--listen", "127.0.0.1:0", "--checkpoint-dir",
                                                  d])
             self.assertEqual(code, 2, out)
             self.assertIn("in use by another group", out)
@@ -478,7 +461,7 @@ class FaultTest(TmpDirs, unittest.TestCase):
         return d, path
 
     def restore_fails(self, path, *frags):
-        code, out = start_expecting_failure(["--listen", "127.0.0.1:0", "--restore", path])
+        code, out = gl.start_expecting_failure(["--listen", "127.0.0.1:0", "--restore", path])
         self.assertEqual(code, 1, out)
         for f in frags:
             self.assertIn(f, out)

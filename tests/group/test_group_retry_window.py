@@ -13,12 +13,8 @@
 - A checkpoint of one table keeps that table's entries only.
 
 The exactly-once tests need the rounds to check and record pushes (server/group/rounds.c)."""
-import glob
 import os
-import shutil
 import struct
-import subprocess
-import tempfile
 import unittest
 import zlib
 
@@ -142,24 +138,9 @@ def parse_window(path):
     return rnd, window, clients
 
 
-def start_expecting_failure(args, timeout=60.0):
-    p = subprocess.run([gl.server_binary(), *args], capture_output=True, text=True,
-                       timeout=timeout)
-    return p.returncode, p.stdout + p.stderr
+class TmpDirs(gl.TmpDirs):
+    tmp_prefix = "embps-rtw-"
 
-
-class TmpDirs:
-    def setUp(self):
-        self.dirs = []
-
-    def tearDown(self):
-        for d in self.dirs:
-            shutil.rmtree(d, ignore_errors=True)
-
-    def tmpdir(self):
-        d = tempfile.mkdtemp(prefix="embps-rtw-")
-        self.dirs.append(d)
-        return d
 
 
 class WindowFileTest(TmpDirs, unittest.TestCase):
@@ -191,7 +172,7 @@ class WindowFileTest(TmpDirs, unittest.TestCase):
         self.assertEqual(os.path.basename(path), "ckpt-%020d" % rnd)
 
     def restore_fails(self, path, *frags):
-        code, out = start_expecting_failure(["--listen", "127.0.0.1:0", "--restore", path])
+        code, out = gl.start_expecting_failure(["--listen", "127.0.0.1:0", "--restore", path])
         self.assertEqual(code, 1, out)
         for f in frags:
             self.assertIn(f, out)
