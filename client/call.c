@@ -194,6 +194,33 @@ static void attempt_ended(embps_call_t *call, int64_t now) {
     call->final = 1;
 }
 
+/* While some shards of the attempt still run, one has failed in a way that will be retried:
+ * withdraws the others now (the servers would fail them anyway, or hold them until a deadline
+ * when a shard's request was lost on the way), so that the retry need not wait for them.
+ * Returns 1 when it did. */
+static int retry_early(embps_call_t *call, int64_t now) {
+  embps__verdict_t v = {0, 0, 0};
+  uint32_t failed_rank = 0;
+  char msg[160];
+  if (!call->send || call->attempt + 1 >= call->max_attempts)
+    return 0;
+  for (uint32_t i = 0; i < call->nshards; i++) {
+    const embps__stream_t *s = call->shards[i].stream;
+    if (!s || !s->done)
+      continue;
+    if (s->result.status == EMBPS_UNAVAILABLE || s->result.status == EMBPS_DEADLINE_EXCEEDED)
+      failed_rank = call->shards[i].rank;
+    embps__verdict_add(&v, s->result.status);
+  }
+  /* the shortest backoff must still fit the deadline, or there is no retry to hurry */
+  if (!embps__verdict_retryable(&v) ||
+      embps__retry_at(now, call->deadline, call->attempt + 1, call->max_attempts, 0) == 0)
+    return 0;
+  snprintf(msg, sizeof(msg), "withdrawn: rank %u failed and the batch is sent again", failed_rank);
+  cancel_streams(call, EMBPS_CANCELLED, msg);
+  return 1;
+}
+
 /* Starts the next attempt: its bounds, then every shard again. A deadline that passed while it
  * waited settles the call with the last attempt's outcome. */
 static void next_attempt(embps_call_t *call, int64_t now) {
@@ -224,6 +251,8 @@ static int call_advance(embps_call_t *call) {
       return 0;
     if (call->pending > 0) {
       int64_t left;
+      if (retry_early(call, now))
+        continue;
       if (!call->attempt_deadline)
         return -1;
       left = call->attempt_deadline - now;

@@ -84,10 +84,15 @@ typedef struct walk_ctx {
   cut_proxy_conn_t *pc;
 } walk_ctx_t;
 
-/* Client to server: streams opened since the arming. Called under p->mu. */
+/* Client to server: the request to cut, or the streams opened since the arming. Called under
+ * p->mu. */
 static int on_up(void *arg, unsigned type, unsigned stream) {
   walk_ctx_t *x = arg;
-  if (x->p->armed && type == H2_HEADERS && stream && x->pc->nstreams < CUT_PROXY_MAX_STREAMS)
+  if (!x->p->armed || type != H2_HEADERS || !stream)
+    return 0;
+  if (x->p->armed == 2)
+    return 1;
+  if (x->pc->nstreams < CUT_PROXY_MAX_STREAMS)
     x->pc->streams[x->pc->nstreams++] = stream;
   return 0;
 }
@@ -95,7 +100,7 @@ static int on_up(void *arg, unsigned type, unsigned stream) {
 /* Server to client: the reply to cut. Called under p->mu. */
 static int on_down(void *arg, unsigned type, unsigned stream) {
   walk_ctx_t *x = arg;
-  if (!x->p->armed || type != H2_HEADERS)
+  if (x->p->armed != 1 || type != H2_HEADERS)
     return 0;
   for (int i = 0; i < x->pc->nstreams; i++)
     if (x->pc->streams[i] == stream)
@@ -127,8 +132,8 @@ static int pump(cut_proxy_t *p, cut_proxy_conn_t *pc, int from_client) {
   }
   pthread_mutex_unlock(&p->mu);
   if (cut <= n) {
-    if (cut > 0)
-      send_all(pc->c, buf, (size_t)cut);
+    if (cut > 0) /* what came before the cut frame goes on */
+      send_all(from_client ? pc->s : pc->c, buf, (size_t)cut);
     conn_close(pc, 1);
     return -1;
   }
@@ -252,6 +257,13 @@ void cut_proxy_arm(cut_proxy_t *p) {
 void cut_proxy_hold(cut_proxy_t *p, int on) {
   pthread_mutex_lock(&p->mu);
   p->hold = on;
+  pthread_mutex_unlock(&p->mu);
+}
+
+void cut_proxy_arm_request(cut_proxy_t *p) {
+  pthread_mutex_lock(&p->mu);
+  p->armed = 2;
+  p->generation++;
   pthread_mutex_unlock(&p->mu);
 }
 

@@ -14,6 +14,10 @@
  * work is done (a push applied, or refused) and its client cannot know which: the ambiguous
  * failure a retry must survive. Everything else is forwarded untouched, new connections too.
  *
+ * cut_proxy_arm_request(&p) cuts instead just before the client's next HEADERS frame that opens a
+ * stream (the request's start, which the server never sees): a request lost on its way, so the
+ * other shards of its batch wait on their ranks for a shard that never comes.
+ *
  * cut_proxy_hold(&p, 1) holds every server's bytes instead (they wait in the socket's buffer)
  * until cut_proxy_hold(&p, 0): replies stall while requests still reach the server, as behind a
  * congested link. */
@@ -47,7 +51,7 @@ typedef struct cut_proxy {
   int lfd;
   pthread_t thread;
   pthread_mutex_t mu;
-  int stop, armed, generation, cuts, accepted, hold; /* under mu */
+  int stop, armed, generation, cuts, accepted, hold; /* under mu; armed: 1 reply, 2 request */
   cut_proxy_conn_t conns[CUT_PROXY_MAX_CONNS];       /* the thread's */
 } cut_proxy_t;
 
@@ -55,8 +59,11 @@ typedef struct cut_proxy {
  * reason printed. */
 int cut_proxy_start(cut_proxy_t *p, int target_port);
 
-/** Arms the cut (see above). */
+/** Arms the cut of the next reply (see above). */
 void cut_proxy_arm(cut_proxy_t *p);
+
+/** Arms the cut of the next request (see above). */
+void cut_proxy_arm_request(cut_proxy_t *p);
 
 /** Holds (1) or releases (0) the servers' bytes on every connection. */
 void cut_proxy_hold(cut_proxy_t *p, int on);

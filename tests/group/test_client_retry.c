@@ -7,6 +7,11 @@
  *     attempt's result, replayed. The table then holds bitwise what a twin table holds after the
  *     same push made once without a cut, and differs from its start: applied exactly once. The
  *     result (applied, grad_norm, num_unique) equals the twin's.
+ *   - A push whose request to rank 0 is lost on the way (cut before its HEADERS): rank 1 holds
+ *     its shard for a rank 0 shard that never comes, so the library withdraws it at once and
+ *     sends the batch again; the push is applied once (not replayed: the first attempt was
+ *     applied nowhere). The group's batch deadline is 5 minutes, far past the client's 30 s,
+ *     so only that early withdrawal lets the call succeed.
  *   - A lookup through the cut returns the same rows as one without it.
  *   - A push through the cut with max_attempts 1 fails with UNAVAILABLE naming rank 0, and the
  *     table shows that the group had applied it: the failure the retry is there for.
@@ -130,7 +135,8 @@ static int group_teardown(void **state);
 
 static int group_setup(void **state) {
   (void)state;
-  if (group_proc_start(&g_group, RANKS, NULL, 3, READY_TIMEOUT_MS) != 0)
+  static const char *const flags[] = {"--batch-deadline-ms", "300000", NULL};
+  if (group_proc_start(&g_group, RANKS, flags, 3, READY_TIMEOUT_MS) != 0)
     return -1;
   if (cut_proxy_start(&g_proxy, g_group.ports[0]) != 0) {
     group_proc_stop(&g_group, STOP_TIMEOUT_MS, NULL);
@@ -202,6 +208,23 @@ static void test_push_retried_after_lost_reply_applies_once(void **state) {
   push_ok(g_client, "once_twin", &twin);
   assert_int_equal(cut.replayed, 0);
   assert_tables_equal("once_cut", "once_twin");
+}
+
+static void test_push_retried_after_lost_request_applies_once(void **state) {
+  embps_push_result_t twin, res;
+  int cuts = cut_proxy_cuts(&g_proxy);
+  (void)state;
+  create_table("lost_cut");
+  create_table("lost_twin");
+  push_ok(g_client, "lost_twin", &twin);
+  cut_proxy_arm_request(&g_proxy);
+  memset(&res, 0xff, sizeof(res));
+  push_ok(g_client, "lost_cut", &res);
+  assert_int_equal(cut_proxy_cuts(&g_proxy), cuts + 1);
+  assert_int_equal(res.applied, 1);
+  assert_int_equal(res.replayed, 0);
+  assert_memory_equal(&res.grad_norm, &twin.grad_norm, sizeof(double));
+  assert_tables_equal("lost_cut", "lost_twin");
 }
 
 static void test_lookup_retried_after_lost_reply(void **state) {
@@ -297,6 +320,7 @@ static void test_attempt_timeout_retries_within_one_deadline(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_push_retried_after_lost_reply_applies_once),
+      cmocka_unit_test(test_push_retried_after_lost_request_applies_once),
       cmocka_unit_test(test_lookup_retried_after_lost_reply),
       cmocka_unit_test(test_no_retry_leaves_the_push_unknown),
       cmocka_unit_test(test_attempt_timeout_retries_within_one_deadline),

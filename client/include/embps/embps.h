@@ -14,7 +14,8 @@
  *
  * Ordering: calls on one client are sent in the order they were started, with increasing
  * batch ids, and each request's body is sent whole before the next one's starts, so a server
- * sees them in that order on every connection.
+ * sees them in that order on every connection. A retried lookup or push (see max_attempts) is
+ * sent again, whole, when its backoff ends, after the calls started since.
  *
  * Errors: every function that can fail returns an embps_status_t (values are gRPC status
  * codes). The message of the last failure, including the server's grpc-message, is kept by
