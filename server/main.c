@@ -460,6 +460,13 @@ int main(int argc, char **argv) {
                 : "");
     return 2;
   }
+  if (set.retry_window == 0 || set.retry_window > EMBPS_GROUP_RETRY_WINDOW_MAX) {
+    fprintf(stderr,
+            "embps-server: --retry-window %llu: give the pushes remembered per client, from 1 to "
+            "%u\n",
+            (unsigned long long)set.retry_window, EMBPS_GROUP_RETRY_WINDOW_MAX);
+    return 2;
+  }
   if (set.checkpoint_full_every == 0) {
     fprintf(stderr, "embps-server: --checkpoint-full-every: 0 is not a count of checkpoints; 1 "
                     "makes every checkpoint full, N > 1 a full one every N\n");
@@ -556,6 +563,7 @@ int main(int argc, char **argv) {
   gcfg.checkpoint_interval_ms = set.checkpoint_interval_s * 1000u;
   gcfg.checkpoint_full_every =
       set.checkpoint_full_every > UINT32_MAX ? UINT32_MAX : (uint32_t)set.checkpoint_full_every;
+  gcfg.retry_window = (uint32_t)set.retry_window;
   gcfg.restore_dir = restore_dir;
   gcfg.restore_round = restore_round;
   gcfg.max_memory_bytes = set.max_memory_bytes;

@@ -71,6 +71,9 @@
     "cpu: threads that apply a push (segment sum, row statistics, optimizer update), the "         \
     "engine's own included; every row stays on one thread, so the tables get the same bits with "  \
     "any number; 0 = the CPUs this process may use (affinity, cgroup CPU limit), at most 8")       \
+  X(retry_window, U64, "retry-window", "1024",                                                     \
+    "pushes remembered per client for exactly-once retries (a retried push still remembered is "   \
+    "answered with its first result, not applied again); min 1, max 1048576")                      \
   X(checkpoint_dir, STR, "checkpoint-dir", "",                                                     \
     "directory for checkpoints, one filesystem shared by every rank; empty: tables live in "       \
     "memory only")                                                                                 \

@@ -18,13 +18,15 @@
 /* Bytes of a table config on the wire besides its name: its settings (common/table_fields.h),
  * in the checkpoint header's layout (embps_table_config_put_settings). */
 #define CONFIG_FIXED_LEN EMBPS_TABLE_FIELDS_WIRE_BYTES
-/* Bytes of a round entry before its message: client_id, batch_id, action, kind, status and the
- * message's length. */
-#define ENTRY_FIXED_LEN (8 + 8 + 4 + 4 + 4 + 2)
+/* Bytes of a round entry before its message: client_id, batch_id, attempt, action, kind, status
+ * and the message's length. */
+#define ENTRY_FIXED_LEN (8 + 8 + 4 + 4 + 4 + 4 + 2)
+/* Bytes of a WITHDRAW payload: client_id, batch_id, attempt. */
+#define WITHDRAW_LEN (8 + 8 + 4)
 
 static const char *frame_name(unsigned type) {
-  static const char *const names[] = {"?",      "NOTICE",  "ROUND",     "BROKEN",
-                                      "DEVICE", "NCCL_ID", "CHECKPOINT"};
+  static const char *const names[] = {"?",       "NOTICE",     "ROUND",   "BROKEN",  "DEVICE",
+                                      "NCCL_ID", "CHECKPOINT", "LEAVING", "WITHDRAW"};
   return type < sizeof(names) / sizeof(names[0]) ? names[type] : "unknown";
 }
 
@@ -252,7 +254,7 @@ embps_status_t embps__frame_header(const uint8_t *p, uint8_t *type, size_t *payl
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "malformed control frame: length %u outside 1..%u", len,
                            EMBPS__FRAME_MAX + 1);
-  if (p[4] < EMBPS__FRAME_NOTICE || p[4] > EMBPS__FRAME_LEAVING)
+  if (p[4] < EMBPS__FRAME_NOTICE || p[4] > EMBPS__FRAME_WITHDRAW)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "malformed control frame: unknown type %u",
                            p[4]);
   *type = p[4];
@@ -283,8 +285,8 @@ embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
   embps_status_t ret;
   if (tl >= sizeof(d->table))
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "a table name of %zu bytes or more", tl);
-  if ((ret = frame_begin(b, EMBPS__FRAME_NOTICE, 8 + 8 + 4 + 4 + 1 + tl + 8 + 1 + 4, &p, err)) !=
-      EMBPS_OK)
+  if ((ret = frame_begin(b, EMBPS__FRAME_NOTICE, 8 + 8 + 4 + 4 + 1 + tl + 8 + 1 + 4 + 8 + 4, &p,
+                         err)) != EMBPS_OK)
     return ret;
   put64(&p, d->client_id);
   put64(&p, d->batch_id);
@@ -295,6 +297,8 @@ embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
   put64(&p, d->table_id);
   put8(&p, d->has_deadline ? 1 : 0);
   put32(&p, d->has_deadline ? d->deadline_left_ms : 0);
+  put64(&p, d->digest);
+  put32(&p, d->attempt);
   return EMBPS_OK;
 }
 
@@ -312,6 +316,8 @@ embps_status_t embps__parse_notice(const uint8_t *p, size_t len, embps_batch_des
   d->table_id = get64(&r);
   d->has_deadline = get8(&r);
   d->deadline_left_ms = get32(&r);
+  d->digest = get64(&r);
+  d->attempt = get32(&r);
   if (finish(&r, EMBPS__FRAME_NOTICE, err) != EMBPS_OK)
     return EMBPS_INVALID_ARGUMENT;
   if (d->has_deadline > 1 || (!d->has_deadline && d->deadline_left_ms))
@@ -364,6 +370,7 @@ embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *en
     size_t ml = strnlen(e->message, sizeof(e->message) - 1);
     put64(&p, e->client_id);
     put64(&p, e->batch_id);
+    put32(&p, e->attempt);
     put32(&p, e->action);
     put32(&p, e->kind);
     put32(&p, (uint32_t)e->status);
@@ -412,6 +419,7 @@ embps_status_t embps__parse_round(const uint8_t *p, size_t len, embps_round_entr
     memset(e, 0, sizeof(*e));
     e->client_id = get64(&r);
     e->batch_id = get64(&r);
+    e->attempt = get32(&r);
     e->action = get32(&r);
     uint32_t kind = get32(&r);
     uint32_t status = get32(&r);
@@ -467,6 +475,28 @@ embps_status_t embps__parse_broken(const uint8_t *p, size_t len, char *why, size
     return malformed(err, EMBPS__FRAME_BROKEN, "reason length", len);
   snprintf(why, cap, "%.*s", (int)len, (const char *)p);
   return EMBPS_OK;
+}
+
+embps_status_t embps__frame_withdraw(embps__buf_t *b, const embps__withdraw_t *w,
+                                     embps_error_t *err) {
+  uint8_t *p = NULL;
+  embps_status_t ret = frame_begin(b, EMBPS__FRAME_WITHDRAW, WITHDRAW_LEN, &p, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  put64(&p, w->client_id);
+  put64(&p, w->batch_id);
+  put32(&p, w->attempt);
+  return EMBPS_OK;
+}
+
+embps_status_t embps__parse_withdraw(const uint8_t *p, size_t len, embps__withdraw_t *w,
+                                     embps_error_t *err) {
+  reader_t r = {p, len, 0};
+  memset(w, 0, sizeof(*w));
+  w->client_id = get64(&r);
+  w->batch_id = get64(&r);
+  w->attempt = get32(&r);
+  return finish(&r, EMBPS__FRAME_WITHDRAW, err);
 }
 
 embps_status_t embps__frame_device(embps__buf_t *b, const embps__device_claim_t *c,

@@ -137,13 +137,18 @@ typedef enum embps__frame_type {
    * naming it. The group cannot serve without it, but nothing failed: the receiver logs it as
    * news, not as an error. */
   EMBPS__FRAME_LEAVING = 7,
+  /** rank -> leader: "withdraw my shard of batch (client_id, batch_id, attempt)": its caller
+   * went away (reset its stream, or closed its connection) before the batch was ordered
+   * (an embps__withdraw_t; embps_sequencer_withdraw). */
+  EMBPS__FRAME_WITHDRAW = 8,
 } embps__frame_type_t;
 
 /** The control protocol's version. Ranks agree on it at formation (the identity's `control` key,
  * agreement.c), so a rank whose frames are laid out otherwise is refused by name instead of
  * misreading them: bump it with any change to a frame's layout or a new frame type, even where
- * the release version stays. 2: NOTICE carries the caller's deadline; LEAVING. */
-#define EMBPS__CONTROL_VERSION 2
+ * the release version stays. 2: NOTICE carries the caller's deadline; LEAVING. 3: NOTICE carries
+ * the batch's digest and attempt, round entries their attempt; WITHDRAW. */
+#define EMBPS__CONTROL_VERSION 3
 
 /** Bytes of a frame's header (length and type). */
 #define EMBPS__FRAME_HEADER_LEN 5
@@ -187,6 +192,13 @@ typedef struct embps__ckpt_msg {
   char message[sizeof(((embps_error_t *)0)->message)];
 } embps__ckpt_msg_t;
 
+/** What a WITHDRAW frame names: the batch whose shard a rank's caller abandoned. */
+typedef struct embps__withdraw {
+  uint64_t client_id;
+  uint64_t batch_id;
+  uint32_t attempt;
+} embps__withdraw_t;
+
 /** A rank's claim on a CUDA device: which host, which device by PCI bus id and by number. */
 typedef struct embps__device_claim {
   char host[256];
@@ -211,12 +223,13 @@ embps_status_t embps__frame_next(const uint8_t *p, size_t avail, uint8_t *type,
  * (a field that the format cannot carry, named in err) or EMBPS_RESOURCE_EXHAUSTED; on failure
  * b keeps its old length. Arguments are borrowed. */
 
-/** NOTICE: the batch's client id and id, kind, tokens_per_batch, table name and table id, and
- * its caller's deadline (a flag byte, then the milliseconds left). */
+/** NOTICE: the batch's client id and id, kind, tokens_per_batch, table name and table id, its
+ * caller's deadline (a flag byte, then the milliseconds left), its digest and its attempt. */
 embps_status_t embps__frame_notice(embps__buf_t *b, const embps_batch_desc_t *d,
                                    embps_error_t *err);
 
-/** ROUND: n (at most EMBPS__ROUND_MAX) entries; configs[i] is sent for entries that run a
+/** ROUND: n (at most EMBPS__ROUND_MAX) entries (each its batch's client id, id and attempt,
+ * action, kind, status and message); configs[i] is sent for entries that run a
  * CreateTable or a DropTable (its name), ckpts[i] for entries that run a checkpoint (either may be
  * NULL when no entry needs it). */
 embps_status_t embps__frame_round(embps__buf_t *b, const embps_round_entry_t *entries,
@@ -232,6 +245,10 @@ embps_status_t embps__frame_broken(embps__buf_t *b, const char *why, embps_error
 
 /** LEAVING: why (NUL-terminated), clipped to EMBPS__BROKEN_MAX bytes. */
 embps_status_t embps__frame_leaving(embps__buf_t *b, const char *why, embps_error_t *err);
+
+/** WITHDRAW: the batch whose shard is withdrawn. */
+embps_status_t embps__frame_withdraw(embps__buf_t *b, const embps__withdraw_t *w,
+                                     embps_error_t *err);
 
 /** DEVICE: a device claim. */
 embps_status_t embps__frame_device(embps__buf_t *b, const embps__device_claim_t *c,
@@ -263,6 +280,10 @@ embps_status_t embps__parse_checkpoint(const uint8_t *p, size_t len, embps__ckpt
  * clipped). */
 embps_status_t embps__parse_broken(const uint8_t *p, size_t len, char *why, size_t cap,
                                    embps_error_t *err);
+
+/** WITHDRAW into *w. */
+embps_status_t embps__parse_withdraw(const uint8_t *p, size_t len, embps__withdraw_t *w,
+                                     embps_error_t *err);
 
 /** DEVICE into *c. */
 embps_status_t embps__parse_device(const uint8_t *p, size_t len, embps__device_claim_t *c,

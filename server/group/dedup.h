@@ -44,7 +44,8 @@ typedef enum embps_dedup_verdict {
 } embps_dedup_verdict_t;
 
 /** A window of `window` pushes per client (at least 1) and `max_clients` clients. Returns
- * EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED; *out is untouched on failure. */
+ * EMBPS_OK, EMBPS_INVALID_ARGUMENT (window or max_clients 0) or EMBPS_RESOURCE_EXHAUSTED; *out is
+ * untouched on failure. Memory is taken per client as it records, not up front. */
 embps_status_t embps_dedup_new(embps_dedup_t **out, uint32_t window, uint32_t max_clients);
 
 /** Frees d (NULL: no-op). */
@@ -59,8 +60,9 @@ embps_dedup_verdict_t embps_dedup_check(const embps_dedup_t *d, uint64_t client_
 
 /**
  * Records that push (client_id, batch_id) of table `table` (its name, borrowed) with digest was
- * applied at round `round` with *result. client_id or digest 0: nothing is recorded. May forget
- * the client's oldest entry, or the least recent client. Returns EMBPS_OK, or
+ * applied at round `round` with *result. client_id or digest 0: nothing is recorded; a
+ * (client_id, batch_id) the window holds already keeps its first entry. May forget the client's
+ * oldest entry, or the least recent client. Returns EMBPS_OK, or
  * EMBPS_RESOURCE_EXHAUSTED (nothing recorded: the caller must not let the ranks' windows differ,
  * and breaks the group).
  */
@@ -70,5 +72,8 @@ embps_status_t embps_dedup_record(embps_dedup_t *d, uint64_t client_id, uint64_t
 
 /** Entries held, over every client (for tests and metrics). */
 size_t embps_dedup_size(const embps_dedup_t *d);
+
+/** The pushes remembered per client (the `window` it was made with). */
+uint32_t embps_dedup_window(const embps_dedup_t *d);
 
 #endif

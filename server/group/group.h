@@ -45,6 +45,13 @@ typedef struct embps_group_metrics {
   atomic_uint_fast64_t ckpt_last_round, ckpt_last_unix_ms, ckpt_last_bytes;
   atomic_uint_fast64_t ckpt_bytes_written; /* this rank's checkpoint files */
   embps_hist_t ckpt_seconds;
+  /* Batches failed before they were ordered (leader only: its sequencer decides): with
+   * DEADLINE_EXCEEDED (a deadline passed), and with CANCELLED (a caller withdrew its shard). */
+  atomic_uint_fast64_t batches_expired, batches_cancelled;
+  atomic_uint_fast64_t shards_withdrawn;     /* this rank's shards whose callers went away while
+                                                parked, withdrawn from their batch */
+  atomic_uint_fast64_t retries_deduplicated; /* this rank's push shards answered from the retry
+                                                 window (replayed), not run again */
 } embps_group_metrics_t;
 
 /** The group's metrics (owned by the group, valid until embps_group_free); any thread. */
@@ -106,6 +113,11 @@ embps_status_t embps_group_peer_tls_new(embps_group_peer_tls_t **out, const char
 /** Frees what embps_group_peer_tls_new made; connections still open keep working. NULL: no-op. */
 void embps_group_peer_tls_free(embps_group_peer_tls_t *tls);
 
+/** The most pushes per client a retry window may hold (embps_group_config_t.retry_window). */
+#define EMBPS_GROUP_RETRY_WINDOW_MAX 1048576u
+/** What retry_window 0 means. */
+#define EMBPS_GROUP_RETRY_WINDOW_DEFAULT 1024u
+
 typedef struct embps_group_config {
   uint32_t rank;
   uint32_t size;
@@ -140,6 +152,10 @@ typedef struct embps_group_config {
   uint64_t max_memory_bytes;       /* what all tables may take on this rank (embps_store_set_budget,
                                       which the group calls once its engine runs); 0: 80% of the
                                       memory tables live in */
+  uint32_t retry_window;           /* pushes remembered per client, so that a retried push is
+                                      applied at most once (the group's retry window); 0: the
+                                      default,
+                                      at most EMBPS_GROUP_RETRY_WINDOW_MAX */
   /** Called on the loop thread if the group cannot form (bootstrap or restore failed). */
   void (*on_fatal)(void *arg, embps_status_t status, const char *message);
   void *on_fatal_arg;
@@ -189,6 +205,14 @@ struct embps_group_call {
   uint64_t batch_id;         /* lookup, push: the client's batch id (shards of one batch share it);
                                 create, drop: the group numbers them itself */
   uint32_t tokens_per_batch; /* lookup, push: over the whole group */
+  /** Lookup, push: the client's digest of the whole batch (the same in every shard; 0: none).
+   * The leader joins only shards whose digests are equal (else INVALID_ARGUMENT on every rank),
+   * and a push with a client id and a digest is applied at most once however often it is
+   * retried, while the retry window remembers it (server/group/dedup.h). */
+  uint64_t digest;
+  /** Lookup, push: which try of the batch this shard belongs to (0: the first). With client_id
+   * and batch_id it names the batch: shards of different attempts never join. */
+  uint32_t attempt;
   /** Lookup, push: the caller's deadline in ns on embps_now_ns()'s clock (the net call's
    * embps_net_call_deadline_ns), 0: none. The batch is ordered only while every shard's deadline
    * is still ahead; once the earliest passes first, it fails with DEADLINE_EXCEEDED on every rank
@@ -198,6 +222,10 @@ struct embps_group_call {
   /** The answer, once done: status EMBPS_OK on success; else the op's failure (op.error) or the
    * group's (UNAVAILABLE when the group is not ready or broken, DEADLINE_EXCEEDED, ...). */
   embps_error_t error;
+  /** Push, set by the group once done without error: 1 when the push was a retry of one the
+   * group had applied already, answered from the retry window with the first attempt's results
+   * (op.applied, op.skipped, op.grad_norm, op.num_unique) and not run again; else 0. */
+  int replayed;
   /** Called on the loop thread once the call is complete. */
   void (*done)(embps_group_call_t *call);
   /** When not NULL: called on the loop thread once the leader has ordered the call's batch into a
@@ -226,6 +254,22 @@ struct embps_group_call {
  * failure (UNAVAILABLE when the group is not ready or broken).
  */
 void embps_group_submit(embps_group_t *group, embps_group_call_t *call);
+
+/**
+ * Withdraws call, a lookup or push shard submitted with embps_group_submit, whose caller went
+ * away (loop thread; the network layer said its stream was reset or its connection closed before
+ * it was answered). The group's thread acts on it later, and only if call is then still parked
+ * waiting for its batch with the same (client_id, batch_id, attempt): it does not read *call
+ * otherwise, so a call done (or freed) meanwhile is safe. A parked shard's batch that is not yet
+ * ordered then fails with CANCELLED on every rank and runs on none (the leader's sequencer
+ * decides, embps_sequencer_withdraw); one already ordered runs as ordered. Either way call stays
+ * the group's until its done callback runs as always (its answer goes to the gone caller). A
+ * caller that goes at its deadline (deadline_ns all but up: gRPC clients reset the stream then)
+ * withdraws nothing: its batch expires at that deadline with DEADLINE_EXCEEDED for every caller,
+ * as without the reset. Out of memory, the withdrawal is dropped (the batch then runs or expires
+ * as it would have).
+ */
+void embps_group_withdraw(embps_group_t *group, embps_group_call_t *call);
 
 /**
  * Asks for a checkpoint (loop thread, any rank): the group takes req to the leader, which orders

@@ -6,6 +6,8 @@
  * - ckpt_leader.c: the checkpoint protocol between the ranks: a rank asks the leader, the
  *   leader orders a checkpoint as a round, every rank reports its files, the leader has the
  *   manifest written and answers. What a rank writes, and how, is checkpointer.h's.
+ * - withdraw.c: withdrawing a parked shard whose caller went away (embps_group_withdraw): the
+ *   loop thread queues it, this thread tells the leader's sequencer.
  * - start.c: making the group (config copied, thread started), forming it on the thread
  *   (formation.h, the engine, the sequencer, the checkpointer, a restore), the accessors, and
  *   closing and freeing it.
@@ -23,6 +25,7 @@
 #include "server/group/checkpointer.h"
 #include "server/group/control.h"
 #include "server/group/control_io.h"
+#include "server/group/dedup.h"
 #include "server/group/group.h"
 #include "server/group/sequencer.h"
 
@@ -32,6 +35,17 @@ typedef struct embps__call_queue {
   embps_group_call_t *head, *tail;
   size_t link;
 } embps__call_queue_t;
+
+/* A withdrawal the loop thread queued (embps_group_withdraw), for the group's thread. call is
+ * only compared with the calls still parked, never dereferenced before it is found there: it may
+ * be done and freed by the time the group's thread looks. */
+typedef struct embps__withdrawal {
+  struct embps__withdrawal *next;
+  embps_group_call_t *call;
+  uint64_t client_id, batch_id;
+  uint32_t attempt;
+  uint64_t after; /* the calls submitted before it (in_count then): it is acted on after them */
+} embps__withdrawal_t;
 
 /* Leader: a checkpoint asked for and not yet ordered (ckpt_leader.c). */
 typedef struct embps__ckpt_request embps__ckpt_request_t;
@@ -50,12 +64,14 @@ struct embps_group {
   int cancel_fd; /* eventfd made readable by embps_group_close: stops a bootstrap in progress */
 
   pthread_mutex_t mu;
-  embps_group_call_t *in_head, *in_tail; /* guarded by mu */
-  embps__call_queue_t done;              /* calls whose `done` is due; guarded by mu */
-  embps__call_queue_t ordered;           /* calls whose `ordered` is due; guarded by mu */
-  embps__call_queue_t progress;          /* calls whose `progress` is due; guarded by mu */
-  int stopping;                          /* guarded by mu */
-  char state_msg[400];                   /* guarded by mu */
+  embps_group_call_t *in_head, *in_tail;  /* guarded by mu */
+  uint64_t in_count;                      /* calls ever submitted; guarded by mu */
+  embps__withdrawal_t *wd_head, *wd_tail; /* withdrawals not yet taken; guarded by mu */
+  embps__call_queue_t done;               /* calls whose `done` is due; guarded by mu */
+  embps__call_queue_t ordered;            /* calls whose `ordered` is due; guarded by mu */
+  embps__call_queue_t progress;           /* calls whose `progress` is due; guarded by mu */
+  int stopping;                           /* guarded by mu */
+  char state_msg[400];                    /* guarded by mu */
   atomic_int state;
   atomic_int fatal_pending;
   embps_status_t fatal_status;
@@ -74,7 +90,9 @@ struct embps_group {
   /* The round being sent or applied, and the configs of the creates it runs. */
   embps_round_entry_t round[EMBPS__ROUND_MAX];
   embps_table_config_t round_configs[EMBPS__ROUND_MAX];
-  embps_group_call_t *parked; /* calls waiting for their round, arrival order */
+  embps_group_call_t *parked; /* calls waiting for their round, most recent first */
+  uint64_t admitted;          /* calls taken from the incoming queue so far */
+  embps_dedup_t *dedup;       /* the retry window: pushes applied, changed only in rounds */
   uint64_t next_create_id;
 
   /* Checkpoints (group thread only). */
@@ -84,8 +102,9 @@ struct embps_group {
   embps__ckpt_order_t round_ckpts[EMBPS__ROUND_MAX]; /* the orders of the round being applied */
   embps_group_call_t *ckpt_calls, *ckpt_calls_tail;  /* this rank's, waiting, by seq */
   uint64_t ckpt_seq;                                 /* the last this rank asked for */
-  /* Leader only, but for final_done and final_msg, which every rank keeps. */
-  uint64_t round_no; /* entries run so far (with the restored checkpoint's) */
+  /* Leader only, but for round_no, final_done and final_msg, which every rank keeps. */
+  uint64_t round_no; /* entries run so far, checkpoints included (with the restored
+                        checkpoint's): the same on every rank once a round is applied */
   embps__ckpt_request_t *req_head, *req_tail; /* asked for, not yet ordered */
   int ckpt_inflight;                          /* cur is ordered and not yet complete */
   embps__ckpt_order_t cur;
@@ -142,6 +161,30 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
 
 /** Publishes the communicator's totals for other threads (embps_group_comm_stats). */
 void embps__group_publish_comm_stats(embps_group_t *g);
+
+/** The parked call of batch (client_id, batch_id, attempt), or NULL; unlinked from the list when
+ * unlink is set. */
+embps_group_call_t *embps__group_find_parked(embps_group_t *g, uint64_t client_id,
+                                             uint64_t batch_id, uint32_t attempt, int unlink);
+
+/** Leader: copies its sequencer's counts into the metrics. */
+void embps__group_publish_seq_counts(embps_group_t *g);
+
+/* ---- withdraw.c ------------------------------------------------------------------------------ */
+
+/** Acts on a withdrawal taken from the queue: when w->call is still parked under its key, counts
+ * it and withdraws its shard (the leader from its sequencer, another rank by a WITHDRAW frame to
+ * the leader; a lost connection breaks the group). */
+void embps__group_withdraw_run(embps_group_t *g, const embps__withdrawal_t *w);
+
+/** Leader: handles a WITHDRAW frame from peer. Returns EMBPS_OK, or the failure of a frame it
+ * cannot read (err says why; the caller breaks the group). */
+embps_status_t embps__group_withdraw_on_frame(embps_group_t *g, uint32_t peer, const uint8_t *p,
+                                              size_t len, embps_error_t *err);
+
+/** Frees the withdrawals still queued (embps_group_free: the loop may queue some after the
+ * group's thread stopped). */
+void embps__group_withdrawals_free(embps_group_t *g);
 
 /* ---- ckpt_leader.c --------------------------------------------------------------------------- */
 

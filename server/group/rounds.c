@@ -5,8 +5,8 @@
  * on it (control.h) are NOTICE (rank -> leader: "I hold my shard of batch B: kind,
  * tokens_per_batch, table, and the time its caller's deadline leaves"), ROUND (leader -> every
  * rank: an ordered list of "run B" / "fail B with status S"; a run of a CreateTable carries the
- * table's config), CHECKPOINT (ckpt_leader.c),
- * BROKEN and LEAVING. A rank sends its notices in the order its
+ * table's config), WITHDRAW (rank -> leader: "my shard of B's caller went away", withdraw.c),
+ * CHECKPOINT (ckpt_leader.c), BROKEN and LEAVING. A rank sends its notices in the order its
  * shards arrived, and the leader's sequencer orders a batch once every rank holds its shard, so
  * every rank runs the same batches in the same order and their collectives always match: no
  * deadlock, whatever order concurrent clients' shards reach the ranks in.
@@ -233,11 +233,10 @@ static embps_status_t send_notice(embps_group_t *g, const embps_batch_desc_t *d)
   return embps__group_send_out(g, 0);
 }
 
-/* The parked call of batch (client_id, batch_id); unlinked from the list when unlink is set. */
-static embps_group_call_t *find_parked(embps_group_t *g, uint64_t client_id, uint64_t batch_id,
-                                       int unlink) {
+embps_group_call_t *embps__group_find_parked(embps_group_t *g, uint64_t client_id,
+                                             uint64_t batch_id, uint32_t attempt, int unlink) {
   for (embps_group_call_t **pp = &g->parked; *pp; pp = &(*pp)->next) {
-    if ((*pp)->client_id == client_id && (*pp)->batch_id == batch_id) {
+    if ((*pp)->client_id == client_id && (*pp)->batch_id == batch_id && (*pp)->attempt == attempt) {
       embps_group_call_t *call = *pp;
       if (unlink) {
         *pp = call->next;
@@ -258,7 +257,7 @@ embps_status_t embps__group_send_round(embps_group_t *g, const embps_round_entry
     embps_group_call_t *call =
         e[i].action == EMBPS_ROUND_RUN &&
                 (e[i].kind == EMBPS_OP_CREATE_TABLE || e[i].kind == EMBPS_OP_DROP_TABLE)
-            ? find_parked(g, e[i].client_id, e[i].batch_id, 0)
+            ? embps__group_find_parked(g, e[i].client_id, e[i].batch_id, e[i].attempt, 0)
             : NULL;
     if (call)
       g->round_configs[i] = call->op.create;
@@ -334,6 +333,70 @@ static void record_round(embps_group_t *g, uint64_t start_ns, uint64_t oldest_ns
   embps_hist_observe_ns(&m->phase_seconds[EMBPS_ROUND_PHASE_COMPUTE], total - coll);
 }
 
+/* ---- the retry window ------------------------------------------------------------------------ */
+
+/* Whether the retry window rules on call: a push with a client id and a digest. Every rank holds
+ * its shard of the same batch, with the same client id and digest (the leader joined only equal
+ * digests), so every rank answers the same. */
+static int windowed(const embps_group_t *g, const embps_group_call_t *call) {
+  return g->dedup && call && call->op.kind == EMBPS_OP_PUSH && call->client_id && call->digest;
+}
+
+/* Before running windowed push call: what the window says. Returns 1 when that answers it (the
+ * first attempt's result, replayed; or a refusal) and it must not run, else 0. The window holds
+ * the same keys on every rank at every round, so every rank decides alike and none enters a
+ * collective another skips. */
+static int answered_by_window(embps_group_t *g, embps_group_call_t *call) {
+  embps_dedup_result_t res;
+  uint64_t first = 0;
+  char msg[400];
+  switch (
+      embps_dedup_check(g->dedup, call->client_id, call->batch_id, call->digest, &res, &first)) {
+  case EMBPS_DEDUP_REPLAY:
+    call->op.applied = res.applied;
+    call->op.skipped = res.skipped;
+    call->op.grad_norm = res.grad_norm;
+    call->op.num_unique = res.num_unique;
+    call->replayed = 1;
+    embps_error_clear(&call->error);
+    atomic_fetch_add_explicit(&g->metrics.retries_deduplicated, 1, memory_order_relaxed);
+    embps__group_complete(g, call);
+    return 1;
+  case EMBPS_DEDUP_CONFLICT:
+    snprintf(msg, sizeof(msg),
+             "batch %llu of client 0x%llx was already applied with other content (digest "
+             "0x%016llx then, 0x%016llx now): a retry must send the same batch",
+             (unsigned long long)call->batch_id, (unsigned long long)call->client_id,
+             (unsigned long long)first, (unsigned long long)call->digest);
+    embps__group_fail_call(g, call, EMBPS_INVALID_ARGUMENT, msg);
+    return 1;
+  case EMBPS_DEDUP_FORGOTTEN:
+    snprintf(msg, sizeof(msg),
+             "push batch %llu of client 0x%llx is older than the retry window remembers (the last "
+             "%u pushes of each client, --retry-window): whether its first attempt was applied is "
+             "unknown, and it was not applied again",
+             (unsigned long long)call->batch_id, (unsigned long long)call->client_id,
+             embps_dedup_window(g->dedup));
+    embps__group_fail_call(g, call, EMBPS_FAILED_PRECONDITION, msg);
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+/* After windowed push call ran without error (applied, or skipped by the gate): the window
+ * remembers its answer. Returns EMBPS_OK, or EMBPS_RESOURCE_EXHAUSTED when it could not, which
+ * breaks the group (the caller): the ranks' windows must never differ. */
+static embps_status_t remember_push(embps_group_t *g, const embps_group_call_t *call) {
+  const embps_op_t *op = &call->op;
+  embps_dedup_result_t res = {.applied = (uint8_t)(op->applied != 0),
+                              .skipped = (uint8_t)(op->skipped != 0),
+                              .grad_norm = op->grad_norm,
+                              .num_unique = op->num_unique};
+  return embps_dedup_record(g->dedup, call->client_id, call->batch_id, call->digest,
+                            embps_table_config(op->table)->name, g->round_no, &res);
+}
+
 void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n,
                               const embps_table_config_t *configs,
                               const embps__ckpt_order_t *ckpts) {
@@ -342,11 +405,14 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
   size_t batches = 0;
   if (g->comm && !g->comm->call_seconds)
     embps_comm_set_call_histogram(g->comm, &g->metrics.collective_seconds);
-  /* The round is ordered: every async push in it may say so before any of it runs. */
+  /* The round is ordered: every async push in it may say so before any of it runs, but for those
+   * the retry window rules on, which say so once it has (a replay or a refusal is no order). */
   for (size_t i = 0; i < n; i++) {
     embps_group_call_t *call =
-        e[i].action == EMBPS_ROUND_RUN ? find_parked(g, e[i].client_id, e[i].batch_id, 0) : NULL;
-    if (call)
+        e[i].action == EMBPS_ROUND_RUN
+            ? embps__group_find_parked(g, e[i].client_id, e[i].batch_id, e[i].attempt, 0)
+            : NULL;
+    if (call && !windowed(g, call))
       announce_ordered(g, call);
     if (call && (call->op.kind == EMBPS_OP_LOOKUP || call->op.kind == EMBPS_OP_PUSH)) {
       batches++;
@@ -355,7 +421,8 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
     }
   }
   for (size_t i = 0; i < n && atomic_load(&g->state) != EMBPS_GROUP_BROKEN; i++) {
-    embps_group_call_t *call = find_parked(g, e[i].client_id, e[i].batch_id, 1);
+    embps_group_call_t *call =
+        embps__group_find_parked(g, e[i].client_id, e[i].batch_id, e[i].attempt, 1);
     embps_op_t *op = call ? &call->op : NULL, tmp;
     embps_error_t err;
 
@@ -365,11 +432,12 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
       continue;
     }
     if (e[i].kind == EMBPS_OP_CHECKPOINT) {
+      if (!embps__group_is_leader(g)) /* the leader numbered it when it ordered it */
+        g->round_no = ckpts[i].round;
       embps__group_ckpt_run_entry(g, &ckpts[i]);
       continue;
     }
-    if (embps__group_is_leader(g))
-      g->round_no++;
+    g->round_no++;
     if (!op && (e[i].kind == EMBPS_OP_CREATE_TABLE || e[i].kind == EMBPS_OP_DROP_TABLE) &&
         !embps__group_is_leader(g)) {
       memset(&tmp, 0,
@@ -385,6 +453,11 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
       embps__group_break(g, msg);
       return;
     }
+    if (windowed(g, call)) {
+      if (answered_by_window(g, call))
+        continue;
+      announce_ordered(g, call);
+    }
     embps_error_clear(&err);
     if (call && call->progress) {
       op->publish = publish_progress;
@@ -398,6 +471,18 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
     }
     if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE)
       embps__group_ckpt_tables_changed(g, op);
+    if (windowed(g, call) && op->error.status == EMBPS_OK && remember_push(g, call) != EMBPS_OK) {
+      char msg[300];
+      snprintf(msg, sizeof(msg),
+               "rank %u could not remember push batch %llu of client 0x%llx in its retry window "
+               "(out of memory), so the ranks' windows would differ",
+               g->cfg.rank, (unsigned long long)call->batch_id,
+               (unsigned long long)call->client_id);
+      call->error = op->error; /* it was applied: its caller hears so before the group breaks */
+      embps__group_complete(g, call);
+      embps__group_break(g, msg);
+      return;
+    }
     if (call) {
       call->error = op->error; /* the engine's answer is the call's */
       embps__group_complete(g, call);
@@ -426,6 +511,8 @@ static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_
     embps_batch_desc_t d;
     if ((ret = embps__parse_notice(p, len, &d, &err)) == EMBPS_OK)
       embps_sequencer_arrive(g->seq, peer, &d, embps_now_ms());
+  } else if (type == EMBPS__FRAME_WITHDRAW && embps__group_is_leader(g)) {
+    ret = embps__group_withdraw_on_frame(g, peer, p, len, &err);
   } else if (type == EMBPS__FRAME_ROUND && !embps__group_is_leader(g)) {
     size_t n;
     if ((ret = embps__parse_round(p, len, g->round, g->round_configs, g->round_ckpts,
@@ -441,12 +528,20 @@ static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_
   }
 }
 
+void embps__group_publish_seq_counts(embps_group_t *g) {
+  embps_sequencer_counts_t c;
+  embps_sequencer_counts(g->seq, &c);
+  atomic_store_explicit(&g->metrics.batches_expired, c.expired, memory_order_relaxed);
+  atomic_store_explicit(&g->metrics.batches_cancelled, c.cancelled, memory_order_relaxed);
+}
+
 /* Leader: hands out every round the sequencer has ready, and runs it here too. Once a final
  * checkpoint is ordered, every batch fails instead: what the group acknowledges is in it. */
 static void lead_rounds(embps_group_t *g) {
   size_t n;
   while (atomic_load(&g->state) != EMBPS_GROUP_BROKEN &&
          (n = embps_sequencer_next_round(g->seq, embps_now_ms(), g->round, EMBPS__ROUND_MAX)) > 0) {
+    embps__group_publish_seq_counts(g);
     for (size_t i = 0; i < n && g->closing; i++) {
       if (g->round[i].action != EMBPS_ROUND_RUN)
         continue;
@@ -501,8 +596,10 @@ static void admit(embps_group_t *g, embps_group_call_t *call) {
   if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE) {
     call->client_id = 0;
     call->batch_id = CREATE_ID_BIT | ++g->next_create_id;
+    call->attempt = 0;
+    call->digest = 0;
   }
-  if (find_parked(g, call->client_id, call->batch_id, 0)) {
+  if (embps__group_find_parked(g, call->client_id, call->batch_id, call->attempt, 0)) {
     snprintf(msg, sizeof(msg),
              "batch_id %llu is already in flight on rank %u: every batch needs its own id",
              (unsigned long long)call->batch_id, g->cfg.rank);
@@ -514,6 +611,8 @@ static void admit(embps_group_t *g, embps_group_call_t *call) {
   memset(&d, 0, sizeof(d));
   d.client_id = call->client_id;
   d.batch_id = call->batch_id;
+  d.attempt = call->attempt;
+  d.digest = call->digest;
   d.kind = op->kind;
   d.tokens_per_batch = call->tokens_per_batch;
   if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE) {
@@ -527,7 +626,7 @@ static void admit(embps_group_t *g, embps_group_call_t *call) {
     embps_sequencer_arrive(g->seq, 0, &d, embps_now_ms());
   } else if ((ret = send_notice(g, &d)) == EMBPS_RESOURCE_EXHAUSTED) {
     /* Nothing was sent: the leader never orders this shard, and the others expire. */
-    find_parked(g, call->client_id, call->batch_id, 1);
+    embps__group_find_parked(g, call->client_id, call->batch_id, call->attempt, 1);
     embps__group_fail_call(g, call, ret, "out of memory for the notice to the leader (rank 0)");
   } else if (ret != EMBPS_OK) {
     embps__group_break(g, "this rank lost its connection to the leader (rank 0)");
@@ -541,7 +640,9 @@ static void enqueue(embps_group_t *g, embps_group_call_t *call) {
   uint64_t one = 1;
   call->next = NULL;
   call->submitted_ns = embps_now_ns();
+  call->replayed = 0;
   pthread_mutex_lock(&g->mu);
+  g->in_count++;
   if (g->in_tail)
     g->in_tail->next = call;
   else
@@ -562,21 +663,33 @@ void embps_group_checkpoint(embps_group_t *g, embps_group_call_t *call, embps_gr
   enqueue(g, call);
 }
 
+/* Takes what the loop thread queued: calls, admitted in submission order, and withdrawals, each
+ * acted on once the calls submitted before it are admitted (withdraw.c says why). */
 static void drain_incoming(embps_group_t *g, int *stopping) {
   embps_group_call_t *batch;
+  embps__withdrawal_t *wd;
   uint64_t v;
   while (read(g->wake_fd, &v, sizeof(v)) > 0) {
   }
   pthread_mutex_lock(&g->mu);
   batch = g->in_head;
   g->in_head = g->in_tail = NULL;
+  wd = g->wd_head;
+  g->wd_head = g->wd_tail = NULL;
   *stopping = g->stopping;
   pthread_mutex_unlock(&g->mu);
-  /* The queue is in submission order; admit in that order. */
-  while (batch) {
+  while (batch || wd) {
+    if (wd && (!batch || wd->after <= g->admitted)) {
+      embps__withdrawal_t *w = wd;
+      wd = w->next;
+      embps__group_withdraw_run(g, w);
+      embps_free(w);
+      continue;
+    }
     embps_group_call_t *call = batch;
     batch = call->next;
     call->next = NULL;
+    g->admitted++;
     admit(g, call);
   }
 }

@@ -1,15 +1,17 @@
 /* The sequencer (see sequencer.h).
  *
  * Pending batches live in an array kept in first-arrival order; each has a per-rank arrival
- * flag and the descriptor of the first shard, against which later shards are compared. A batch
+ * flag and digest, and the descriptor of the first shard, against which later shards are
+ * compared. A batch
  * that becomes complete moves to the ready queue, so rounds list batches in the order they
  * became complete: since every rank reports its shards in the order they arrived, a batch that
  * a client sent after another on the same connections completes after it, and rounds keep each
  * connection's order. A batch expires at its batch deadline (its first shard's arrival +
  * deadline_ms) or at the earliest of its shards' callers' deadlines, whichever comes first, and
- * is ordered only while that is still ahead. Failed batch ids are remembered in a ring (the most
- * recent 4096) so that a shard arriving after its batch failed is failed at once instead of waiting
- * out a deadline.
+ * is ordered only while that is still ahead. Failed batches (client, id and attempt) are
+ * remembered in a ring (the most recent 4096) so that a shard arriving after its batch failed is
+ * failed at once instead of waiting out a deadline; a retry is another attempt, never one of
+ * them.
  *
  * Pending counts are small (the batches in flight), so linear scans are cheaper than a map. */
 #include "sequencer.h"
@@ -26,13 +28,17 @@ typedef struct pending {
   uint64_t first_ms;
   uint64_t caller_due_ms; /* the earliest of its shards' callers' deadlines; UINT64_MAX: none */
   uint32_t arrived;
-  uint8_t *ranks; /* group_size flags */
-  int failed;     /* disagreement found: fail once complete or expired */
+  uint64_t *digests;  /* group_size entries: each arrived shard's digest (one allocation with
+                         ranks, which follows them) */
+  uint8_t *ranks;     /* group_size flags: the rank's shard arrived */
+  int failed;         /* disagreement found: fail once complete or expired */
+  int digests_differ; /* two shards' digests differ: fail likewise (the message is made then) */
   char why[400];
 } pending_t;
 
 typedef struct failed {
   uint64_t client_id, batch_id;
+  uint32_t attempt;
   uint32_t kind;
   embps_status_t status;
   char message[400];
@@ -47,6 +53,7 @@ struct embps_sequencer {
   size_t num_ready, cap_ready;
   failed_t failed[FAILED_RING];
   size_t failed_next, failed_count;
+  embps_sequencer_counts_t counts;
 };
 
 embps_status_t embps_sequencer_new(embps_sequencer_t **out, uint32_t group_size,
@@ -64,18 +71,19 @@ void embps_sequencer_free(embps_sequencer_t *s) {
   if (!s)
     return;
   for (size_t i = 0; i < s->num_pending; i++)
-    embps_free(s->pending[i].ranks);
+    embps_free(s->pending[i].digests);
   embps_free(s->pending);
   embps_free(s->ready);
   embps_free(s);
 }
 
-/* Appends a round entry; on allocation failure the entry is dropped (the batch then expires). */
-/* Whether a and b name one batch: the same id from the same client (0: no client id). */
+/* Whether a and b name one batch: the same id and attempt from the same client (0: no client
+ * id). */
 static int same_batch(const embps_batch_desc_t *a, const embps_batch_desc_t *b) {
-  return a->client_id == b->client_id && a->batch_id == b->batch_id;
+  return a->client_id == b->client_id && a->batch_id == b->batch_id && a->attempt == b->attempt;
 }
 
+/* Appends a round entry; on allocation failure the entry is dropped (the batch then expires). */
 static void queue_entry(embps_sequencer_t *s, const embps_batch_desc_t *d, uint32_t action,
                         embps_status_t status, const char *message) {
   embps_round_entry_t *e;
@@ -91,6 +99,7 @@ static void queue_entry(embps_sequencer_t *s, const embps_batch_desc_t *d, uint3
   memset(e, 0, sizeof(*e));
   e->client_id = d->client_id;
   e->batch_id = d->batch_id;
+  e->attempt = d->attempt;
   e->action = action;
   e->kind = d->kind;
   e->status = status;
@@ -103,6 +112,7 @@ static void remember_failed(embps_sequencer_t *s, const embps_batch_desc_t *d,
   failed_t *f = &s->failed[s->failed_next];
   f->client_id = d->client_id;
   f->batch_id = d->batch_id;
+  f->attempt = d->attempt;
   f->kind = d->kind;
   f->status = status;
   snprintf(f->message, sizeof(f->message), "%s", message);
@@ -113,13 +123,14 @@ static void remember_failed(embps_sequencer_t *s, const embps_batch_desc_t *d,
 
 static const failed_t *find_failed(const embps_sequencer_t *s, const embps_batch_desc_t *d) {
   for (size_t i = 0; i < s->failed_count; i++)
-    if (s->failed[i].client_id == d->client_id && s->failed[i].batch_id == d->batch_id)
+    if (s->failed[i].client_id == d->client_id && s->failed[i].batch_id == d->batch_id &&
+        s->failed[i].attempt == d->attempt)
       return &s->failed[i];
   return NULL;
 }
 
 static void drop_pending(embps_sequencer_t *s, size_t i) {
-  embps_free(s->pending[i].ranks);
+  embps_free(s->pending[i].digests);
   if (i + 1 < s->num_pending)
     memmove(&s->pending[i], &s->pending[i + 1], (s->num_pending - i - 1) * sizeof(pending_t));
   s->num_pending--;
@@ -171,17 +182,55 @@ static void missing_ranks(const embps_sequencer_t *s, const pending_t *p, char *
       m += (size_t)snprintf(out + m, cap - m, "%s%u", m ? "," : "", r);
 }
 
+/* When p's shards disagree, writes why to msg and returns 1: on what they are (kind, T, table),
+ * else on their digests, against the lowest rank's shard in (rank 0's once every shard is), so
+ * the ranks named are the same whatever order the shards came in. Else returns 0. */
+static int disagreement(const embps_sequencer_t *s, const pending_t *p, char *msg, size_t cap) {
+  uint32_t ref = 0;
+  size_t m = 0;
+  char others[96];
+  if (p->failed) {
+    snprintf(msg, cap, "%s", p->why);
+    return 1;
+  }
+  if (!p->digests_differ)
+    return 0;
+  while (ref < s->group_size && !p->ranks[ref])
+    ref++;
+  others[0] = '\0';
+  for (uint32_t r = ref + 1; r < s->group_size && m + 12 < sizeof(others); r++)
+    if (p->ranks[r] && p->digests[r] != p->digests[ref])
+      m += (size_t)snprintf(others + m, sizeof(others) - m, "%s%u", m ? "," : "", r);
+  if (p->digests[ref])
+    snprintf(msg, cap,
+             "shards of batch %llu (client 0x%llx) disagree on the batch's content: rank %u's "
+             "digest is 0x%016llx, rank(s) %s sent another; send every rank its shard of the "
+             "same batch",
+             (unsigned long long)p->desc.batch_id, (unsigned long long)p->desc.client_id, ref,
+             (unsigned long long)p->digests[ref], others);
+  else
+    snprintf(msg, cap,
+             "shards of batch %llu (client 0x%llx) disagree on the batch's content: rank %u's "
+             "shard carries no digest, rank(s) %s sent one; send every rank its shard of the "
+             "same batch",
+             (unsigned long long)p->desc.batch_id, (unsigned long long)p->desc.client_id, ref,
+             others);
+  return 1;
+}
+
 /* Fails p, whose expiry has come, with DEADLINE_EXCEEDED; one whose shards disagree keeps
  * its INVALID_ARGUMENT. */
 static void expire_pending(embps_sequencer_t *s, size_t i) {
   pending_t *p = &s->pending[i];
   char msg[400], missing[96];
+  if (disagreement(s, p, msg, sizeof(msg))) {
+    fail_pending(s, i, EMBPS_INVALID_ARGUMENT, msg);
+    return;
+  }
   missing_ranks(s, p, missing, sizeof(missing));
-  if (p->failed)
-    snprintf(msg, sizeof(msg), "%s", p->why);
-  else
-    expired_message(s, p, missing, msg, sizeof(msg));
-  fail_pending(s, i, p->failed ? EMBPS_INVALID_ARGUMENT : EMBPS_DEADLINE_EXCEEDED, msg);
+  expired_message(s, p, missing, msg, sizeof(msg));
+  s->counts.expired++;
+  fail_pending(s, i, EMBPS_DEADLINE_EXCEEDED, msg);
 }
 
 void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_batch_desc_t *desc,
@@ -212,9 +261,10 @@ void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_bat
     }
     p = &s->pending[s->num_pending];
     memset(p, 0, sizeof(*p));
-    p->ranks = embps_calloc(s->group_size, 1);
-    if (!p->ranks)
+    p->digests = embps_calloc(s->group_size, sizeof(*p->digests) + 1);
+    if (!p->digests)
       return;
+    p->ranks = (uint8_t *)(p->digests + s->group_size);
     s->num_pending++;
     p->desc = *desc;
     p->first_ms = now_ms;
@@ -239,14 +289,18 @@ void embps_sequencer_arrive(embps_sequencer_t *s, uint32_t rank, const embps_bat
   if (rank >= s->group_size || p->ranks[rank])
     return; /* a duplicate report: the rank already refuses duplicate batch ids locally */
   p->ranks[rank] = 1;
+  p->digests[rank] = desc->digest;
+  if (desc->digest != p->desc.digest)
+    p->digests_differ = 1;
   p->arrived++;
   if (desc->has_deadline && now_ms + desc->deadline_left_ms < p->caller_due_ms)
     p->caller_due_ms = now_ms + desc->deadline_left_ms;
   if (p->arrived == needed) {
+    char msg[400];
     if (p->caller_due_ms <= now_ms)
       expire_pending(s, (size_t)(p - s->pending)); /* a caller's deadline is not still ahead */
-    else if (p->failed)
-      fail_pending(s, (size_t)(p - s->pending), EMBPS_INVALID_ARGUMENT, p->why);
+    else if (disagreement(s, p, msg, sizeof(msg)))
+      fail_pending(s, (size_t)(p - s->pending), EMBPS_INVALID_ARGUMENT, msg);
     else {
       queue_entry(s, &p->desc, EMBPS_ROUND_RUN, EMBPS_OK, NULL);
       drop_pending(s, (size_t)(p - s->pending));
@@ -283,6 +337,41 @@ uint64_t embps_sequencer_next_deadline(const embps_sequencer_t *s, uint64_t now_
       best = left;
   }
   return best;
+}
+
+int embps_sequencer_withdraw(embps_sequencer_t *s, uint32_t rank, uint64_t client_id,
+                             uint64_t batch_id, uint32_t attempt, uint64_t now_ms) {
+  embps_batch_desc_t key;
+  char msg[400];
+  memset(&key, 0, sizeof(key));
+  key.client_id = client_id;
+  key.batch_id = batch_id;
+  key.attempt = attempt;
+  for (size_t i = 0; i < s->num_pending; i++) {
+    pending_t *p = &s->pending[i];
+    if (!same_batch(&p->desc, &key))
+      continue;
+    if (disagreement(s, p, msg, sizeof(msg))) { /* it fails anyway: say why it was wrong */
+      fail_pending(s, i, EMBPS_INVALID_ARGUMENT, msg);
+      return 0;
+    }
+    if (now_ms >= due_ms(s, p)) { /* expired already, the leader just has not said so yet */
+      expire_pending(s, i);
+      return 0;
+    }
+    snprintf(msg, sizeof(msg),
+             "batch %llu was cancelled before it was ordered: its caller on rank %u reset the "
+             "stream (the client cancelled or gave up); it ran on no rank",
+             (unsigned long long)batch_id, rank);
+    s->counts.cancelled++;
+    fail_pending(s, i, EMBPS_CANCELLED, msg);
+    return 1;
+  }
+  return 0; /* not pending: already queued to run (it runs as ordered), failed, or unknown */
+}
+
+void embps_sequencer_counts(const embps_sequencer_t *s, embps_sequencer_counts_t *out) {
+  *out = s->counts;
 }
 
 size_t embps_sequencer_pending(const embps_sequencer_t *s) { return s->num_pending; }

@@ -101,6 +101,11 @@ embps_status_t embps__group_start(embps_group_t *g, embps_error_t *err) {
   else if (cfg.engine_threads > 1)
     EMBPS_INFO("engine: pushes applied on %u threads",
                embps_engine_set_threads(g->engine, cfg.engine_threads));
+  if (ret == EMBPS_OK &&
+      (ret = embps_dedup_new(&g->dedup,
+                             cfg.retry_window ? cfg.retry_window : EMBPS_GROUP_RETRY_WINDOW_DEFAULT,
+                             EMBPS_DEDUP_MAX_CLIENTS)) != EMBPS_OK)
+    embps_error_set(err, ret, "cannot make the retry window (--retry-window %u)", cfg.retry_window);
   if (ret == EMBPS_OK)
     set_budget(g);
   if (ret == EMBPS_OK && g->ckpt_dir)
@@ -251,6 +256,7 @@ void embps_group_free(embps_group_t *g) {
   embps_free(g->restore_dir);
   embps_engine_free(g->engine);
   embps_sequencer_free(g->seq);
+  embps_dedup_free(g->dedup);
   embps_comm_free(g->comm);
   embps_cuda_close(g->stream);
   if (g->control_fds)
@@ -269,6 +275,7 @@ void embps_group_free(embps_group_t *g) {
   embps_free(g->peer_addrs);
   embps_free(g->identity);
   free_secret(g);
+  embps__group_withdrawals_free(g);
   close(g->wake_fd);
   close(g->cancel_fd);
   pthread_mutex_destroy(&g->mu);

@@ -191,6 +191,24 @@ static void render_group(text_t *t, embps_group_t *g) {
          "Time of each collective call (all-gather, all-to-all, all-reduce, barrier).");
   hist(t, "embps_group_collective_seconds", "", &m->collective_seconds);
 
+  scalar(t, "embps_group_batches_expired_total", "counter",
+         "Batches failed with DEADLINE_EXCEEDED before they were ordered: a shard missed "
+         "--batch-deadline-ms or a caller's deadline (grpc-timeout) passed (counted by the "
+         "leader).",
+         ld(&m->batches_expired));
+  scalar(t, "embps_group_batches_cancelled_total", "counter",
+         "Batches failed with CANCELLED before they were ordered because a shard's caller went "
+         "away (counted by the leader).",
+         ld(&m->batches_cancelled));
+  scalar(t, "embps_group_shards_withdrawn_total", "counter",
+         "This rank's shards withdrawn from their batch while parked, their caller having reset "
+         "the stream or closed the connection.",
+         ld(&m->shards_withdrawn));
+  scalar(t, "embps_group_retries_deduplicated_total", "counter",
+         "Retried push shards this rank answered from the retry window (replayed) instead of "
+         "applying them again.",
+         ld(&m->retries_deduplicated));
+
   scalar(t, "embps_rounds_total", "counter", "Rounds run on this rank that held a batch.",
          ld(&m->rounds));
   scalar(t, "embps_round_batches_total", "counter", "Lookup and push batches run in rounds.",

@@ -129,14 +129,31 @@ embps_net_call_t *embps__h2call_start(embps__h2conn_t *conn, embps__h2stream_t *
   return call;
 }
 
+/* Runs call's cancel hook, once: its client went before it was answered. */
+static void run_cancel_hook(embps_net_call_t *call) {
+  void (*fn)(void *) = call->on_cancel;
+  call->on_cancel = NULL;
+  if (fn)
+    fn(call->on_cancel_arg);
+}
+
+void embps__h2call_cancel(embps_net_call_t *call) {
+  call->stream = NULL;
+  call->cancelled = 1;
+  run_cancel_hook(call);
+}
+
 void embps__h2call_detach_all(embps__h2conn_t *conn) {
-  for (embps_net_call_t *c = conn->calls; c; c = c->next) {
-    if (c->gm) /* the metrics may not outlive the connection */
+  embps_net_call_t *next;
+  for (embps_net_call_t *c = conn->calls; c; c = next) {
+    next = c->next; /* the hook answers nothing, but the list is not ours to trust after it */
+    if (c->gm)      /* the metrics may not outlive the connection */
       count(NULL, c->gm, EMBPS_CANCELLED, embps_now_ns() - c->start_ns, 0);
     c->gm = NULL;
     c->conn = NULL;
     c->stream = NULL;
     c->cancelled = 1;
+    run_cancel_hook(c);
   }
 }
 
@@ -330,6 +347,16 @@ uint64_t embps_net_call_deadline_ns(const embps_net_call_t *call) { return call-
 
 int embps_net_call_cancelled(const embps_net_call_t *call) {
   return call->cancelled || !call->conn || !call->stream;
+}
+
+int embps_net_call_on_cancel(embps_net_call_t *call, void (*fn)(void *arg), void *arg) {
+  if (embps_net_call_cancelled(call)) {
+    call->on_cancel = NULL;
+    return 1;
+  }
+  call->on_cancel = fn;
+  call->on_cancel_arg = arg;
+  return 0;
 }
 
 int embps_net_call_conn_shared(const embps_net_call_t *call) {

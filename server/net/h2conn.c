@@ -284,11 +284,9 @@ static int on_stream_close(nghttp2_session *session, int32_t stream_id, uint32_t
   if (!s)
     return 0;
   nghttp2_session_set_stream_user_data(session, stream_id, NULL);
-  if (s->call) {
-    s->call->stream = NULL;
-    s->call->cancelled = 1;
-  }
   embps__h2call_count_close(conn, s);
+  if (s->call) /* unanswered: its client reset the stream */
+    embps__h2call_cancel(s->call);
   stop_receiving(conn, s);
   /* Whatever of its reply is unsent is dropped now (a batch already taken keeps its own
    * reference until written), so the connection no longer holds it. */

@@ -97,6 +97,8 @@ struct embps_net_call {
   uint64_t deadline_ns;           /* its stream's, kept past the stream; 0: none */
   size_t reply_held;              /* embps_net_call_hold_reply's bytes, in conn->reply_bytes */
   embps__h2body_t *body;          /* a streamed reply being made: the call's reference */
+  void (*on_cancel)(void *arg);   /* embps_net_call_on_cancel's; NULL once run or none */
+  void *on_cancel_arg;
 };
 
 typedef struct embps__h2idq {
@@ -154,8 +156,12 @@ void embps__h2_refuse_encoding(embps__h2conn_t *conn, embps__h2stream_t *s, cons
 embps_net_call_t *embps__h2call_start(embps__h2conn_t *conn, embps__h2stream_t *s);
 
 /** Detaches every unanswered call of conn, which is going: each is counted CANCELLED and marked
- * cancelled, and its later answer is dropped. */
+ * cancelled, its cancel hook runs (embps_net_call_on_cancel), and its later answer is dropped. */
 void embps__h2call_detach_all(embps__h2conn_t *conn);
+
+/** The unanswered call of a stream that is closing (its client reset it) is cancelled: it is
+ * detached from the stream, marked cancelled and its cancel hook runs. */
+void embps__h2call_cancel(embps_net_call_t *call);
 
 /** Counts the call of s, whose stream is closing (or whose connection is going), in the
  * metrics, once: CANCELLED when it is not answered yet (the client reset the stream, or left);

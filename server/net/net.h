@@ -223,6 +223,18 @@ uint64_t embps_net_call_deadline_ns(const embps_net_call_t *call);
 /** Non-zero when the call's peer has gone (connection closed or stream reset). */
 int embps_net_call_cancelled(const embps_net_call_t *call);
 
+/**
+ * Asks to hear when the call's client goes before the call is answered: fn(arg) then runs once,
+ * on the loop thread, when the client resets the call's stream (it cancelled, or gave up at its
+ * deadline) or its connection closes, while the call is still unanswered. It never runs once the
+ * call is answered (answering forgets it), so arg need live only until the caller answers. fn
+ * runs inside the network layer's own work on the connection: it must not answer any call (this
+ * one stays valid and owed its answer, which is then dropped, as for any call whose client has
+ * gone). A second call replaces fn and arg; fn NULL forgets them. Returns 0, or 1 when the call
+ * is cancelled already (nothing is kept and fn never runs).
+ */
+int embps_net_call_on_cancel(embps_net_call_t *call, void (*fn)(void *arg), void *arg);
+
 /** Whether the call's connection carries other calls too: another stream is open, or another
  * reply's bytes wait to be written (0 when the client has gone). A reply that could leave in
  * pieces goes whole then: the calls already overlap each other's work, and pieces would only add

@@ -7,7 +7,9 @@
  * network layer writes without another copy, and which may begin to leave while the engine
  * fills the rest (on_lookup_progress). A push on a host backend reads its gradients where they
  * arrived, in the request's bytes (unpack_push). An async push is answered once it is ordered
- * (on_push_ordered), a sync one once it is applied. */
+ * (on_push_ordered), a sync one once it is applied. Both carry the client's digest of the whole
+ * batch and the attempt into the group, and a shard whose caller goes away while it waits is
+ * withdrawn from its batch (on_call_cancel). */
 #include <string.h>
 
 #include "common/alloc.h"
@@ -108,14 +110,30 @@ static embps_status_t validate_lookup(embps_service_t *svc, const Embps__V1__Loo
   return EMBPS_OK;
 }
 
+/* The caller of a lookup or push shard went away before it was answered (its stream was reset,
+ * or its connection closed): while its shard is parked, its batch is cancelled on every rank
+ * instead of waiting for, or joining, the other shards. The request lives until it is answered,
+ * and the network layer never calls this after. */
+static void on_call_cancel(void *arg) {
+  embps__svc_request_t *r = arg;
+  embps_group_withdraw(r->svc->group, &r->group_call);
+}
+
+/* The name of a lookup or push shard's batch, as its request carries it. */
+typedef struct batch_name {
+  uint64_t client_id, batch_id, digest;
+  uint32_t attempt, shard_index;
+} batch_name_t;
+
 /* The op of a validated lookup or push shard: this rank's tokens of table t. */
-static void set_batch(embps__svc_request_t *r, embps_op_kind_t kind, uint64_t client_id,
-                      uint64_t batch_id, uint32_t shard_index, embps_table_t *t,
-                      const ProtobufCBinaryData *tokens) {
+static void set_batch(embps__svc_request_t *r, embps_op_kind_t kind, const batch_name_t *name,
+                      embps_table_t *t, const ProtobufCBinaryData *tokens) {
   const size_t n = tokens->len / sizeof(int64_t);
-  r->shard_index = shard_index;
-  r->group_call.client_id = client_id;
-  r->group_call.batch_id = batch_id;
+  r->shard_index = name->shard_index;
+  r->group_call.client_id = name->client_id;
+  r->group_call.batch_id = name->batch_id;
+  r->group_call.digest = name->digest;
+  r->group_call.attempt = name->attempt;
   r->group_call.tokens_per_batch = (uint32_t)(n * embps_group_size(r->svc->group));
   r->group_call.deadline_ns = embps_net_call_deadline_ns(r->call);
   r->group_call.op.kind = kind;
@@ -203,12 +221,16 @@ void embps__svc_lookup(embps_service_t *svc, embps_net_call_t *call, const uint8
   }
   memcpy(r->reply, header, head);
   r->reply_len = head + rows_bytes;
-  set_batch(r, EMBPS_OP_LOOKUP, req->client_id, req->batch_id, req->shard_index, t, &req->tokens);
+  set_batch(
+      r, EMBPS_OP_LOOKUP,
+      &(batch_name_t){req->client_id, req->batch_id, req->digest, req->attempt, req->shard_index},
+      t, &req->tokens);
   r->group_call.op.rows_out = r->reply + head;
   r->reply_head = head;
   r->row_bytes = embps_table_config(t)->emb_width * embps_dtype_size(embps_table_config(t)->dtype);
   /* decided here too, so that a call that arrives beside others costs the engine no wakeups */
   r->group_call.progress = embps_net_call_conn_shared(call) ? NULL : on_lookup_progress;
+  embps_net_call_on_cancel(call, on_call_cancel, r);
   embps__svc_submit(r);
 }
 
@@ -240,6 +262,7 @@ static void push_done(embps__svc_request_t *r) {
   resp.skipped = r->group_call.op.skipped;
   resp.grad_norm = r->group_call.op.grad_norm;
   resp.num_unique = r->group_call.op.num_unique;
+  resp.replayed = r->group_call.replayed != 0;
   embps__svc_reply(r->call, &resp.base);
 }
 
@@ -323,7 +346,10 @@ void embps__svc_push(embps_service_t *svc, embps_net_call_t *call, const uint8_t
     embps_error_set(&err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
     goto fail;
   }
-  set_batch(r, EMBPS_OP_PUSH, req->client_id, req->batch_id, req->shard_index, t, &req->tokens);
+  set_batch(
+      r, EMBPS_OP_PUSH,
+      &(batch_name_t){req->client_id, req->batch_id, req->digest, req->attempt, req->shard_index},
+      t, &req->tokens);
   r->group_call.op.grads = grads.data;
   if (in_place) { /* msg is *owned: in_place found a field, so the message is not empty */
     r->wire = *owned;
@@ -331,6 +357,7 @@ void embps__svc_push(embps_service_t *svc, embps_net_call_t *call, const uint8_t
   }
   if (async)
     r->group_call.ordered = on_push_ordered;
+  embps_net_call_on_cancel(call, on_call_cancel, r);
   embps__svc_submit(r);
   return;
 fail:

@@ -76,6 +76,7 @@ typedef struct decoded {
   embps__device_claim_t claim;
   uint8_t nccl_id[EMBPS__NCCL_ID_BYTES];
   embps__ckpt_msg_t ckpt;
+  embps__withdraw_t withdraw;
 } decoded_t;
 
 static embps_status_t parse(uint8_t type, const uint8_t *p, size_t len, decoded_t *d) {
@@ -102,6 +103,9 @@ static embps_status_t parse(uint8_t type, const uint8_t *p, size_t len, decoded_
   case EMBPS__FRAME_CHECKPOINT:
     st = embps__parse_checkpoint(p, len, &d->ckpt, &err);
     break;
+  case EMBPS__FRAME_WITHDRAW:
+    st = embps__parse_withdraw(p, len, &d->withdraw, &err);
+    break;
   default:
     abort(); /* embps__frame_next passed a type it does not know */
   }
@@ -125,6 +129,8 @@ static embps_status_t encode(uint8_t type, const decoded_t *d, embps__buf_t *b) 
     return embps__frame_device(b, &d->claim, &err);
   case EMBPS__FRAME_NCCL_ID:
     return embps__frame_nccl_id(b, d->nccl_id, &err);
+  case EMBPS__FRAME_WITHDRAW:
+    return embps__frame_withdraw(b, &d->withdraw, &err);
   default:
     return embps__frame_checkpoint(b, &d->ckpt, &err);
   }

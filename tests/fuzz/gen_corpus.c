@@ -398,6 +398,8 @@ static void control_seeds(void) {
   d.batch_id = 12;
   d.kind = EMBPS_OP_PUSH;
   d.tokens_per_batch = 64;
+  d.digest = UINT64_C(0x9e3779b97f4a7c15);
+  d.attempt = 1;
   snprintf(d.table, sizeof(d.table), "emb");
   embps__frame_notice(&b, &d, &err);
 
@@ -407,7 +409,8 @@ static void control_seeds(void) {
   memset(e, 0, sizeof(e));
   memset(cfgs, 0, sizeof(cfgs));
   memset(ck, 0, sizeof(ck));
-  e[0] = (embps_round_entry_t){.batch_id = 12, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_PUSH};
+  e[0] = (embps_round_entry_t){
+      .batch_id = 12, .attempt = 1, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_PUSH};
   e[1] = (embps_round_entry_t){
       .batch_id = 13, .action = EMBPS_ROUND_RUN, .kind = EMBPS_OP_CREATE_TABLE};
   fuzz_ckpt_table(0, &cfgs[1]);
@@ -421,6 +424,9 @@ static void control_seeds(void) {
   snprintf(e[0].message, sizeof(e[0].message), "batch 12: shard 1 did not arrive");
   embps__frame_round(&b, e, cfgs, ck, 1, &err);
   embps__frame_broken(&b, "rank 2 left the group", &err);
+  embps__frame_leaving(&b, "rank 1 left the group (shutting down)", &err);
+  embps__withdraw_t w = {.client_id = 77, .batch_id = 12, .attempt = 1};
+  embps__frame_withdraw(&b, &w, &err);
   embps__device_claim_t claim = {.device = 1};
   snprintf(claim.host, sizeof(claim.host), "node-a");
   snprintf(claim.bus_id, sizeof(claim.bus_id), "0000:3b:00.0");

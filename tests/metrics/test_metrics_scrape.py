@@ -68,6 +68,10 @@ def main():
         assert v("embps_rounds_total") == 6 and v("embps_round_batches_total") == 6
         assert v("embps_round_phase_seconds_count", phase="compute") == 6
         assert v("embps_group_size") == 1 and v("embps_group_ready") == 1
+        for name in ("embps_group_batches_expired_total", "embps_group_batches_cancelled_total",
+                     "embps_group_shards_withdrawn_total",
+                     "embps_group_retries_deduplicated_total"):
+            assert v(name) == 0, name  # nothing expired, left or was retried here
         assert v("embps_group_backend_info", backend="cpu") == 1
         assert v("embps_checkpoint_last_round") == round_no
         assert v("embps_checkpoints_completed_total") == 1

@@ -186,19 +186,23 @@ static embps_batch_desc_t sample_notice(void) {
   d.table_id = 0x2a;
   d.has_deadline = 1;
   d.deadline_left_ms = 300;
+  d.digest = UINT64_C(0x2122232425262728);
+  d.attempt = 3;
   return d;
 }
 
 static void test_notice_round_trip_and_bytes(void **state) {
   /* clang-format off */
   static const uint8_t want[] = {
-      42, 0, 0, 0, EMBPS__FRAME_NOTICE,            /* length (type + payload), type */
+      54, 0, 0, 0, EMBPS__FRAME_NOTICE,            /* length (type + payload), type */
       0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, /* client_id, little-endian */
       8, 7, 6, 5, 4, 3, 2, 1,                      /* batch_id */
       EMBPS_OP_PUSH, 0, 0, 0, 0x00, 0x10, 0, 0, /* kind, tokens_per_batch 4096 */
       3, 'e', 'm', 'b',                            /* table */
       0x2a, 0, 0, 0, 0, 0, 0, 0,                   /* table_id */
-      1, 0x2c, 0x01, 0, 0};                        /* has a deadline, 300 ms left */
+      1, 0x2c, 0x01, 0, 0,                         /* has a deadline, 300 ms left */
+      0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21, /* digest */
+      3, 0, 0, 0};                                 /* attempt */
   /* clang-format on */
   embps_batch_desc_t d = sample_notice(), got;
   embps__buf_t b = {0};
@@ -213,16 +217,45 @@ static void test_notice_round_trip_and_bytes(void **state) {
   assert_int_equal(embps__parse_notice(f.p, f.len, &got, &err), EMBPS_OK);
   assert_memory_equal(&got, &d, sizeof(d));
   /* A deadline flag other than 0 or 1, or time left without the flag, is malformed. */
-  b.data[EMBPS__FRAME_HEADER_LEN + f.len - 5] = 2;
+  b.data[EMBPS__FRAME_HEADER_LEN + f.len - 17] = 2;
   assert_int_equal(embps__parse_notice(f.p, f.len, &got, &err), EMBPS_INVALID_ARGUMENT);
   assert_non_null(strstr(err.message, "deadline flag 2"));
-  b.data[EMBPS__FRAME_HEADER_LEN + f.len - 5] = 0;
+  b.data[EMBPS__FRAME_HEADER_LEN + f.len - 17] = 0;
   assert_int_equal(embps__parse_notice(f.p, f.len, &got, &err), EMBPS_INVALID_ARGUMENT);
-  b.data[EMBPS__FRAME_HEADER_LEN + f.len - 5] = 1;
+  b.data[EMBPS__FRAME_HEADER_LEN + f.len - 17] = 1;
   /* A name that fills the whole field has no room for its NUL: refused. */
   memset(d.table, 'x', sizeof(d.table));
   assert_int_equal(embps__frame_notice(&b, &d, &err), EMBPS_INVALID_ARGUMENT);
   assert_int_equal(b.len, sizeof(want)); /* unchanged */
+  embps__buf_free(&b);
+}
+
+/* WITHDRAW: the batch's client id, id and attempt, byte for byte, and back. */
+static void test_withdraw_round_trip_and_bytes(void **state) {
+  /* clang-format off */
+  static const uint8_t want[] = {
+      21, 0, 0, 0, EMBPS__FRAME_WITHDRAW,              /* length (type + payload), type */
+      0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, /* client_id, little-endian */
+      8, 7, 6, 5, 4, 3, 2, 1,                         /* batch_id */
+      2, 0, 0, 0};                                    /* attempt */
+  /* clang-format on */
+  embps__withdraw_t w = {.client_id = UINT64_C(0x1112131415161718),
+                         .batch_id = UINT64_C(0x0102030405060708),
+                         .attempt = 2},
+                    got;
+  embps__buf_t b = {0};
+  embps_error_t err;
+  frame_t f;
+  (void)state;
+  assert_int_equal(embps__frame_withdraw(&b, &w, &err), EMBPS_OK);
+  assert_int_equal(b.len, sizeof(want));
+  assert_memory_equal(b.data, want, sizeof(want));
+  f = split_frame(&b);
+  assert_int_equal(f.type, EMBPS__FRAME_WITHDRAW);
+  assert_int_equal(embps__parse_withdraw(f.p, f.len, &got, &err), EMBPS_OK);
+  assert_memory_equal(&got, &w, sizeof(w));
+  assert_int_equal(embps__parse_withdraw(f.p, f.len - 1, &got, &err), EMBPS_INVALID_ARGUMENT);
+  assert_contains(err.message, "malformed WITHDRAW frame");
   embps__buf_free(&b);
 }
 
@@ -257,6 +290,7 @@ static size_t sample_round(embps_round_entry_t *e, embps_table_config_t *c) {
   memset(sample_ckpts, 0, sizeof(sample_ckpts));
   e[0] = (embps_round_entry_t){.client_id = UINT64_C(0xfedcba9876543210),
                                .batch_id = 7,
+                               .attempt = 0x01020304,
                                .action = EMBPS_ROUND_RUN,
                                .kind = EMBPS_OP_LOOKUP};
   e[1] = (embps_round_entry_t){
@@ -297,6 +331,7 @@ static void test_round_round_trip(void **state) {
   for (size_t i = 0; i < n; i++) {
     assert_true(got[i].client_id == e[i].client_id);
     assert_int_equal(got[i].batch_id, e[i].batch_id);
+    assert_int_equal(got[i].attempt, e[i].attempt);
     assert_int_equal(got[i].action, e[i].action);
     assert_int_equal(got[i].kind, e[i].kind);
     assert_int_equal(got[i].status, e[i].status);
@@ -348,11 +383,12 @@ static void test_round_create_settings(void **state) {
   config_fill(&c);
   assert_int_equal(embps__frame_round(&b, &e, &c, NULL, 1, &err), EMBPS_OK);
   f = split_frame(&b);
-  /* count u32, then the entry: client_id, batch_id, action, kind, status, message length u16 */
-  assert_int_equal(f.len, 4 + 30 + 1 + 8 + TABLE_FIELDS_LAYOUT_BYTES);
-  assert_int_equal(f.p[34], 8);
-  assert_memory_equal(f.p + 35, "settings", 8);
-  assert_table_fields_bytes(f.p + 43, &c);
+  /* count u32, then the entry: client_id, batch_id, attempt, action, kind, status, message
+   * length u16 */
+  assert_int_equal(f.len, 4 + 34 + 1 + 8 + TABLE_FIELDS_LAYOUT_BYTES);
+  assert_int_equal(f.p[38], 8);
+  assert_memory_equal(f.p + 39, "settings", 8);
+  assert_table_fields_bytes(f.p + 47, &c);
   memset(got_c, 0xa5, sizeof(got_c));
   assert_int_equal(embps__parse_round(f.p, f.len, got, got_c, got_k, 1, &got_n, &err), EMBPS_OK);
   assert_int_equal(got_n, 1);
@@ -466,6 +502,7 @@ static embps_status_t parse_any(uint8_t type, const uint8_t *p, size_t len, embp
   static embps__ckpt_order_t ckpts[EMBPS__ROUND_MAX];
   embps__ckpt_msg_t m;
   embps_batch_desc_t d;
+  embps__withdraw_t w;
   embps__device_claim_t c;
   uint8_t id[EMBPS__NCCL_ID_BYTES];
   char why[EMBPS__BROKEN_MAX + 1];
@@ -482,6 +519,8 @@ static embps_status_t parse_any(uint8_t type, const uint8_t *p, size_t len, embp
     return embps__parse_broken(p, len, why, sizeof(why), err);
   case EMBPS__FRAME_DEVICE:
     return embps__parse_device(p, len, &c, err);
+  case EMBPS__FRAME_WITHDRAW:
+    return embps__parse_withdraw(p, len, &w, err);
   default:
     return embps__parse_nccl_id(p, len, id, err);
   }
@@ -495,6 +534,7 @@ static void all_frames(embps__buf_t *frames) {
   embps__device_claim_t claim = {.host = "h", .bus_id = "b", .device = 0};
   uint8_t id[EMBPS__NCCL_ID_BYTES] = {1};
   embps__ckpt_msg_t m = {.what = EMBPS__CKPT_COMPLETE, .seq = 3, .round = 9, .bytes = 1 << 20};
+  embps__withdraw_t w = {.client_id = 1, .batch_id = 2, .attempt = 3};
   size_t n = sample_round(e, c);
   snprintf(m.path, sizeof(m.path), "/ckpt/ckpt-00000000000000000009");
   assert_int_equal(embps__frame_notice(&frames[0], &d, NULL), EMBPS_OK);
@@ -502,15 +542,16 @@ static void all_frames(embps__buf_t *frames) {
   assert_int_equal(embps__frame_device(&frames[2], &claim, NULL), EMBPS_OK);
   assert_int_equal(embps__frame_nccl_id(&frames[3], id, NULL), EMBPS_OK);
   assert_int_equal(embps__frame_checkpoint(&frames[4], &m, NULL), EMBPS_OK);
+  assert_int_equal(embps__frame_withdraw(&frames[5], &w, NULL), EMBPS_OK);
 }
 
 static void test_truncated_and_oversized_payloads(void **state) {
-  embps__buf_t frames[5] = {{0}};
+  embps__buf_t frames[6] = {{0}};
   uint8_t bigger[4096];
   embps_error_t err;
   (void)state;
   all_frames(frames);
-  for (int k = 0; k < 5; k++) {
+  for (int k = 0; k < 6; k++) {
     frame_t f = split_frame(&frames[k]);
     assert_int_equal(parse_any(f.type, f.p, f.len, &err), EMBPS_OK);
     for (size_t cut = 0; cut < f.len; cut++) {
@@ -553,12 +594,12 @@ static void test_bad_fields(void **state) {
   expect_field_refused(&b, 24, 1, 2, "bytes after its last field");
   b.len = 0;
   assert_int_equal(embps__frame_round(&b, e, c, sample_ckpts, sample_round(e, c), NULL), EMBPS_OK);
-  /* entry 0 starts at 4: client_id 8, batch_id 8, action 4, kind 4, status 4, message
-   * length 2 */
-  expect_field_refused(&b, 20, 4, 7, "action 7");
-  expect_field_refused(&b, 24, 4, 9, "batch kind 9");
-  expect_field_refused(&b, 28, 4, 99, "status 99");
-  expect_field_refused(&b, 32, 2, 400, "message length 400");
+  /* entry 0 starts at 4: client_id 8, batch_id 8, attempt 4, action 4, kind 4, status 4,
+   * message length 2 */
+  expect_field_refused(&b, 24, 4, 7, "action 7");
+  expect_field_refused(&b, 28, 4, 9, "batch kind 9");
+  expect_field_refused(&b, 32, 4, 99, "status 99");
+  expect_field_refused(&b, 36, 2, 400, "message length 400");
   expect_field_refused(&b, 0, 4, SAMPLE_ROUND_LEN + 1, "cut short"); /* more entries than sent */
   b.len = 0;
   assert_int_equal(embps__frame_device(&b, &claim, NULL), EMBPS_OK);
@@ -612,9 +653,13 @@ static void test_frame_headers(void **state) {
   memcpy(header, "\1\0\0\0\0", 5);
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_INVALID_ARGUMENT);
   assert_contains(err.message, "unknown type 0");
-  memcpy(header, "\1\0\0\0\10", 5);
+  memcpy(header, "\1\0\0\0\11", 5);
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_INVALID_ARGUMENT);
-  assert_contains(err.message, "unknown type 8");
+  assert_contains(err.message, "unknown type 9");
+  memcpy(header, "\x15\0\0\0\10", 5); /* WITHDRAW: 20 bytes of payload */
+  assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_OK);
+  assert_int_equal(type, EMBPS__FRAME_WITHDRAW);
+  assert_int_equal(len, 20);
   memcpy(header, "\1\0\0\0\7", 5); /* an empty LEAVING frame is fine */
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_OK);
   assert_int_equal(type, EMBPS__FRAME_LEAVING);
@@ -639,7 +684,7 @@ static void test_garbage(void **state) {
       junk[0] = (uint8_t)(rand_r(&seed) % 4);
       junk[1] = junk[2] = junk[3] = 0;
     }
-    for (uint8_t type = EMBPS__FRAME_NOTICE; type <= EMBPS__FRAME_LEAVING; type++) {
+    for (uint8_t type = EMBPS__FRAME_NOTICE; type <= EMBPS__FRAME_WITHDRAW; type++) {
       embps_status_t st = parse_any(type, junk, len, &err);
       assert_true(st == EMBPS_OK || st == EMBPS_INVALID_ARGUMENT);
     }
@@ -700,6 +745,7 @@ int main(void) {
       cmocka_unit_test(test_round_round_trip),
       cmocka_unit_test(test_round_create_settings),
       cmocka_unit_test(test_checkpoint_round_trip),
+      cmocka_unit_test(test_withdraw_round_trip_and_bytes),
       cmocka_unit_test(test_broken_device_nccl_round_trip),
       cmocka_unit_test(test_truncated_and_oversized_payloads),
       cmocka_unit_test(test_bad_fields),

@@ -1,4 +1,5 @@
-/* The sequencer: rounds in completion order, disagreement, deadlines, late shards, creates. */
+/* The sequencer: rounds in completion order, disagreement (digests too), deadlines, late shards,
+ * attempts, withdrawals, creates. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -273,6 +274,189 @@ static void test_many_batches_bounded_round(void **state) {
   embps_sequencer_free(s);
 }
 
+/* Attempts of one batch are different batches: a retry (attempt + 1) never joins a shard of the
+ * attempt before it, and the failure of one attempt is not the next one's. */
+static void test_attempts(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  embps_batch_desc_t a0 = desc(7, EMBPS_OP_PUSH, 8, "t"), a1 = a0;
+  (void)state;
+  a0.client_id = a1.client_id = 42;
+  a1.attempt = 1;
+  assert_int_equal(embps_sequencer_new(&s, 2, 100), EMBPS_OK);
+  embps_sequencer_arrive(s, 0, &a0, 0);
+  embps_sequencer_arrive(s, 1, &a1, 1);
+  assert_int_equal(embps_sequencer_pending(s), 2); /* not joined */
+  assert_int_equal(embps_sequencer_next_round(s, 2, e, 8), 0);
+  assert_int_equal(embps_sequencer_next_round(s, 100, e, 8), 1); /* attempt 0 expires */
+  assert_int_equal(e[0].attempt, 0);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  embps_sequencer_arrive(s, 0, &a1, 50); /* attempt 1 is whole and runs */
+  assert_int_equal(embps_sequencer_next_round(s, 51, e, 8), 1);
+  assert_int_equal(e[0].action, EMBPS_ROUND_RUN);
+  assert_int_equal(e[0].attempt, 1);
+  assert_true(e[0].client_id == 42);
+  /* A late shard of attempt 0 still fails at once; attempt 2 is new. */
+  embps_sequencer_arrive(s, 1, &a0, 60);
+  assert_int_equal(embps_sequencer_next_round(s, 61, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  assert_int_equal(e[0].attempt, 0);
+  a1.attempt = 2;
+  embps_sequencer_arrive(s, 1, &a1, 62);
+  assert_int_equal(embps_sequencer_next_round(s, 63, e, 8), 0);
+  assert_int_equal(embps_sequencer_pending(s), 1);
+  embps_sequencer_free(s);
+}
+
+/* Shards whose digests differ (one without a digest too) fail on every rank with
+ * INVALID_ARGUMENT, naming the batch, the client and the ranks that sent another digest than the
+ * lowest rank's, whatever order they came in; equal digests run. */
+static void test_digest_disagreement(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  embps_batch_desc_t a = desc(7, EMBPS_OP_PUSH, 9, "t"), other;
+  (void)state;
+  a.client_id = 0xabc;
+  a.digest = UINT64_C(0x1122334455667788);
+  other = a;
+  other.digest = 5;
+  assert_int_equal(embps_sequencer_new(&s, 3, 1000), EMBPS_OK);
+  embps_sequencer_arrive(s, 2, &other, 0); /* the odd one first */
+  embps_sequencer_arrive(s, 0, &a, 1);
+  assert_int_equal(embps_sequencer_next_round(s, 2, e, 8), 0); /* waits for every shard */
+  embps_sequencer_arrive(s, 1, &a, 3);
+  assert_int_equal(embps_sequencer_next_round(s, 4, e, 8), 1);
+  assert_int_equal(e[0].action, EMBPS_ROUND_FAIL);
+  assert_int_equal(e[0].status, EMBPS_INVALID_ARGUMENT);
+  assert_string_equal(e[0].message,
+                      "shards of batch 7 (client 0xabc) disagree on the batch's content: rank 0's "
+                      "digest is 0x1122334455667788, rank(s) 2 sent another; send every rank its "
+                      "shard of the same batch");
+  /* A late report of the failed batch fails at once with the same words. */
+  embps_sequencer_arrive(s, 2, &a, 5);
+  assert_int_equal(embps_sequencer_next_round(s, 6, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(e[0].message, "rank(s) 2 sent another"));
+
+  /* One shard without a digest disagrees with those that have one. */
+  a.batch_id = other.batch_id = 8;
+  other.digest = 0;
+  embps_sequencer_arrive(s, 0, &other, 10);
+  embps_sequencer_arrive(s, 1, &a, 11);
+  embps_sequencer_arrive(s, 2, &a, 12);
+  assert_int_equal(embps_sequencer_next_round(s, 13, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(e[0].message, "rank 0's shard carries no digest, rank(s) 1,2 sent one"));
+
+  /* Equal digests, and none at all, run. */
+  a.batch_id = 9;
+  for (uint32_t r = 0; r < 3; r++)
+    embps_sequencer_arrive(s, r, &a, 20);
+  other.batch_id = 10;
+  for (uint32_t r = 0; r < 3; r++)
+    embps_sequencer_arrive(s, r, &other, 21);
+  assert_int_equal(embps_sequencer_next_round(s, 22, e, 8), 2);
+  assert_int_equal(e[0].action, EMBPS_ROUND_RUN);
+  assert_int_equal(e[1].action, EMBPS_ROUND_RUN);
+
+  /* Disagreeing digests on an incomplete batch: the expiry says so, not "did not arrive". */
+  a.batch_id = other.batch_id = 11;
+  other.digest = 6;
+  embps_sequencer_arrive(s, 0, &a, 30);
+  embps_sequencer_arrive(s, 1, &other, 31);
+  assert_int_equal(embps_sequencer_next_round(s, 1030, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(e[0].message, "rank(s) 1 sent another"));
+  embps_sequencer_free(s);
+}
+
+/* A withdrawal fails a pending batch with CANCELLED on every rank (and its later shards at once)
+ * and leaves alone what is already queued to run, failed, or unknown; the counts follow. */
+static void test_withdraw(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  embps_sequencer_counts_t c;
+  embps_batch_desc_t a = desc(7, EMBPS_OP_PUSH, 8, "t"), b = desc(8, EMBPS_OP_LOOKUP, 8, "t");
+  (void)state;
+  a.client_id = b.client_id = 3;
+  assert_int_equal(embps_sequencer_new(&s, 2, 1000), EMBPS_OK);
+  embps_sequencer_arrive(s, 0, &a, 0);
+  assert_int_equal(embps_sequencer_withdraw(s, 0, 3, 7, 1, 1), 0); /* another attempt */
+  assert_int_equal(embps_sequencer_withdraw(s, 0, 4, 7, 0, 1), 0); /* another client */
+  assert_int_equal(embps_sequencer_pending(s), 1);
+  assert_int_equal(embps_sequencer_withdraw(s, 0, 3, 7, 0, 2), 1);
+  assert_int_equal(embps_sequencer_pending(s), 0);
+  assert_int_equal(embps_sequencer_next_round(s, 3, e, 8), 1);
+  assert_int_equal(e[0].action, EMBPS_ROUND_FAIL);
+  assert_int_equal(e[0].status, EMBPS_CANCELLED);
+  assert_true(e[0].client_id == 3);
+  assert_string_equal(e[0].message,
+                      "batch 7 was cancelled before it was ordered: its caller on rank 0 reset the "
+                      "stream (the client cancelled or gave up); it ran on no rank");
+  /* The sibling that comes after is failed at once, the same way. */
+  embps_sequencer_arrive(s, 1, &a, 4);
+  assert_int_equal(embps_sequencer_next_round(s, 5, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_CANCELLED);
+  assert_non_null(strstr(e[0].message, "its caller on rank 0 reset the stream"));
+  /* Withdrawing it again changes nothing. */
+  assert_int_equal(embps_sequencer_withdraw(s, 1, 3, 7, 0, 6), 0);
+  assert_int_equal(embps_sequencer_next_round(s, 7, e, 8), 0);
+  /* The retry (attempt 1) is a new batch and runs. */
+  a.attempt = 1;
+  embps_sequencer_arrive(s, 1, &a, 8);
+  embps_sequencer_arrive(s, 0, &a, 9);
+  /* Once queued to run, a batch runs as ordered. */
+  embps_sequencer_arrive(s, 0, &b, 10);
+  embps_sequencer_arrive(s, 1, &b, 11);
+  assert_int_equal(embps_sequencer_withdraw(s, 1, 3, 8, 0, 12), 0);
+  assert_int_equal(embps_sequencer_next_round(s, 13, e, 8), 2);
+  assert_int_equal(e[0].action, EMBPS_ROUND_RUN);
+  assert_int_equal(e[0].attempt, 1);
+  assert_int_equal(e[1].action, EMBPS_ROUND_RUN);
+  assert_int_equal(e[1].batch_id, 8);
+  b.batch_id = 10; /* one that expires, for the counts */
+  embps_sequencer_arrive(s, 0, &b, 22);
+  assert_int_equal(embps_sequencer_next_round(s, 1022, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  /* A withdrawal that comes once the batch's expiry has passed (before the leader said so): the
+   * deadline it is, not a cancellation. */
+  b.batch_id = 11;
+  b.has_deadline = 1;
+  b.deadline_left_ms = 50;
+  embps_sequencer_arrive(s, 0, &b, 2000);
+  assert_int_equal(embps_sequencer_withdraw(s, 0, 3, 11, 0, 2050), 0);
+  assert_int_equal(embps_sequencer_next_round(s, 2050, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_DEADLINE_EXCEEDED);
+  assert_non_null(strstr(e[0].message, "the deadline its caller set (grpc-timeout) passed"));
+  embps_sequencer_counts(s, &c);
+  assert_int_equal(c.cancelled, 1);
+  assert_int_equal(c.expired, 2);
+  embps_sequencer_free(s);
+}
+
+/* A batch whose shards already disagree keeps its INVALID_ARGUMENT when withdrawn: its callers
+ * learn what was wrong, and it is not counted as cancelled. */
+static void test_withdraw_disagreeing(void **state) {
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  embps_sequencer_counts_t c;
+  embps_batch_desc_t a = desc(9, EMBPS_OP_PUSH, 9, "t"), b = a;
+  (void)state;
+  a.digest = 2;
+  b.digest = 1;
+  assert_int_equal(embps_sequencer_new(&s, 3, 1000), EMBPS_OK);
+  embps_sequencer_arrive(s, 0, &a, 0);
+  embps_sequencer_arrive(s, 1, &b, 1);
+  assert_int_equal(embps_sequencer_withdraw(s, 1, 0, 9, 0, 2), 0);
+  assert_int_equal(embps_sequencer_pending(s), 0);
+  assert_int_equal(embps_sequencer_next_round(s, 3, e, 8), 1);
+  assert_int_equal(e[0].status, EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(e[0].message, "rank(s) 1 sent another"));
+  embps_sequencer_counts(s, &c);
+  assert_int_equal(c.cancelled, 0);
+  embps_sequencer_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_completion_order),
@@ -284,6 +468,10 @@ int main(void) {
       cmocka_unit_test(test_create_needs_leader_only),
       cmocka_unit_test(test_table_id_and_drop),
       cmocka_unit_test(test_many_batches_bounded_round),
+      cmocka_unit_test(test_attempts),
+      cmocka_unit_test(test_digest_disagreement),
+      cmocka_unit_test(test_withdraw),
+      cmocka_unit_test(test_withdraw_disagreeing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -799,6 +799,53 @@ static void test_answer_after_teardown(void **state) {
   server_fini(&sv);
 }
 
+/* embps_net_call_on_cancel: the hook runs once when the client resets an unanswered call's
+ * stream or its connection goes, never for a call answered first, never twice, and not for a
+ * call already cancelled when it is asked. */
+static int cancels[4];
+static void on_cancel(void *arg) { cancels[(int)(intptr_t)arg]++; }
+
+static void test_cancel_hook(void **state) {
+  server_t sv;
+  h2c_t c;
+  size_t plen;
+  memset(cancels, 0, sizeof(cancels));
+  server_init(&sv, 1 << 20);
+  h2c_init(&c, 1);
+  uint8_t *p = h2c_frame(0, "abc", 3, &plen);
+  for (int i = 0; i < 4; i++)
+    h2c_request(&c, PATH, CT, p, plen, 0, plen);
+  pump(&c, &sv);
+  assert_int_equal(sv.ncalls, 4);
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(embps_net_call_on_cancel(sv.calls[i], on_cancel, (void *)(intptr_t)i), 0);
+  /* Call 1 is answered: its hook is forgotten. */
+  uint8_t *body = malloc(8);
+  embps_net_call_reply(sv.calls[1], body, 8, count_release, body);
+  pump(&c, &sv);
+  /* Stream 0 is reset: its hook runs once, and the call stays owed an answer. */
+  nghttp2_submit_rst_stream(c.session, NGHTTP2_FLAG_NONE, c.streams[0].id, NGHTTP2_CANCEL);
+  pump(&c, &sv);
+  assert_int_equal(cancels[0], 1);
+  assert_int_equal(cancels[1], 0);
+  assert_true(embps_net_call_cancelled(sv.calls[0]));
+  assert_int_equal(embps_net_call_on_cancel(sv.calls[0], on_cancel, (void *)0), 1);
+  /* Call 3 forgets its hook; the connection goes: call 2's runs, and call 0's not again. */
+  assert_int_equal(embps_net_call_on_cancel(sv.calls[3], NULL, NULL), 0);
+  embps__h2conn_free(sv.conn);
+  sv.conn = NULL;
+  assert_int_equal(cancels[0], 1);
+  assert_int_equal(cancels[2], 1);
+  assert_int_equal(cancels[3], 0);
+  for (int i = 0; i < 4; i++)
+    if (i != 1)
+      embps_net_call_fail(sv.calls[i], EMBPS_CANCELLED, "gone");
+  assert_int_equal(cancels[0] + cancels[1] + cancels[2] + cancels[3], 2);
+  free(p);
+  h2c_free(&c);
+  server_fini(&sv);
+}
+
 /* A batch written after its stream is gone still owns the body it points at. */
 static void test_batch_outlives_connection(void **state) {
   server_t sv;
@@ -1279,6 +1326,7 @@ int main(void) {
       cmocka_unit_test(test_compressed_request),
       cmocka_unit_test(test_percent_encoding),
       cmocka_unit_test(test_answer_after_teardown),
+      cmocka_unit_test(test_cancel_hook),
       cmocka_unit_test(test_batch_outlives_connection),
       cmocka_unit_test(test_phases),
       cmocka_unit_test(test_streamed_reply),

@@ -133,6 +133,22 @@ uint64_t embps_net_call_deadline_ns(const embps_net_call_t *call) {
   return fake.deadline_ns;
 }
 
+int embps_net_call_on_cancel(embps_net_call_t *call, void (*fn)(void *arg), void *arg) {
+  FAKE_CHECK(call->answers == 0); /* the hook of an answered call is gone */
+  call->on_cancel = fn;
+  call->on_cancel_arg = arg;
+  return 0;
+}
+
+void fake_cancel(embps_net_call_t *call) {
+  void (*fn)(void *) = call->on_cancel;
+  if (call->answers)
+    return; /* answered: the net forgot the hook */
+  call->on_cancel = NULL;
+  if (fn)
+    fn(call->on_cancel_arg);
+}
+
 void embps_net_get_stats(const embps_net_t *net, embps_net_stats_t *out) {
   (void)net;
   memset(out, 0, sizeof(*out));
@@ -161,6 +177,12 @@ void embps_group_checkpoint(embps_group_t *group, embps_group_call_t *call,
   FAKE_CHECK(fake.num_queued < (int)(sizeof(fake.queued) / sizeof(fake.queued[0])));
   call->ckpt = req;
   fake.queued[fake.num_queued++] = call;
+}
+
+void embps_group_withdraw(embps_group_t *group, embps_group_call_t *call) {
+  (void)group;
+  fake.withdrawn++;
+  fake.last_withdrawn = call;
 }
 
 embps_group_state_t embps_group_state(embps_group_t *group, char *message, size_t cap) {

@@ -31,6 +31,9 @@ struct embps_net_call {
   uint8_t *announced;
   void (*stream_release)(void *);
   void *stream_release_arg;
+  /* embps_net_call_on_cancel's hook: what the net would run if the client went (fake_cancel) */
+  void (*on_cancel)(void *arg);
+  void *on_cancel_arg;
 };
 
 /** What the fakes answer and what they saw. fake_reset sets the defaults noted. */
@@ -63,6 +66,9 @@ typedef struct fake_world {
   /* calls submitted (ops and checkpoints) and not yet run */
   embps_group_call_t *queued[64];
   int num_queued;
+  /* calls the service withdrew (embps_group_withdraw), the last one */
+  int withdrawn;
+  embps_group_call_t *last_withdrawn;
   /* the last push the engine ran: where its gradients were, and a copy of them (malloc'd) */
   const void *pushed_grads;
   uint8_t *pushed_copy;
@@ -83,6 +89,9 @@ void fake_fail_queued(embps_status_t status, const char *msg);
 /** Runs the queued calls as the group and the engine would: each is ordered, then run (its op
  * by the engine, a checkpoint by the group), then done. */
 void fake_run_engine(void);
+
+/** The call's client goes before it is answered: runs its cancel hook, as the net would. */
+void fake_cancel(embps_net_call_t *call);
 
 /** Frees what the fake net kept of a call's reply. */
 void fake_call_release(embps_net_call_t *call);

@@ -388,6 +388,61 @@ static void test_deadline_reaches_the_group(void **state) {
   assert_int_equal(embps_service_inflight(svc), 0);
 }
 
+/* A lookup's and a push's shard carry their batch's digest and attempt into the group; a shard
+ * whose caller goes away before it is answered is withdrawn (once, and never after its answer);
+ * a push the group answers from its retry window says `replayed`. */
+static void test_digest_attempt_and_withdrawal(void **state) {
+  embps_net_call_t c;
+  Embps__V1__PushGradientsRequest req = EMBPS__V1__PUSH_GRADIENTS_REQUEST__INIT;
+  Embps__V1__PushGradientsResponse *resp;
+  Embps__V1__LookupRequest lreq = EMBPS__V1__LOOKUP_REQUEST__INIT;
+  int64_t tokens[] = {1, 2};
+  float g[8] = {0};
+  (void)state;
+  create(&c, "wd", 10, 4);
+  fake_call_release(&c);
+  req.table = lreq.table = "wd";
+  req.tokens.data = (uint8_t *)tokens;
+  req.tokens.len = sizeof(tokens);
+  req.gradients.data = (uint8_t *)g;
+  req.gradients.len = sizeof(g);
+  req.client_id = lreq.client_id = 99;
+  req.batch_id = lreq.batch_id = 5;
+  req.digest = lreq.digest = UINT64_C(0xfeedfacecafebeef);
+  req.attempt = lreq.attempt = 2;
+  lreq.tokens = req.tokens;
+  call(&c, "/embps.v1.EmbeddingService/Lookup", &lreq.base);
+  assert_int_equal(fake.num_queued, 1);
+  assert_true(fake.queued[0]->digest == UINT64_C(0xfeedfacecafebeef));
+  assert_int_equal(fake.queued[0]->attempt, 2);
+  fake_cancel(&c);
+  assert_int_equal(fake.withdrawn, 1);
+  assert_ptr_equal(fake.last_withdrawn, fake.queued[0]);
+  fake_cancel(&c); /* the net runs the hook once */
+  assert_int_equal(fake.withdrawn, 1);
+  fake_fail_queued(EMBPS_CANCELLED, "batch 5 was cancelled before it was ordered");
+  assert_int_equal(c.status, EMBPS_CANCELLED);
+  fake_call_release(&c);
+
+  call(&c, "/embps.v1.EmbeddingService/PushGradients", &req.base);
+  assert_int_equal(fake.num_queued, 1);
+  assert_true(fake.queued[0]->client_id == 99 && fake.queued[0]->batch_id == 5);
+  assert_true(fake.queued[0]->digest == UINT64_C(0xfeedfacecafebeef));
+  assert_int_equal(fake.queued[0]->attempt, 2);
+  fake.queued[0]->replayed = 1; /* as the group sets it for a push it answers from its window */
+  fake_run_engine();
+  assert_int_equal(c.status, EMBPS_OK);
+  resp = embps__v1__push_gradients_response__unpack(NULL, c.len, c.body);
+  assert_non_null(resp);
+  assert_true(resp->replayed);
+  assert_true(resp->applied);
+  embps__v1__push_gradients_response__free_unpacked(resp, NULL);
+  fake_cancel(&c); /* answered: nothing is withdrawn */
+  assert_int_equal(fake.withdrawn, 1);
+  fake_call_release(&c);
+  assert_int_equal(embps_service_inflight(svc), 0);
+}
+
 /* On a host backend a push's gradients are read where they arrived, inside the request's bytes
  * (which the request then keeps until it is done); with the CUDA backend they are unpacked into
  * the pool. Either way the op sees the same gradients and the fields after them (mode). A
@@ -676,6 +731,7 @@ int main(void) {
       cmocka_unit_test(test_reply_limits),
       cmocka_unit_test(test_async_push_answered_when_ordered),
       cmocka_unit_test(test_deadline_reaches_the_group),
+      cmocka_unit_test(test_digest_attempt_and_withdrawal),
       cmocka_unit_test(test_push_gradients_in_place),
       cmocka_unit_test(test_async_push_every_optimizer),
       cmocka_unit_test(test_allocation_failures),
