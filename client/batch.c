@@ -2,6 +2,13 @@
  * (group.c plans it, padding it when the client pads), every shard sent with the same batch id
  * on its rank's connection as one stream of the call.
  *
+ * Identity and retries: every shard carries the digest of the whole batch (common/digest.h:
+ * the table, T and every shard's tokens, padding included) and the attempt number. When an
+ * attempt fails in a way retry.h calls retryable, call.c has batch_send() send every shard
+ * again with the next attempt number and the same batch id and digest, so the servers never
+ * join shards of different attempts, and a push whose first attempt was applied is answered
+ * with that attempt's result (replayed) instead of being applied twice.
+ *
  * Lookup replies never pass through protobuf-c: each rank's LookupResponse is parsed as it
  * arrives and its rows land directly at that shard's offset in the caller's buffer (rows of
  * padding tokens fall past the caller's n rows and are dropped by the parser's capacity).
@@ -11,6 +18,9 @@
 #include <string.h>
 
 #include "client/client_internal.h"
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/digest.h"
 #include "embps/v1/embps.pb-c.h"
 
 enum batch_kind { LOOKUP, PUSH };
@@ -65,6 +75,7 @@ static embps_status_t push_join(embps_call_t *call) {
     res.applied &= m->applied != 0;
     res.ordered &= m->ordered != 0;
     res.skipped |= m->skipped != 0;
+    res.replayed |= m->replayed != 0;
     if (i == 0) {
       res.grad_norm = m->grad_norm;
       res.num_unique = m->num_unique;
@@ -98,7 +109,81 @@ static embps_status_t batch_check(embps_client_t *c, const char *what, const cha
   return EMBPS_OK;
 }
 
-/* Starts a lookup or push: one stream per rank with that rank's token shard. */
+/* Sends every shard of the call's batch for call->attempt: one stream per rank with that rank's
+ * token shard (call.c's send). On failure the shards sent are withdrawn (call->failed). */
+static embps_status_t batch_send(embps_call_t *call) {
+  embps_client_t *c = call->client;
+  const embps__batch_req_t *b = &call->batch;
+  const char *path = b->is_push ? EMBPS__PATH_PREFIX "PushGradients" : EMBPS__PATH_PREFIX "Lookup";
+  embps_error_t err;
+  embps_status_t st;
+
+  for (uint32_t r = 0; r < c->group_size; r++) {
+    embps__shard_t *sh = &call->shards[r];
+    embps__batch_fields_t f;
+    embps__seg_t segs[EMBPS__MAX_SEGS];
+    uint64_t first, real, pad;
+    int ns = 0;
+
+    embps__shard_range(&b->plan, r, &first, &real, &pad);
+    memset(&f, 0, sizeof(f));
+    f.table = b->table;
+    f.client_id = c->client_id;
+    f.batch_id = call->batch_id;
+    f.shard_index = r;
+    f.shard_count = c->group_size;
+    f.tokens_per_batch = (uint32_t)b->plan.tokens_per_batch;
+    f.tokens_bytes = b->plan.shard_tokens * sizeof(int64_t);
+    f.is_push = b->is_push;
+    f.dtype = b->is_push ? b->dtype : 0;
+    f.grads_bytes = b->plan.shard_tokens * b->row_bytes;
+    f.mode = b->mode;
+    f.digest = b->digest;
+    f.attempt = call->attempt;
+    embps_error_clear(&err);
+    st = embps__batch_frame_build(&sh->frame, &f, &err);
+    if (st != EMBPS_OK) {
+      embps__client_fail_err(c, &err);
+      return embps__call_attempt_failed(call, &c->last);
+    }
+    segs[ns++] = (embps__seg_t){sh->frame.head, sh->frame.head_len};
+    if (real)
+      segs[ns++] = (embps__seg_t){(const uint8_t *)(b->tokens + first), real * sizeof(int64_t)};
+    if (pad)
+      segs[ns++] = (embps__seg_t){NULL, pad * sizeof(int64_t)};
+    if (sh->frame.mid_len)
+      segs[ns++] = (embps__seg_t){sh->frame.mid, sh->frame.mid_len};
+    if (b->is_push) {
+      if (real)
+        segs[ns++] =
+            (embps__seg_t){(const uint8_t *)b->grads + first * b->row_bytes, real * b->row_bytes};
+      if (pad)
+        segs[ns++] = (embps__seg_t){NULL, pad * b->row_bytes};
+    } else {
+      /* A new parser each attempt: rows of an earlier one are written again. */
+      embps__lookup_parser_init(&sh->parser, (uint8_t *)b->out + first * b->row_bytes,
+                                (size_t)(real * b->row_bytes), b->plan.shard_tokens * b->row_bytes,
+                                b->row_bytes);
+    }
+    if (sh->frame.tail_len) /* a push's mode; the client id, digest and attempt of either */
+      segs[ns++] = (embps__seg_t){sh->frame.tail, sh->frame.tail_len};
+    st = embps__shard_submit(call, sh, path, segs, ns);
+    if (st != EMBPS_OK)
+      return embps__call_attempt_failed(call, &c->last);
+    if (!b->is_push) {
+      sh->stream->sink = lookup_sink;
+      sh->stream->sink_arg = sh;
+      sh->stream->sink_finish = lookup_finish;
+      sh->stream->sink_direct = lookup_direct;
+    }
+  }
+  embps__call_kick(call);
+  return EMBPS_OK;
+}
+
+/* Starts a lookup or push: checks it, plans it, computes its digest and sends its first attempt.
+ * A first attempt that could not be sent for a retryable reason (a rank that cannot be reached)
+ * is the call's to retry when retries are on; any other failure fails the start. */
 static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const char *table,
                                   const int64_t *tokens, size_t n, void *out, const void *grads,
                                   size_t bytes, int dtype, int mode, embps_push_result_t *result,
@@ -108,7 +193,7 @@ static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const
   uint64_t row_bytes = 0;
   embps_status_t st;
   embps_call_t *call;
-  embps_error_t err;
+  embps__verdict_t v = {0, 0, 0};
 
   st = batch_check(c, what, table, tokens, n, kind == LOOKUP ? out : grads, bytes, &plan,
                    &row_bytes);
@@ -123,75 +208,39 @@ static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const
         "push: %llu gradient bytes per token is not a whole number of %s values",
         (unsigned long long)row_bytes, embps_dtype_name(dtype));
   call = embps__call_new(c, c->group_size);
-  if (!call)
+  if (!call || !(call->batch.table = embps_strdup(table))) {
+    if (call)
+      embps__call_free(call);
     return embps__client_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  }
   call->batch_id = c->next_batch_id++;
   call->push_result = result;
   if (kind == PUSH)
     call->join = push_join;
-  for (uint32_t r = 0; r < c->group_size; r++) {
-    embps__shard_t *sh = &call->shards[r];
-    embps__batch_fields_t f;
-    embps__seg_t segs[EMBPS__MAX_SEGS];
-    uint64_t first, real, pad;
-    int ns = 0;
-
-    embps__shard_range(&plan, r, &first, &real, &pad);
-    memset(&f, 0, sizeof(f));
-    f.table = table;
-    f.client_id = c->client_id;
-    f.batch_id = call->batch_id;
-    f.shard_index = r;
-    f.shard_count = c->group_size;
-    f.tokens_per_batch = (uint32_t)plan.tokens_per_batch;
-    f.tokens_bytes = plan.shard_tokens * sizeof(int64_t);
-    f.is_push = kind == PUSH;
-    f.dtype = kind == PUSH ? dtype : 0;
-    f.grads_bytes = plan.shard_tokens * row_bytes;
-    f.mode = mode;
-    embps_error_clear(&err);
-    st = embps__batch_frame_build(&sh->frame, &f, &err);
-    if (st != EMBPS_OK) {
-      embps__client_fail_err(c, &err);
-      goto fail;
-    }
-    segs[ns++] = (embps__seg_t){sh->frame.head, sh->frame.head_len};
-    if (real)
-      segs[ns++] = (embps__seg_t){(const uint8_t *)(tokens + first), real * sizeof(int64_t)};
-    if (pad)
-      segs[ns++] = (embps__seg_t){NULL, pad * sizeof(int64_t)};
-    if (sh->frame.mid_len)
-      segs[ns++] = (embps__seg_t){sh->frame.mid, sh->frame.mid_len};
-    if (kind == PUSH) {
-      if (real)
-        segs[ns++] = (embps__seg_t){(const uint8_t *)grads + first * row_bytes, real * row_bytes};
-      if (pad)
-        segs[ns++] = (embps__seg_t){NULL, pad * row_bytes};
-    } else {
-      embps__lookup_parser_init(&sh->parser, (uint8_t *)out + first * row_bytes,
-                                (size_t)(real * row_bytes), plan.shard_tokens * row_bytes,
-                                row_bytes);
-    }
-    if (sh->frame.tail_len) /* a push's mode; the client id of either */
-      segs[ns++] = (embps__seg_t){sh->frame.tail, sh->frame.tail_len};
-    st = embps__shard_submit(
-        call, sh, kind == LOOKUP ? EMBPS__PATH_PREFIX "Lookup" : EMBPS__PATH_PREFIX "PushGradients",
-        segs, ns);
-    if (st != EMBPS_OK)
-      goto fail;
-    if (kind == LOOKUP) {
-      sh->stream->sink = lookup_sink;
-      sh->stream->sink_arg = sh;
-      sh->stream->sink_finish = lookup_finish;
-      sh->stream->sink_direct = lookup_direct;
-    }
+  call->send = batch_send;
+  call->max_attempts = c->max_attempts;
+  call->attempt_timeout_ms = c->attempt_timeout_ms;
+  /* The first attempt's bounds; a deadline of 1 ms may pass right here, and then the first
+   * advance of the call ends it. */
+  embps__attempt_bounds((int64_t)embps_now_ms(), call->deadline, call->attempt_timeout_ms,
+                        &call->attempt_deadline, &call->attempt_timeout);
+  call->batch.is_push = kind == PUSH;
+  call->batch.tokens = tokens;
+  call->batch.out = out;
+  call->batch.grads = grads;
+  call->batch.row_bytes = row_bytes;
+  call->batch.plan = plan;
+  call->batch.dtype = kind == PUSH ? dtype : 0;
+  call->batch.mode = kind == PUSH ? mode : 0;
+  call->batch.digest = embps_batch_digest_padded(table, (uint32_t)plan.tokens_per_batch, tokens, n);
+  st = batch_send(call);
+  embps__verdict_add(&v, st);
+  if (st != EMBPS_OK && (call->max_attempts < 2 || !embps__verdict_retryable(&v))) {
+    embps__call_free(call); /* the failure stays the client's last error */
+    return st;
   }
-  embps__call_kick(call);
   *out_call = call;
   return EMBPS_OK;
-fail:
-  embps__call_free(call); /* resets the shards already sent */
-  return st;
 }
 
 embps_status_t embps_lookup_start(embps_client_t *client, const char *table, const int64_t *tokens,

@@ -38,6 +38,7 @@ embps_status_t embps__client_fail_err(embps_client_t *c, const embps_error_t *er
 void embps_client_options_init(embps_client_options_t *opts) {
   memset(opts, 0, sizeof(*opts));
   opts->connect_timeout_ms = 10000;
+  opts->max_attempts = EMBPS__DEFAULT_MAX_ATTEMPTS;
 }
 
 const char *embps_client_last_error(const embps_client_t *client) { return client->last.message; }
@@ -140,6 +141,13 @@ embps_status_t embps_client_connect(embps_client_t **out, const char *servers,
                           opts->group_size, n);
     goto fail;
   }
+  if (opts->max_attempts > EMBPS__MAX_ATTEMPTS) {
+    ret = embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                          "max_attempts=%u is over %u: give a number of attempts from 1 (no "
+                          "retry) to %u",
+                          opts->max_attempts, EMBPS__MAX_ATTEMPTS, EMBPS__MAX_ATTEMPTS);
+    goto fail;
+  }
   if (opts->token && opts->token[0]) {
     ret = authorization_new(opts->token, &c->authorization, err);
     if (ret != EMBPS_OK)
@@ -149,6 +157,9 @@ embps_status_t embps_client_connect(embps_client_t **out, const char *servers,
   c->deadline_ms = opts->deadline_ms > 0 ? opts->deadline_ms : 0;
   c->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 10000;
   c->pad = opts->pad_batches != 0;
+  c->max_attempts = opts->max_attempts ? opts->max_attempts : EMBPS__DEFAULT_MAX_ATTEMPTS;
+  c->attempt_timeout_ms = opts->attempt_timeout_ms > 0 ? opts->attempt_timeout_ms : 0;
+  c->jitter = random_u64();
   c->next_batch_id = random_base();
   /* Batch ids are scoped by the client id on the server, so this client's never collide with
    * another's; never 0, which means "no client id". */

@@ -2,8 +2,10 @@
  * call objects, and the functions one file offers the others. Internal (embps__ prefix).
  *
  *   client.c  the client object: connect, free, options, the last error
- *   call.c    calls in flight: one stream per shard, pipelining, waiting, decoding replies
- *   batch.c   lookups and pushes: a batch split into one token shard per rank
+ *   call.c    calls in flight: one stream per shard, pipelining, waiting, decoding replies, and
+ *             a batch's attempts (the rules of retry.c)
+ *   batch.c   lookups and pushes: a batch split into one token shard per rank, its digest, and
+ *             the requests of each attempt
  *   admin.c   the unary admin calls (tables, stats, health, checkpoint) */
 #ifndef EMBPS_CLIENT_INTERNAL_H
 #define EMBPS_CLIENT_INTERNAL_H
@@ -14,6 +16,7 @@
 
 #include "client/conn.h"
 #include "client/group.h"
+#include "client/retry.h"
 #include "client/wire.h"
 #include "common/dtype.h"
 #include "common/status.h"
@@ -30,6 +33,9 @@ struct embps_client {
   uint32_t group_size; /* == number of addresses */
   int64_t deadline_ms;
   int64_t connect_timeout_ms;
+  uint32_t max_attempts;      /* of a lookup or push; 1: no retry */
+  int64_t attempt_timeout_ms; /* each attempt's own bound; 0: what the deadline leaves */
+  uint64_t jitter;            /* the backoff's random sequence (splitmix64 state) */
   int pad;
   uint64_t next_batch_id;
   uint64_t client_id; /* random, never 0: sent with every batch (the scope of its ids) */
@@ -47,14 +53,41 @@ typedef struct embps__shard {
   embps__lookup_parser_t parser;
 } embps__shard_t;
 
+/** What a lookup or push needs to send (and send again) its requests: the caller's arrays,
+ * borrowed until the call is waited for, and the batch's plan and identity. */
+typedef struct embps__batch_req {
+  int is_push;
+  char *table;           /* a copy, owned by the call: every attempt encodes it */
+  const int64_t *tokens; /* the caller's n tokens */
+  void *out;             /* lookup: the caller's buffer of rows */
+  const void *grads;     /* push: the caller's gradient rows */
+  uint64_t row_bytes;    /* bytes of one row of out or grads */
+  embps__batch_plan_t plan;
+  int dtype; /* push */
+  int mode;  /* push */
+  uint64_t digest;
+} embps__batch_req_t;
+
 struct embps_call {
   embps_client_t *client;
   uint64_t batch_id;
-  int64_t deadline; /* CLOCK_MONOTONIC ms; 0: none */
+  int64_t deadline;         /* the whole call's, CLOCK_MONOTONIC ms; 0: none */
+  int64_t attempt_deadline; /* the current attempt's (never past deadline); 0: none */
+  int64_t attempt_timeout;  /* the grpc-timeout its shards send, in ms; 0: none */
+  uint32_t attempt;         /* the current attempt: 0 for the first */
+  uint32_t max_attempts;    /* 1 for every call but a lookup's or push's */
+  int64_t attempt_timeout_ms;
+  int64_t retry_at;     /* > 0: the attempt failed, and the next one starts then */
+  int final;            /* the outcome is settled (the current attempt's): no attempt follows */
+  embps_error_t failed; /* a failure of the attempt that no stream carries (a request not sent) */
   uint32_t nshards;
-  uint32_t pending;
-  uint8_t *req; /* a unary request, shared by the shards */
+  uint32_t pending; /* streams of the current attempt still running */
+  uint8_t *req;     /* a unary request, shared by the shards */
   embps_push_result_t *push_result;
+  /* (Re)sends every shard of a batch for call->attempt; NULL for calls that are not retried.
+   * On failure the shards it sent are withdrawn and call->failed says why. */
+  embps_status_t (*send)(embps_call_t *call);
+  embps__batch_req_t batch;
   /* Run by embps_call_wait once every shard succeeded, to join the ranks' replies (a push's
    * result); NULL when there is nothing to join. */
   embps_status_t (*join)(embps_call_t *call);
@@ -74,25 +107,37 @@ embps_status_t embps__client_fail_err(embps_client_t *c, const embps_error_t *er
 /* ---- call.c ---- */
 
 /** A call of nshards shards (shard i for rank i until the caller says otherwise) on the
- * client's list of calls in flight, with the client's deadline from now. NULL when out of
- * memory. Freed with embps__call_free(). */
+ * client's list of calls in flight, with the client's deadline from now and one attempt bounded
+ * by it. NULL when out of memory. Freed with embps__call_free(). */
 embps_call_t *embps__call_new(embps_client_t *c, uint32_t nshards);
 
 /** Resets the call's open streams, takes it off the client's list and frees it. */
 void embps__call_free(embps_call_t *call);
 
-/** Creates shard sh's stream for path with the request segs, submits it on the shard's rank,
- * and counts it as pending. Failures are recorded as the client's last error. */
+/** Creates shard sh's stream for path with the request segs, submits it on the shard's rank
+ * (reconnecting it first if it was lost, within the connect timeout and what the attempt has
+ * left), with the attempt's grpc-timeout, and counts it as pending. Failures are recorded as
+ * the client's last error, naming the rank in a group of more than one. */
 embps_status_t embps__shard_submit(embps_call_t *call, embps__shard_t *sh, const char *path,
                                    const embps__seg_t *segs, int nsegs);
+
+/** Withdraws the current attempt after a failure that no stream carries: records err (the
+ * client's last error) as call->failed, resets the streams already submitted (their servers
+ * withdraw those shards) and forgets them. Returns err's status. */
+embps_status_t embps__call_attempt_failed(embps_call_t *call, const embps_error_t *err);
 
 /** Sends what the call's connections can take now. */
 void embps__call_kick(embps_call_t *call);
 
-/** Moves I/O until every stream of call has finished or the deadline passes. Does not free. */
+/** Moves I/O, and starts the call's later attempts when the rules of retry.h say so, until the
+ * call's outcome is settled (every stream of its last attempt has finished, or its deadline
+ * passed). Does not free. */
 void embps__call_run(embps_call_t *call);
 
-/** The call's status: the first failing shard's, in rank order, recorded as the last error. */
+/** The call's status, recorded as the last error: its last attempt's failure that no stream
+ * carries, else its first failing shard's in rank order, one that is not CANCELLED first (a
+ * shard the servers cancelled because a sibling was lost says less than the loss). After more
+ * than one attempt the message says how many were made. */
 embps_status_t embps__call_status(embps_call_t *call);
 
 /** Unpacks rank's reply, gathered in s's buffer, as a message of type desc, to be freed with

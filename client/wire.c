@@ -25,7 +25,7 @@
 
 /* ---- protobuf encoding ---- */
 
-/* Field key: number << 3 | wire type (EMBPS_WIRE_VARINT, EMBPS_WIRE_LEN). */
+/* Field key: number << 3 | wire type (EMBPS_WIRE_VARINT, EMBPS_WIRE_I64, EMBPS_WIRE_LEN). */
 static size_t put_key(uint8_t *p, unsigned field, unsigned wire_type) {
   return embps_varint_put(p, (uint64_t)field << 3 | wire_type);
 }
@@ -36,6 +36,16 @@ static size_t put_varint_field(uint8_t *p, unsigned field, uint64_t v) {
     return 0; /* proto3: a zero scalar is not encoded */
   n = put_key(p, field, EMBPS_WIRE_VARINT);
   return n + embps_varint_put(p + n, v);
+}
+
+static size_t put_fixed64_field(uint8_t *p, unsigned field, uint64_t v) {
+  size_t n;
+  if (v == 0)
+    return 0;
+  n = put_key(p, field, EMBPS_WIRE_I64);
+  for (int i = 0; i < 8; i++)
+    p[n + i] = (uint8_t)(v >> (8 * i)); /* fixed64 is little-endian */
+  return n + 8;
 }
 
 void embps__grpc_prefix(uint8_t out[5], uint32_t len) {
@@ -90,6 +100,14 @@ embps_status_t embps__batch_frame_build(embps__batch_frame_t *out, const embps__
                                     f->is_push ? EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_CLIENT_ID
                                                : EMBPS_WIRE_LOOKUP_REQUEST_CLIENT_ID,
                                     f->client_id);
+  out->tail_len += put_fixed64_field(out->tail + out->tail_len,
+                                     f->is_push ? EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_DIGEST
+                                                : EMBPS_WIRE_LOOKUP_REQUEST_DIGEST,
+                                     f->digest);
+  out->tail_len += put_varint_field(out->tail + out->tail_len,
+                                    f->is_push ? EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_ATTEMPT
+                                               : EMBPS_WIRE_LOOKUP_REQUEST_ATTEMPT,
+                                    f->attempt);
   body = (out->head_len - 5) + f->tokens_bytes + out->mid_len + (f->is_push ? f->grads_bytes : 0) +
          out->tail_len;
   if (body > UINT32_MAX)

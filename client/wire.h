@@ -25,6 +25,8 @@ typedef struct embps__batch_fields {
   uint64_t grads_bytes;  /* length of the gradients field */
   int mode;
   uint64_t client_id; /* 0: omitted */
+  uint64_t digest;    /* the whole batch's (common/digest.h), the same on every shard; 0: omitted */
+  uint32_t attempt;   /* 0 for the first try of the batch, one more for each retry */
 } embps__batch_fields_t;
 
 /** The encoded request around its two bulk fields: the message is
@@ -35,7 +37,7 @@ typedef struct embps__batch_frame {
   size_t head_len;
   uint8_t mid[32];
   size_t mid_len;
-  uint8_t tail[32];
+  uint8_t tail[48]; /* mode, client_id, digest, attempt: at most 2 + 11 + 9 + 6 bytes */
   size_t tail_len;
   uint64_t total; /* bytes of the whole gRPC frame, prefix included */
 } embps__batch_frame_t;

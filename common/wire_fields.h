@@ -8,9 +8,10 @@
 #ifndef EMBPS_WIRE_FIELDS_H
 #define EMBPS_WIRE_FIELDS_H
 
-/** Protobuf wire types: a varint scalar (integers, enums, bools) and a length-delimited field
- * (string, bytes, message). */
+/** Protobuf wire types: a varint scalar (integers, enums, bools), a fixed 8-byte one (fixed64,
+ * double) and a length-delimited field (string, bytes, message). */
 #define EMBPS_WIRE_VARINT 0
+#define EMBPS_WIRE_I64 1
 #define EMBPS_WIRE_LEN 2
 
 /**
@@ -20,7 +21,7 @@
  *  - descriptor: the protobuf-c prefix of the message's C names (the test reaches
  *    descriptor##__descriptor); nothing else expands it.
  *  - message, field: the message's full name and the field's name as the .proto spells them.
- *  - number: the field number; wire_type: EMBPS_WIRE_VARINT or EMBPS_WIRE_LEN.
+ *  - number: the field number; wire_type: EMBPS_WIRE_VARINT, EMBPS_WIRE_I64 or EMBPS_WIRE_LEN.
  */
 #define EMBPS_WIRE_FIELDS(X)                                                                       \
   X(LOOKUP_REQUEST_TABLE, embps__v1__lookup_request, "embps.v1.LookupRequest", "table", 1,         \
@@ -38,6 +39,10 @@
   X(LOOKUP_REQUEST_DTYPE, embps__v1__lookup_request, "embps.v1.LookupRequest", "dtype", 7,         \
     EMBPS_WIRE_VARINT)                                                                             \
   X(LOOKUP_REQUEST_CLIENT_ID, embps__v1__lookup_request, "embps.v1.LookupRequest", "client_id", 8, \
+    EMBPS_WIRE_VARINT)                                                                             \
+  X(LOOKUP_REQUEST_DIGEST, embps__v1__lookup_request, "embps.v1.LookupRequest", "digest", 9,       \
+    EMBPS_WIRE_I64)                                                                                \
+  X(LOOKUP_REQUEST_ATTEMPT, embps__v1__lookup_request, "embps.v1.LookupRequest", "attempt", 10,    \
     EMBPS_WIRE_VARINT)                                                                             \
   X(PUSH_GRADIENTS_REQUEST_TABLE, embps__v1__push_gradients_request,                               \
     "embps.v1.PushGradientsRequest", "table", 1, EMBPS_WIRE_LEN)                                   \
@@ -59,6 +64,12 @@
     "embps.v1.PushGradientsRequest", "mode", 9, EMBPS_WIRE_VARINT)                                 \
   X(PUSH_GRADIENTS_REQUEST_CLIENT_ID, embps__v1__push_gradients_request,                           \
     "embps.v1.PushGradientsRequest", "client_id", 10, EMBPS_WIRE_VARINT)                           \
+  X(PUSH_GRADIENTS_REQUEST_DIGEST, embps__v1__push_gradients_request,                              \
+    "embps.v1.PushGradientsRequest", "digest", 11, EMBPS_WIRE_I64)                                 \
+  X(PUSH_GRADIENTS_REQUEST_ATTEMPT, embps__v1__push_gradients_request,                             \
+    "embps.v1.PushGradientsRequest", "attempt", 12, EMBPS_WIRE_VARINT)                             \
+  X(PUSH_GRADIENTS_RESPONSE_REPLAYED, embps__v1__push_gradients_response,                          \
+    "embps.v1.PushGradientsResponse", "replayed", 8, EMBPS_WIRE_VARINT)                            \
   X(LOOKUP_RESPONSE_BATCH_ID, embps__v1__lookup_response, "embps.v1.LookupResponse", "batch_id",   \
     1, EMBPS_WIRE_VARINT)                                                                          \
   X(LOOKUP_RESPONSE_SHARD_INDEX, embps__v1__lookup_response, "embps.v1.LookupResponse",            \

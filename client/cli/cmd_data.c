@@ -135,11 +135,13 @@ int embps_cli_cmd_push(const char *cmd, embps_cli_flag_t *f, const char *name) {
     embps_cli_call_failed(cmd, c, st);
     goto exit;
   }
+  /* replayed=1 only when a retry found the push applied already, so the usual line stays. */
   if (embps_cli_flag(f, "--async"))
-    printf("ordered=%d applied=%d skipped=%d\n", res.ordered, res.applied, res.skipped);
+    printf("ordered=%d applied=%d skipped=%d%s\n", res.ordered, res.applied, res.skipped,
+           res.replayed ? " replayed=1" : "");
   else
-    printf("applied=%d skipped=%d grad_norm=%.9g num_unique=%llu\n", res.applied, res.skipped,
-           res.grad_norm, (unsigned long long)res.num_unique);
+    printf("applied=%d skipped=%d grad_norm=%.9g num_unique=%llu%s\n", res.applied, res.skipped,
+           res.grad_norm, (unsigned long long)res.num_unique, res.replayed ? " replayed=1" : "");
   rc = 0;
 exit:
   free(grads);

@@ -19,6 +19,8 @@
 enum {
   S_SERVERS,
   S_DEADLINE,
+  S_MAX_ATTEMPTS,
+  S_ATTEMPT_TIMEOUT,
   S_CONNECT_TIMEOUT,
   S_PAD,
   S_TOKEN_FILE,
@@ -33,7 +35,16 @@ static embps_cli_setting_t settings[S_COUNT] = {
     [S_SERVERS] = {"--servers", "EMBPS_SERVERS", "127.0.0.1:7070",
                    "HOST:PORT[,HOST:PORT...] of every rank, in rank order", 0, NULL},
     [S_DEADLINE] = {"--deadline-ms", "EMBPS_DEADLINE_MS", "0",
-                    "deadline of each call in milliseconds (0: none)", 0, NULL},
+                    "deadline of each call in milliseconds, its retries included (0: none)", 0,
+                    NULL},
+    [S_MAX_ATTEMPTS] = {"--max-attempts", "EMBPS_MAX_ATTEMPTS", "4",
+                        "most attempts of a lookup or push, retried on UNAVAILABLE or "
+                        "DEADLINE_EXCEEDED (1: no retry)",
+                        0, NULL},
+    [S_ATTEMPT_TIMEOUT] = {"--attempt-timeout-ms", "EMBPS_ATTEMPT_TIMEOUT_MS", "0",
+                           "each attempt's own deadline in milliseconds, within --deadline-ms "
+                           "(0: none)",
+                           0, NULL},
     [S_CONNECT_TIMEOUT] = {"--connect-timeout-ms", "EMBPS_CONNECT_TIMEOUT_MS", "10000",
                            "deadline of connecting to each server, in milliseconds", 0, NULL},
     [S_PAD] = {"--pad", "EMBPS_PAD", "0",
@@ -111,6 +122,14 @@ int embps_cli_settings_apply(void) {
                           sizeof(err)) != 0)
     return embps_cli_usage_error("options", err);
   g_opts.deadline_ms = (int64_t)v;
+  if (embps_cli_parse_u64("--max-attempts", settings[S_MAX_ATTEMPTS].value, 1, 100, &v, err,
+                          sizeof(err)) != 0)
+    return embps_cli_usage_error("options", err);
+  g_opts.max_attempts = (uint32_t)v;
+  if (embps_cli_parse_u64("--attempt-timeout-ms", settings[S_ATTEMPT_TIMEOUT].value, 0, INT64_MAX,
+                          &v, err, sizeof(err)) != 0)
+    return embps_cli_usage_error("options", err);
+  g_opts.attempt_timeout_ms = (int64_t)v;
   if (embps_cli_parse_u64("--connect-timeout-ms", settings[S_CONNECT_TIMEOUT].value, 1, INT64_MAX,
                           &v, err, sizeof(err)) != 0)
     return embps_cli_usage_error("options", err);

@@ -115,7 +115,7 @@ main() {
   find_missing() {
     missing=()
     command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
-    for m in libuv libnghttp2 libprotobuf-c cmocka libisal libmicrohttpd openssl; do
+    for m in libuv libnghttp2 libprotobuf-c cmocka libisal libmicrohttpd openssl libxxhash; do
       command -v pkg-config >/dev/null 2>&1 && pkg-config --exists "$m" 2>/dev/null || missing+=("$m")
     done
     command -v protoc-c >/dev/null 2>&1 || missing+=(protoc-c)

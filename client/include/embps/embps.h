@@ -14,7 +14,8 @@
  *
  * Ordering: calls on one client are sent in the order they were started, with increasing
  * batch ids, and each request's body is sent whole before the next one's starts, so a server
- * sees them in that order on every connection.
+ * sees them in that order on every connection. A retried lookup or push (see max_attempts) is
+ * sent again, whole, when its backoff ends, after the calls started since.
  *
  * Errors: every function that can fail returns an embps_status_t (values are gRPC status
  * codes). The message of the last failure, including the server's grpc-message, is kept by
@@ -53,9 +54,12 @@ typedef enum embps_push_mode {
   EMBPS_PUSH_ASYNC = 1, /* the reply comes once the update is ordered */
 } embps_push_mode_t;
 
-/** Client options. Initialize with embps_client_options_init() and change what you need. */
+/** Client options. Initialize with embps_client_options_init() and change what you need. A
+ * field left zero means its default, so a zero-filled struct is the defaults too. */
 typedef struct embps_client_options {
-  /** Deadline of every call in milliseconds (sent as grpc-timeout too); 0: none. */
+  /** Deadline of every call in milliseconds, counted from its start: it bounds the whole call,
+   * retries and their backoff included, and each attempt sends what is left of it as
+   * grpc-timeout. 0: none. */
   int64_t deadline_ms;
   /** Deadline of connecting to each server (and learning the group size); 0: 10000 ms. */
   int64_t connect_timeout_ms;
@@ -84,6 +88,19 @@ typedef struct embps_client_options {
   /** The name every server's certificate must carry (a DNS name or an IP address), for
    * addresses that differ from it (a load balancer, an IP); NULL: each address's host. */
   const char *tls_server_name;
+  /** Each attempt's own deadline in milliseconds, within deadline_ms: an attempt that passes it
+   * is cancelled and, when attempts are left, retried. 0 (the default): an attempt may use all
+   * that deadline_ms leaves. Negative values count as 0. */
+  int64_t attempt_timeout_ms;
+  /** Most attempts of a lookup or push, the first one included: a batch that fails with
+   * UNAVAILABLE or DEADLINE_EXCEEDED (a lost connection, a group shutting down or broken, an
+   * attempt's timeout), while time is left, is sent again whole, every shard, with the same
+   * batch id and digest and the next attempt number, after a backoff (20 ms doubling to 1 s,
+   * jittered). A push is therefore applied at most once: a retry of one the group applied
+   * already is answered with the first result (embps_push_result_t.replayed). 1: no retry.
+   * 0: the default, 4. Over 100 fails the connect with EMBPS_INVALID_ARGUMENT. Other calls
+   * (tables, stats, checkpoints) are not retried. */
+  uint32_t max_attempts;
 } embps_client_options_t;
 
 /** A table's specification: what embps_create_table() takes and embps_list_tables() and
@@ -110,9 +127,11 @@ typedef struct embps_table_spec {
 
 /** The reply to a push, joined over the group's ranks. */
 typedef struct embps_push_result {
-  int applied;         /* 1: the update was applied (sync) */
-  int skipped;         /* 1: a non-finite gradient gated the whole step; nothing changed */
-  int ordered;         /* 1: async push ordered, not yet applied */
+  int applied;  /* 1: the update was applied (sync) */
+  int skipped;  /* 1: a non-finite gradient gated the whole step; nothing changed */
+  int ordered;  /* 1: async push ordered, not yet applied */
+  int replayed; /* 1: a retry of a push the group had applied already: nothing was applied again,
+                   and the other fields are the first attempt's answer */
   double grad_norm;    /* L2 norm of the summed gradients (sync only) */
   uint64_t num_unique; /* distinct non-padding tokens in the batch (sync only) */
 } embps_push_result_t;
@@ -154,7 +173,7 @@ typedef struct embps_rank_stats {
 } embps_rank_stats_t;
 
 /** Fills opts with the defaults (no deadline, 10 s connect timeout, no padding, learn the
- * group size). */
+ * group size, no token, cleartext, 4 attempts for a lookup or push, no attempt timeout). */
 EMBPS_EXPORT void embps_client_options_init(embps_client_options_t *opts);
 
 /** Connects to every server of a shard group.
@@ -188,7 +207,8 @@ EMBPS_EXPORT embps_status_t embps_client_last_status(const embps_client_t *clien
 /** The group size (number of ranks) the client works with. */
 EMBPS_EXPORT uint32_t embps_client_group_size(const embps_client_t *client);
 
-/** Sets the deadline of later calls in milliseconds; 0: none. */
+/** Sets the deadline of later calls in milliseconds; 0: none. (Retries stay as the options
+ * set them, within this deadline.) */
 EMBPS_EXPORT void embps_client_set_deadline(embps_client_t *client, int64_t deadline_ms);
 
 /** Sets whether later batches are padded to a multiple of the group size (see
@@ -236,7 +256,8 @@ EMBPS_EXPORT embps_status_t embps_list_tables(embps_client_t *client, embps_tabl
 /** Frees an array from embps_list_tables(), names included. NULL is a no-op. */
 EMBPS_EXPORT void embps_tables_free(embps_table_spec_t *tables, size_t n);
 
-/** Looks up the rows of n tokens of table, blocking until they arrive.
+/** Looks up the rows of n tokens of table, blocking until they arrive, retrying the batch on
+ * UNAVAILABLE and DEADLINE_EXCEEDED as options.max_attempts allows (within deadline_ms).
  *
  * tokens: n token ids, read during the call. out: the caller's buffer of out_bytes =
  * n * emb_width * dtype size bytes, which receives one full row per token, in token order,
@@ -250,9 +271,12 @@ EMBPS_EXPORT embps_status_t embps_lookup(embps_client_t *client, const char *tab
                                          size_t out_bytes);
 
 /** Starts a lookup without waiting (see embps_lookup()). tokens and out must stay valid and
- * untouched until embps_call_wait() returns for *call. On success *call is a handle that
- * must be finished with embps_call_wait() or dropped with embps_call_cancel(); on failure
- * *call is untouched and the status is one of embps_lookup()'s (validation errors). */
+ * untouched until embps_call_wait() returns for *call (a retry sends tokens again and rewrites
+ * out). On success *call is a handle that must be finished with embps_call_wait() or dropped
+ * with embps_call_cancel(); on failure *call is untouched and the status is one of
+ * embps_lookup()'s (validation errors; a rank that cannot be reached when retries are off).
+ * Retries (options.max_attempts) happen while embps_call_wait(), embps_call_test() or
+ * embps_call_wait_for() runs for this call, and are sent after calls started later. */
 EMBPS_EXPORT embps_status_t embps_lookup_start(embps_client_t *client, const char *table,
                                                const int64_t *tokens, size_t n, void *out,
                                                size_t out_bytes, embps_call_t **call);
@@ -260,9 +284,13 @@ EMBPS_EXPORT embps_status_t embps_lookup_start(embps_client_t *client, const cha
 /** Pushes gradients for n tokens of table, blocking until the reply arrives.
  *
  * grads: n full-width rows of dtype (grad_bytes = n * emb_width * dtype size bytes), read
- * during the call. result, if not NULL, receives the joined reply. Returns EMBPS_OK;
- * EMBPS_INVALID_ARGUMENT (shape or dtype mismatch); EMBPS_NOT_FOUND; EMBPS_UNAVAILABLE;
- * EMBPS_DEADLINE_EXCEEDED; EMBPS_INTERNAL; or another status the server returns. */
+ * during the call. result, if not NULL, receives the joined reply. A push that fails with
+ * UNAVAILABLE or DEADLINE_EXCEEDED is retried as options.max_attempts allows, with the same
+ * batch id and digest, so it is applied at most once (result->replayed says a retry found it
+ * applied). Returns EMBPS_OK; EMBPS_INVALID_ARGUMENT (shape or dtype mismatch); EMBPS_NOT_FOUND;
+ * EMBPS_UNAVAILABLE or EMBPS_DEADLINE_EXCEEDED (the last attempt's: the update may or may not
+ * have been applied, see docs/c-library.md); EMBPS_INTERNAL; or another status the server
+ * returns. */
 EMBPS_EXPORT embps_status_t embps_push(embps_client_t *client, const char *table,
                                        const int64_t *tokens, size_t n, const void *grads,
                                        size_t grad_bytes, embps_dtype_t dtype,
@@ -270,20 +298,22 @@ EMBPS_EXPORT embps_status_t embps_push(embps_client_t *client, const char *table
 
 /** Starts a push without waiting (see embps_push()). tokens, grads and result must stay
  * valid until embps_call_wait() returns for *call; result is written then. On failure *call
- * is untouched. */
+ * is untouched. Retries happen as for embps_lookup_start(). */
 EMBPS_EXPORT embps_status_t embps_push_start(embps_client_t *client, const char *table,
                                              const int64_t *tokens, size_t n, const void *grads,
                                              size_t grad_bytes, embps_dtype_t dtype,
                                              embps_push_mode_t mode, embps_push_result_t *result,
                                              embps_call_t **call);
 
-/** Waits for a call to finish, moving I/O for every connection of its client meanwhile, and
- * frees the handle. Returns the call's status (EMBPS_OK or any status the blocking variant
- * lists); the message is then embps_client_last_error(). */
+/** Waits for a call to finish, moving I/O for every connection of its client meanwhile and
+ * sending the call's retries, and frees the handle. Returns the call's status (EMBPS_OK or any
+ * status the blocking variant lists); the message is then embps_client_last_error(), which
+ * says how many attempts were made when there was more than one. */
 EMBPS_EXPORT embps_status_t embps_call_wait(embps_call_t *call);
 
-/** Moves I/O without blocking and tells whether the call has finished (1) or not (0); a
- * finished call still needs embps_call_wait(), which then returns at once. */
+/** Moves I/O without blocking, sends the call's retry when one is due, and tells whether the
+ * call has finished (1) or not (0: still running, or waiting for its next attempt); a finished
+ * call still needs embps_call_wait(), which then returns at once. */
 EMBPS_EXPORT int embps_call_test(embps_call_t *call);
 
 /** Like embps_call_test(), but waits up to timeout_ms milliseconds for I/O on the client's

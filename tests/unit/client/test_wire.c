@@ -330,6 +330,8 @@ static void test_request_encoding(void **state) {
   f.grads_bytes = sizeof(grads);
   f.mode = 1;
   f.client_id = UINT64_MAX - 6; /* the longest varint */
+  f.digest = UINT64_MAX - 1;    /* fixed64, little-endian */
+  f.attempt = UINT32_MAX;       /* the longest attempt: the tail's room is enough */
   assert_int_equal(embps__batch_frame_build(&fr, &f, &err), EMBPS_OK);
 #define APPEND(p, len)                                                                             \
   do {                                                                                             \
@@ -360,6 +362,8 @@ static void test_request_encoding(void **state) {
     assert_memory_equal(r->gradients.data, grads, sizeof(grads));
     assert_int_equal(r->mode, 1);
     assert_true(r->client_id == UINT64_MAX - 6);
+    assert_true(r->digest == UINT64_MAX - 1);
+    assert_int_equal(r->attempt, UINT32_MAX);
     embps__v1__push_gradients_request__free_unpacked(r, NULL);
   }
   /* a lookup: no gradients or mode, shard 0 */
@@ -369,6 +373,8 @@ static void test_request_encoding(void **state) {
   f.shard_count = 1;
   f.tokens_bytes = sizeof(tokens);
   f.client_id = 77;
+  f.digest = 0x0102030405060708ull;
+  f.attempt = 1;
   assert_int_equal(embps__batch_frame_build(&fr, &f, &err), EMBPS_OK);
   n = 0;
   APPEND(fr.head, fr.head_len);
@@ -383,6 +389,8 @@ static void test_request_encoding(void **state) {
     assert_int_equal(r->batch_id, 1);
     assert_int_equal(r->shard_index, 0);
     assert_int_equal(r->client_id, 77);
+    assert_true(r->digest == 0x0102030405060708ull);
+    assert_int_equal(r->attempt, 1);
     assert_int_equal(r->tokens.len, sizeof(tokens));
     assert_memory_equal(r->tokens.data, tokens, sizeof(tokens));
     embps__v1__lookup_request__free_unpacked(r, NULL);

@@ -24,12 +24,16 @@ static int wire_type_of(ProtobufCType type) {
   case PROTOBUF_C_TYPE_BOOL:
   case PROTOBUF_C_TYPE_ENUM:
     return EMBPS_WIRE_VARINT;
+  case PROTOBUF_C_TYPE_FIXED64:
+  case PROTOBUF_C_TYPE_SFIXED64:
+  case PROTOBUF_C_TYPE_DOUBLE:
+    return EMBPS_WIRE_I64;
   case PROTOBUF_C_TYPE_STRING:
   case PROTOBUF_C_TYPE_BYTES:
   case PROTOBUF_C_TYPE_MESSAGE:
     return EMBPS_WIRE_LEN;
   default:
-    return -1; /* fixed-width: no row uses one */
+    return -1; /* 4-byte fixed-width: no row uses one */
   }
 }
 
