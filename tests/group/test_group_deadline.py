@@ -13,7 +13,7 @@ import grouplib as gl
 from grouplib import SC, pb
 
 DE = SC.DEADLINE_EXCEEDED
-WIDTH = 8
+WIDTH = 12  # splits over 2 and 3 ranks
 CALLER_EXPIRED = "the deadline its caller set (grpc-timeout) passed before it was ordered"
 
 
