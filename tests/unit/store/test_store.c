@@ -77,7 +77,7 @@ static embps_table_t *new_table(const char *name, uint32_t rank, uint32_t group_
 }
 
 static void test_registry(void **state) {
-  embps_store_t *s;
+  embps_store_t *s = NULL; /* set by embps_store_new (asserted); -O3 cannot see it */
   embps_table_t *t1 = new_table("one", 0, 1), *dup = new_table("one", 0, 1),
                 *t2 = new_table("two", 0, 1), *t3 = new_table("three", 0, 1);
   embps_error_t err;
@@ -144,7 +144,7 @@ static void test_registry(void **state) {
 /* Dropping unregisters the table, keeps its struct readable (marked dropped), gives its bytes
  * back to the budget, and a table registered under the same name later gets another id. */
 static void test_drop_and_budget(void **state) {
-  embps_store_t *s;
+  embps_store_t *s = NULL; /* set by embps_store_new (asserted); -O3 cannot see it */
   embps_table_t *a = new_table("a", 0, 1), *b = new_table("b", 0, 1), *a2 = new_table("a", 0, 1);
   embps_table_t *list[4];
   embps_error_t err;
@@ -256,7 +256,7 @@ static void test_dirty_rows(void **state) {
   const int64_t rows[] = {1, 64, 64, 129};
   embps_table_config_t c = config("t", 130, 4);
   embps_table_t *host, *t, *t2;
-  embps_store_t *s;
+  embps_store_t *s = NULL; /* set by embps_store_new (asserted); -O3 cannot see it */
   embps_error_t err;
   uint64_t *dev = NULL;
   (void)state;
