@@ -3,8 +3,8 @@ goes on the wire, without a server.
 
 The digest is checked three ways: against bytes laid out here by hand from the definition and
 hashed by the xxhsum tool (Debian's xxhash; skipped with a message when it is absent), against
-the C library's digest when the tree has one (common/digest.c, built alone for this test and
-called through ctypes; skipped otherwise), and by its properties (padding, the table name, the token
+the C library's (common/digest.c, built alone for this test and called through ctypes; skipped
+only when run by hand without $EMBPS_DIGEST_LIB), and by its properties (padding, the table name, the token
 order, 0 never returned). Then the requests: every shard carries the same digest and attempt 0
 (absent), and a retry's requests differ from the first attempt's only by their attempt field.
 """
@@ -100,33 +100,26 @@ class DigestTest(unittest.TestCase):
 
 
 def c_digest():
-    """The C library's (common/digest.c) embps_batch_digest_padded through ctypes, or None: from
+    """The C library's embps_batch_digest_padded (common/digest.c) through ctypes, from
     $EMBPS_DIGEST_LIB (tests/python/CMakeLists.txt builds digest.c alone with its symbols
-    visible, where the tree has it), else from the build's libembps.so if it exports it."""
-    paths = [os.environ.get("EMBPS_DIGEST_LIB"),
-             os.path.join(os.environ.get("EMBPS_LIB_DIR", os.path.join(ROOT, "build", "lib")),
-                          "libembps.so")]
-    for path in paths:
-        if not path or not os.path.isfile(path):
-            continue
-        fn = getattr(ctypes.CDLL(path), "embps_batch_digest_padded", None)
-        if fn is None:
-            continue
-        # uint64_t embps_batch_digest_padded(const char *table, uint32_t tokens_per_batch,
-        #                                    const int64_t *tokens, uint64_t n)
-        fn.restype = ctypes.c_uint64
-        fn.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64]
-        return fn
-    return None
+    visible), or None when the variable is unset (the test run by hand)."""
+    path = os.environ.get("EMBPS_DIGEST_LIB")
+    if not path:
+        return None
+    fn = ctypes.CDLL(path).embps_batch_digest_padded
+    # uint64_t embps_batch_digest_padded(const char *table, uint32_t tokens_per_batch,
+    #                                    const int64_t *tokens, uint64_t n)
+    fn.restype = ctypes.c_uint64
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64]
+    return fn
 
 
 class CDigestTest(unittest.TestCase):
     def test_equals_c_library(self):
         fn = c_digest()
         if fn is None:
-            self.skipTest("no C entry point for the digest (common/digest.c not in this tree, "
-                          "or EMBPS_DIGEST_LIB unset): the Python digest is compared with xxhsum "
-                          "only")
+            self.skipTest("EMBPS_DIGEST_LIB is unset (ctest sets it): the Python digest is "
+                          "compared with xxhsum only")
         for table, toks, t in CASES:
             a = np.array(toks, dtype="<i8")
             got = fn(table.encode(), t, a.ctypes.data if len(a) else None, len(a))
