@@ -125,10 +125,11 @@ embps_status_t embps__hindex_alloc(embps_hindex_t **out, const embps_hindex_conf
   ix->cfg = *c;
   ix->arena_bytes = arena_bytes(c, offs);
   if (!(ix->arena = embps_map_alloc(ix->arena_bytes))) {
+    size_t bytes = ix->arena_bytes;
     embps_free(ix);
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
                            "out of memory for a hash index of %llu slots (%zu bytes)",
-                           (unsigned long long)c->capacity, ix->arena_bytes);
+                           (unsigned long long)c->capacity, bytes);
   }
   a = ix->arena;
   ix->buckets = (uint64_t *)(a + offs[0]);
