@@ -21,6 +21,7 @@
 #include "server/group/dedup.h"
 #include "server/net/h2conn.h"
 #include "server/store/checkpoint.h"
+#include "server/store/hindex.h"
 #include "tests/fuzz/fuzz_ckpt_tables.h"
 #include "tests/unit/net/h2client.h"
 
@@ -579,6 +580,53 @@ static void retry_window_seeds(void) {
   embps_dedup_free(d);
 }
 
+/* ---- a hash-keyed table's index ---- */
+
+/* For each of fuzz_hindex.c's settings (keep them in step), an index after some steps. */
+static void hindex_seeds(void) {
+  static const embps_hindex_config_t configs[4] = {
+      {.capacity = 16, .policy = EMBPS_HINDEX_LRU, .admit_after = 1, .seed = 1},
+      {.capacity = 16,
+       .policy = EMBPS_HINDEX_LFU,
+       .admit_after = 2,
+       .sketch_width = 8,
+       .half_life = 1,
+       .seed = 2},
+      {.capacity = 16,
+       .policy = EMBPS_HINDEX_TTL,
+       .admit_after = 3,
+       .sketch_width = 4,
+       .ttl_steps = 2,
+       .seed = 3},
+      {.capacity = 5, .policy = EMBPS_HINDEX_LFU, .admit_after = 1, .half_life = 7, .seed = 4},
+  };
+  for (uint8_t i = 0; i < 4; i++) {
+    embps_hindex_t *ix;
+    uint64_t keys[12];
+    int64_t slots[12];
+    embps_hindex_fresh_t fresh[12];
+    size_t nfresh, n;
+    uint8_t *p, sel = (uint8_t)(i << 1);
+    char name[32];
+    if (embps_hindex_new(&ix, &configs[i], NULL) != EMBPS_OK)
+      abort();
+    for (uint64_t step = 0; step < 90; step++) {
+      for (uint64_t k = 0; k < 12; k++) /* keys 1..40, a few hot; some padding */
+        keys[k] = (step * 7 + k * k * 3) % (k < 4 ? 5 : 41);
+      if (embps_hindex_step(ix, keys, step % 13 == 0 ? 1 : 12, slots, fresh, &nfresh) != EMBPS_OK)
+        abort();
+    }
+    n = embps_hindex_encoded_bytes(ix);
+    if (!(p = malloc(n)))
+      abort();
+    embps_hindex_encode(ix, p);
+    snprintf(name, sizeof(name), "index%u", (unsigned)i);
+    seed("fuzz_hindex", name, &sel, 1, p, n);
+    free(p);
+    embps_hindex_free(ix);
+  }
+}
+
 /* ---- text ---- */
 
 static void text_seeds(void) {
@@ -614,6 +662,7 @@ int main(int argc, char **argv) {
   control_seeds();
   checkpoint_seeds();
   retry_window_seeds();
+  hindex_seeds();
   text_seeds();
   return 0;
 }

@@ -1,0 +1,453 @@
+/* The key -> slot index of a hash-keyed table (hindex.h): a replicated state machine whose every
+ * decision is integer arithmetic on its own state, so every rank computes the same bits.
+ *
+ * Data structure, all in one zeroed arena sized by embps_hindex_bytes:
+ * - a hash map of 8-byte buckets, open addressing with linear probing at load <= 0.5 (buckets: a
+ *   power of two >= 2 x capacity). A bucket holds (tag << 32) | (slot + 1), tag the high half of
+ *   the key's seeded hash; a hit confirms the key in the slot's key array. Deletion shifts the
+ *   probe run back (no tombstones), so probing stays correct and never degrades.
+ * - per slot: its key, its score, its place in the heap;
+ * - a binary min-heap of slots by (score, key): the victim is its root, found in O(1) and
+ *   removed in O(log n). Keys are unique, so the least (score, key) is unique and the result of a
+ *   step never depends on the heap's layout (a decoded index may lay it out differently);
+ * - a LIFO stack of free slots (slot 0 first), so the slot a new key gets is fixed by history;
+ * - a count-min sketch, 4 rows of 8-bit saturating counters, with conservative update.
+ *
+ * A step pins its keys by taking them out of the heap while it runs (touched keys first, then
+ * the keys it inserts), so its own keys are never victims, and puts them back at its end.
+ *
+ * Scores. LRU and TTL: the clock of the last push. LFU with decay: the sum over the key's pushes
+ * of 2^(epoch at the push), epoch = clock / half_life, so a push weighs half as much as one a
+ * half-life later. Scores are kept in units of 2^base: a push at epoch e adds 2^(e - base). With
+ * d = epoch - base <= dmax = 62 - bits(half_life), a score stays below
+ * half_life x 2^(d + 1) <= 2^63 (at most half_life pushes per epoch), so an addition never
+ * overflows. When a step's d would exceed dmax, every score is shifted right by
+ * s = d - dmax / 2 and base += s (renormalisation: exact integer floors, the same on every rank;
+ * pushes older than about dmax / 2 half-lives fall to 0 by then) and the heap is rebuilt, since
+ * floors can tie scores that keys then order.
+ *
+ * TTL: at the start of step `clock`, before anything else, every key whose last push t has
+ * clock - t > ttl_steps (not pushed in the ttl_steps steps between) expires, least (score, key)
+ * first, its slot pushed on the free stack. */
+#include "server/store/hindex_internal.h"
+
+#include <string.h>
+
+#include "common/alloc.h"
+
+#define ALIGN 64u
+#define GOLDEN UINT64_C(0x9e3779b97f4a7c15)
+
+static uint64_t round_up(uint64_t v) { return (v + ALIGN - 1) / ALIGN * ALIGN; }
+
+static uint64_t map_buckets(uint64_t capacity) {
+  uint64_t b = 1;
+  while (b < 2 * capacity)
+    b <<= 1;
+  return b;
+}
+
+embps_status_t embps_hindex_config_check(const embps_hindex_config_t *c, embps_error_t *err) {
+  if (c->capacity < 1 || c->capacity > EMBPS_HINDEX_MAX_CAPACITY)
+    return embps_error_set(
+        err, EMBPS_INVALID_ARGUMENT, "capacity %llu is out of range: give 1 to %llu slots",
+        (unsigned long long)c->capacity, (unsigned long long)EMBPS_HINDEX_MAX_CAPACITY);
+  if (c->policy != EMBPS_HINDEX_LRU && c->policy != EMBPS_HINDEX_LFU &&
+      c->policy != EMBPS_HINDEX_TTL)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "eviction policy %d is unknown: use lru, lfu or ttl", (int)c->policy);
+  if (c->admit_after < 1 || c->admit_after > EMBPS_HINDEX_MAX_ADMIT_AFTER)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "admit_after %u is out of range: give 1 (admit at once) to %u",
+                           c->admit_after, EMBPS_HINDEX_MAX_ADMIT_AFTER);
+  if (c->admit_after == 1 && c->sketch_width != 0)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "sketch_width %u is given with admit_after 1, which counts nothing: "
+                           "leave it 0 or raise admit_after",
+                           c->sketch_width);
+  if (c->admit_after > 1 &&
+      (c->sketch_width < 1 || c->sketch_width > EMBPS_HINDEX_MAX_SKETCH_WIDTH))
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "sketch_width %u is out of range for admit_after %u: give 1 to %u "
+                           "counters per row",
+                           c->sketch_width, c->admit_after, EMBPS_HINDEX_MAX_SKETCH_WIDTH);
+  if (c->policy == EMBPS_HINDEX_LFU
+          ? (c->half_life < 1 || c->half_life > EMBPS_HINDEX_MAX_HALF_LIFE)
+          : c->half_life != 0)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "half_life %llu is invalid: the lfu policy takes 1 to %llu steps, the "
+                           "others none (0)",
+                           (unsigned long long)c->half_life,
+                           (unsigned long long)EMBPS_HINDEX_MAX_HALF_LIFE);
+  if (c->policy == EMBPS_HINDEX_TTL
+          ? (c->ttl_steps < 1 || c->ttl_steps > EMBPS_HINDEX_MAX_TTL_STEPS)
+          : c->ttl_steps != 0)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "ttl_steps %llu is invalid: the ttl policy takes 1 to %llu steps, the "
+                           "others none (0)",
+                           (unsigned long long)c->ttl_steps,
+                           (unsigned long long)EMBPS_HINDEX_MAX_TTL_STEPS);
+  return EMBPS_OK;
+}
+
+/* The arena's bytes, and each array's offset in it (offs may be NULL). */
+static size_t arena_bytes(const embps_hindex_config_t *c, size_t offs[7]) {
+  uint64_t sizes[7] = {8 * map_buckets(c->capacity),
+                       8 * c->capacity,
+                       8 * c->capacity,
+                       4 * c->capacity,
+                       4 * c->capacity,
+                       4 * c->capacity,
+                       (uint64_t)EMBPS_HINDEX_SKETCH_DEPTH * c->sketch_width};
+  uint64_t total = 0;
+  for (int i = 0; i < 7; i++) {
+    if (offs)
+      offs[i] = (size_t)total;
+    total += round_up(sizes[i]);
+  }
+  return (size_t)total;
+}
+
+size_t embps_hindex_bytes(const embps_hindex_config_t *c) {
+  if (embps_hindex_config_check(c, NULL) != EMBPS_OK)
+    return 0;
+  return sizeof(struct embps_hindex) + arena_bytes(c, NULL);
+}
+
+embps_status_t embps__hindex_alloc(embps_hindex_t **out, const embps_hindex_config_t *c,
+                                   embps_error_t *err) {
+  embps_hindex_t *ix;
+  size_t offs[7];
+  uint8_t *a;
+  uint32_t bits = 0;
+  if (!(ix = embps_calloc(1, sizeof(*ix))))
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a hash index");
+  ix->cfg = *c;
+  ix->arena_bytes = arena_bytes(c, offs);
+  if (!(ix->arena = embps_map_alloc(ix->arena_bytes))) {
+    size_t bytes = ix->arena_bytes;
+    embps_free(ix);
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "out of memory for a hash index of %llu slots (%zu bytes)",
+                           (unsigned long long)c->capacity, bytes);
+  }
+  a = ix->arena;
+  ix->buckets = (uint64_t *)(a + offs[0]);
+  ix->key = (uint64_t *)(a + offs[1]);
+  ix->score = (uint64_t *)(a + offs[2]);
+  ix->pos = (uint32_t *)(a + offs[3]);
+  ix->heap = (uint32_t *)(a + offs[4]);
+  ix->free = (uint32_t *)(a + offs[5]);
+  ix->sketch = a + offs[6];
+  ix->mask = map_buckets(c->capacity) - 1;
+  ix->hseed = embps__hix_mix(c->seed + GOLDEN);
+  for (uint32_t r = 0; r < EMBPS_HINDEX_SKETCH_DEPTH; r++)
+    ix->sseed[r] = embps__hix_mix(c->seed + GOLDEN * (r + 2));
+  for (uint64_t h = c->half_life; h; h >>= 1)
+    bits++;
+  ix->dmax = 62 - bits;
+  for (uint64_t s = 0; s < c->capacity; s++)
+    ix->pos[s] = EMBPS__HIX_NONE;
+  *out = ix;
+  return EMBPS_OK;
+}
+
+embps_status_t embps_hindex_new(embps_hindex_t **out, const embps_hindex_config_t *c,
+                                embps_error_t *err) {
+  embps_hindex_t *ix;
+  embps_status_t ret;
+  if ((ret = embps_hindex_config_check(c, err)) != EMBPS_OK ||
+      (ret = embps__hindex_alloc(&ix, c, err)) != EMBPS_OK)
+    return ret;
+  /* the free stack pops slot 0 first */
+  for (uint64_t s = 0; s < c->capacity; s++)
+    ix->free[s] = (uint32_t)(c->capacity - 1 - s);
+  ix->nfree = c->capacity;
+  *out = ix;
+  return EMBPS_OK;
+}
+
+void embps_hindex_free(embps_hindex_t *ix) {
+  if (!ix)
+    return;
+  embps_map_free(ix->arena, ix->arena_bytes);
+  embps_free(ix);
+}
+
+const embps_hindex_config_t *embps_hindex_config(const embps_hindex_t *ix) { return &ix->cfg; }
+
+void embps_hindex_stats(const embps_hindex_t *ix, embps_hindex_stats_t *st) { *st = ix->st; }
+
+/* ---- the hash map ---------------------------------------------------------------------------- */
+
+static uint64_t key_hash(const embps_hindex_t *ix, uint64_t key) {
+  return embps__hix_mix(key ^ ix->hseed);
+}
+
+uint32_t embps__hindex_map_find(const embps_hindex_t *ix, uint64_t key) {
+  uint64_t h = key_hash(ix, key), i = h & ix->mask, tag = h >> 32;
+  for (;;) {
+    uint64_t b = ix->buckets[i];
+    if (!b)
+      return EMBPS__HIX_NONE;
+    if (b >> 32 == tag && ix->key[(uint32_t)b - 1] == key)
+      return (uint32_t)b - 1;
+    i = (i + 1) & ix->mask;
+  }
+}
+
+void embps__hindex_map_insert(embps_hindex_t *ix, uint64_t key, uint32_t slot) {
+  uint64_t h = key_hash(ix, key), i = h & ix->mask;
+  while (ix->buckets[i])
+    i = (i + 1) & ix->mask;
+  ix->buckets[i] = (h >> 32) << 32 | ((uint64_t)slot + 1);
+  ix->key[slot] = key;
+}
+
+/* Removes key (stored) from the map: backward-shift deletion. Every entry after the hole in its
+ * probe run that may move into the hole (its home is not cyclically within (hole, its place])
+ * moves, and the hole follows it; the run's end is left empty. */
+static void map_remove(embps_hindex_t *ix, uint64_t key) {
+  uint64_t h = key_hash(ix, key), i = h & ix->mask, j;
+  while (ix->key[(uint32_t)ix->buckets[i] - 1] != key)
+    i = (i + 1) & ix->mask;
+  for (j = (i + 1) & ix->mask; ix->buckets[j]; j = (j + 1) & ix->mask) {
+    uint64_t home = key_hash(ix, ix->key[(uint32_t)ix->buckets[j] - 1]) & ix->mask;
+    if (((j - home) & ix->mask) >= ((j - i) & ix->mask)) {
+      ix->buckets[i] = ix->buckets[j];
+      i = j;
+    }
+  }
+  ix->buckets[i] = 0;
+}
+
+void embps_hindex_find(const embps_hindex_t *ix, const uint64_t *keys, size_t n, int64_t *slots) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t s = keys[i] ? embps__hindex_map_find(ix, keys[i]) : EMBPS__HIX_NONE;
+    slots[i] = s == EMBPS__HIX_NONE ? -1 : (int64_t)s;
+  }
+}
+
+/* ---- the heap -------------------------------------------------------------------------------- */
+
+static int less(const embps_hindex_t *ix, uint32_t a, uint32_t b) {
+  return ix->score[a] < ix->score[b] || (ix->score[a] == ix->score[b] && ix->key[a] < ix->key[b]);
+}
+
+static void heap_set(embps_hindex_t *ix, uint64_t i, uint32_t slot) {
+  ix->heap[i] = slot;
+  ix->pos[slot] = (uint32_t)i;
+}
+
+static void sift_up(embps_hindex_t *ix, uint64_t i) {
+  uint32_t s = ix->heap[i];
+  while (i > 0) {
+    uint64_t p = (i - 1) / 2;
+    if (!less(ix, s, ix->heap[p]))
+      break;
+    heap_set(ix, i, ix->heap[p]);
+    i = p;
+  }
+  heap_set(ix, i, s);
+}
+
+static void sift_down(embps_hindex_t *ix, uint64_t i) {
+  uint32_t s = ix->heap[i];
+  for (;;) {
+    uint64_t c = 2 * i + 1;
+    if (c >= ix->nheap)
+      break;
+    if (c + 1 < ix->nheap && less(ix, ix->heap[c + 1], ix->heap[c]))
+      c++;
+    if (!less(ix, ix->heap[c], s))
+      break;
+    heap_set(ix, i, ix->heap[c]);
+    i = c;
+  }
+  heap_set(ix, i, s);
+}
+
+static void heap_push(embps_hindex_t *ix, uint32_t slot) {
+  ix->heap[ix->nheap++] = slot;
+  sift_up(ix, ix->nheap - 1);
+}
+
+static void heap_remove(embps_hindex_t *ix, uint32_t slot) {
+  uint64_t i = ix->pos[slot];
+  uint32_t last = ix->heap[--ix->nheap];
+  ix->pos[slot] = EMBPS__HIX_NONE;
+  if (i == ix->nheap)
+    return;
+  heap_set(ix, i, last);
+  if (i > 0 && less(ix, last, ix->heap[(i - 1) / 2]))
+    sift_up(ix, i);
+  else
+    sift_down(ix, i);
+}
+
+void embps__hindex_heap_build(embps_hindex_t *ix) {
+  ix->nheap = 0;
+  for (uint64_t s = 0; s < ix->cfg.capacity; s++)
+    if (ix->key[s])
+      heap_set(ix, ix->nheap++, (uint32_t)s);
+  for (uint64_t i = ix->nheap / 2; i-- > 0;)
+    sift_down(ix, i);
+}
+
+/* ---- a step ---------------------------------------------------------------------------------- */
+
+/* Sorts n keys ascending (LSD radix sort, bytes that every key shares skipped); tmp has room for
+ * n. Returns where the sorted keys are (a or tmp). */
+static uint64_t *sort_keys(uint64_t *a, uint64_t *tmp, size_t n) {
+  uint64_t all_or = 0, all_and = ~UINT64_C(0);
+  if (n < 64) { /* insertion sort */
+    for (size_t i = 1; i < n; i++) {
+      uint64_t v = a[i];
+      size_t j = i;
+      for (; j > 0 && a[j - 1] > v; j--)
+        a[j] = a[j - 1];
+      a[j] = v;
+    }
+    return a;
+  }
+  for (size_t i = 0; i < n; i++) {
+    all_or |= a[i];
+    all_and &= a[i];
+  }
+  for (uint32_t shift = 0; shift < 64; shift += 8) {
+    size_t count[256] = {0}, sum = 0;
+    uint64_t *t;
+    if ((((all_or ^ all_and) >> shift) & 0xff) == 0)
+      continue; /* every key has the same byte here */
+    for (size_t i = 0; i < n; i++)
+      count[(a[i] >> shift) & 0xff]++;
+    for (int b = 0; b < 256; b++) {
+      size_t c = count[b];
+      count[b] = sum;
+      sum += c;
+    }
+    for (size_t i = 0; i < n; i++)
+      tmp[count[(a[i] >> shift) & 0xff]++] = a[i];
+    t = a;
+    a = tmp;
+    tmp = t;
+  }
+  return a;
+}
+
+/* Counts key once in the sketch (conservative update: only the counters at the least estimate
+ * rise, to estimate + 1, saturating); returns the new estimate. */
+static uint32_t sketch_count(embps_hindex_t *ix, uint64_t key) {
+  uint8_t *c[EMBPS_HINDEX_SKETCH_DEPTH];
+  uint32_t est = 255, next;
+  for (uint32_t r = 0; r < EMBPS_HINDEX_SKETCH_DEPTH; r++) {
+    c[r] = ix->sketch + (uint64_t)r * ix->cfg.sketch_width + embps__hix_sketch_col(ix, r, key);
+    if (*c[r] < est)
+      est = *c[r];
+  }
+  next = est < 255 ? est + 1 : 255;
+  for (uint32_t r = 0; r < EMBPS_HINDEX_SKETCH_DEPTH; r++)
+    if (*c[r] < next)
+      *c[r] = (uint8_t)next;
+  return next;
+}
+
+/* LFU: the weight of a push at this step, renormalising first when it would be too large. */
+static uint64_t lfu_weight(embps_hindex_t *ix) {
+  uint64_t epoch = ix->st.clock / ix->cfg.half_life, d = epoch - ix->base;
+  if (d > ix->dmax) {
+    uint64_t s = d - ix->dmax / 2;
+    for (uint64_t i = 0; i < ix->nheap; i++)
+      ix->score[ix->heap[i]] >>= s;
+    ix->base += s;
+    d -= s;
+    embps__hindex_heap_build(ix);
+  }
+  return UINT64_C(1) << d;
+}
+
+static void expire(embps_hindex_t *ix) {
+  while (ix->nheap && ix->st.clock - ix->score[ix->heap[0]] > ix->cfg.ttl_steps) {
+    uint32_t s = ix->heap[0];
+    heap_remove(ix, s);
+    map_remove(ix, ix->key[s]);
+    ix->key[s] = 0;
+    ix->free[ix->nfree++] = s;
+    ix->st.size--;
+    ix->st.expired++;
+  }
+}
+
+embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_t n, int64_t *slots,
+                                 embps_hindex_fresh_t *fresh, size_t *nfresh) {
+  uint64_t *scratch, *u, *cand, weight = 0;
+  uint32_t *pinned;
+  size_t m = 0, nc = 0, np = 0, nf = 0, k = 0;
+
+  if (ix->st.clock == UINT64_MAX)
+    return EMBPS_FAILED_PRECONDITION;
+  if (!(scratch = embps_malloc((2 * n + 1) * sizeof(uint64_t) + (n + 1) * sizeof(uint32_t))))
+    return EMBPS_RESOURCE_EXHAUSTED;
+  pinned = (uint32_t *)(scratch + 2 * n + 1);
+  for (size_t i = 0; i < n; i++) /* the distinct nonzero keys, ascending */
+    if (keys[i])
+      scratch[k++] = keys[i];
+  u = sort_keys(scratch, scratch + n, k);
+  for (size_t i = 0; i < k; i++)
+    if (i == 0 || u[i] != u[i - 1])
+      u[m++] = u[i];
+  cand = u == scratch ? scratch + n : scratch; /* the other half */
+
+  ix->st.clock++;
+  if (ix->cfg.policy == EMBPS_HINDEX_LFU)
+    weight = lfu_weight(ix);
+  else if (ix->cfg.policy == EMBPS_HINDEX_TTL)
+    expire(ix);
+  /* Touch and pin the stored keys; count the others. */
+  for (size_t i = 0; i < m; i++) {
+    uint32_t s = embps__hindex_map_find(ix, u[i]);
+    if (s != EMBPS__HIX_NONE) {
+      heap_remove(ix, s);
+      ix->score[s] = weight ? ix->score[s] + weight : ix->st.clock;
+      pinned[np++] = s;
+    } else if (ix->cfg.admit_after == 1 || sketch_count(ix, u[i]) >= ix->cfg.admit_after) {
+      cand[nc++] = u[i];
+    } else {
+      ix->st.not_admitted++;
+    }
+  }
+  /* Give the admitted keys slots. */
+  for (size_t i = 0; i < nc; i++) {
+    uint64_t evicted = 0;
+    uint32_t s;
+    if (ix->nfree) {
+      s = ix->free[--ix->nfree];
+    } else if (ix->nheap) {
+      s = ix->heap[0];
+      evicted = ix->key[s];
+      heap_remove(ix, s);
+      map_remove(ix, evicted);
+      ix->st.evicted++;
+      ix->st.size--;
+    } else {
+      ix->st.refused += nc - i; /* every slot holds a key of this step */
+      break;
+    }
+    embps__hindex_map_insert(ix, cand[i], s);
+    ix->score[s] = weight ? weight : ix->st.clock;
+    pinned[np++] = s;
+    ix->st.size++;
+    ix->st.admitted++;
+    fresh[nf].key = cand[i];
+    fresh[nf].evicted = evicted;
+    fresh[nf].slot = s;
+    nf++;
+  }
+  for (size_t i = 0; i < np; i++)
+    heap_push(ix, pinned[i]);
+  embps_free(scratch);
+  embps_hindex_find(ix, keys, n, slots);
+  if (nfresh)
+    *nfresh = nf;
+  return EMBPS_OK;
+}

@@ -1,0 +1,60 @@
+/* The index's internals, shared by hindex.c (the state machine) and hindex_codec.c (its
+ * checkpoint bytes), and reached by tests/unit/store/test_hindex.c. */
+#ifndef EMBPS_HINDEX_INTERNAL_H
+#define EMBPS_HINDEX_INTERNAL_H
+
+#include <stdint.h>
+
+#include "server/store/hindex.h"
+
+#define EMBPS__HIX_NONE UINT32_MAX
+
+struct embps_hindex {
+  embps_hindex_config_t cfg;
+  uint64_t mask;  /* hash map buckets - 1 (a power of two >= 2 x capacity) */
+  uint64_t hseed; /* the key hash's seed */
+  uint64_t sseed[EMBPS_HINDEX_SKETCH_DEPTH]; /* the sketch rows' seeds */
+  /* the arena (one zeroed mapping of arena_bytes), carved into: */
+  uint64_t *buckets; /* mask + 1: (tag << 32) | (slot + 1), 0 empty; tag = hash >> 32 */
+  uint64_t *key;     /* capacity: the key at a slot, 0 for a free slot */
+  uint64_t *score;   /* capacity: the key's score (policy's; least goes first) */
+  uint32_t *pos;     /* capacity: the slot's place in heap, EMBPS__HIX_NONE when not in it */
+  uint32_t *heap;    /* capacity: a binary min-heap of slots by (score, key) */
+  uint32_t *free;    /* capacity: a stack of free slots; the top is free[nfree - 1] */
+  uint8_t *sketch;   /* DEPTH x sketch_width saturating counters */
+  void *arena;
+  size_t arena_bytes;
+  uint64_t nheap, nfree;
+  uint64_t base; /* LFU: scores are in units of 2^(base - epoch) of a push at epoch */
+  uint32_t dmax; /* LFU: the largest epoch - base kept before renormalising */
+  embps_hindex_stats_t st;
+};
+
+/** The key hash: a seeded bijection of 64-bit keys. */
+static inline uint64_t embps__hix_mix(uint64_t x) {
+  /* splitmix64's finalizer */
+  x ^= x >> 30;
+  x *= UINT64_C(0xbf58476d1ce4e5b9);
+  x ^= x >> 27;
+  x *= UINT64_C(0x94d049bb133111eb);
+  x ^= x >> 31;
+  return x;
+}
+
+/** The counter of key in sketch row r: its index within the row. */
+static inline uint64_t embps__hix_sketch_col(const struct embps_hindex *ix, uint32_t r,
+                                             uint64_t key) {
+  return ((embps__hix_mix(key ^ ix->sseed[r]) >> 32) * ix->cfg.sketch_width) >> 32;
+}
+
+/** Makes an empty index (no validation of c beyond what embps_hindex_new does). */
+embps_status_t embps__hindex_alloc(struct embps_hindex **out, const embps_hindex_config_t *c,
+                                   embps_error_t *err);
+/** Stores key at the free slot (map and key array; not the heap, not the free stack). */
+void embps__hindex_map_insert(struct embps_hindex *ix, uint64_t key, uint32_t slot);
+/** The slot of key, or EMBPS__HIX_NONE. */
+uint32_t embps__hindex_map_find(const struct embps_hindex *ix, uint64_t key);
+/** Rebuilds the heap from every stored slot (in slot order). */
+void embps__hindex_heap_build(struct embps_hindex *ix);
+
+#endif
