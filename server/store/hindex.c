@@ -6,15 +6,21 @@
  *   power of two >= 2 x capacity). A bucket holds (tag << 32) | (slot + 1), tag the high half of
  *   the key's seeded hash; a hit confirms the key in the slot's key array. Deletion shifts the
  *   probe run back (no tombstones), so probing stays correct and never degrades.
- * - per slot: its key, its score, its place in the heap;
- * - a binary min-heap of slots by (score, key): the victim is its root, found in O(1) and
- *   removed in O(log n). Keys are unique, so the least (score, key) is unique and the result of a
- *   step never depends on the heap's layout (a decoded index may lay it out differently);
+ * - per slot: its key, its score;
+ * - the victim order of the stored keys by (score, key), least first. LFU: a binary min-heap of
+ *   slots with each slot's place in it: the victim is its root, found in O(1) and removed in
+ *   O(log n). Keys are unique, so the least (score, key) is unique and the result of a step never
+ *   depends on the heap's layout (a decoded index may lay it out differently). LRU and TTL: a
+ *   doubly linked queue in that order, in the same 8 bytes per slot: a step's scores are all its
+ *   clock, above every stored score, so appending the step's keys at the tail in ascending key
+ *   order keeps the queue sorted, and the victim is its head, removed in O(1) with no comparison;
  * - a LIFO stack of free slots (slot 0 first), so the slot a new key gets is fixed by history;
  * - a count-min sketch, 4 rows of 8-bit saturating counters, with conservative update.
  *
- * A step pins its keys by taking them out of the heap while it runs (touched keys first, then
- * the keys it inserts), so its own keys are never victims, and puts them back at its end.
+ * A step pins its keys by taking them out of the victim order while it runs (touched keys first,
+ * then the keys it inserts), so its own keys are never victims, and puts them back at its end in
+ * ascending key order. Lookups of a batch prefetch the buckets and keys of keys a few places
+ * ahead, so the cache misses of successive keys overlap.
  *
  * Scores. LRU and TTL: the clock of the last push. LFU with decay: the sum over the key's pushes
  * of 2^(epoch at the push), epoch = clock / half_life, so a push weighs half as much as one a
@@ -137,6 +143,7 @@ embps_status_t embps__hindex_alloc(embps_hindex_t **out, const embps_hindex_conf
   ix->score = (uint64_t *)(a + offs[2]);
   ix->pos = (uint32_t *)(a + offs[3]);
   ix->heap = (uint32_t *)(a + offs[4]);
+  ix->link = ix->pos; /* 2 x capacity u32 fit: offs[4] >= offs[3] + 4 x capacity */
   ix->free = (uint32_t *)(a + offs[5]);
   ix->sketch = a + offs[6];
   ix->mask = map_buckets(c->capacity) - 1;
@@ -146,6 +153,7 @@ embps_status_t embps__hindex_alloc(embps_hindex_t **out, const embps_hindex_conf
   for (uint64_t h = c->half_life; h; h >>= 1)
     bits++;
   ix->dmax = 62 - bits;
+  ix->head = ix->tail = EMBPS__HIX_NONE;
   for (uint64_t s = 0; s < c->capacity; s++)
     ix->pos[s] = EMBPS__HIX_NONE;
   *out = ix;
@@ -221,10 +229,52 @@ static void map_remove(embps_hindex_t *ix, uint64_t key) {
   ix->buckets[i] = 0;
 }
 
+/* How far ahead a batch lookup prefetches a key's bucket (a power of two); its key array entry
+ * is prefetched half as far ahead, once the bucket has arrived. */
+#define AHEAD 16u
+
+/* The slot of keys[i] (EMBPS__HIX_NONE for an absent key or 0) into out[i] for i < n, as
+ * embps__hindex_map_find, with the buckets and keys of later keys prefetched (hashes is
+ * the ring of their hashes). */
+static void map_find_batch(const embps_hindex_t *ix, const uint64_t *keys, size_t n,
+                           uint32_t *out) {
+  uint64_t hashes[2 * AHEAD]; /* keys i - AHEAD to i */
+  for (size_t i = 0; i < n + AHEAD; i++) {
+    if (i < n) { /* the bucket of keys[i], wanted AHEAD keys later */
+      uint64_t h = key_hash(ix, keys[i]);
+      hashes[i % (2 * AHEAD)] = h;
+      __builtin_prefetch(&ix->buckets[h & ix->mask]);
+    }
+    if (i >= AHEAD / 2 && i - AHEAD / 2 < n) { /* the key its bucket names, if the tag matches */
+      uint64_t h = hashes[(i - AHEAD / 2) % (2 * AHEAD)], b = ix->buckets[h & ix->mask];
+      if (b >> 32 == h >> 32)
+        __builtin_prefetch(&ix->key[(uint32_t)b - 1]);
+    }
+    if (i >= AHEAD) { /* the lookup itself */
+      size_t j = i - AHEAD;
+      uint64_t h = hashes[j % (2 * AHEAD)], key = keys[j], tag = h >> 32, k;
+      uint32_t s = EMBPS__HIX_NONE;
+      for (k = h & ix->mask; key; k = (k + 1) & ix->mask) {
+        uint64_t b = ix->buckets[k];
+        if (!b)
+          break;
+        if (b >> 32 == tag && ix->key[(uint32_t)b - 1] == key) {
+          s = (uint32_t)b - 1;
+          break;
+        }
+      }
+      out[j] = s;
+    }
+  }
+}
+
 void embps_hindex_find(const embps_hindex_t *ix, const uint64_t *keys, size_t n, int64_t *slots) {
-  for (size_t i = 0; i < n; i++) {
-    uint32_t s = keys[i] ? embps__hindex_map_find(ix, keys[i]) : EMBPS__HIX_NONE;
-    slots[i] = s == EMBPS__HIX_NONE ? -1 : (int64_t)s;
+  uint32_t s[256];
+  for (size_t i = 0; i < n; i += 256) {
+    size_t c = n - i < 256 ? n - i : 256;
+    map_find_batch(ix, keys + i, c, s);
+    for (size_t j = 0; j < c; j++)
+      slots[i + j] = s[j] == EMBPS__HIX_NONE ? -1 : (int64_t)s[j];
   }
 }
 
@@ -292,6 +342,79 @@ void embps__hindex_heap_build(embps_hindex_t *ix) {
       heap_set(ix, ix->nheap++, (uint32_t)s);
   for (uint64_t i = ix->nheap / 2; i-- > 0;)
     sift_down(ix, i);
+}
+
+/* ---- the queue (LRU, TTL) -------------------------------------------------------------------- */
+
+static void queue_remove(embps_hindex_t *ix, uint32_t s) {
+  uint32_t p = ix->link[2 * (uint64_t)s], q = ix->link[2 * (uint64_t)s + 1];
+  if (p == EMBPS__HIX_NONE)
+    ix->head = q;
+  else
+    ix->link[2 * (uint64_t)p + 1] = q;
+  if (q == EMBPS__HIX_NONE)
+    ix->tail = p;
+  else
+    ix->link[2 * (uint64_t)q] = p;
+  ix->nheap--;
+}
+
+/* Appends s at the tail: its (score, key) must exceed every one in the queue. */
+static void queue_append(embps_hindex_t *ix, uint32_t s) {
+  ix->link[2 * (uint64_t)s] = ix->tail;
+  ix->link[2 * (uint64_t)s + 1] = EMBPS__HIX_NONE;
+  if (ix->tail == EMBPS__HIX_NONE)
+    ix->head = s;
+  else
+    ix->link[2 * (uint64_t)ix->tail + 1] = s;
+  ix->tail = s;
+  ix->nheap++;
+}
+
+/* Sorts slots a[0..n) ascending by (score, key) in place (heapsort: no scratch, and the order
+ * is total since keys are unique). */
+static void sort_slots(const embps_hindex_t *ix, uint32_t *a, uint64_t n) {
+  for (uint64_t m = n, i = n / 2;;) { /* a max-heap, then its maxima to the end */
+    uint64_t r, c;
+    uint32_t v;
+    if (i > 0) {
+      v = a[--i];
+    } else {
+      if (m <= 1)
+        return;
+      v = a[--m];
+      a[m] = a[0];
+    }
+    for (r = i; (c = 2 * r + 1) < m; r = c) {
+      if (c + 1 < m && less(ix, a[c], a[c + 1]))
+        c++;
+      if (!less(ix, v, a[c]))
+        break;
+      a[r] = a[c];
+    }
+    a[r] = v;
+  }
+}
+
+embps_status_t embps__hindex_order_build(embps_hindex_t *ix) {
+  uint32_t *a;
+  uint64_t n = 0;
+  if (ix->cfg.policy == EMBPS_HINDEX_LFU) {
+    embps__hindex_heap_build(ix);
+    return EMBPS_OK;
+  }
+  if (!(a = embps_malloc((ix->st.size + 1) * sizeof(*a))))
+    return EMBPS_RESOURCE_EXHAUSTED;
+  for (uint64_t s = 0; s < ix->cfg.capacity; s++)
+    if (ix->key[s])
+      a[n++] = (uint32_t)s;
+  sort_slots(ix, a, n);
+  ix->nheap = 0;
+  ix->head = ix->tail = EMBPS__HIX_NONE;
+  for (uint64_t i = 0; i < n; i++)
+    queue_append(ix, a[i]);
+  embps_free(a);
+  return EMBPS_OK;
 }
 
 /* ---- a step ---------------------------------------------------------------------------------- */
@@ -366,10 +489,22 @@ static uint64_t lfu_weight(embps_hindex_t *ix) {
   return UINT64_C(1) << d;
 }
 
-static void expire(embps_hindex_t *ix) {
-  while (ix->nheap && ix->st.clock - ix->score[ix->heap[0]] > ix->cfg.ttl_steps) {
-    uint32_t s = ix->heap[0];
+/* The victim: the stored key with the least (score, key) not in this step; ix->nheap > 0. */
+static uint32_t victim(const embps_hindex_t *ix) {
+  return ix->cfg.policy == EMBPS_HINDEX_LFU ? ix->heap[0] : ix->head;
+}
+
+static void order_remove(embps_hindex_t *ix, uint32_t s) {
+  if (ix->cfg.policy == EMBPS_HINDEX_LFU)
     heap_remove(ix, s);
+  else
+    queue_remove(ix, s);
+}
+
+static void expire(embps_hindex_t *ix) {
+  while (ix->nheap && ix->st.clock - ix->score[victim(ix)] > ix->cfg.ttl_steps) {
+    uint32_t s = victim(ix);
+    order_remove(ix, s);
     map_remove(ix, ix->key[s]);
     ix->key[s] = 0;
     ix->free[ix->nfree++] = s;
@@ -381,14 +516,15 @@ static void expire(embps_hindex_t *ix) {
 embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_t n, int64_t *slots,
                                  embps_hindex_fresh_t *fresh, size_t *nfresh) {
   uint64_t *scratch, *u, *cand, weight = 0;
-  uint32_t *pinned;
-  size_t m = 0, nc = 0, np = 0, nf = 0, k = 0;
+  uint32_t *us; /* per distinct key: its slot, or EMBPS__HIX_NONE */
+  size_t m = 0, nc = 0, nf = 0, k = 0;
+  int lfu = ix->cfg.policy == EMBPS_HINDEX_LFU;
 
   if (ix->st.clock == UINT64_MAX)
     return EMBPS_FAILED_PRECONDITION;
   if (!(scratch = embps_malloc((2 * n + 1) * sizeof(uint64_t) + (n + 1) * sizeof(uint32_t))))
     return EMBPS_RESOURCE_EXHAUSTED;
-  pinned = (uint32_t *)(scratch + 2 * n + 1);
+  us = (uint32_t *)(scratch + 2 * n + 1);
   for (size_t i = 0; i < n; i++) /* the distinct nonzero keys, ascending */
     if (keys[i])
       scratch[k++] = keys[i];
@@ -396,55 +532,68 @@ embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_
   for (size_t i = 0; i < k; i++)
     if (i == 0 || u[i] != u[i - 1])
       u[m++] = u[i];
-  cand = u == scratch ? scratch + n : scratch; /* the other half */
+  cand = u == scratch ? scratch + n : scratch; /* the other half: the admitted keys' places */
 
   ix->st.clock++;
-  if (ix->cfg.policy == EMBPS_HINDEX_LFU)
+  if (lfu)
     weight = lfu_weight(ix);
   else if (ix->cfg.policy == EMBPS_HINDEX_TTL)
     expire(ix);
-  /* Touch and pin the stored keys; count the others. */
+  /* Touch and pin the stored keys; count the others. The map does not change until every
+   * key's slot is known, so one batch lookup finds them all. */
+  map_find_batch(ix, u, m, us);
   for (size_t i = 0; i < m; i++) {
-    uint32_t s = embps__hindex_map_find(ix, u[i]);
+    uint32_t s = us[i];
+    if (i + AHEAD < m && !lfu && us[i + AHEAD] != EMBPS__HIX_NONE) /* its queue neighbours */
+      __builtin_prefetch(&ix->link[2 * (uint64_t)us[i + AHEAD]]);
     if (s != EMBPS__HIX_NONE) {
-      heap_remove(ix, s);
+      order_remove(ix, s);
       ix->score[s] = weight ? ix->score[s] + weight : ix->st.clock;
-      pinned[np++] = s;
     } else if (ix->cfg.admit_after == 1 || sketch_count(ix, u[i]) >= ix->cfg.admit_after) {
-      cand[nc++] = u[i];
+      cand[nc++] = i;
     } else {
       ix->st.not_admitted++;
     }
   }
-  /* Give the admitted keys slots. */
-  for (size_t i = 0; i < nc; i++) {
-    uint64_t evicted = 0;
+  /* Give the admitted keys slots, in ascending key order. */
+  for (size_t c = 0; c < nc; c++) {
+    uint64_t evicted = 0, i = cand[c];
     uint32_t s;
+    if (c + AHEAD / 2 < nc) /* the home bucket of a later key */
+      __builtin_prefetch(&ix->buckets[key_hash(ix, u[cand[c + AHEAD / 2]]) & ix->mask]);
     if (ix->nfree) {
       s = ix->free[--ix->nfree];
     } else if (ix->nheap) {
-      s = ix->heap[0];
+      s = victim(ix);
       evicted = ix->key[s];
-      heap_remove(ix, s);
+      order_remove(ix, s);
       map_remove(ix, evicted);
       ix->st.evicted++;
       ix->st.size--;
-    } else {
-      ix->st.refused += nc - i; /* every slot holds a key of this step */
+    } else {                    /* every slot holds a key of this step */
+      ix->st.refused += nc - c; /* they keep EMBPS__HIX_NONE */
       break;
     }
-    embps__hindex_map_insert(ix, cand[i], s);
+    if (!lfu && ix->nheap) /* the next victim's key and queue neighbour */
+      __builtin_prefetch(&ix->key[ix->head]);
+    embps__hindex_map_insert(ix, u[i], s);
     ix->score[s] = weight ? weight : ix->st.clock;
-    pinned[np++] = s;
+    us[i] = s;
     ix->st.size++;
     ix->st.admitted++;
-    fresh[nf].key = cand[i];
+    fresh[nf].key = u[i];
     fresh[nf].evicted = evicted;
     fresh[nf].slot = s;
     nf++;
   }
-  for (size_t i = 0; i < np; i++)
-    heap_push(ix, pinned[i]);
+  /* Unpin: back into the victim order, in ascending key order (the queue stays sorted). */
+  for (size_t i = 0; i < m; i++)
+    if (us[i] != EMBPS__HIX_NONE) {
+      if (lfu)
+        heap_push(ix, us[i]);
+      else
+        queue_append(ix, us[i]);
+    }
   embps_free(scratch);
   embps_hindex_find(ix, keys, n, slots);
   if (nfresh)

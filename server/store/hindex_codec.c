@@ -133,7 +133,6 @@ static int read_body(embps_hindex_t *ix, const uint8_t *p, uint64_t nfree, uint6
     return -1;
   for (uint64_t i = 0; i < nfree; i++)
     ix->pos[ix->free[i]] = EMBPS__HIX_NONE;
-  embps__hindex_heap_build(ix);
   return 0;
 }
 
@@ -210,6 +209,11 @@ embps_status_t embps_hindex_decode(embps_hindex_t **out, const embps_hindex_conf
                            "hash index %s is malformed (a slot, key or score that no index "
                            "holds)",
                            name);
+  }
+  if ((ret = embps__hindex_order_build(ix)) != EMBPS_OK) {
+    embps_hindex_free(ix);
+    return embps_error_set(err, ret, "out of memory for decoding hash index %s (%" PRIu64 " keys)",
+                           name, st.size);
   }
   q += 4 * nfree + ENTRY_BYTES * st.size;
   memcpy(ix->sketch, q, (size_t)EMBPS_HINDEX_SKETCH_DEPTH * c->sketch_width);

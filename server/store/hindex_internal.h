@@ -18,15 +18,24 @@ struct embps_hindex {
   uint64_t *buckets; /* mask + 1: (tag << 32) | (slot + 1), 0 empty; tag = hash >> 32 */
   uint64_t *key;     /* capacity: the key at a slot, 0 for a free slot */
   uint64_t *score;   /* capacity: the key's score (policy's; least goes first) */
-  uint32_t *pos;     /* capacity: the slot's place in heap, EMBPS__HIX_NONE when not in it */
-  uint32_t *heap;    /* capacity: a binary min-heap of slots by (score, key) */
-  uint32_t *free;    /* capacity: a stack of free slots; the top is free[nfree - 1] */
-  uint8_t *sketch;   /* DEPTH x sketch_width saturating counters */
+  /* The victim order of the stored keys, ascending (score, key). LFU: a binary min-heap of
+   * slots (heap, capacity) and each slot's place in it (pos, capacity; EMBPS__HIX_NONE when not
+   * in it). LRU and TTL: a doubly linked queue (link, 2 x capacity, over the memory of pos and
+   * heap: slot s's predecessor link[2s] and successor link[2s + 1], EMBPS__HIX_NONE at the ends;
+   * meaningless for a slot not in it) from head to tail: every score a step gives is its clock,
+   * above every score stored, so a step appends its keys at the tail in ascending key order and
+   * the queue stays sorted without comparisons. pos also serves decode as a mark (codec). */
+  uint32_t *pos;
+  uint32_t *heap;
+  uint32_t *link;
+  uint32_t *free;  /* capacity: a stack of free slots; the top is free[nfree - 1] */
+  uint8_t *sketch; /* DEPTH x sketch_width saturating counters */
   void *arena;
   size_t arena_bytes;
-  uint64_t nheap, nfree;
-  uint64_t base; /* LFU: scores are in units of 2^(base - epoch) of a push at epoch */
-  uint32_t dmax; /* LFU: the largest epoch - base kept before renormalising */
+  uint64_t nheap, nfree; /* keys in the victim order (heap or queue); free slots */
+  uint32_t head, tail;   /* LRU, TTL: the queue's ends (least first), EMBPS__HIX_NONE if empty */
+  uint64_t base;         /* LFU: scores are in units of 2^(base - epoch) of a push at epoch */
+  uint32_t dmax;         /* LFU: the largest epoch - base kept before renormalising */
   embps_hindex_stats_t st;
 };
 
@@ -54,7 +63,10 @@ embps_status_t embps__hindex_alloc(struct embps_hindex **out, const embps_hindex
 void embps__hindex_map_insert(struct embps_hindex *ix, uint64_t key, uint32_t slot);
 /** The slot of key, or EMBPS__HIX_NONE. */
 uint32_t embps__hindex_map_find(const struct embps_hindex *ix, uint64_t key);
-/** Rebuilds the heap from every stored slot (in slot order). */
+/** Rebuilds the heap from every stored slot (in slot order); LFU only. */
 void embps__hindex_heap_build(struct embps_hindex *ix);
+/** Builds the victim order (heap or queue) of every stored slot after decode. Errors:
+ * EMBPS_RESOURCE_EXHAUSTED (the queue's sort scratch, 4 bytes per key, cannot be had). */
+embps_status_t embps__hindex_order_build(struct embps_hindex *ix);
 
 #endif

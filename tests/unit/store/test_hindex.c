@@ -176,24 +176,45 @@ static uint64_t key_of(uint64_t rank) {
   return k ? k : 1;
 }
 
-/* The index's own invariants: map <-> keys, heap order and positions, the free stack. */
+/* The LRU and TTL queue's invariants: from head to tail, linked both ways, strictly ascending by
+ * (score, key), every key stored once. */
+static void check_queue(const embps_hindex_t *ix) {
+  uint64_t n = 0;
+  uint32_t prev = EMBPS__HIX_NONE;
+  for (uint32_t s = ix->head; s != EMBPS__HIX_NONE; prev = s, s = ix->link[2 * (uint64_t)s + 1]) {
+    assert_true(n++ < ix->cfg.capacity);
+    assert_true(s < ix->cfg.capacity && ix->key[s] != 0);
+    assert_int_equal(ix->link[2 * (uint64_t)s], prev);
+    if (prev != EMBPS__HIX_NONE)
+      assert_true(less(ix, prev, s));
+  }
+  assert_int_equal(ix->tail, prev);
+  assert_int_equal(n, ix->nheap);
+}
+
+/* The index's own invariants: map <-> keys, the victim order (heap order and positions, or the
+ * queue), the free stack. */
 static void check_invariants(const embps_hindex_t *ix) {
   uint64_t stored = 0, used = 0;
+  int lfu = ix->cfg.policy == EMBPS_HINDEX_LFU;
   for (uint64_t s = 0; s < ix->cfg.capacity; s++)
     if (ix->key[s]) {
       stored++;
       assert_int_equal(embps__hindex_map_find(ix, ix->key[s]), s);
-      assert_int_equal(ix->heap[ix->pos[s]], s);
-    } else {
+      if (lfu)
+        assert_int_equal(ix->heap[ix->pos[s]], s);
+    } else if (lfu) {
       assert_int_equal(ix->pos[s], EMBPS__HIX_NONE);
     }
+  if (!lfu)
+    check_queue(ix);
   for (uint64_t b = 0; b <= ix->mask; b++)
     used += ix->buckets[b] != 0;
   assert_int_equal(used, stored);
   assert_int_equal(stored, ix->st.size);
   assert_int_equal(ix->nheap, stored);
   assert_int_equal(ix->nfree + stored, ix->cfg.capacity);
-  for (uint64_t i = 1; i < ix->nheap; i++)
+  for (uint64_t i = 1; lfu && i < ix->nheap; i++)
     assert_false(less(ix, ix->heap[i], ix->heap[(i - 1) / 2]));
   for (uint64_t i = 0; i < ix->nfree; i++)
     assert_int_equal(ix->key[ix->free[i]], 0);
