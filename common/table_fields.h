@@ -15,6 +15,7 @@
 
 #include "common/byteorder.h"
 #include "common/dtype.h"
+#include "common/eviction.h"
 #include "common/optimizer.h"
 
 /** X(field, type, wire, message, pb_field), one per setting, in the order of their bytes.
@@ -26,9 +27,14 @@
  * an embps.v1.OptimizerConfig); pb_field: its name there.
  *
  * Zero means "the server's default" for every setting; embps_table_config_resolve (server/store)
- * fills the defaults in. A setting appended here changes the checkpoint format and the control
- * frame: bump EMBPS_CKPT_FORMAT_VERSION with it. */
-#define EMBPS_TABLE_FIELDS(X)                                                                      \
+ * fills the defaults in. A setting is appended, never inserted: it changes the checkpoint format
+ * and the control frame, so bump EMBPS_CKPT_FORMAT_VERSION and EMBPS__CONTROL_VERSION with it,
+ * and list the settings each earlier checkpoint version holds (EMBPS_TABLE_FIELDS_V1), which the
+ * checkpoint reader reads as a prefix, the rest zero. */
+#define EMBPS_TABLE_FIELDS(X) EMBPS_TABLE_FIELDS_V1(X) EMBPS_TABLE_FIELDS_HASH(X)
+
+/** The settings of checkpoint format version 1 (a dense table of rows), in their order. */
+#define EMBPS_TABLE_FIELDS_V1(X)                                                                   \
   X(rows, uint64_t, u64, SPEC, rows)                                                               \
   X(emb_width, uint32_t, u32, SPEC, emb_width)                                                     \
   X(dtype, embps_dtype_t, e32, SPEC, dtype)                                                        \
@@ -42,6 +48,16 @@
   X(weight_decay, float, f32, OPTIMIZER, weight_decay)                                             \
   X(beta1, float, f32, OPTIMIZER, beta1)                                                           \
   X(beta2, float, f32, OPTIMIZER, beta2)
+
+/** Appended in checkpoint format version 2: a hash-keyed table (docs/design.md, "Hash-keyed
+ * tables"). capacity 0 is a dense table, and every other setting here is then 0. */
+#define EMBPS_TABLE_FIELDS_HASH(X)                                                                 \
+  X(capacity, uint64_t, u64, SPEC, capacity)                                                       \
+  X(admit_after, uint32_t, u32, SPEC, admit_after)                                                 \
+  X(eviction, embps_eviction_t, e32, SPEC, eviction)                                               \
+  X(half_life_steps, uint64_t, u64, SPEC, half_life_steps)                                         \
+  X(ttl_steps, uint64_t, u64, SPEC, ttl_steps)                                                     \
+  X(sketch_width, uint32_t, u32, SPEC, sketch_width)
 
 /** Declares the settings as members: `EMBPS_TABLE_FIELDS(EMBPS_TABLE_FIELD_MEMBER)` in a struct. */
 #define EMBPS_TABLE_FIELD_MEMBER(field, type, wire, message, pb_field) type field;
@@ -57,6 +73,9 @@
 
 /** Bytes of the settings in the binary layouts, the name apart. */
 #define EMBPS_TABLE_FIELDS_WIRE_BYTES (0 EMBPS_TABLE_FIELDS(EMBPS__TABLE_FIELD_BYTES))
+/** Bytes of the settings of checkpoint format version 1 (EMBPS_TABLE_FIELDS_V1): a prefix of the
+ * layout. */
+#define EMBPS_TABLE_FIELDS_V1_WIRE_BYTES (0 EMBPS_TABLE_FIELDS_V1(EMBPS__TABLE_FIELD_BYTES))
 
 /** Writers and readers of one setting's bytes by its wire kind: each writes or reads at *p and
  * moves *p past what it wrote or read. */
@@ -100,8 +119,8 @@ static inline float embps_table_wire_get_f32(const uint8_t **p) {
 #define EMBPS__TABLE_PB_OPTIMIZER(spec, optimizer) (optimizer)
 #define EMBPS__TABLE_PB_HAS_SPEC(spec) 1
 #define EMBPS__TABLE_PB_HAS_OPTIMIZER(spec) ((spec)->optimizer != NULL)
-/* an enum goes over as an int: the .proto's enums have the values of embps_dtype_t and
- * embps_optimizer_t */
+/* an enum goes over as an int: the .proto's enums have the values of embps_dtype_t,
+ * embps_optimizer_t and embps_eviction_t */
 #define EMBPS__TABLE_PB_VALUE_u64(v) (v)
 #define EMBPS__TABLE_PB_VALUE_u32(v) (v)
 #define EMBPS__TABLE_PB_VALUE_e32(v) ((int)(v))

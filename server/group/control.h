@@ -147,8 +147,10 @@ typedef enum embps__frame_type {
  * agreement.c), so a rank whose frames are laid out otherwise is refused by name instead of
  * misreading them: bump it with any change to a frame's layout or a new frame type, even where
  * the release version stays. 2: NOTICE carries the caller's deadline; LEAVING. 3: NOTICE carries
- * the batch's digest and attempt, round entries their attempt; WITHDRAW. */
-#define EMBPS__CONTROL_VERSION 3
+ * the batch's digest and attempt, round entries their attempt; WITHDRAW. 4: a CREATE entry's
+ * table settings carry the hash-keyed ones (capacity, admit_after, eviction, half_life_steps,
+ * ttl_steps, sketch_width; common/table_fields.h). */
+#define EMBPS__CONTROL_VERSION 4
 
 /** Bytes of a frame's header (length and type). */
 #define EMBPS__FRAME_HEADER_LEN 5

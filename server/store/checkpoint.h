@@ -32,8 +32,12 @@
 #include "common/status.h"
 #include "server/store/store.h"
 
-/** The format version this build writes and reads; files of another version are refused. */
-#define EMBPS_CKPT_FORMAT_VERSION 1u
+/** The format version this build writes. 2: a table spec carries the hash-keyed settings
+ * (common/table_fields.h, EMBPS_TABLE_FIELDS_HASH) after beta2. */
+#define EMBPS_CKPT_FORMAT_VERSION 2u
+/** The oldest format version this build reads (a version 1 table spec lacks the hash-keyed
+ * settings: read as 0, a dense table); files of other versions are refused. */
+#define EMBPS_CKPT_FORMAT_VERSION_MIN 1u
 /** The manifest's file name inside a checkpoint's directory. */
 #define EMBPS_CKPT_MANIFEST "MANIFEST"
 /** Longest path this module builds. */
@@ -114,11 +118,11 @@ typedef struct embps_ckpt_file {
 
 /** What a checkpoint holds, as its manifest says. */
 typedef struct embps_ckpt_manifest {
-  uint32_t format_version;
-  uint64_t round;      /* the tables as they stood after this round */
-  uint64_t base_round; /* incremental: the checkpoint it applies on; 0 when full */
-  uint64_t time_ms;    /* wall-clock time (Unix ms) at which the manifest was written */
-  uint32_t group_size; /* ranks that wrote it */
+  uint32_t format_version; /* as read: the file's (a version 1 file's tables are dense) */
+  uint64_t round;          /* the tables as they stood after this round */
+  uint64_t base_round;     /* incremental: the checkpoint it applies on; 0 when full */
+  uint64_t time_ms;        /* wall-clock time (Unix ms) at which the manifest was written */
+  uint32_t group_size;     /* ranks that wrote it */
   char scope[EMBPS_TABLE_NAME_MAX]; /* "": every table the group held; else the one table */
   size_t num_tables;
   embps_table_config_t *tables; /* owned; resolved configs */

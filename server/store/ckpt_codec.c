@@ -5,8 +5,11 @@
  * Byte layouts. Integers are little-endian, floats their IEEE-754 bits as a u32; a name is its
  * length (u32) and its bytes; a table spec is name | rows u64 | emb_width u32 | dtype u32 |
  * seed u64 | init_scale | optimizer u32 | lr | eps | half_life | initial_accumulator |
- * weight_decay | beta1 | beta2: its settings in the order common/table_fields.h declares them,
- * which embps_table_config_put_settings (here) writes for the group's control frames too.
+ * weight_decay | beta1 | beta2 | capacity u64 | admit_after u32 | eviction u32 |
+ * half_life_steps u64 | ttl_steps u64 | sketch_width u32: its settings in the order
+ * common/table_fields.h declares them, which embps_table_config_put_settings (here) writes for
+ * the group's control frames too. Version 1 files end the spec at beta2 (EMBPS_TABLE_FIELDS_V1):
+ * they are read with the later settings zero, a dense table, as they were written.
  *
  * A slice file (r<rank>-<table>.embps):
  *   header   "EMBPSCKP" | format version u32 | header bytes u32 (all of the header) | rank u32 |
@@ -146,7 +149,8 @@ static int finish(wbuf_t *b, uint8_t **out, size_t *len) {
 typedef struct rbuf {
   const uint8_t *p;
   size_t len, off;
-  int bad; /* read past the end, or a name too long */
+  int bad;          /* read past the end, or a name too long */
+  uint32_t version; /* the file's format version: which settings a table spec holds */
 } rbuf_t;
 
 static const uint8_t *get(rbuf_t *r, size_t n) {
@@ -184,12 +188,25 @@ static void get_name(rbuf_t *r, char out[EMBPS_TABLE_NAME_MAX]) {
   }
 }
 
+/* Reads the settings of format version 1 at p into c (the later ones untouched). */
+static void get_settings_v1(const uint8_t *p, embps_table_config_t *c) {
+#define GET_SETTING(field, type, wire, message, pb_field)                                          \
+  c->field = (type)embps_table_wire_get_##wire(&p);
+  EMBPS_TABLE_FIELDS_V1(GET_SETTING)
+#undef GET_SETTING
+}
+
+/* A table spec of r's format version: a version 1 spec leaves the settings appended since at 0. */
 static void get_config(rbuf_t *r, embps_table_config_t *c) {
   const uint8_t *p;
   memset(c, 0, sizeof(*c));
   get_name(r, c->name);
-  if ((p = get(r, EMBPS_TABLE_FIELDS_WIRE_BYTES)))
+  if (r->version == 1) {
+    if ((p = get(r, EMBPS_TABLE_FIELDS_V1_WIRE_BYTES)))
+      get_settings_v1(p, c);
+  } else if ((p = get(r, EMBPS_TABLE_FIELDS_WIRE_BYTES))) {
     embps_table_config_get_settings(p, c);
+  }
 }
 
 int embps__ckpt_same_config(const embps_table_config_t *a, const embps_table_config_t *b) {
@@ -209,11 +226,11 @@ embps_status_t embps__ckpt_check_preamble(const uint8_t *p, const char *magic, c
   if (memcmp(p, magic, 8) != 0)
     return embps_error_set(err, EMBPS_DATA_LOSS, "%s is not an embps checkpoint file (bad magic)",
                            path);
-  if (version != EMBPS_CKPT_FORMAT_VERSION)
+  if (version < EMBPS_CKPT_FORMAT_VERSION_MIN || version > EMBPS_CKPT_FORMAT_VERSION)
     return embps_error_set(err, EMBPS_FAILED_PRECONDITION,
                            "%s has checkpoint format version %" PRIu32
-                           "; this build reads version %u",
-                           path, version, EMBPS_CKPT_FORMAT_VERSION);
+                           "; this build reads versions %u to %u",
+                           path, version, EMBPS_CKPT_FORMAT_VERSION_MIN, EMBPS_CKPT_FORMAT_VERSION);
   return EMBPS_OK;
 }
 
@@ -241,7 +258,8 @@ int embps__ckpt_header_encode(const embps__ckpt_header_t *h, uint8_t **out, size
 }
 
 int embps__ckpt_header_decode(const uint8_t *p, size_t hlen, embps__ckpt_header_t *h) {
-  rbuf_t r = {.p = p, .len = hlen - 4, .off = EMBPS__CKPT_PREAMBLE};
+  rbuf_t r = {.p = p, .len = hlen - 4, .off = EMBPS__CKPT_PREAMBLE, .version = 0};
+  r.version = embps_get_le32(p + 8); /* embps__ckpt_check_preamble accepted it */
   h->rank = get_u32(&r);
   h->group_size = get_u32(&r);
   h->col_begin = get_u32(&r);
@@ -344,8 +362,8 @@ embps_status_t embps__ckpt_manifest_decode(const char *path, const uint8_t *p, s
                            "checkpoint manifest %s is corrupt: crc32 expected %08" PRIx32
                            ", actual %08" PRIx32,
                            path, want, got);
-  r = (rbuf_t){.p = p, .len = len - 4, .off = EMBPS__CKPT_PREAMBLE};
-  m->format_version = EMBPS_CKPT_FORMAT_VERSION;
+  r = (rbuf_t){.p = p, .len = len - 4, .off = EMBPS__CKPT_PREAMBLE, .version = 0};
+  m->format_version = r.version = embps_get_le32(p + 8);
   m->round = get_u64(&r);
   m->base_round = get_u64(&r);
   m->time_ms = get_u64(&r);

@@ -62,12 +62,14 @@ typedef struct embps__ckpt_header {
 int embps__ckpt_header_encode(const embps__ckpt_header_t *h, uint8_t **out, size_t *len);
 
 /** Decodes the fields of a whole header of hlen bytes at p (its preamble and crc32 already
- * checked) into *h. Returns 0, or -1 when the fields do not fill the header exactly. */
+ * checked) into *h, its table spec as the format version at p + 8 lays it out (version 1: the
+ * hash-keyed settings 0). Returns 0, or -1 when the fields do not fill the header exactly. */
 int embps__ckpt_header_decode(const uint8_t *p, size_t hlen, embps__ckpt_header_t *h);
 
 /** Checks the magic and format version of the EMBPS__CKPT_PREAMBLE bytes at p, which open the
- * file at path. Returns EMBPS_OK, EMBPS_DATA_LOSS (another magic) or EMBPS_FAILED_PRECONDITION
- * (another version, both named). */
+ * file at path: EMBPS_CKPT_FORMAT_VERSION_MIN to EMBPS_CKPT_FORMAT_VERSION are read. Returns
+ * EMBPS_OK, EMBPS_DATA_LOSS (another magic) or EMBPS_FAILED_PRECONDITION (another version, named
+ * with the versions this build reads). */
 embps_status_t embps__ckpt_check_preamble(const uint8_t *p, const char *magic, const char *path,
                                           embps_error_t *err);
 

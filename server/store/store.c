@@ -42,9 +42,13 @@ uint64_t embps_table_config_bytes(const embps_table_config_t *cfg, uint32_t grou
   const embps_optimizer_info_t *info = embps_optimizer_info(cfg->optimizer);
   uint64_t shard_width = cfg->emb_width / (group_size ? group_size : 1);
   uint64_t per_row = shard_width * embps_dtype_size(cfg->dtype);
+  embps_hindex_config_t hc;
   if (info)
     per_row += (uint64_t)info->state_per_element * shard_width * 4 + info->state_per_row * 4u;
-  return cfg->rows * per_row;
+  if (!embps_table_config_hashed(cfg))
+    return cfg->rows * per_row;
+  embps_table_config_hindex(cfg, &hc);
+  return cfg->capacity * per_row + (uint64_t)embps_hindex_bytes(&hc);
 }
 
 static int finite_nonneg(float x) { return isfinite(x) && x >= 0.0f; }
@@ -90,7 +94,9 @@ embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t gr
   if ((ret = embps_table_name_check(cfg->name, strnlen(cfg->name, sizeof(cfg->name)), err)) !=
       EMBPS_OK)
     return ret;
-  if (cfg->rows < 2 || cfg->rows > EMBPS_MAX_ROWS)
+  if ((ret = embps_table_kind_resolve(cfg, err)) != EMBPS_OK)
+    return ret;
+  if (!embps_table_config_hashed(cfg) && (cfg->rows < 2 || cfg->rows > EMBPS_MAX_ROWS))
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "rows=%llu is out of range: a table needs 2 to %llu rows (row 0 is "
                            "the padding row)",
@@ -133,6 +139,14 @@ embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t gr
                            "adam betas must lie in (0, 1), got beta1=%g beta2=%g", cfg->beta1,
                            cfg->beta2);
   bytes = embps_table_config_bytes(cfg, group_size);
+  if (bytes > max_bytes && embps_table_config_hashed(cfg))
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "table '%s' needs %llu bytes per rank (capacity=%llu emb_width=%u %s, "
+                           "%s state, and its key index), more than this rank's memory budget of "
+                           "%llu (--max-memory-bytes): lower capacity or raise the budget",
+                           cfg->name, (unsigned long long)bytes, (unsigned long long)cfg->capacity,
+                           cfg->emb_width, embps_dtype_name(cfg->dtype),
+                           embps_optimizer_name(cfg->optimizer), (unsigned long long)max_bytes);
   if (bytes > max_bytes)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
                            "table '%s' needs %llu bytes per rank (rows=%llu emb_width=%u %s, "

@@ -14,6 +14,7 @@
 #include "common/optimizer.h"
 #include "common/status.h"
 #include "common/table_fields.h"
+#include "server/store/hindex.h"
 
 #define EMBPS_TABLE_NAME_MAX 128
 /* The most tables a store holds: what tables take is bounded by the memory budget
@@ -76,17 +77,53 @@ embps_status_t embps_table_name_check(const char *name, size_t len, embps_error_
 
 /**
  * Fills defaults in cfg (dtype f32; the optimizer and hyper-parameters of common/optimizer.h's
- * EMBPS_OPTIMIZER_SERVER_DEFAULT and EMBPS_OPTIMIZER_DEFAULT_*; init_scale 1/sqrt(emb_width))
- * and validates it: name, rows, emb_width (and its split over group_size), dtype, optimizer,
- * hyper-parameters, and the bytes against max_bytes (the rank's memory budget,
- * embps_store_budget_max: a table alone beyond it is refused before any rank is asked).
+ * EMBPS_OPTIMIZER_SERVER_DEFAULT and EMBPS_OPTIMIZER_DEFAULT_*; init_scale 1/sqrt(emb_width);
+ * the kind's, embps_table_kind_resolve) and validates it: name, the kind (rows or capacity and
+ * the hash-keyed options), emb_width (and its split over group_size), dtype, optimizer,
+ * hyper-parameters, and the bytes (embps_table_config_bytes) against max_bytes (the rank's memory
+ * budget, embps_store_budget_max: a table alone beyond it is refused before any rank is asked).
  * Returns EMBPS_OK or EMBPS_INVALID_ARGUMENT / EMBPS_RESOURCE_EXHAUSTED with err set.
  */
 embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t group_size,
                                           uint64_t max_bytes, embps_error_t *err);
 
-/** Bytes a table of cfg holds on one rank of a group of group_size (data and state). */
+/** Bytes a table of cfg holds on one rank of a group of group_size: data and state of its rows
+ * (a hash-keyed table's capacity slots), and a hash-keyed table's index (embps_hindex_bytes of
+ * embps_table_config_hindex, replicated on every rank). cfg resolved. */
 uint64_t embps_table_config_bytes(const embps_table_config_t *cfg, uint32_t group_size);
+
+/* ---- the table's kind (table_kind.c) ---- */
+
+/** 1 for a hash-keyed table (capacity > 0), 0 for a dense one (rows). */
+int embps_table_config_hashed(const embps_table_config_t *cfg);
+
+/**
+ * The kind's part of embps_table_config_resolve, which calls it before anything else it checks:
+ * for a dense table (capacity 0), refuses every hash-keyed option (admit_after above 1,
+ * eviction, half_life_steps, ttl_steps, sketch_width) and stores admit_after 1 as 0; for a
+ * hash-keyed one, refuses rows, a capacity above EMBPS_HINDEX_MAX_CAPACITY, an eviction policy
+ * not in common/eviction.h, admit_after above EMBPS_HINDEX_MAX_ADMIT_AFTER, half_life_steps
+ * without lfu (or lfu without it), ttl_steps without ttl (or ttl without it), sketch_width with
+ * admit_after 1 or above EMBPS_HINDEX_MAX_SKETCH_WIDTH, and fills the defaults in (admit_after 1,
+ * eviction lru, sketch_width embps_table_sketch_width_default when admit_after > 1). Returns
+ * EMBPS_OK or EMBPS_INVALID_ARGUMENT with err naming the field and the remedy.
+ */
+embps_status_t embps_table_kind_resolve(embps_table_config_t *cfg, embps_error_t *err);
+
+/** The default sketch_width of a hash-keyed table with admission: the least power of two >=
+ * capacity, at most EMBPS_HINDEX_MAX_SKETCH_WIDTH. */
+uint32_t embps_table_sketch_width_default(uint64_t capacity);
+
+/** The configuration of a hash-keyed table's index (cfg resolved). */
+void embps_table_config_hindex(const embps_table_config_t *cfg, embps_hindex_config_t *out);
+
+/**
+ * Whether this build serves a table of cfg: EMBPS_OK for a dense table; EMBPS_UNIMPLEMENTED for
+ * a hash-keyed one ("hash-keyed tables (capacity={C}) are not served by this build yet: create a
+ * dense table of rows instead"), until the engine keeps their index. CreateTable and a restore
+ * ask it after embps_table_config_resolve.
+ */
+embps_status_t embps_table_config_served(const embps_table_config_t *cfg, embps_error_t *err);
 
 /** Creates an empty store (this rank's tables; each table knows its own column slice). On
  * failure *out is untouched. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED. */

@@ -1,7 +1,8 @@
 /* libembps: the C client of an embps shard group. Installed as <embps/embps.h>, the library's
  * whole public face: it and the headers it includes (<embps/status.h>, <embps/dtype.h>,
- * <embps/optimizer.h>) compile without the source tree; `pkg-config --cflags --libs embps` or
- * CMake's find_package(embps) with the target embps::embps give the flags.
+ * <embps/optimizer.h>, <embps/eviction.h>) compile without the source tree; `pkg-config
+ * --cflags --libs embps` or CMake's find_package(embps) with the target embps::embps give the
+ * flags.
  *
  * A client holds one HTTP/2 (gRPC, cleartext) connection to every server of a shard group and
  * splits each batch of tokens into one contiguous token shard per rank. Calls are unary gRPC
@@ -28,6 +29,7 @@
 #include <stdint.h>
 
 #include "embps/dtype.h"     /* embps_dtype_t: EMBPS_DTYPE_F32, EMBPS_DTYPE_BF16 */
+#include "embps/eviction.h"  /* embps_eviction_t: EMBPS_EVICTION_DEFAULT, _LRU, _LFU, _TTL */
 #include "embps/optimizer.h" /* embps_optimizer_t: EMBPS_OPTIMIZER_DEFAULT, _SGD, ... */
 #include "embps/status.h"    /* embps_status_t, embps_error_t: EMBPS_OK, ... */
 
@@ -123,6 +125,15 @@ typedef struct embps_table_spec {
   float beta2;
   uint64_t seed;
   float init_scale; /* 0: 1/sqrt(emb_width) */
+  /* A hash-keyed table (any 64-bit id is a key; 0 stays padding): capacity slots instead of
+   * rows (rows must then be 0). 0: a dense table of rows. The fields below it are hash-keyed
+   * only; servers of this release refuse hash-keyed tables with EMBPS_UNIMPLEMENTED. */
+  uint64_t capacity;
+  uint32_t admit_after;      /* store a key at its admit_after-th push step; 0 or 1: at once */
+  embps_eviction_t eviction; /* 0: LRU */
+  uint64_t half_life_steps;  /* LFU only: push steps over which a push's weight halves */
+  uint64_t ttl_steps;        /* TTL only: push steps without a push before a key expires */
+  uint32_t sketch_width;     /* admission's counters per sketch row; 0: the server's default */
 } embps_table_spec_t;
 
 /** The reply to a push, joined over the group's ranks. */

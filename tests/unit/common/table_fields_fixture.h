@@ -54,9 +54,12 @@ static inline void assert_table_fields_f32(const uint8_t *p, float want) {
 
 /* The settings' bytes as the checkpoint header and the control frame carry them after the name:
  * rows u64 | emb_width u32 | dtype u32 | seed u64 | init_scale | optimizer u32 | lr | eps |
- * half_life | initial_accumulator | weight_decay | beta1 | beta2, 60 bytes. Written out by hand
- * (not from EMBPS_TABLE_FIELDS) on purpose. */
-#define TABLE_FIELDS_LAYOUT_BYTES 60
+ * half_life | initial_accumulator | weight_decay | beta1 | beta2 (60 bytes, all that checkpoint
+ * format version 1 holds) | capacity u64 | admit_after u32 | eviction u32 | half_life_steps u64 |
+ * ttl_steps u64 | sketch_width u32, 96 bytes. Written out by hand (not from EMBPS_TABLE_FIELDS)
+ * on purpose. */
+#define TABLE_FIELDS_LAYOUT_BYTES 96
+#define TABLE_FIELDS_LAYOUT_V1_BYTES 60
 #define assert_table_fields_bytes(p, c)                                                            \
   do {                                                                                             \
     const uint8_t *q_ = (p);                                                                       \
@@ -74,6 +77,13 @@ static inline void assert_table_fields_f32(const uint8_t *p, float want) {
     assert_table_fields_f32(q_ + 48, (c)->weight_decay);                                           \
     assert_table_fields_f32(q_ + 52, (c)->beta1);                                                  \
     assert_table_fields_f32(q_ + 56, (c)->beta2);                                                  \
+    assert_int_equal(EMBPS_TABLE_FIELDS_V1_WIRE_BYTES, TABLE_FIELDS_LAYOUT_V1_BYTES);              \
+    assert_true(embps_get_le64(q_ + 60) == (c)->capacity);                                         \
+    assert_int_equal(embps_get_le32(q_ + 68), (c)->admit_after);                                   \
+    assert_int_equal(embps_get_le32(q_ + 72), (uint32_t)(c)->eviction);                            \
+    assert_true(embps_get_le64(q_ + 76) == (c)->half_life_steps);                                  \
+    assert_true(embps_get_le64(q_ + 84) == (c)->ttl_steps);                                        \
+    assert_int_equal(embps_get_le32(q_ + 92), (c)->sketch_width);                                  \
   } while (0)
 
 #endif

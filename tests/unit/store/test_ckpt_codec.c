@@ -138,11 +138,83 @@ static void test_header(void **state) {
   assert_int_equal(embps__ckpt_check_preamble(p, EMBPS__CKPT_MANIFEST_MAGIC, "f", &err),
                    EMBPS_DATA_LOSS);
   assert_true(has(err.message, "bad magic"));
-  embps_put_le32(p + 8, 2);
+  embps_put_le32(p + 8, EMBPS_CKPT_FORMAT_VERSION + 1);
   assert_int_equal(embps__ckpt_check_preamble(p, EMBPS__CKPT_SLICE_MAGIC, "f", &err),
                    EMBPS_FAILED_PRECONDITION);
-  assert_true(has(err.message, "version 2"));
-  assert_true(has(err.message, "version 1"));
+  assert_true(has(err.message, "version 3"));
+  assert_true(has(err.message, "reads versions 1 to 2"));
+  embps_put_le32(p + 8, 0);
+  assert_int_equal(embps__ckpt_check_preamble(p, EMBPS__CKPT_SLICE_MAGIC, "f", &err),
+                   EMBPS_FAILED_PRECONDITION);
+  embps_put_le32(p + 8, 1); /* the previous release's: still read */
+  assert_int_equal(embps__ckpt_check_preamble(p, EMBPS__CKPT_SLICE_MAGIC, "f", &err), EMBPS_OK);
+  embps_free(p);
+}
+
+/* The bytes of a version 1 file from those of this build's (version 2) with one table spec at
+ * `spec` (its settings' offset): the version set to 1 and the settings appended in version 2 cut
+ * out, as the previous release wrote them. The caller fixes lengths and checksums. */
+static size_t as_version_1(uint8_t *p, size_t len, size_t spec) {
+  const size_t cut = TABLE_FIELDS_LAYOUT_BYTES - TABLE_FIELDS_LAYOUT_V1_BYTES;
+  embps_put_le32(p + 8, 1);
+  memmove(p + spec + TABLE_FIELDS_LAYOUT_V1_BYTES, p + spec + TABLE_FIELDS_LAYOUT_BYTES,
+          len - spec - TABLE_FIELDS_LAYOUT_BYTES);
+  return len - cut;
+}
+
+/* A version 1 slice header and manifest (a dense table's spec ending at beta2) decode with the
+ * hash-keyed settings 0 and every other setting as written; a version 2 reader that read them as
+ * version 2 would find them malformed. */
+static void test_version_1_specs(void **state) {
+  embps__ckpt_header_t h, got;
+  embps_ckpt_manifest_t m, got_m;
+  embps_table_config_t c, want;
+  embps_error_t err;
+  uint8_t *p = NULL;
+  size_t len = 0;
+  (void)state;
+  memset(&c, 0, sizeof(c));
+  strcpy(c.name, "settings");
+  config_fill(&c);
+  want = c;
+#define ZERO_HASH_SETTING(field, type, wire, message, pb_field)                                    \
+  memset(&want.field, 0, sizeof(want.field));
+  EMBPS_TABLE_FIELDS_HASH(ZERO_HASH_SETTING)
+#undef ZERO_HASH_SETTING
+
+  memset(&h, 0, sizeof(h));
+  h.config = c;
+  h.rank = 1;
+  h.group_size = 2;
+  assert_int_equal(embps__ckpt_header_encode(&h, &p, &len), 0);
+  len = as_version_1(p, len, 84);
+  embps_put_le32(p + 12, (uint32_t)len);
+  embps_put_le32(p + len - 4, embps__ckpt_crc(0, p, len - 4));
+  assert_int_equal(embps__ckpt_check_preamble(p, EMBPS__CKPT_SLICE_MAGIC, "f", &err), EMBPS_OK);
+  memset(&got, 0xa5, sizeof(got));
+  assert_int_equal(embps__ckpt_header_decode(p, len, &got), 0);
+  assert_int_equal(got.rank, 1);
+  assert_int_equal(got.group_size, 2);
+  assert_string_equal(got.config.name, "settings");
+  config_assert_same(&got.config, &want);
+  embps_put_le32(p + 8, 2); /* the same bytes read as version 2 are short */
+  assert_int_equal(embps__ckpt_header_decode(p, len, &got), -1);
+  embps_free(p);
+
+  memset(&m, 0, sizeof(m));
+  m.group_size = 1;
+  m.num_tables = 1;
+  m.tables = &c;
+  assert_int_equal(embps__ckpt_manifest_encode(&m, &p, &len), 0);
+  len = as_version_1(p, len, 72);
+  embps_put_le32(p + 12, (uint32_t)(len - 20));
+  embps_put_le32(p + len - 4, embps__ckpt_crc(0, p, len - 4));
+  memset(&got_m, 0, sizeof(got_m));
+  assert_int_equal(embps__ckpt_manifest_decode("M", p, len, &got_m, &err), EMBPS_OK);
+  assert_int_equal(got_m.format_version, 1);
+  assert_int_equal(got_m.num_tables, 1);
+  config_assert_same(&got_m.tables[0], &want);
+  embps_ckpt_manifest_free(&got_m);
   embps_free(p);
 }
 
@@ -318,6 +390,7 @@ int main(void) {
       cmocka_unit_test(test_row_and_block_sizes),
       cmocka_unit_test(test_header),
       cmocka_unit_test(test_config_settings),
+      cmocka_unit_test(test_version_1_specs),
       cmocka_unit_test(test_block_and_trailer),
       cmocka_unit_test(test_manifest_codec),
   };

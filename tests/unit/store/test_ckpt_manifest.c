@@ -133,10 +133,10 @@ static void test_manifest(void **state) {
   assert_int_equal(read_manifest_status(ck, &err), EMBPS_OK);
 
   /* another version, named */
-  set_byte(path, 8, 2);
+  set_byte(path, 8, 3);
   assert_int_equal(read_manifest_status(ck, &err), EMBPS_FAILED_PRECONDITION);
-  assert_true(has(err.message, "version 2"));
-  assert_true(has(err.message, "version 1"));
+  assert_true(has(err.message, "version 3"));
+  assert_true(has(err.message, "reads versions 1 to 2"));
   set_byte(path, 8, orig[8]);
 
   /* truncated anywhere, or longer than it says */

@@ -126,7 +126,8 @@ static void test_slice_corruption(void **state) {
 
   /* another format version, named */
   set_byte(path, 8, 9);
-  expect_read_error(fx->dir, 1, &s, EMBPS_FAILED_PRECONDITION, "version 9", "version 1");
+  expect_read_error(fx->dir, 1, &s, EMBPS_FAILED_PRECONDITION, "version 9",
+                    "reads versions 1 to 2");
   set_byte(path, 8, orig[8]);
   /* not a checkpoint file at all */
   set_byte(path, 0, 'X');
