@@ -82,7 +82,8 @@ def read_bytes(path):
 def manifest_files(path):
     """The manifest's files as (rank, table, bytes), its round, checked as the format says."""
     b = read_bytes(os.path.join(path, "MANIFEST"))
-    assert b[:8] == b"EMBPSMAN" and struct.unpack_from("<I", b, 8)[0] == 1
+    version = struct.unpack_from("<I", b, 8)[0]
+    assert b[:8] == b"EMBPSMAN" and version in (1, 2)
     assert zlib.crc32(b[:-4]) == struct.unpack_from("<I", b, len(b) - 4)[0]
     off = 16
     rnd = struct.unpack_from("<Q", b, off)[0]
@@ -98,7 +99,9 @@ def manifest_files(path):
     off += 4
     for _ in range(ntables):  # table specs: name, then fixed fields up to the files
         _, off = name(off)
-        off += 8 + 4 + 4 + 8 + 4 + 4 + 7 * 4
+        off += 8 + 4 + 4 + 8 + 4 + 4 + 7 * 4  # version 1's settings
+        if version >= 2:  # the hash-keyed table's: capacity .. sketch_width
+            off += 8 + 4 + 4 + 8 + 8 + 4
     nfiles = struct.unpack_from("<I", b, off)[0]
     off += 4
     files = []
