@@ -309,6 +309,13 @@ embps_status_t embps_stats(embps_client_t *client, embps_rank_stats_t **stats, s
       o->steps_applied = t->steps_applied;
       o->steps_skipped = t->steps_skipped;
       o->bytes = t->bytes;
+      o->capacity = t->capacity;
+      o->keys = t->keys;
+      o->keys_admitted = t->keys_admitted;
+      o->keys_evicted = t->keys_evicted;
+      o->keys_expired = t->keys_expired;
+      o->keys_refused = t->keys_refused;
+      o->gradients_dropped = t->gradients_dropped;
     }
     embps__reply_free(&m->base);
     if (!r->backend || !r->version || !r->address || !r->mesh || !r->tables) {

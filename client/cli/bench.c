@@ -2,7 +2,9 @@
  *
  * Each thread owns its client (its own connections). An op is a push with probability
  * push_ratio, else a lookup, on a table chosen evenly among the tables, of a batch size drawn
- * from the --mix weights, over tokens drawn from Zipf(a) on [1, rows). Tokens come from a pool
+ * from the --mix weights, over tokens drawn from Zipf(a) on [1, rows) (a dense table) or on
+ * ranks [1, key space] mapped to 64-bit keys by embps_key_mix (a hash-keyed one, whose default
+ * key space, 10 x capacity, makes a full table evict: --key-space sets it). Tokens come from a pool
  * per table drawn before the clock starts (at least 16 of the largest batch or 2^20 tokens per
  * thread), and each op points into it at a random offset: drawing 4096 Zipf samples per op
  * would cost ~0.2 ms, a large share of a 2 MiB lookup's time on loopback, and would measure
@@ -265,9 +267,11 @@ static void *worker_main(void *arg) {
     ts[t].grads = malloc(batch_max * ts[t].row_bytes);
     if (!ts[t].pool || !ts[t].grads)
       goto oom;
-    embps_zipf_init(&z, spec->rows - 1, o->zipf);
-    for (size_t i = 0; i < pool_n; i++)
-      ts[t].pool[i] = (int64_t)embps_zipf_sample(&z, &rng);
+    embps_zipf_init(&z, embps_bench_key_space(spec->rows, spec->capacity, o->key_space), o->zipf);
+    for (size_t i = 0; i < pool_n; i++) {
+      uint64_t rank = embps_zipf_sample(&z, &rng);
+      ts[t].pool[i] = (int64_t)(spec->capacity ? embps_key_mix(rank) : rank);
+    }
     for (size_t i = 0; i < batch_max * spec->emb_width; i++) {
       if (spec->dtype == EMBPS_DTYPE_BF16)
         ((uint16_t *)ts[t].grads)[i] = embps_f32_to_bf16(1e-4f);
@@ -458,7 +462,10 @@ static void print_text(const op_stats_t *op, const embps_bench_opts_t *o, const 
     printf("open loop at %g batches/s", o->rate);
   else
     printf("closed loop");
-  printf(", zipf %g, push ratio %g, %.2f s\n", o->zipf, o->push_ratio, elapsed);
+  printf(", zipf %g", o->zipf);
+  if (o->key_space)
+    printf(", key space %llu", (unsigned long long)o->key_space);
+  printf(", push ratio %g, %.2f s\n", o->push_ratio, elapsed);
   printf("%-7s %9s %11s %13s %8s %9s %9s %9s %9s %9s %9s %8s\n", "op", "count", "batches/s",
          "rows/s", "GB/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "p99.99ms", "max ms",
          "errors");
@@ -517,12 +524,14 @@ static void print_json(const op_stats_t *op, const embps_bench_opts_t *o, const 
   printf("],\"batch_weights\":[");
   for (size_t i = 0; i < o->nbatches; i++)
     printf("%s%g", i ? "," : "", o->weights ? o->weights[i] : 1.0);
-  printf("],\"concurrency\":%u,\"pipeline\":%u,\"mode\":\"%s\",\"rate\":%g,\"zipf\":%g,"
-         "\"push_ratio\":%g,\"duration_s\":%.3f,\"batches\":%llu,\"lookups\":%llu,"
-         "\"pushes\":%llu,\"errors\":%llu",
-         o->concurrency, o->pipeline, o->rate > 0 ? "open" : "closed", o->rate, o->zipf,
-         o->push_ratio, elapsed, (unsigned long long)all->ok, (unsigned long long)op[OP_LOOKUP].ok,
-         (unsigned long long)op[OP_PUSH].ok, (unsigned long long)errors_of(all));
+  printf(
+      "],\"concurrency\":%u,\"pipeline\":%u,\"mode\":\"%s\",\"rate\":%g,\"zipf\":%g,"
+      "\"key_space\":%llu,\"push_ratio\":%g,\"duration_s\":%.3f,\"batches\":%llu,\"lookups\":%llu,"
+      "\"pushes\":%llu,\"errors\":%llu",
+      o->concurrency, o->pipeline, o->rate > 0 ? "open" : "closed", o->rate, o->zipf,
+      (unsigned long long)o->key_space, o->push_ratio, elapsed, (unsigned long long)all->ok,
+      (unsigned long long)op[OP_LOOKUP].ok, (unsigned long long)op[OP_PUSH].ok,
+      (unsigned long long)errors_of(all));
   if (cpu.s >= 0)
     printf(",\"client_cpu_s\":%.4f,\"client_cpu_wall_s\":%.4f", cpu.s, cpu.wall);
   else

@@ -23,6 +23,8 @@ typedef struct embps_bench_opts {
   uint32_t pipeline;           /* calls in flight per thread (open loop: at most) */
   double rate;                 /* open loop: batches per second over all threads; 0: closed loop */
   double zipf;                 /* exponent; 0: uniform */
+  uint64_t key_space;          /* ids drawn over ranks [1, key_space], hash-keyed tables' mixed
+                                  by embps_key_mix; 0: embps_bench_key_space's default */
   double push_ratio;           /* probability that an op is a push */
   int async_push;              /* pushes use EMBPS_PUSH_ASYNC */
   embps_bench_output_t output; /* TEXT prints progress lines on stderr too */

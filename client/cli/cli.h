@@ -59,6 +59,23 @@ int embps_cli_cmd_create_table(const char *cmd, embps_cli_flag_t *f, const char 
 int embps_cli_cmd_drop_table(const char *cmd, embps_cli_flag_t *f, const char *name);
 int embps_cli_cmd_tables(const char *cmd, embps_cli_flag_t *f, const char *pos);
 
+/** Reads create-table's flags (f) into spec, its name excluded: exactly one of --rows (dense)
+ * and --capacity (hash-keyed), --emb-width, and the options; a hash-keyed option beside --rows
+ * is refused here. spec must be initialized (embps_table_spec_init). Returns 0, or
+ * EMBPS_CLI_EXIT_USAGE after printing "embps: CMD: why" to stderr. */
+int embps_cli_table_spec_from_flags(const char *cmd, const embps_cli_flag_t *f,
+                                    embps_table_spec_t *spec);
+
+/** Prints the "created table NAME: ..." line of the spec the server answered (the kind, then
+ * every setting; a hash-keyed table's settings after the optimizer's). */
+void embps_cli_print_created(FILE *out, const embps_table_spec_t *t);
+
+/** Prints n tables as `embps tables` does: a header and a line per table (name, kind, rows or
+ * capacity, emb_width, dtype, optimizer, the hash-keyed settings or "-"), or with json a JSON
+ * array of objects, each with "kind" ("dense" or "hash") and "capacity", and for a hash-keyed
+ * table its settings. */
+void embps_cli_print_tables(FILE *out, const embps_table_spec_t *t, size_t n, int json);
+
 /* cmd_data.c: lookup, push */
 extern embps_cli_flag_t embps_cli_lookup_flags[];
 extern embps_cli_flag_t embps_cli_push_flags[];
@@ -74,6 +91,11 @@ int embps_cli_cmd_health(const char *cmd, embps_cli_flag_t *f, const char *pos);
 /** Prints the Prometheus texts of n ranks as one valid exposition: each family once (its HELP
  * and TYPE), then every rank's samples of it, with a rank="R" label when n > 1. */
 void embps_cli_print_prometheus(FILE *f, char **texts, size_t n);
+
+/** Prints one table's counters on one rank: text, the "  table NAME: ..." line of `embps stats`
+ * (a hash-keyed table's with its capacity, keys, load and the admission and eviction counters),
+ * or a JSON object with "kind" and every counter, the hash-keyed ones 0 for a dense table. */
+void embps_cli_print_table_stats(FILE *out, const embps_table_stats_t *t, int json);
 
 /* cmd_checkpoint.c: checkpoint, checkpoints */
 extern embps_cli_flag_t embps_cli_checkpoint_flags[];

@@ -1,8 +1,9 @@
 /* `embps bench`: the load test's command line.
  *
  * Reads the flags into embps_bench_opts_t, checks that every named table exists and has rows to
- * draw from, and hands the tables' specs to the load generator (bench.c), whose threads open
- * their own connections (this one is closed first). */
+ * draw from (a dense table's rows hold --key-space; a hash-keyed table takes any), and hands the
+ * tables' specs to the load generator (bench.c), whose threads open their own connections (this one
+ * is closed first). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +29,14 @@ embps_cli_flag_t embps_cli_bench_flags[] = {
      "call's intended start (default: closed loop)",
      NULL},
     {"--tokens", "DIST",
-     "token ids over [1, rows): uniform (default; every row alike, so batches reach memory) or "
+     "token ids over [1, rows) or --key-space: uniform (default; every row alike, so batches reach "
+     "memory) or "
      "zipf (exponent --zipf, default 1.05)",
+     NULL},
+    {"--key-space", "N",
+     "ids drawn over N ranks: a dense table's are [1, N] (N below rows; default rows - 1), a "
+     "hash-keyed table's are mapped by a fixed 64-bit mixing over the whole 64-bit range "
+     "(default 10 x capacity, so a full table evicts)",
      NULL},
     {"--zipf", "A", "Zipf exponent of token ids; alone, the same as --tokens zipf (0: uniform)",
      NULL},
@@ -94,6 +101,7 @@ int embps_cli_cmd_bench(const char *cmd, embps_cli_flag_t *f, const char *name) 
                                         "--zipf other than 0")
                 : 0) ||
       (rc = embps_cli_flag_double(cmd, f, "--push-ratio", 0.0, 1.0, 0.0, &o.push_ratio)) ||
+      (rc = embps_cli_flag_u64(cmd, f, "--key-space", 1, EMBPS_KEY_SPACE_MAX, 0, &o.key_space)) ||
       (rc = embps_cli_flag_u64(cmd, f, "--seed", 0, UINT64_MAX, 1, &o.seed)))
     return rc;
   if (embps_cli_flag(f, "--batch")) {
@@ -139,9 +147,18 @@ int embps_cli_cmd_bench(const char *cmd, embps_cli_flag_t *f, const char *name) 
     nt = 0;
     if (embps_cli_find_table(cmd, c, names[i], &tables, &nt, &t) != 0)
       goto exit;
-    if (t->rows < 2) {
+    if (!t->capacity && t->rows < 2) {
       fprintf(stderr, "embps: %s: table %s has %llu rows; bench draws tokens from [1, rows)\n", cmd,
               names[i], (unsigned long long)t->rows);
+      goto exit;
+    }
+    if (!t->capacity && o.key_space >= t->rows) {
+      fprintf(stderr,
+              "embps: %s: --key-space %llu does not fit table %s, a dense table of %llu rows "
+              "whose ids lie in [1, rows): lower --key-space below %llu, or bench a hash-keyed "
+              "table\n",
+              cmd, (unsigned long long)o.key_space, names[i], (unsigned long long)t->rows,
+              (unsigned long long)t->rows);
       goto exit;
     }
   }

@@ -82,6 +82,49 @@ void embps_cli_print_prometheus(FILE *f, char **texts, size_t n) {
     }
 }
 
+void embps_cli_print_table_stats(FILE *out, const embps_table_stats_t *t, int json) {
+  unsigned long long cap = t->capacity, keys = t->keys;
+  if (json) {
+    fprintf(out, "{\"name\":");
+    embps_cli_json_string(out, t->name);
+    fprintf(out,
+            ",\"kind\":\"%s\",\"rows\":%llu,\"emb_width\":%u,\"lookups\":%llu,\"pushes\":%llu,"
+            "\"rows_looked_up\":%llu,\"rows_pushed\":%llu,\"steps_applied\":%llu,"
+            "\"steps_skipped\":%llu,\"bytes\":%llu,\"capacity\":%llu,\"keys\":%llu,"
+            "\"keys_admitted\":%llu,\"keys_evicted\":%llu,\"keys_expired\":%llu,"
+            "\"keys_refused\":%llu,\"gradients_dropped\":%llu}",
+            cap ? "hash" : "dense", (unsigned long long)t->rows, t->emb_width,
+            (unsigned long long)t->lookups, (unsigned long long)t->pushes,
+            (unsigned long long)t->rows_looked_up, (unsigned long long)t->rows_pushed,
+            (unsigned long long)t->steps_applied, (unsigned long long)t->steps_skipped,
+            (unsigned long long)t->bytes, cap, keys, (unsigned long long)t->keys_admitted,
+            (unsigned long long)t->keys_evicted, (unsigned long long)t->keys_expired,
+            (unsigned long long)t->keys_refused, (unsigned long long)t->gradients_dropped);
+    return;
+  }
+  fprintf(out, "  table %s: ", t->name);
+  if (cap)
+    fprintf(out, "capacity %llu, keys %llu, load %.1f%%, ", cap, keys,
+            100.0 * (double)keys / (double)cap);
+  else
+    fprintf(out, "rows %llu, ", (unsigned long long)t->rows);
+  fprintf(out,
+          "emb_width %u, lookups %llu, pushes %llu, rows looked up %llu, rows pushed %llu, "
+          "steps applied %llu, steps skipped %llu, bytes %llu",
+          t->emb_width, (unsigned long long)t->lookups, (unsigned long long)t->pushes,
+          (unsigned long long)t->rows_looked_up, (unsigned long long)t->rows_pushed,
+          (unsigned long long)t->steps_applied, (unsigned long long)t->steps_skipped,
+          (unsigned long long)t->bytes);
+  if (cap)
+    fprintf(out,
+            ", keys admitted %llu, evicted %llu, expired %llu, refused %llu, gradients dropped "
+            "%llu",
+            (unsigned long long)t->keys_admitted, (unsigned long long)t->keys_evicted,
+            (unsigned long long)t->keys_expired, (unsigned long long)t->keys_refused,
+            (unsigned long long)t->gradients_dropped);
+  fprintf(out, "\n");
+}
+
 int embps_cli_cmd_stats(const char *cmd, embps_cli_flag_t *f, const char *pos) {
   embps_rank_stats_t *s;
   size_t n;
@@ -125,16 +168,8 @@ int embps_cli_cmd_stats(const char *cmd, embps_cli_flag_t *f, const char *pos) {
              (unsigned long long)r->peer_bytes_sent, (unsigned long long)r->peer_bytes_received,
              (unsigned long long)r->collective_calls);
       for (size_t j = 0; j < r->num_tables; j++) {
-        const embps_table_stats_t *t = &r->tables[j];
-        printf("%s{\"name\":", j ? "," : "");
-        embps_cli_json_string(stdout, t->name);
-        printf(",\"rows\":%llu,\"emb_width\":%u,\"lookups\":%llu,\"pushes\":%llu,"
-               "\"rows_looked_up\":%llu,\"rows_pushed\":%llu,\"steps_applied\":%llu,"
-               "\"steps_skipped\":%llu,\"bytes\":%llu}",
-               (unsigned long long)t->rows, t->emb_width, (unsigned long long)t->lookups,
-               (unsigned long long)t->pushes, (unsigned long long)t->rows_looked_up,
-               (unsigned long long)t->rows_pushed, (unsigned long long)t->steps_applied,
-               (unsigned long long)t->steps_skipped, (unsigned long long)t->bytes);
+        printf("%s", j ? "," : "");
+        embps_cli_print_table_stats(stdout, &r->tables[j], 1);
       }
       printf("]}");
     } else {
@@ -146,15 +181,8 @@ int embps_cli_cmd_stats(const char *cmd, embps_cli_flag_t *f, const char *pos) {
              (unsigned long long)r->errors, (unsigned long long)r->bytes_in,
              (unsigned long long)r->bytes_out, r->connections,
              (unsigned long long)r->peer_bytes_sent, (unsigned long long)r->peer_bytes_received);
-      for (size_t j = 0; j < r->num_tables; j++) {
-        const embps_table_stats_t *t = &r->tables[j];
-        printf("  table %s: rows %llu, emb_width %u, lookups %llu, pushes %llu, rows looked up "
-               "%llu, rows pushed %llu, steps applied %llu, steps skipped %llu, bytes %llu\n",
-               t->name, (unsigned long long)t->rows, t->emb_width, (unsigned long long)t->lookups,
-               (unsigned long long)t->pushes, (unsigned long long)t->rows_looked_up,
-               (unsigned long long)t->rows_pushed, (unsigned long long)t->steps_applied,
-               (unsigned long long)t->steps_skipped, (unsigned long long)t->bytes);
-      }
+      for (size_t j = 0; j < r->num_tables; j++)
+        embps_cli_print_table_stats(stdout, &r->tables[j], 0);
     }
   }
   if (json)

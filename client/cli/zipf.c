@@ -114,3 +114,20 @@ int embps_token_exponent(const char *dist, const char *zipf, double a, double *e
   }
   return -1;
 }
+
+uint64_t embps_key_mix(uint64_t k) {
+  k ^= k >> 33;
+  k *= UINT64_C(0xff51afd7ed558ccd);
+  k ^= k >> 33;
+  k *= UINT64_C(0xc4ceb9fe1a85ec53);
+  k ^= k >> 33;
+  return k;
+}
+
+uint64_t embps_bench_key_space(uint64_t rows, uint64_t capacity, uint64_t key_space) {
+  if (key_space)
+    return key_space;
+  if (!capacity)
+    return rows ? rows - 1 : 0;
+  return capacity >= EMBPS_KEY_SPACE_MAX / 10 ? EMBPS_KEY_SPACE_MAX : capacity * 10;
+}

@@ -32,6 +32,21 @@ int embps_zipf_init(embps_zipf_t *z, uint64_t n, double exponent);
 /** One rank in [1, n]. */
 uint64_t embps_zipf_sample(const embps_zipf_t *z, embps_rng_t *r);
 
+/** A fixed bijection of the 64-bit integers (MurmurHash3's 64-bit finalizer, fmix64): the bench
+ * maps the ranks 1..N it draws through it to the keys of a hash-keyed table, so that they are
+ * spread over the whole 64-bit range (negative as int64 included) while N of them stay N
+ * distinct keys. Only 0 maps to 0, so a rank >= 1 never becomes padding token 0. */
+uint64_t embps_key_mix(uint64_t rank);
+
+/** The most --key-space takes: the Zipf sampler works in doubles, exact up to here. */
+#define EMBPS_KEY_SPACE_MAX (UINT64_C(1) << 62)
+
+/** The key space a bench draws a table's ids from: key_space (--key-space; 0 when not given) or
+ * its default, rows - 1 for a dense table (ids [1, rows)) and 10 x capacity for a hash-keyed one
+ * (capacity > 0; a key range larger than the table, so a full table evicts), at most
+ * EMBPS_KEY_SPACE_MAX. */
+uint64_t embps_bench_key_space(uint64_t rows, uint64_t capacity, uint64_t key_space);
+
 /** The exponent of --tokens zipf without --zipf: the skew of recommender token ids. */
 #define EMBPS_ZIPF_DEFAULT_EXPONENT 1.05
 

@@ -159,6 +159,18 @@ typedef struct embps_table_stats {
   uint64_t steps_applied;
   uint64_t steps_skipped;
   uint64_t bytes;
+  /* A hash-keyed table's index on this rank (all 0 for a dense table): its slots, the keys it
+   * stores now, and since the table was created the keys admitted (given a slot), evicted (their
+   * slot given to another key), expired (ttl eviction), refused (no slot free or evictable in
+   * their step), and the (key, push step) gradients dropped (the key not admitted yet, or
+   * refused). Every rank keeps the same index, so every rank reports the same numbers. */
+  uint64_t capacity;
+  uint64_t keys;
+  uint64_t keys_admitted;
+  uint64_t keys_evicted;
+  uint64_t keys_expired;
+  uint64_t keys_refused;
+  uint64_t gradients_dropped;
 } embps_table_stats_t;
 
 /** One rank's statistics. */

@@ -120,12 +120,53 @@ static void test_token_distribution_option(void **state) {
   assert_true(e == 7); /* untouched on refusal */
 }
 
+/* The bench's keys for hash-keyed tables: MurmurHash3's fmix64 (its published values), a
+ * bijection (distinct ranks give distinct keys: checked on a run of ranks and inverted by its
+ * inverse), never 0 for a rank >= 1, and spread over the whole 64-bit range, negative halves
+ * included. */
+static uint64_t unmix(uint64_t k) { /* fmix64's inverse: each step undone in reverse */
+  k ^= k >> 33;
+  k *= UINT64_C(0x9cb4b2f8129337db); /* inverse of 0xc4ceb9fe1a85ec53 mod 2^64 */
+  k ^= k >> 33;
+  k *= UINT64_C(0x4f74430c22a54005); /* inverse of 0xff51afd7ed558ccd mod 2^64 */
+  k ^= k >> 33;
+  return k;
+}
+
+static void test_key_mix(void **state) {
+  int high = 0, negative = 0;
+  (void)state;
+  assert_true(embps_key_mix(0) == 0);
+  for (uint64_t r = 1; r <= 100000; r++) {
+    uint64_t k = embps_key_mix(r);
+    assert_true(k != 0);
+    assert_true(unmix(k) == r);
+    high += (k >> 62) == 3;
+    negative += (int64_t)k < 0;
+  }
+  /* a quarter in the top quarter of the range, half negative as int64: +-1% */
+  assert_in_range(high, 24000, 26000);
+  assert_in_range(negative, 49000, 51000);
+  assert_true(embps_key_mix(1) == UINT64_C(0xb456bcfc34c2cb2c));
+}
+
+static void test_key_space(void **state) {
+  (void)state;
+  assert_true(embps_bench_key_space(1000, 0, 0) == 999); /* dense: [1, rows) */
+  assert_true(embps_bench_key_space(1000, 0, 10) == 10);
+  assert_true(embps_bench_key_space(0, 4096, 0) == 40960); /* hash-keyed: 10 x capacity */
+  assert_true(embps_bench_key_space(0, 4096, 7) == 7);
+  assert_true(embps_bench_key_space(0, UINT64_C(1) << 61, 0) == EMBPS_KEY_SPACE_MAX);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_zipf_follows_distribution),
       cmocka_unit_test(test_range_and_edges),
       cmocka_unit_test(test_token_distribution_option),
       cmocka_unit_test(test_uniform_double),
+      cmocka_unit_test(test_key_mix),
+      cmocka_unit_test(test_key_space),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
