@@ -32,16 +32,28 @@ def _tensor_to_numpy(t):
     return t.numpy()
 
 
-def as_tokens(tokens, what):
+def as_tokens(tokens, what, keyed=False):
     """tokens as a C-contiguous little-endian int64 numpy array (a view when it already is one).
 
-    Raises ShapeError (not 1-D), TypeError (not integers) or ValueError (a negative token, or
-    one beyond int64)."""
+    keyed: whether the table is hash-keyed (any int64 id is a key: negative ones are taken as
+    they are, and uint64 ones beyond int64 as their int64 bits, the same 64-bit key), a bool or
+    a function returning it, called only when a token is negative or beyond int64 (so a dense
+    table's usual batch asks nothing). For a dense table those are refused here, since its ids
+    lie in [0, rows).
+
+    Raises ShapeError (not 1-D), TypeError (not integers) or ValueError (a dense table's negative
+    token, or one beyond int64)."""
     a = _tensor_to_numpy(tokens) if _is_tensor(tokens) else tokens
     if not isinstance(a, np.ndarray):
-        a = np.asarray(a)
+        src = a
+        a = np.asarray(src)
         if a.size == 0 and a.dtype.kind == "f":  # [] becomes float64
             a = a.astype(_I8)
+        elif a.dtype.kind in "fO" and a.ndim == 1:
+            # Python ints beyond int64 (uint64 keys) become float64 or object to numpy
+            o = np.asarray(src, dtype=object)
+            if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in o):
+                a = _big_ints(o, what)
     if a.ndim != 1:
         raise ShapeError("%s: tokens must be a 1-D array of token ids, not an array of shape %s"
                          % (what, tuple(a.shape)), "flatten the tokens (tokens.reshape(-1))")
@@ -50,16 +62,35 @@ def as_tokens(tokens, what):
     if a.size and a.dtype.kind == "u" and a.dtype.itemsize == 8:
         hi = int(a.max())
         if hi > _INT64_MAX:
-            raise ValueError("%s: token %d at position %d is beyond int64" %
-                             (what, hi, int(a.argmax())))
+            if not _keyed(keyed):
+                raise ValueError("%s: token %d at position %d is beyond int64" %
+                                 (what, hi, int(a.argmax())))
+            return np.ascontiguousarray(a, dtype="<u8").view(_I8)
     if a.dtype != _I8 or not a.flags.c_contiguous:
         a = np.ascontiguousarray(a, dtype=_I8)
     if a.size and a.dtype.kind == "i":
         lo = int(a.min())
-        if lo < 0:
+        if lo < 0 and not _keyed(keyed):
             raise ValueError("%s: token %d at position %d is negative: token ids lie in "
-                             "[0, rows)" % (what, lo, int(a.argmin())))
+                             "[0, rows) (a hash-keyed table, made with capacity, takes any "
+                             "int64 id)" % (what, lo, int(a.argmin())))
     return a
+
+
+def _keyed(keyed):
+    return bool(keyed() if callable(keyed) else keyed)
+
+
+def _big_ints(a, what):
+    """A 1-D object array of integers (some beyond int64) as uint64 or int64; ValueError for a
+    value beyond both."""
+    lo, hi = min(int(v) for v in a.ravel()), max(int(v) for v in a.ravel())
+    if lo >= 0 and hi < 2**64:
+        return a.astype(np.uint64)
+    if lo >= -2**63 and hi <= _INT64_MAX:
+        return a.astype(_I8)
+    raise ValueError("%s: a token is beyond 64 bits (%d): keys are int64 or uint64 values"
+                     % (what, lo if lo < -2**63 else hi))
 
 
 def as_grads(grads, n, what):

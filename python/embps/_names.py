@@ -9,12 +9,13 @@ follow fails at import instead of mislabelling a table.
 import numpy as np
 
 from . import _stubs
-from .values import DTYPES, OPTIMIZERS
+from .values import DTYPES, EVICTIONS, OPTIMIZERS
 
 pb = _stubs.messages()
 _DTYPE = pb.enum("embps.v1.DType")
 _OPT = pb.enum("embps.v1.OptimizerKind")
 _MODE = pb.enum("embps.v1.UpdateMode")
+_EVICTION = pb.enum("embps.v1.Eviction")
 _SERVING = pb.enum("grpc.health.v1.HealthCheckResponse.ServingStatus")
 
 F32, BF16 = _DTYPE["DTYPE_F32"], _DTYPE["DTYPE_BF16"]
@@ -23,12 +24,17 @@ if DTYPES != {F32: "f32", BF16: "bf16"} or any(
         for n in ("sgd", "adagrad", "rowwise_adagrad", "adam")):
     raise ImportError("embps: the DType or OptimizerKind numbers in proto/ changed: update "
                       "embps/values.py")
+if any(EVICTIONS[_EVICTION["EVICTION_" + n.upper()]] != n for n in ("lru", "lfu", "ttl")) or \
+        EVICTIONS[_EVICTION["EVICTION_UNSPECIFIED"]] != "lru":
+    raise ImportError("embps: the Eviction numbers in proto/ changed: update embps/values.py")
 
 DTYPE_NAMES = {"f32": F32, "float32": F32, "bf16": BF16, "bfloat16": BF16}
 OPTIMIZER_NAMES = {"sgd": _OPT["OPTIMIZER_SGD"], "adagrad": _OPT["OPTIMIZER_ADAGRAD"],
                    "rowwise_adagrad": _OPT["OPTIMIZER_ROWWISE_ADAGRAD"],
                    "adam": _OPT["OPTIMIZER_ADAM"], None: _OPT["OPTIMIZER_UNSPECIFIED"],
                    "default": _OPT["OPTIMIZER_UNSPECIFIED"]}
+EVICTION_NAMES = {"lru": _EVICTION["EVICTION_LRU"], "lfu": _EVICTION["EVICTION_LFU"],
+                  "ttl": _EVICTION["EVICTION_TTL"], None: _EVICTION["EVICTION_UNSPECIFIED"]}
 MODES = {"sync": _MODE["UPDATE_MODE_SYNC"], "async": _MODE["UPDATE_MODE_ASYNC"]}
 ITEMSIZE = {F32: 4, BF16: 2}
 NP_DTYPE = {F32: np.dtype("<f4"), BF16: np.dtype("<u2")}

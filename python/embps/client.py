@@ -95,6 +95,7 @@ class Client(TableAdmin):
         # collide with another client's. Never 0, which means "no client id".
         self.client_id = random.SystemRandom().getrandbits(64) or 1
         self._tables = {}  # name -> (dtype number, emb_width), from replies (_admin.py)
+        self._keyed = {}  # name -> True for a hash-keyed table, from ListTables (_admin.py)
         _malloc.tune()
         self._calls = GroupCalls(self._addresses, tls, metadata)
         try:
@@ -193,7 +194,7 @@ class Client(TableAdmin):
         if not isinstance(table, str) or not table:
             raise ValueError("lookup: no table name")
         want = _batch.lookup_dtype(dtype)
-        tok = _arrays.as_tokens(tokens, "lookup")
+        tok = _arrays.as_tokens(tokens, "lookup", lambda: self._is_keyed(table))
         n = len(tok)
         if out is not None:
             _batch.check_out(out, n, want)
@@ -212,15 +213,16 @@ class Client(TableAdmin):
         """The rows of tokens in table, as a (len(tokens), emb_width) numpy array, row i for
         tokens[i]. Token 0 (padding) reads zeros.
 
-        tokens: a 1-D array of non-negative integers (numpy of any int dtype, a list, a torch
-        tensor). dtype: None or "f32": float32 rows (a bf16 table's rows converted exactly);
+        tokens: a 1-D array of integers (numpy of any int dtype, a list, a torch tensor): of a
+        dense table non-negative (in [0, rows)); of a hash-keyed table any int64 value (uint64
+        values beyond int64 are taken as their int64 bits, the same key). dtype: None or "f32": float32 rows (a bf16 table's rows converted exactly);
         "bf16": the raw bf16 bits as uint16 (only for a bf16 table: an f32 table refuses it with
         INVALID_ARGUMENT). out: an optional array to fill instead of a new one (C-contiguous,
         that dtype and shape).
 
         Retried on UNAVAILABLE and DEADLINE_EXCEEDED (max_attempts, within timeout).
         Raises ShapeError (the batch does not split over the group, tokens not 1-D), TypeError
-        or ValueError (tokens that are not non-negative integers), embps.Error (NOT_FOUND,
+        or ValueError (tokens that are not integers, or a dense table's negative), embps.Error (NOT_FOUND,
         INVALID_ARGUMENT for a token out of range, UNAVAILABLE, DEADLINE_EXCEEDED, ...)."""
         return self._run(self._lookup_batch(table, tokens, dtype, out))
 
@@ -236,7 +238,7 @@ class Client(TableAdmin):
             raise ValueError("push: no table name")
         if mode not in MODES:
             raise ValueError("push: mode %r is neither sync nor async" % (mode,))
-        tok = _arrays.as_tokens(tokens, "push")
+        tok = _arrays.as_tokens(tokens, "push", lambda: self._is_keyed(table))
         n = len(tok)
         g = _arrays.as_grads(grads, n, "push")
         groups = self.group_size

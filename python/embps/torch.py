@@ -190,6 +190,8 @@ class RemoteEmbedding(nn.Module):
     def extra_repr(self):
         s = "table=%r, emb_width=%d, optimizer=%s, mode=%r" % (
             self.table, self.emb_width, self.spec.optimizer, self.mode)
+        if self.spec.capacity:
+            s += ", capacity=%d" % self.spec.capacity
         if self.mode == "async":
             s += ", max_pending=%d" % self.max_pending
         if self.pooling:
@@ -285,7 +287,8 @@ class RemoteEmbedding(nn.Module):
     def forward(self, tokens, offsets=None, per_sample_weights=None):
         """Rows of tokens (any shape), or their bags pooled (see the class). Raises TypeError
         (tokens not integers), ValueError (offsets or weights that do not fit, a negative
-        token), embps.Error (a token out of range, the table gone, a server error)."""
+        token of a dense table: a hash-keyed table's tokens are any int64 ids), embps.Error (a
+        token out of range, the table gone, a server error)."""
         tok = _long_tokens(tokens, "tokens")
         if self.pooling is None:
             if offsets is not None or per_sample_weights is not None:

@@ -6,11 +6,16 @@ from typing import Tuple
 
 DTYPES = {1: "f32", 2: "bf16"}  # embps.v1.DType numbers (checked against proto/ in _names.py)
 OPTIMIZERS = {0: "rowwise_adagrad", 1: "sgd", 2: "adagrad", 3: "rowwise_adagrad", 4: "adam"}
+EVICTIONS = {0: "lru", 1: "lru", 2: "lfu", 3: "ttl"}  # embps.v1.Eviction numbers (0: the default)
 
 
 @dataclasses.dataclass(frozen=True)
 class TableSpec:
-    """A table as the group holds it (zero floats mean the optimizer's defaults)."""
+    """A table as the group holds it (zero floats mean the optimizer's defaults).
+
+    kind: "dense" (rows, tokens in [0, rows)) or "hash" (capacity slots, any 64-bit id a key).
+    The hash-keyed settings (admit_after, eviction, half_life_steps, ttl_steps, sketch_width) are
+    0, "lru" and 0 for a dense table."""
     name: str
     rows: int
     emb_width: int
@@ -25,6 +30,17 @@ class TableSpec:
     beta2: float = 0.0
     seed: int = 0
     init_scale: float = 0.0
+    capacity: int = 0
+    admit_after: int = 0
+    eviction: str = "lru"
+    half_life_steps: int = 0
+    ttl_steps: int = 0
+    sketch_width: int = 0
+
+    @property
+    def kind(self):
+        """"hash" for a hash-keyed table (capacity > 0), else "dense"."""
+        return "hash" if self.capacity else "dense"
 
     @classmethod
     def from_pb(cls, s):
@@ -33,7 +49,11 @@ class TableSpec:
                    dtype=DTYPES.get(s.dtype, "f32"), optimizer=OPTIMIZERS.get(o.kind, str(o.kind)),
                    lr=o.lr, eps=o.eps, half_life=o.half_life,
                    initial_accumulator=o.initial_accumulator, weight_decay=o.weight_decay,
-                   beta1=o.beta1, beta2=o.beta2, seed=s.seed, init_scale=s.init_scale)
+                   beta1=o.beta1, beta2=o.beta2, seed=s.seed, init_scale=s.init_scale,
+                   capacity=s.capacity, admit_after=s.admit_after,
+                   eviction=EVICTIONS.get(s.eviction, str(s.eviction)),
+                   half_life_steps=s.half_life_steps, ttl_steps=s.ttl_steps,
+                   sketch_width=s.sketch_width)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +79,11 @@ class PushResult:
 
 @dataclasses.dataclass(frozen=True)
 class TableStats:
-    """One table's counters on one rank."""
+    """One table's counters on one rank. A hash-keyed table's (all 0 for a dense one): capacity
+    (slots), keys (stored now), and since its creation keys_admitted, keys_evicted, keys_expired
+    (ttl), keys_refused (no slot in their step) and gradients_dropped ((key, push step) pairs
+    whose gradients were dropped: not admitted yet, or refused). Every rank keeps the same
+    index, so every rank reports the same numbers."""
     name: str
     rows: int
     emb_width: int
@@ -70,6 +94,18 @@ class TableStats:
     steps_applied: int
     steps_skipped: int
     bytes: int  # table and optimizer state held by this rank
+    capacity: int = 0
+    keys: int = 0
+    keys_admitted: int = 0
+    keys_evicted: int = 0
+    keys_expired: int = 0
+    keys_refused: int = 0
+    gradients_dropped: int = 0
+
+    @property
+    def kind(self):
+        """"hash" for a hash-keyed table (capacity > 0), else "dense"."""
+        return "hash" if self.capacity else "dense"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +135,10 @@ class RankStats:
                                   lookups=t.lookups, pushes=t.pushes,
                                   rows_looked_up=t.rows_looked_up, rows_pushed=t.rows_pushed,
                                   steps_applied=t.steps_applied, steps_skipped=t.steps_skipped,
-                                  bytes=t.bytes) for t in m.tables)
+                                  bytes=t.bytes, capacity=t.capacity, keys=t.keys,
+                                  keys_admitted=t.keys_admitted, keys_evicted=t.keys_evicted,
+                                  keys_expired=t.keys_expired, keys_refused=t.keys_refused,
+                                  gradients_dropped=t.gradients_dropped) for t in m.tables)
         return cls(rank=m.rank, group_size=m.group_size, address=address, backend=m.backend,
                    version=m.version, uptime_s=m.uptime_s, requests=m.requests, errors=m.errors,
                    bytes_in=m.bytes_in, bytes_out=m.bytes_out, connections=m.connections,
