@@ -52,3 +52,17 @@ void embps_init_rows_cpu(void *table, embps_dtype_t dtype, size_t width, uint64_
     }
   }
 }
+
+void embps_init_key_row_cpu(void *row, embps_dtype_t dtype, size_t width, uint64_t key,
+                            uint64_t col_begin, uint64_t seed, float scale) {
+  const uint64_t rh = row_hash(seed, key);
+  if (dtype == EMBPS_DTYPE_BF16) {
+    uint16_t *restrict w = row;
+    for (size_t j = 0; j < width; j++)
+      w[j] = key == 0 ? 0 : embps_f32_to_bf16(value_of(rh, col_begin + j, scale));
+  } else {
+    float *restrict w = row;
+    for (size_t j = 0; j < width; j++)
+      w[j] = key == 0 ? 0.0f : value_of(rh, col_begin + j, scale);
+  }
+}

@@ -34,6 +34,13 @@ struct embps_engine {
   embps_store_t *store;
   const embps__engine_ops_t *ops;
   embps__engine_backend_t *be;
+  /* Hash-keyed tables' host scratch, T entries each (grown as the batches grow): the batch's
+   * keys in dedup order (htok), the unique keys (hkeys), their slots (hslots), the slots a step
+   * (re)assigned (hfresh). */
+  int64_t *htok, *hslots;
+  uint64_t *hkeys;
+  embps_hindex_fresh_t *hfresh;
+  size_t hcap;
 };
 
 /* Every call of the round goes through this: a failure jumps to `fail`, with ret and err
@@ -74,6 +81,10 @@ void embps_engine_free(embps_engine_t *e) {
   if (!e)
     return;
   e->ops->destroy(e->be);
+  embps_free(e->htok);
+  embps_free(e->hslots);
+  embps_free(e->hkeys);
+  embps_free(e->hfresh);
   embps_free(e);
 }
 
@@ -227,6 +238,94 @@ static embps_status_t reserve(embps_engine_t *e, const embps__engine_shape_t *sh
   return EMBPS_OK;
 }
 
+/* ---- hash-keyed tables ----------------------------------------------------------------------- */
+
+/* A hash-keyed table's keys are translated to slots where a dense table uses the token as the
+ * row: a lookup finds them in the index (read-only) and reads a key without a slot as its
+ * initial row; a push, once the gate has passed, steps the index on the batch's unique keys,
+ * resets every (re)assigned slot to its new key's initial state, and drops the gradients of the
+ * keys left without a slot. The index is the same on every rank (its step sees the same unique
+ * keys everywhere), so every rank updates the same slots. The keys and slots live in host
+ * memory: only a backend that computes on host memory serves these tables
+ * (embps_table_config_served). */
+
+/* The key order of a push's dedup: a key k is sorted as k ^ 2^63, so that the padding key 0
+ * comes first (as it does for a dense table) and the keys ascend as unsigned numbers. The map is
+ * its own inverse. */
+#define HASH_ORDER(k) ((int64_t)((uint64_t)(k) ^ (UINT64_C(1) << 63)))
+
+/* Grows the host scratch to T entries (a group's ranks all need the same: see reserve). */
+static embps_status_t hash_reserve(embps_engine_t *e, const embps__engine_shape_t *sh,
+                                   embps_op_t *op, embps_error_t *err) {
+  embps_error_t mine;
+  if (!e->ops->hash_gather || !e->ops->hash_reset)
+    return embps_error_set(
+        err, EMBPS_INTERNAL, "table '%s' is hash-keyed, and the %s backend serves none",
+        embps_table_config(op->table)->name, embps_backend_name(e->ops->backend));
+  if (sh->T <= e->hcap)
+    return EMBPS_OK;
+  embps_free(e->htok), embps_free(e->hslots), embps_free(e->hkeys), embps_free(e->hfresh);
+  e->htok = embps_malloc(sh->T * sizeof(*e->htok));
+  e->hslots = embps_malloc(sh->T * sizeof(*e->hslots));
+  e->hkeys = embps_malloc(sh->T * sizeof(*e->hkeys));
+  e->hfresh = embps_malloc(sh->T * sizeof(*e->hfresh));
+  if (e->htok && e->hslots && e->hkeys && e->hfresh) {
+    e->hcap = sh->T;
+    return EMBPS_OK;
+  }
+  e->hcap = 0;
+  embps_error_set(&mine, EMBPS_RESOURCE_EXHAUSTED,
+                  "out of memory for the key scratch of a %zu-token batch of table '%s'", sh->T,
+                  embps_table_config(op->table)->name);
+  if (sh->group_size > 1) {
+    *err = mine;
+    return mine.status;
+  }
+  op->error = mine;
+  return EMBPS_OK;
+}
+
+/* out[i] = the row of keys[i] (n keys, host memory) on this rank's columns. */
+static embps_status_t hash_gather(embps_engine_t *e, embps_table_t *t, const int64_t *keys,
+                                  size_t n, void *out, embps_error_t *err) {
+  embps_hindex_find(embps_table_hindex(t), (const uint64_t *)keys, n, e->hslots);
+  return e->ops->hash_gather(e->be, t, (const uint64_t *)keys, e->hslots, n, out, err);
+}
+
+/* The push's index step on its m unique nonzero keys `ordered` (in HASH_ORDER) with their summed
+ * gradients g (m x w) and row figures row_sumsq (m): resets the slots the step (re)assigned,
+ * then moves the rows of the keys that keep a slot to the front of g and row_sumsq (their order
+ * kept), and sets *rows to their slots and *m to their number. */
+static embps_status_t hash_step(embps_engine_t *e, const embps__engine_shape_t *sh,
+                                embps_table_t *t, const int64_t *ordered, size_t *m, float *g,
+                                float *row_sumsq, const int64_t **rows, embps_error_t *err) {
+  const size_t w = sh->w;
+  size_t nfresh = 0, k = 0;
+  embps_status_t ret;
+  for (size_t i = 0; i < *m; i++)
+    e->hkeys[i] = (uint64_t)HASH_ORDER(ordered[i]);
+  ret = embps_hindex_step(embps_table_hindex(t), e->hkeys, *m, e->hslots, e->hfresh, &nfresh);
+  if (ret != EMBPS_OK) /* the index is unchanged on this rank; the group cannot go on */
+    return embps_error_set(err, ret, "the key index of table '%s' could not take a step (%s)",
+                           embps_table_config(t)->name, embps_status_str(ret));
+  embps_table_hindex_publish(t);
+  if (nfresh && (ret = e->ops->hash_reset(e->be, t, e->hfresh, nfresh, err)) != EMBPS_OK)
+    return ret;
+  for (size_t i = 0; i < *m; i++) {
+    if (e->hslots[i] < 0)
+      continue; /* not admitted, or refused: its gradient is dropped */
+    if (k != i) {
+      memcpy(g + k * w, g + i * w, w * sizeof(float));
+      row_sumsq[k] = row_sumsq[i];
+      e->hslots[k] = e->hslots[i];
+    }
+    k++;
+  }
+  *m = k;
+  *rows = e->hslots;
+  return EMBPS_OK;
+}
+
 /* ---- lookup ---------------------------------------------------------------------------------- */
 
 static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t *sh, embps_op_t *op,
@@ -235,6 +334,7 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
   embps__engine_backend_t *be = e->be;
   embps_table_t *t = op->table;
   embps_table_counters_t *counters = embps_table_counters(t);
+  const int hashed = embps_table_hindex(t) != NULL;
   const uint32_t N = sh->group_size;
   const size_t n = sh->n, T = sh->T, w = sh->w, ds = sh->ds, row_bytes = sh->W * ds;
   const size_t block = n * w * ds;
@@ -248,6 +348,8 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
 
   if ((ret = reserve(e, sh, op, &s, err)) != EMBPS_OK || op->error.status != EMBPS_OK)
     return ret;
+  if (hashed && ((ret = hash_reserve(e, sh, op, err)) != EMBPS_OK || op->error.status != EMBPS_OK))
+    return ret;
   STEP(ops->input(be, EMBPS__IN_TOKENS, op->tokens, n * sizeof(int64_t), &tokens, err));
   STEP(ops->input_wait(be, EMBPS__IN_TOKENS, err));
   atomic_fetch_add_explicit(&counters->lookups, 1, memory_order_relaxed);
@@ -258,7 +360,10 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
     STEP(ops->unique(be, &U, &first, &unique, err));
     atomic_fetch_add_explicit(&counters->unique_tokens, U, memory_order_relaxed);
     atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
-    STEP(ops->gather(be, t, unique, U, s.rows, err));
+    if (hashed)
+      STEP(hash_gather(e, t, unique, U, s.rows, err));
+    else
+      STEP(ops->gather(be, t, unique, U, s.rows, err));
     STEP(ops->expand(be, t, s.rows, T, s.send, err));
     STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
   }
@@ -268,7 +373,9 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
   STEP(ops->output_begin(be, op->rows_out, n, row_bytes, (void **)&out, &chunk_rows, err));
   for (size_t a = 0; a < n; a += chunk_rows, k++) {
     const size_t m = n - a < chunk_rows ? n - a : chunk_rows;
-    if (N == 1) {
+    if (N == 1 && hashed) {
+      STEP(hash_gather(e, t, (const int64_t *)tokens + a, m, out + a * row_bytes, err));
+    } else if (N == 1) {
       STEP(ops->gather(be, t, (const int64_t *)tokens + a, m, out + a * row_bytes, err));
     } else {
       /* recv block r holds columns [r*w, (r+1)*w) of this shard's n rows. */
@@ -325,6 +432,7 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   const uint32_t N = sh->group_size;
   const size_t n = sh->n, T = sh->T, w = sh->w, W = sh->W, ds = sh->ds, block = n * w * ds;
   const int rowwise = c->optimizer == EMBPS_OPTIMIZER_ROWWISE_ADAGRAD;
+  const int hashed = embps_table_hindex(t) != NULL;
   embps__engine_scratch_t s;
   const void *tokens, *grads;
   const int64_t *unique, *rows;
@@ -339,6 +447,8 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
 
   if ((ret = reserve(e, sh, op, &s, err)) != EMBPS_OK || op->error.status != EMBPS_OK)
     return ret;
+  if (hashed && ((ret = hash_reserve(e, sh, op, err)) != EMBPS_OK || op->error.status != EMBPS_OK))
+    return ret;
   atomic_fetch_add_explicit(&counters->pushes, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->rows_pushed, n, memory_order_relaxed);
   /* The gradients (the bulk of the request) travel while the tokens are all-gathered and
@@ -349,6 +459,11 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   if (N > 1) {
     STEP(embps_comm_all_gather(e->comm, tokens, n * sizeof(int64_t), s.all_tokens, err));
     tokens = s.all_tokens;
+  }
+  if (hashed) { /* keys in HASH_ORDER (host memory: see hash_reserve) */
+    for (size_t i = 0; i < T; i++)
+      e->htok[i] = HASH_ORDER(((const int64_t *)tokens)[i]);
+    tokens = e->htok;
   }
   STEP(ops->dedup(be, tokens, T, err));
   STEP(ops->input_wait(be, EMBPS__IN_GRADS, err));
@@ -369,7 +484,7 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   else
     STEP(ops->segment_sum(be, t, grads, T, U, s.summed, err));
   /* Unique tokens are ascending, so the padding row, when present, is the first. */
-  first = (U > 0 && first_unique == 0) ? 1 : 0;
+  first = (U > 0 && first_unique == (hashed ? HASH_ORDER(0) : 0)) ? 1 : 0;
   rows = unique + first;
   m = U - first;
   g = s.summed + first * w;
@@ -386,6 +501,8 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
     return EMBPS_OK;
   }
   op->grad_norm = sqrt(total);
+  if (hashed) /* from here on, rows are the slots of the keys that keep a gradient */
+    STEP(hash_step(e, sh, t, rows, &m, g, s.row_sumsq, &rows, err));
   if (c->weight_decay != 0.0f) {
     STEP(ops->weight_decay(be, t, rows, m, g, err));
     if (rowwise) /* the mean square of the gradient the update sees */

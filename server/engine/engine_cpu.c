@@ -348,6 +348,49 @@ static embps_status_t cpu_update(embps__engine_backend_t *be, embps_table_t *t, 
   return EMBPS_OK;
 }
 
+static embps_status_t cpu_hash_gather(embps__engine_backend_t *be, embps_table_t *t,
+                                      const uint64_t *keys, const int64_t *slots, size_t n,
+                                      void *out, embps_error_t *err) {
+  const embps_table_config_t *c = embps_table_config(t);
+  const size_t w = embps_table_shard_width(t), rb = w * embps_dtype_size(c->dtype);
+  const uint8_t *data = embps_table_arrays(t).data;
+  (void)be, (void)err;
+  for (size_t i = 0; i < n; i++) {
+    uint8_t *to = (uint8_t *)out + i * rb;
+    if (slots[i] >= 0)
+      memcpy(to, data + (size_t)slots[i] * rb, rb);
+    else
+      embps_init_key_row_cpu(to, c->dtype, w, keys[i], embps_table_col_begin(t), c->seed,
+                             c->init_scale);
+  }
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_hash_reset(embps__engine_backend_t *be, embps_table_t *t,
+                                     const embps_hindex_fresh_t *fresh, size_t n,
+                                     embps_error_t *err) {
+  const embps_table_config_t *c = embps_table_config(t);
+  const embps_optimizer_info_t *info = embps_optimizer_info(c->optimizer);
+  const embps_table_arrays_t a = embps_table_arrays(t);
+  const size_t w = embps_table_shard_width(t), rb = w * embps_dtype_size(c->dtype);
+  size_t s0, s1;
+  float v0;
+  (void)be, (void)err;
+  embps_table_initial_state(t, &v0, &s0, &s1);
+  for (size_t i = 0; i < n; i++) {
+    const int64_t slot = fresh[i].slot;
+    const size_t per0 = info->state_per_row ? 1 : w;
+    embps_table_before_write(t, &slot, 1); /* an open checkpoint snapshot copies it first */
+    embps_init_key_row_cpu((uint8_t *)a.data + (size_t)slot * rb, c->dtype, w, fresh[i].key,
+                           embps_table_col_begin(t), c->seed, c->init_scale);
+    for (size_t j = 0; s0 && j < per0; j++)
+      a.state0[(size_t)slot * per0 + j] = v0;
+    if (s1)
+      memset(a.state1 + (size_t)slot * w, 0, w * sizeof(float));
+  }
+  return EMBPS_OK;
+}
+
 static embps_status_t cpu_mark_dirty(embps__engine_backend_t *be, embps_table_t *t,
                                      const int64_t *rows, size_t m, embps_error_t *err) {
   (void)be, (void)err;
@@ -409,6 +452,8 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .row_combine = cpu_row_combine,
     .weight_decay = cpu_weight_decay,
     .update = cpu_update,
+    .hash_gather = cpu_hash_gather,
+    .hash_reset = cpu_hash_reset,
     .mark_dirty = cpu_mark_dirty,
     .table_copy = cpu_table_copy,
     .output_begin = cpu_output_begin,

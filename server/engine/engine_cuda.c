@@ -311,9 +311,9 @@ static embps_status_t cuda_table_new(embps__engine_backend_t *c, const embps_tab
   }
   a = embps_table_arrays(t);
   embps_table_initial_state(t, &v0, &s0, &s1);
-  if (embps_init_rows_cuda(a.data, cfg->dtype, embps_table_shard_width(t), 0, cfg->rows,
-                           embps_table_col_begin(t), cfg->seed, cfg->init_scale,
-                           c->stream) != EMBPS_OK ||
+  if (embps_init_rows_cuda(a.data, cfg->dtype, embps_table_shard_width(t), 0,
+                           embps_table_config_rows(cfg), embps_table_col_begin(t), cfg->seed,
+                           cfg->init_scale, c->stream) != EMBPS_OK ||
       (s0 && fill_floats(c, a.state0, s0, v0, &lerr) != EMBPS_OK) ||
       (s1 && cudaMemsetAsync(a.state1, 0, s1 * sizeof(float), c->stream) != cudaSuccess) ||
       cudaStreamSynchronize(c->stream) != cudaSuccess) {
@@ -519,7 +519,8 @@ static embps_status_t cuda_update(embps__engine_backend_t *c, embps_table_t *t, 
  * rather than missing a row. */
 static embps_status_t cuda_mark_dirty(embps__engine_backend_t *c, embps_table_t *t,
                                       const int64_t *rows, size_t m, embps_error_t *err) {
-  const size_t bytes = embps_dirty_words(embps_table_config(t)->rows) * sizeof(uint64_t);
+  const size_t bytes =
+      embps_dirty_words(embps_table_config_rows(embps_table_config(t))) * sizeof(uint64_t);
   embps_status_t ret = EMBPS_OK;
   uint64_t *bits = embps_table_device_dirty(t);
   if (!bits) {
@@ -550,7 +551,7 @@ static embps_status_t cuda_table_copy(embps__engine_backend_t *c, embps_table_t 
   void *const mine[3] = {a.data, a.state0, a.state1};
   void *const theirs[3] = {host->data, host->state0, host->state1};
   uint64_t *marks = to_host && embps_table_dirty(t) ? embps_table_device_dirty(t) : NULL;
-  const size_t words = embps_dirty_words(embps_table_config(t)->rows);
+  const size_t words = embps_dirty_words(embps_table_config_rows(embps_table_config(t)));
   embps_status_t ret = EMBPS_OK;
   size_t bytes[3];
   embps_table_array_bytes(t, bytes);

@@ -121,6 +121,17 @@ typedef struct embps__engine_ops {
                            size_t m, const float *g, const float *row_sumsq,
                            const embps_opt_params_t *p, embps_error_t *err);
 
+  /** Hash-keyed tables (NULL on a backend that serves none; keys and slots in host memory):
+   * out[i] = the row at slot slots[i] of the table's slice or, where slots[i] is -1, the initial
+   * row of keys[i] over the slice's columns (embps_init_key_row_cpu: zeros for key 0). */
+  embps_status_t (*hash_gather)(embps__engine_backend_t *be, embps_table_t *t, const uint64_t *keys,
+                                const int64_t *slots, size_t n, void *out, embps_error_t *err);
+  /** Hash-keyed tables: sets each slot of fresh[0..n) (host) to its new key's initial row and
+   * its optimizer state to the initial state, as a new table's row (an open snapshot copies the
+   * old first). */
+  embps_status_t (*hash_reset)(embps__engine_backend_t *be, embps_table_t *t,
+                               const embps_hindex_fresh_t *fresh, size_t n, embps_error_t *err);
+
   /** Marks rows[0..m) dirty, for incremental checkpoints; called only for tables that track
    * them. In the host bitmap (embps_table_mark_dirty), or in one where the table lives
    * (embps_table_device_dirty), without waiting: table_copy to the host then folds those marks

@@ -42,6 +42,9 @@ typedef struct job {
   uint8_t *window;              /* JOB_SLICES on the leader: the retry window's file, encoded
                                    at the round (the group's thread goes on changing it) */
   size_t window_len;
+  uint8_t **index; /* JOB_SLICES on the leader: slice i's key index (hash-keyed tables), encoded
+                      at the round; else NULL */
+  size_t *index_len;
   int has_window;    /* JOB_MANIFEST: the leader wrote the retry window's file */
   struct snap *snap; /* JOB_PREFAULT: the buffers to touch */
   embps__ckpt_result_t result;
@@ -88,6 +91,10 @@ static void job_free(job_t *j) {
   embps_free(j->slices);
   embps_free(j->tables);
   embps_free(j->window);
+  for (size_t i = 0; j->index && i < j->n; i++)
+    embps_free(j->index[i]);
+  embps_free(j->index);
+  embps_free(j->index_len);
   embps_free(j);
 }
 
@@ -120,6 +127,15 @@ static void write_slices(embps__ckpt_t *c, job_t *j) {
       return;
     r->bytes += bytes;
   }
+  for (size_t i = 0; j->index && i < j->n; i++) { /* the leader's, before the manifest too */
+    if (!j->index[i])
+      continue;
+    embps_ckpt_index_name(name, sizeof(name), j->slices[i].config.name);
+    snprintf(file, sizeof(file), "%s/%s", r->path, name);
+    if (embps_ckpt_write_file(file, j->index[i], j->index_len[i], &bytes, &r->error) != EMBPS_OK)
+      return;
+    r->bytes += bytes;
+  }
   if (j->window) { /* the leader's: written with its slices, so before the manifest */
     snprintf(file, sizeof(file), "%s/%s", r->path, EMBPS_CKPT_WINDOW);
     if (embps_ckpt_write_file(file, j->window, j->window_len, &bytes, &r->error) != EMBPS_OK)
@@ -142,6 +158,7 @@ static void write_manifest(embps__ckpt_t *c, job_t *j) {
   embps_ckpt_manifest_t m;
   char file[EMBPS__CKPT_PATH_MAX + 160], name[160];
   struct stat st;
+  size_t nindex = 0, k;
 
   memset(&m, 0, sizeof(m));
   m.round = j->order.round;
@@ -151,7 +168,9 @@ static void write_manifest(embps__ckpt_t *c, job_t *j) {
   snprintf(m.scope, sizeof(m.scope), "%s", j->order.scope);
   m.num_tables = j->n;
   m.tables = j->tables;
-  m.num_files = j->n * c->size + (j->has_window ? 1 : 0);
+  for (size_t t = 0; t < j->n; t++)
+    nindex += embps_table_config_hashed(&j->tables[t]);
+  m.num_files = j->n * c->size + nindex + (j->has_window ? 1 : 0);
   m.files = embps_calloc(m.num_files ? m.num_files : 1, sizeof(*m.files));
   if (!m.files) {
     embps_error_set(&r->error, EMBPS_RESOURCE_EXHAUSTED, "out of memory for a manifest");
@@ -175,8 +194,26 @@ static void write_manifest(embps__ckpt_t *c, job_t *j) {
       m.bytes += f->bytes;
     }
   }
+  k = j->n * c->size;
+  for (size_t t = 0; t < j->n; t++) { /* the key indexes: a restore needs them */
+    embps_ckpt_file_t *f = &m.files[k];
+    if (!embps_table_config_hashed(&j->tables[t]))
+      continue;
+    embps_ckpt_index_name(name, sizeof(name), j->tables[t].name);
+    snprintf(file, sizeof(file), "%s/%s", r->path, name);
+    if (stat(file, &st) != 0) {
+      embps_error_set(&r->error, EMBPS_INTERNAL, "the key index's file %s is not there (%s)", file,
+                      strerror(errno));
+      goto exit;
+    }
+    f->rank = EMBPS_CKPT_INDEX_RANK;
+    snprintf(f->table, sizeof(f->table), "%s", j->tables[t].name);
+    f->bytes = (uint64_t)st.st_size;
+    m.bytes += f->bytes;
+    k++;
+  }
   if (j->has_window) { /* listed, so that a restore needs it and checks its size */
-    embps_ckpt_file_t *f = &m.files[j->n * c->size];
+    embps_ckpt_file_t *f = &m.files[k];
     snprintf(file, sizeof(file), "%s/%s", r->path, EMBPS_CKPT_WINDOW);
     if (stat(file, &st) != 0) {
       embps_error_set(&r->error, EMBPS_INTERNAL, "the retry window's file %s is not there (%s)",
@@ -375,8 +412,9 @@ static embps_status_t snap_alloc(snap_t *s, int *fresh) {
     }
   }
   if (embps_table_dirty(s->table) &&
-      !(s->dirty = embps_calloc(embps_dirty_words(embps_table_config(s->table)->rows),
-                                sizeof(uint64_t)))) {
+      !(s->dirty =
+            embps_calloc(embps_dirty_words(embps_table_config_rows(embps_table_config(s->table))),
+                         sizeof(uint64_t)))) {
     snap_release(s);
     return EMBPS_RESOURCE_EXHAUSTED;
   }
@@ -416,7 +454,7 @@ void embps__ckpt_prepare(embps__ckpt_t *c, embps_table_t *t) {
     } else {
       /* A new table is not in the chain's full checkpoint: every row of it is news. */
       memset(embps_table_dirty(t), 0xff,
-             embps_dirty_words(embps_table_config(t)->rows) * sizeof(uint64_t));
+             embps_dirty_words(embps_table_config_rows(embps_table_config(t))) * sizeof(uint64_t));
     }
   }
   if (!(s = snap_for(c, t)) || snap_alloc(s, &fresh) != EMBPS_OK) {
@@ -453,7 +491,10 @@ embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, emb
 
   if (!j || !(j->slices = embps_calloc(count ? count : 1, sizeof(*j->slices))) ||
       !(j->cow = embps_calloc(count ? count : 1, sizeof(*j->cow))) ||
-      !(j->tables = embps_calloc(count ? count : 1, sizeof(*j->tables)))) {
+      !(j->tables = embps_calloc(count ? count : 1, sizeof(*j->tables))) ||
+      (c->rank == 0 &&
+       (!(j->index = embps_calloc(count ? count : 1, sizeof(*j->index))) ||
+        !(j->index_len = embps_calloc(count ? count : 1, sizeof(*j->index_len)))))) {
     job_free(j);
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory capturing a checkpoint");
   }
@@ -495,7 +536,7 @@ embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, emb
     sl->state1 = s->host.state1;
     /* Only a checkpoint of every table moves the chain on, so only it takes the marks. */
     if (!order->scope[0] && embps_table_dirty(t) && s->dirty) {
-      size_t words = embps_dirty_words(cfg->rows);
+      size_t words = embps_dirty_words(embps_table_config_rows(cfg));
       memcpy(s->dirty, embps_table_dirty(t), words * sizeof(uint64_t));
       memset(embps_table_dirty(t), 0, words * sizeof(uint64_t));
       if (order->base_round) {
@@ -508,6 +549,22 @@ embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, emb
       embps_error_set(err, ret, "cannot open a snapshot of table '%s' to checkpoint: %s", cfg->name,
                       ret == EMBPS_RESOURCE_EXHAUSTED ? "out of memory" : "one is open already");
       break;
+    }
+    /* A hash-keyed table's index as it stands at this round (the group's thread steps it on while
+     * the writer runs): the leader's alone is written, every rank holding the same. */
+    if (j->index && embps_table_hindex(t)) {
+      const embps_hindex_t *ix = embps_table_hindex(t);
+      j->index_len[j->n] = embps_hindex_encoded_bytes(ix);
+      if (!(j->index[j->n] = embps_malloc(j->index_len[j->n]))) {
+        ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                              "out of memory capturing the key index of table '%s' (%zu bytes) to "
+                              "checkpoint",
+                              cfg->name, j->index_len[j->n]);
+        if (cow)
+          embps_table_snapshot_cancel(t);
+        break;
+      }
+      embps_hindex_encode(ix, j->index[j->n]);
     }
     j->cow[j->n] = cow ? t : NULL;
     j->tables[j->n] = *cfg;

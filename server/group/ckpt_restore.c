@@ -101,6 +101,39 @@ static void read_window(const char *path, const embps_ckpt_manifest_t *m, embps_
   embps_free(p);
 }
 
+/* Reads hash-keyed table t's key index from the checkpoint at path (the file its manifest lists
+ * under EMBPS_CKPT_INDEX_RANK) and makes it t's: every rank reads the same file, so every rank
+ * holds the same index. A dense table has none to read. */
+static void read_index(const char *path, const embps_ckpt_manifest_t *m, embps_table_t *t,
+                       embps_error_t *err) {
+  const embps_table_config_t *cfg = embps_table_config(t);
+  char file[EMBPS__CKPT_PATH_MAX + 160], name[160];
+  const embps_ckpt_file_t *f = NULL;
+  embps_hindex_config_t hc;
+  embps_hindex_t *ix;
+  uint8_t *p = NULL;
+  size_t len = 0;
+  if (!embps_table_hindex(t))
+    return;
+  for (size_t i = 0; i < m->num_files && !f; i++)
+    if (m->files[i].rank == EMBPS_CKPT_INDEX_RANK && strcmp(m->files[i].table, cfg->name) == 0)
+      f = &m->files[i];
+  embps_ckpt_index_name(name, sizeof(name), cfg->name);
+  snprintf(file, sizeof(file), "%s/%s", path, name);
+  if (!f) {
+    embps_error_set(err, EMBPS_DATA_LOSS,
+                    "the manifest of %s does not list %s, the key index of hash-keyed table '%s'",
+                    path, file, cfg->name);
+    return;
+  }
+  if (embps_ckpt_read_file(file, f->bytes, &p, &len, err) != EMBPS_OK)
+    return;
+  embps_table_config_hindex(cfg, &hc);
+  if (embps_hindex_decode(&ix, &hc, p, len, file, err) == EMBPS_OK)
+    embps_table_set_hindex(t, ix);
+  embps_free(p);
+}
+
 embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, embps_store_t *store,
                                    const char *dir, uint64_t round, uint32_t rank, uint32_t size,
                                    embps_dedup_t **window, embps_ckpt_manifest_t *manifest_out,
@@ -120,7 +153,7 @@ embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, emb
     embps_table_config_t cfg = m.tables[i];
     embps_error_t why;
     if (embps_table_config_resolve(&cfg, size, max_bytes, &why) != EMBPS_OK ||
-        embps_table_config_served(&cfg, &why) != EMBPS_OK)
+        embps_table_config_served(&cfg, embps_engine_backend(engine), &why) != EMBPS_OK)
       embps_error_set(&mine, why.status, "cannot restore table '%s' of %s onto %u ranks: %s",
                       m.tables[i].name, path, size, why.message);
   }
@@ -153,11 +186,14 @@ embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, emb
     }
     if (mine.status == EMBPS_OK) {
       fill_table(engine, op.created, dir, &m, &mine);
+      if (mine.status == EMBPS_OK)
+        read_index(path, &m, op.created, &mine);
       if (c && mine.status == EMBPS_OK) {
         embps__ckpt_prepare(c, op.created);
         if (embps_table_dirty(op.created)) /* the restored table is the checkpoint: all clean */
           memset(embps_table_dirty(op.created), 0,
-                 embps_dirty_words(embps_table_config(op.created)->rows) * sizeof(uint64_t));
+                 embps_dirty_words(embps_table_config_rows(embps_table_config(op.created))) *
+                     sizeof(uint64_t));
       }
     }
   }

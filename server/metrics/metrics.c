@@ -251,6 +251,48 @@ static void render_group(text_t *t, embps_group_t *g) {
 
 /* Per-table series, over one listing of the tables: a table dropped meanwhile keeps a readable
  * struct (embps_store_drop), and a dropped table is in no later listing. */
+/* Hash-keyed tables' key index (the same figures on every rank; the families list only those
+ * tables): slots, keys stored, and since creation the keys admitted, evicted, expired and refused
+ * and the (key, step) gradients dropped. */
+static void render_hash_tables(text_t *t, embps_table_t **list, size_t n) {
+  static const struct {
+    const char *name, *type, *help;
+  } fam[] = {
+      {"embps_table_capacity", "gauge", "Slots of a hash-keyed table."},
+      {"embps_table_keys", "gauge", "Keys a hash-keyed table stores now."},
+      {"embps_table_keys_admitted_total", "counter",
+       "Keys given a slot (a key stored again after its eviction counts again)."},
+      {"embps_table_keys_evicted_total", "counter", "Keys evicted for a new key."},
+      {"embps_table_keys_expired_total", "counter", "Keys expired (ttl eviction)."},
+      {"embps_table_keys_refused_total", "counter",
+       "(key, step) pairs admitted but given no slot: every slot held a key of that step."},
+      {"embps_table_gradients_dropped_total", "counter",
+       "(key, step) gradients dropped: the key not yet admitted (admit_after), or refused."},
+  };
+  char name[EMBPS_TABLE_NAME_MAX * 2 + 4];
+  size_t hashed = 0;
+  for (size_t i = 0; i < n; i++)
+    hashed += embps_table_config_hashed(embps_table_config(list[i]));
+  if (!hashed)
+    return;
+  for (size_t f = 0; f < sizeof(fam) / sizeof(fam[0]); f++) {
+    family(t, fam[f].name, fam[f].type, fam[f].help);
+    for (size_t i = 0; i < n; i++) {
+      const embps_table_config_t *c = embps_table_config(list[i]);
+      embps_hindex_stats_t st;
+      const uint64_t *v[] = {&c->capacity, &st.size,    &st.admitted,    &st.evicted,
+                             &st.expired,  &st.refused, &st.not_admitted};
+      uint64_t value;
+      if (!embps_table_config_hashed(c))
+        continue;
+      embps_table_hindex_stats(list[i], &st);
+      value = f == 6 ? st.refused + st.not_admitted : *v[f];
+      escape(name, sizeof(name), c->name);
+      put(t, "%s{table=\"%s\"} %llu\n", fam[f].name, name, (unsigned long long)value);
+    }
+  }
+}
+
 static void render_tables(text_t *t, embps_store_t *store, embps_backend_t backend) {
   size_t n = embps_store_count(store) + 1;
   embps_table_t **list = embps_calloc(n, sizeof(*list));
@@ -287,7 +329,7 @@ static void render_tables(text_t *t, embps_store_t *store, embps_backend_t backe
     embps_table_t *tb = list[i];
     escape(name, sizeof(name), embps_table_config(tb)->name);
     put(t, "embps_table_rows{table=\"%s\"} %llu\n", name,
-        (unsigned long long)embps_table_config(tb)->rows);
+        (unsigned long long)embps_table_config_rows(embps_table_config(tb)));
   }
   family(t, "embps_table_bytes", "gauge",
          "Bytes this rank holds of the table (its column slice and optimizer state).");
@@ -308,6 +350,7 @@ static void render_tables(text_t *t, embps_store_t *store, embps_backend_t backe
       put(t, "%s{table=\"%s\"} %llu\n", counters[c].name, name, (unsigned long long)ld(a));
     }
   }
+  render_hash_tables(t, list, n);
   family(t, "embps_table_unique_tokens_per_batch", "summary",
          "Distinct tokens per deduplicated batch (every rank's shards together).");
   for (size_t i = 0; i < n; i++) {

@@ -72,7 +72,8 @@ static embps_status_t validate_batch(embps_service_t *svc, const char *table_nam
                            embps_table_config(t)->name,
                            embps_dtype_name(embps_table_config(t)->dtype), embps_dtype_name(dtype));
   tok = (const int64_t *)tokens->data;
-  for (size_t i = 0; i < n; i++) {
+  /* A hash-keyed table takes any 64-bit id (an int64 read as a uint64) as a key. */
+  for (size_t i = 0; i < n && !embps_table_config_hashed(embps_table_config(t)); i++) {
     if (tok[i] < 0 || (uint64_t)tok[i] >= embps_table_config(t)->rows)
       return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                              "token %lld at position %zu is outside [0, %llu) of table '%s'",

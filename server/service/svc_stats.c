@@ -85,6 +85,17 @@ void embps__svc_stats(embps_service_t *svc, embps_net_call_t *call, const uint8_
     ts[i].steps_applied = load(&embps_table_counters(t)->steps_applied);
     ts[i].steps_skipped = load(&embps_table_counters(t)->steps_skipped);
     ts[i].bytes = embps_table_bytes(t);
+    if (embps_table_config_hashed(embps_table_config(t))) { /* the same on every rank */
+      embps_hindex_stats_t hs;
+      embps_table_hindex_stats(t, &hs);
+      ts[i].capacity = embps_table_config(t)->capacity;
+      ts[i].keys = hs.size;
+      ts[i].keys_admitted = hs.admitted;
+      ts[i].keys_evicted = hs.evicted;
+      ts[i].keys_expired = hs.expired;
+      ts[i].keys_refused = hs.refused;
+      ts[i].gradients_dropped = hs.refused + hs.not_admitted;
+    }
     ptrs[i] = &ts[i];
   }
   resp.n_tables = n;

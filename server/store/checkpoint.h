@@ -84,6 +84,17 @@ embps_status_t embps_ckpt_write_slice(const char *path, const embps_ckpt_slice_t
 /** The table name under which a manifest lists the retry window's file (no table has it). */
 #define EMBPS_CKPT_WINDOW_TABLE ""
 
+/** A hash-keyed table's key index in a checkpoint: the leader writes it whole, as
+ * embps_hindex_encode encodes it at the checkpoint's round, to "INDEX-<table>" (no slice file's
+ * name: those start with 'r'), and the manifest lists it as the file of rank
+ * EMBPS_CKPT_INDEX_RANK (no rank's) under the table's name. Incremental checkpoints write it
+ * whole too. */
+#define EMBPS_CKPT_INDEX_PREFIX "INDEX-"
+#define EMBPS_CKPT_INDEX_RANK UINT32_MAX
+
+/** Writes the file name of table's key index ("INDEX-<table>") to out. */
+void embps_ckpt_index_name(char *out, size_t cap, const char *table);
+
 /** The crc32 of every checksum in the format (zlib's and gzip's): crc continued over n bytes at p
  * (start from 0). For the group's files (the retry window) to checksum as the store's do. */
 uint32_t embps_ckpt_crc32(uint32_t crc, const void *p, size_t n);

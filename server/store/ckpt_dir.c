@@ -23,6 +23,10 @@ void embps_ckpt_slice_name(char *out, size_t cap, uint32_t rank, const char *tab
   snprintf(out, cap, "r%" PRIu32 "-%s.embps", rank, table);
 }
 
+void embps_ckpt_index_name(char *out, size_t cap, const char *table) {
+  snprintf(out, cap, "%s%s", EMBPS_CKPT_INDEX_PREFIX, table);
+}
+
 void embps_ckpt_path(char *out, size_t cap, const char *dir, uint64_t round) {
   snprintf(out, cap, "%s/ckpt-%020" PRIu64, dir, round);
 }

@@ -195,7 +195,7 @@ static embps_status_t read_block(reader_t *rd, uint64_t b, uint64_t off, uint64_
                                  uint32_t *crc_out, uint64_t *first_out, uint32_t *n_out,
                                  uint32_t *len_out, embps_error_t *err) {
   const embps__ckpt_in_t *f = rd->f;
-  const uint64_t rows = f->h.config.rows;
+  const uint64_t rows = embps_table_config_rows(&f->h.config);
   uint8_t bh[BLOCK_HEADER];
   embps__ckpt_block_t blk;
   uint32_t got;
@@ -311,7 +311,7 @@ static embps_status_t read_block_in_place(const range_job_t *j, uint64_t b, uint
 static void *read_range(void *arg) {
   range_job_t *j = arg;
   const uint64_t stride = BLOCK_HEADER + j->per_block * j->rd.per_row;
-  const uint64_t rows = j->rd.f->h.config.rows;
+  const uint64_t rows = embps_table_config_rows(&j->rd.f->h.config);
   j->failed = UINT64_MAX;
   for (uint64_t b = j->begin; b < j->end; b++) {
     const uint64_t want_first = b * j->per_block;
@@ -366,8 +366,9 @@ static embps_status_t read_parallel(embps__ckpt_in_t *f, const embps__ckpt_scatt
     threads = READ_THREADS_MAX;
   if (threads > h->blocks / READ_BLOCKS_PER_THREAD_MIN)
     threads = h->blocks / READ_BLOCKS_PER_THREAD_MIN;
-  *parallel = h->base_round == 0 && h->rows_written == h->config.rows &&
-              h->blocks == (h->config.rows + per_block - 1) / per_block && threads > 1;
+  *parallel = h->base_round == 0 && h->rows_written == embps_table_config_rows(&h->config) &&
+              h->blocks == (embps_table_config_rows(&h->config) + per_block - 1) / per_block &&
+              threads > 1;
   if (!*parallel)
     return EMBPS_OK;
   in_place = reads_in_place(sc, f, proto.rb);
@@ -402,7 +403,8 @@ static embps_status_t read_parallel(embps__ckpt_in_t *f, const embps__ckpt_scatt
       embps_free(jobs[k].rd.payload);
     }
   }
-  *end_off = f->off + h->blocks * BLOCK_HEADER + h->config.rows * proto.per_row;
+  *end_off =
+      f->off + h->blocks * BLOCK_HEADER + embps_table_config_rows(&h->config) * proto.per_row;
   return ret;
 }
 
@@ -428,7 +430,7 @@ embps_status_t embps__ckpt_apply_file(embps__ckpt_in_t *f, const embps__ckpt_sca
     if (parallel) {
       for (uint64_t b = 0; b < h->blocks; b++)
         blocks_crc = embps__ckpt_blocks_crc_add(blocks_crc, crcs[b]);
-      rows = h->config.rows;
+      rows = embps_table_config_rows(&h->config);
     }
   }
   for (uint64_t b = 0; !parallel && b < h->blocks; b++) {

@@ -86,7 +86,7 @@ static embps_status_t apply_checkpoint(const char *dir, const embps_ckpt_manifes
       return ret;
     per_row_taken = 1;
     dst->step = f.h.step;
-    if (covered != cfg->rows)
+    if (covered != embps_table_config_rows(cfg))
       *full = 0;
   }
   return EMBPS_OK;
@@ -148,8 +148,8 @@ embps_status_t embps_ckpt_read_columns(const char *dir, const embps_ckpt_manifes
     int full = 0;
     if (!tc)
       continue;
-    if (tc->rows != cfg->rows || tc->emb_width != cfg->emb_width || tc->dtype != cfg->dtype ||
-        tc->optimizer != cfg->optimizer) {
+    if (tc->rows != cfg->rows || tc->capacity != cfg->capacity || tc->emb_width != cfg->emb_width ||
+        tc->dtype != cfg->dtype || tc->optimizer != cfg->optimizer) {
       ret = embps_error_set(err, EMBPS_DATA_LOSS,
                             "the checkpoint chain is broken: table '%s' differs between rounds "
                             "%" PRIu64 " and %" PRIu64,

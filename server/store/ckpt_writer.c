@@ -40,8 +40,9 @@ static int next_block(blocks_t *it, uint64_t *first, uint32_t *n) {
 static embps_status_t check_slice(const embps_ckpt_slice_t *s, size_t rb[3], embps_error_t *err) {
   const embps_table_config_t *c = &s->config;
   const embps_optimizer_info_t *info = embps_optimizer_info(c->optimizer);
-  if (!info || !embps_dtype_size(c->dtype) || !c->rows || c->rows > EMBPS_MAX_ROWS ||
-      !s->shard_width || !c->emb_width || c->emb_width > EMBPS_MAX_EMB_WIDTH ||
+  if (!info || !embps_dtype_size(c->dtype) || !embps_table_config_rows(c) ||
+      embps_table_config_rows(c) > EMBPS_MAX_ROWS || !s->shard_width || !c->emb_width ||
+      c->emb_width > EMBPS_MAX_EMB_WIDTH ||
       (uint64_t)s->col_begin + s->shard_width > c->emb_width || !s->group_size ||
       s->rank >= s->group_size || !s->data)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
@@ -62,7 +63,7 @@ static embps_status_t check_slice(const embps_ckpt_slice_t *s, size_t rb[3], emb
 static void blocks_start(blocks_t *it, const embps_ckpt_slice_t *s, size_t per_row) {
   memset(it, 0, sizeof(*it));
   it->dirty = s->dirty;
-  it->rows = s->config.rows;
+  it->rows = embps_table_config_rows(&s->config);
   it->per_block = embps__ckpt_rows_per_block(per_row);
 }
 

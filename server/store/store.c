@@ -181,7 +181,11 @@ struct embps_table {
   uint64_t id;                 /* embps_table_id; set when registered */
   atomic_int dropped;          /* embps_store_drop: the arrays are gone */
   embps_table_t *next_dropped; /* the store's list of dropped tables */
-  uint64_t *dirty;             /* rows written since the last capture (tracking on), else NULL */
+  embps_hindex_t *hindex;      /* a hash-keyed table's index (NULL: dense, or dropped) */
+  /* its counters as last published (embps_table_hindex_publish), for any thread */
+  atomic_uint_fast64_t hx_size, hx_admitted, hx_evicted, hx_expired, hx_refused, hx_not_admitted,
+      hx_clock;
+  uint64_t *dirty;        /* rows written since the last capture (tracking on), else NULL */
   uint64_t *device_dirty; /* the same marks not yet taken, in t->mem (embps_table_device_dirty) */
   /* The snapshot in progress (embps_table_snapshot_begin): blocks of block_rows rows, each
    * PENDING, BUSY (one thread is copying it) or DONE. `active` is 1 from begin until every
@@ -212,17 +216,18 @@ void embps_table_free(embps_table_t *t) {
   release(&t->mem, t->device_dirty);
   embps_free(t->dirty);
   embps_free((void *)t->snap.state);
+  embps_hindex_free(t->hindex);
   embps_free(t);
 }
 
 void embps_table_initial_state(const embps_table_t *t, float *state0_value, size_t *state0_elems,
                                size_t *state1_elems) {
   const embps_optimizer_info_t *info = embps_optimizer_info(t->config.optimizer);
-  const size_t elems = (size_t)t->config.rows * t->shard_width;
+  const size_t rows = (size_t)embps_table_config_rows(&t->config);
+  const size_t elems = rows * t->shard_width;
   /* Adagrad accumulators start at initial_accumulator; adam moments at 0. */
   *state0_value = info->accumulator ? t->config.initial_accumulator : 0.0f;
-  *state0_elems =
-      info->state_per_row ? (size_t)t->config.rows : (info->state_per_element >= 1 ? elems : 0);
+  *state0_elems = info->state_per_row ? rows : (info->state_per_element >= 1 ? elems : 0);
   *state1_elems = info->state_per_element >= 2 ? elems : 0;
 }
 
@@ -230,7 +235,8 @@ void embps_table_array_bytes(const embps_table_t *t, size_t bytes[3]) {
   size_t s0, s1;
   float v0;
   embps_table_initial_state(t, &v0, &s0, &s1);
-  bytes[0] = (size_t)t->config.rows * t->shard_width * embps_dtype_size(t->config.dtype);
+  bytes[0] = (size_t)embps_table_config_rows(&t->config) * t->shard_width *
+             embps_dtype_size(t->config.dtype);
   bytes[1] = s0 * sizeof(float);
   bytes[2] = s1 * sizeof(float);
 }
@@ -249,9 +255,18 @@ embps_status_t embps_table_new_in(embps_table_t **out, const embps_table_config_
   t->bytes = embps_table_config_bytes(cfg, group_size);
   if (mem)
     t->mem = *mem;
+  if (embps_table_config_hashed(cfg)) { /* the index, empty, the same on every rank */
+    embps_hindex_config_t hc;
+    embps_table_config_hindex(cfg, &hc);
+    if (embps_hindex_new(&t->hindex, &hc, NULL) != EMBPS_OK) {
+      embps_free(t);
+      return EMBPS_RESOURCE_EXHAUSTED;
+    }
+  }
   embps_table_initial_state(t, &v0, &s0, &s1);
   {
-    const size_t bytes[3] = {(size_t)cfg->rows * t->shard_width * embps_dtype_size(cfg->dtype),
+    const size_t bytes[3] = {(size_t)embps_table_config_rows(cfg) * t->shard_width *
+                                 embps_dtype_size(cfg->dtype),
                              s0 * sizeof(float), s1 * sizeof(float)};
     void **arrays[3] = {&t->a.data, (void **)&t->a.state0, (void **)&t->a.state1};
     for (int i = 0; i < 3; i++) {
@@ -278,12 +293,45 @@ uint64_t embps_table_next_step(embps_table_t *t) { return ++t->step; }
 uint64_t embps_table_step(const embps_table_t *t) { return t->step; }
 void embps_table_set_step(embps_table_t *t, uint64_t step) { t->step = step; }
 
+embps_hindex_t *embps_table_hindex(const embps_table_t *t) { return t->hindex; }
+
+void embps_table_set_hindex(embps_table_t *t, embps_hindex_t *ix) {
+  embps_hindex_free(t->hindex);
+  t->hindex = ix;
+  embps_table_hindex_publish(t);
+}
+
+void embps_table_hindex_publish(embps_table_t *t) {
+  embps_hindex_stats_t st;
+  if (!t->hindex)
+    return;
+  embps_hindex_stats(t->hindex, &st);
+  atomic_store_explicit(&t->hx_size, st.size, memory_order_relaxed);
+  atomic_store_explicit(&t->hx_clock, st.clock, memory_order_relaxed);
+  atomic_store_explicit(&t->hx_admitted, st.admitted, memory_order_relaxed);
+  atomic_store_explicit(&t->hx_evicted, st.evicted, memory_order_relaxed);
+  atomic_store_explicit(&t->hx_expired, st.expired, memory_order_relaxed);
+  atomic_store_explicit(&t->hx_refused, st.refused, memory_order_relaxed);
+  atomic_store_explicit(&t->hx_not_admitted, st.not_admitted, memory_order_relaxed);
+}
+
+void embps_table_hindex_stats(const embps_table_t *t, embps_hindex_stats_t *st) {
+  embps_table_t *m = (embps_table_t *)t; /* atomics: loads only */
+  st->size = atomic_load_explicit(&m->hx_size, memory_order_relaxed);
+  st->clock = atomic_load_explicit(&m->hx_clock, memory_order_relaxed);
+  st->admitted = atomic_load_explicit(&m->hx_admitted, memory_order_relaxed);
+  st->evicted = atomic_load_explicit(&m->hx_evicted, memory_order_relaxed);
+  st->expired = atomic_load_explicit(&m->hx_expired, memory_order_relaxed);
+  st->refused = atomic_load_explicit(&m->hx_refused, memory_order_relaxed);
+  st->not_admitted = atomic_load_explicit(&m->hx_not_admitted, memory_order_relaxed);
+}
+
 size_t embps_dirty_words(uint64_t rows) { return (size_t)((rows + 63) / 64); }
 
 embps_status_t embps_table_track_dirty(embps_table_t *t) {
   if (t->dirty)
     return EMBPS_OK;
-  t->dirty = embps_calloc(embps_dirty_words(t->config.rows), sizeof(uint64_t));
+  t->dirty = embps_calloc(embps_dirty_words(embps_table_config_rows(&t->config)), sizeof(uint64_t));
   return t->dirty ? EMBPS_OK : EMBPS_RESOURCE_EXHAUSTED;
 }
 
@@ -300,7 +348,8 @@ embps_status_t embps_table_device_dirty_new(embps_table_t *t, uint64_t **out) {
   if (!t->dirty || !t->mem.alloc)
     return EMBPS_FAILED_PRECONDITION;
   if (!t->device_dirty &&
-      !(t->device_dirty = t->mem.alloc(embps_dirty_words(t->config.rows) * sizeof(uint64_t))))
+      !(t->device_dirty = t->mem.alloc(embps_dirty_words(embps_table_config_rows(&t->config)) *
+                                       sizeof(uint64_t))))
     return EMBPS_RESOURCE_EXHAUSTED;
   *out = t->device_dirty;
   return EMBPS_OK;
@@ -401,6 +450,8 @@ embps_status_t embps_store_drop(embps_store_t *store, embps_table_t *t) {
   t->device_dirty = NULL;
   embps_free(t->dirty);
   t->dirty = NULL;
+  embps_hindex_free(t->hindex); /* its counters stay published */
+  t->hindex = NULL;
   return EMBPS_OK;
 }
 
@@ -471,8 +522,10 @@ embps_status_t embps_table_new(embps_table_t **out, const embps_table_config_t *
     t->a.state0[i] = v0;
   if (s1)
     memset(t->a.state1, 0, s1 * sizeof(float));
-  embps_init_rows_cpu(t->a.data, cfg->dtype, t->shard_width, 0, cfg->rows, t->col_begin, cfg->seed,
-                      cfg->init_scale);
+  /* A hash-keyed table's slot s starts as row s would (a slot's row is set again from its key
+   * when a key takes the slot): every byte is a function of (seed, row, column) either way. */
+  embps_init_rows_cpu(t->a.data, cfg->dtype, t->shard_width, 0, embps_table_config_rows(cfg),
+                      t->col_begin, cfg->seed, cfg->init_scale);
   *out = t;
   return EMBPS_OK;
 }
@@ -487,14 +540,14 @@ static void row_sizes(const embps_table_t *t, size_t out[3]) {
   size_t bytes[3];
   embps_table_array_bytes(t, bytes);
   for (int i = 0; i < 3; i++)
-    out[i] = bytes[i] / t->config.rows;
+    out[i] = bytes[i] / embps_table_config_rows(&t->config);
 }
 
 /* Copies block b of the table into the snapshot. */
 static void snap_copy_block(embps_table_t *t, uint64_t b) {
   const uint64_t first = b * t->snap.block_rows;
-  const uint64_t n =
-      first + t->snap.block_rows > t->config.rows ? t->config.rows - first : t->snap.block_rows;
+  const uint64_t rows = embps_table_config_rows(&t->config);
+  const uint64_t n = first + t->snap.block_rows > rows ? rows - first : t->snap.block_rows;
   const void *from[3] = {t->a.data, t->a.state0, t->a.state1};
   void *to[3] = {t->snap.into.data, t->snap.into.state0, t->snap.into.state1};
   size_t rb[3];
@@ -528,7 +581,8 @@ embps_status_t embps_table_snapshot_begin(embps_table_t *t, const embps_table_ar
   if (!t->snap.state) {
     const size_t per_row = rb[0] + rb[1] + rb[2];
     t->snap.block_rows = per_row >= SNAP_BLOCK_BYTES ? 1 : SNAP_BLOCK_BYTES / per_row;
-    t->snap.blocks = (t->config.rows + t->snap.block_rows - 1) / t->snap.block_rows;
+    t->snap.blocks =
+        (embps_table_config_rows(&t->config) + t->snap.block_rows - 1) / t->snap.block_rows;
     if (!(t->snap.state = embps_malloc(t->snap.blocks * sizeof(*t->snap.state))))
       return EMBPS_RESOURCE_EXHAUSTED;
   }
@@ -537,8 +591,8 @@ embps_status_t embps_table_snapshot_begin(embps_table_t *t, const embps_table_ar
     unsigned char st = SNAP_PENDING;
     if (only) { /* a block none of whose rows the snapshot needs is done already */
       const uint64_t first = b * t->snap.block_rows;
-      const uint64_t end =
-          first + t->snap.block_rows < t->config.rows ? first + t->snap.block_rows : t->config.rows;
+      const uint64_t rows = embps_table_config_rows(&t->config);
+      const uint64_t end = first + t->snap.block_rows < rows ? first + t->snap.block_rows : rows;
       st = SNAP_DONE;
       for (uint64_t r = first; r < end; r++) {
         if ((r & 63) == 0 && end - r >= 64 && only[r >> 6] == 0) {

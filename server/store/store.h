@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/backend.h"
 #include "common/dtype.h"
 #include "common/optimizer.h"
 #include "common/status.h"
@@ -117,13 +118,19 @@ uint32_t embps_table_sketch_width_default(uint64_t capacity);
 /** The configuration of a hash-keyed table's index (cfg resolved). */
 void embps_table_config_hindex(const embps_table_config_t *cfg, embps_hindex_config_t *out);
 
+/** The rows a table of cfg stores: rows for a dense table, capacity (its slots) for a hash-keyed
+ * one. The store, the engine and the checkpoints size, copy and write a table by this count, so a
+ * hash-keyed table's slots are rows like a dense table's. */
+uint64_t embps_table_config_rows(const embps_table_config_t *cfg);
+
 /**
- * Whether this build serves a table of cfg: EMBPS_OK for a dense table; EMBPS_UNIMPLEMENTED for
- * a hash-keyed one ("hash-keyed tables (capacity={C}) are not served by this build yet: create a
- * dense table of rows instead"), until the engine keeps their index. CreateTable and a restore
- * ask it after embps_table_config_resolve.
+ * Whether a server of this build on `backend` serves a table of cfg: EMBPS_OK for a dense table,
+ * and for a hash-keyed one on the cpu backend; EMBPS_UNIMPLEMENTED for a hash-keyed one on the
+ * cuda backend ("hash-keyed tables are served by the cpu backend in this build; the cuda backend
+ * serves dense tables only"). CreateTable and a restore ask it after embps_table_config_resolve.
  */
-embps_status_t embps_table_config_served(const embps_table_config_t *cfg, embps_error_t *err);
+embps_status_t embps_table_config_served(const embps_table_config_t *cfg, embps_backend_t backend,
+                                         embps_error_t *err);
 
 /** Creates an empty store (this rank's tables; each table knows its own column slice). On
  * failure *out is untouched. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED. */
@@ -224,6 +231,25 @@ void embps_table_snapshot_complete(embps_table_t *table);
 /** Closes the snapshot without finishing it (its checkpoint was dropped); only while no other
  * thread may be completing it. */
 void embps_table_snapshot_cancel(embps_table_t *table);
+
+/* ---- a hash-keyed table's index ---- */
+
+/** The key -> slot index of a hash-keyed table (made empty with the table from its config, on
+ * every rank), owned by the table; NULL for a dense table and once the table was dropped. The
+ * group's thread alone steps it and reads it (embps_hindex_find included); other threads read
+ * its counters through embps_table_hindex_stats. */
+embps_hindex_t *embps_table_hindex(const embps_table_t *table);
+
+/** Replaces a hash-keyed table's index with ix (a restore's, decoded from a checkpoint), which
+ * the table owns from now on; frees the one it had, and publishes ix's counters. Group thread. */
+void embps_table_set_hindex(embps_table_t *table, embps_hindex_t *ix);
+
+/** Group thread, after each step of the index: copies its counters where any thread reads them
+ * (embps_table_hindex_stats). */
+void embps_table_hindex_publish(embps_table_t *table);
+
+/** Any thread: the index's counters as last published (all 0 for a dense table). */
+void embps_table_hindex_stats(const embps_table_t *table, embps_hindex_stats_t *st);
 
 /** Frees a table that was never registered. NULL is a no-op. */
 void embps_table_free(embps_table_t *table);

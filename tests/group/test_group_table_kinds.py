@@ -1,6 +1,5 @@
 """Table kinds on a group of 2 ranks: a spec the server refuses (the kinds mixed, a hash-keyed
-option out of its rules, a hash-keyed table past the memory budget, and, in this release, any
-valid hash-keyed table) is answered with docs/design.md's status and message and creates nothing
+option out of its rules, a hash-keyed table past the memory budget) is answered with docs/design.md's status and message and creates nothing
 on any rank: ListTables on both ranks stays empty, and the name is free for a dense table after."""
 import unittest
 
@@ -39,8 +38,6 @@ REFUSALS = [
      dict(W=16)),
     (dict(capacity=1 << 31), SC.RESOURCE_EXHAUSTED, "a hash-keyed table alone past",
      dict(t="t")),
-    (dict(capacity=1000, admit_after=2, eviction=pb.EVICTION_LFU, half_life_steps=100),
-     SC.UNIMPLEMENTED, "a valid hash-keyed table", dict(C=1000)),
 ]
 
 
@@ -61,10 +58,15 @@ class TableKindsTest(unittest.TestCase):
                         self.assertEqual(list(tables), [], "rank %d holds a table" % r)
             client.stubs[0].CreateTable(pb.CreateTableRequest(spec=spec(rows=10)),
                                         timeout=gl.CALL_TIMEOUT)
+            # a valid hash-keyed table is served (on the cpu backend)
+            client.stubs[0].CreateTable(pb.CreateTableRequest(
+                spec=spec("h", capacity=1000, admit_after=2, eviction=pb.EVICTION_LFU,
+                          half_life_steps=100)), timeout=gl.CALL_TIMEOUT)
             for r in range(2):
                 tables = client.stubs[r].ListTables(pb.ListTablesRequest(),
                                                     timeout=gl.CALL_TIMEOUT).tables
-                self.assertEqual([(t.name, t.rows, t.capacity) for t in tables], [("t", 10, 0)])
+                self.assertEqual([(t.name, t.rows, t.capacity) for t in tables],
+                                 [("t", 10, 0), ("h", 0, 1000)])
         finally:
             client.close()
             group.close_checked(self)

@@ -149,19 +149,6 @@ static const refusal_t refusals[] = {
     {{.capacity = 100, .emb_width = 0xFFFFFFFFu},
      EMBPS_INVALID_ARGUMENT,
      "emb_width=4294967295 is out of range: 1 to 65536"},
-    /* valid, not served yet */
-    {{.capacity = 100},
-     EMBPS_UNIMPLEMENTED,
-     "hash-keyed tables (capacity=100) are not served by this build yet: create a dense table of "
-     "rows instead"},
-    {{.capacity = 1000, .admit_after = 4, .eviction = 2, .half_life_steps = 50},
-     EMBPS_UNIMPLEMENTED,
-     "hash-keyed tables (capacity=1000) are not served by this build yet: create a dense table of "
-     "rows instead"},
-    {{.capacity = 1000, .eviction = 3, .ttl_steps = 50},
-     EMBPS_UNIMPLEMENTED,
-     "hash-keyed tables (capacity=1000) are not served by this build yet: create a dense table of "
-     "rows instead"},
 };
 
 static void test_refusals_create_nothing(void **state) {
@@ -196,6 +183,32 @@ static void test_budget_message(void **state) {
   assert_int_equal(fake.num_queued, 0);
 }
 
+/* A valid hash-keyed table is refused on the cuda backend (before it is ordered), and ordered on
+ * the cpu backend. */
+static void test_hash_refused_on_cuda(void **state) {
+  kind_t k = {.capacity = 1000, .admit_after = 4, .eviction = 2, .half_life_steps = 50};
+  const embps_table_t *t;
+  embps_net_call_t c;
+  (void)state;
+  fake.backend = EMBPS_BACKEND_CUDA;
+  create(&c, "kinds", &k);
+  assert_int_equal(c.status, EMBPS_UNIMPLEMENTED);
+  assert_string_equal(c.message,
+                      "hash-keyed tables are served by the cpu backend in this build; the cuda "
+                      "backend serves dense tables only: create a dense table of rows "
+                      "(capacity=0), or run the group with --backend cpu");
+  fake_call_release(&c);
+  assert_int_equal(fake.num_queued, 0);
+  assert_null(embps_store_find(store, "kinds"));
+  fake.backend = EMBPS_BACKEND_CPU;
+  create(&c, "kinds", &k);
+  assert_int_equal(c.status, EMBPS_OK);
+  fake_call_release(&c);
+  assert_non_null(t = embps_store_find(store, "kinds"));
+  assert_int_equal(embps_table_config(t)->capacity, 1000);
+  assert_non_null(embps_table_hindex(t));
+}
+
 /* Dense tables are as they were: admit_after 1 ("at once") is what they do, and is stored as 0. */
 static void test_dense_still_created(void **state) {
   kind_t k = {.rows = 10, .admit_after = 1};
@@ -216,6 +229,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_refusals_create_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_budget_message, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dense_still_created, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hash_refused_on_cuda, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
