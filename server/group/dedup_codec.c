@@ -268,28 +268,14 @@ embps_status_t embps_dedup_decode(embps_dedup_t **out, uint32_t window, uint32_t
                                   embps_error_t *err) {
   rbuf_t r = {.p = p, .len = len >= 4 ? len - 4 : 0, .off = 8};
   embps_dedup_t *d = NULL;
-  uint32_t version, want, got, nnames, nclients;
+  uint32_t nnames, nclients;
   uint64_t at, prev_round = 0, prev_id = 0, *ids = NULL;
   embps_status_t ret;
   int bad = 0;
 
-  if (len < HEADER_BYTES + 4)
-    return embps_error_set(err, EMBPS_DATA_LOSS, "retry window file %s is truncated (%zu bytes)",
-                           name, len);
-  if (memcmp(p, MAGIC, 8) != 0)
-    return embps_error_set(err, EMBPS_DATA_LOSS, "%s is not a retry window file (no %s)", name,
-                           MAGIC);
-  if ((version = embps_get_le32(p + 8)) != EMBPS_DEDUP_FORMAT_VERSION)
-    return embps_error_set(err, EMBPS_FAILED_PRECONDITION,
-                           "retry window file %s is format version %" PRIu32
-                           "; this build reads version %u",
-                           name, version, EMBPS_DEDUP_FORMAT_VERSION);
-  want = embps_get_le32(p + len - 4);
-  if ((got = embps_ckpt_crc32(0, p, len - 4)) != want)
-    return embps_error_set(err, EMBPS_DATA_LOSS,
-                           "retry window file %s is corrupt: crc32 expected %08" PRIx32
-                           ", actual %08" PRIx32,
-                           name, want, got);
+  if ((ret = embps_ckpt_check_envelope(p, len, HEADER_BYTES, MAGIC, EMBPS_DEDUP_FORMAT_VERSION,
+                                       "retry window file", name, err)) != EMBPS_OK)
+    return ret;
   r.off = 12;
   at = get_u64(&r);
   (void)get_u32(&r); /* the writer's window: ours may differ */

@@ -100,6 +100,18 @@ void embps_ckpt_index_name(char *out, size_t cap, const char *table);
 uint32_t embps_ckpt_crc32(uint32_t crc, const void *p, size_t n);
 
 /**
+ * Checks the envelope the checkpoint's own side files share (RETRY_WINDOW, INDEX-<table>): at
+ * least header_bytes + 4 bytes, the 8-byte magic, format version `version` (a u32 at byte 8)
+ * and, in the last four bytes, the crc32 of every byte before them. `what` names the kind of
+ * file in messages ("retry window file", "hash index") and `name` the file. Returns EMBPS_OK;
+ * EMBPS_DATA_LOSS (truncated, another magic, a crc32 that differs) or EMBPS_FAILED_PRECONDITION
+ * (another version), err naming the file and what is wrong.
+ */
+embps_status_t embps_ckpt_check_envelope(const uint8_t *p, size_t len, size_t header_bytes,
+                                         const char *magic, uint32_t version, const char *what,
+                                         const char *name, embps_error_t *err);
+
+/**
  * Writes the len bytes at p to `path` durably (temporary name, fsync, rename), for a checkpoint
  * file whose bytes another layer encodes (the retry window). *bytes (may be NULL) gets the
  * file's size. The caller fsyncs the directory afterwards. Errors as embps_ckpt_write_slice.

@@ -154,6 +154,26 @@ uint32_t embps_ckpt_crc32(uint32_t crc, const void *p, size_t n) {
   return embps__ckpt_crc(crc, p, n);
 }
 
+embps_status_t embps_ckpt_check_envelope(const uint8_t *p, size_t len, size_t header_bytes,
+                                         const char *magic, uint32_t version, const char *what,
+                                         const char *name, embps_error_t *err) {
+  uint32_t got_version, want, got;
+  if (len < header_bytes + 4)
+    return embps_error_set(err, EMBPS_DATA_LOSS, "%s %s is truncated (%zu bytes)", what, name, len);
+  if (memcmp(p, magic, 8) != 0)
+    return embps_error_set(err, EMBPS_DATA_LOSS, "%s is not a %s (no %s)", name, what, magic);
+  if ((got_version = embps_get_le32(p + 8)) != version)
+    return embps_error_set(err, EMBPS_FAILED_PRECONDITION,
+                           "%s %s is format version %" PRIu32 "; this build reads version %" PRIu32,
+                           what, name, got_version, version);
+  want = embps_get_le32(p + len - 4);
+  if ((got = embps_ckpt_crc32(0, p, len - 4)) != want)
+    return embps_error_set(err, EMBPS_DATA_LOSS,
+                           "%s %s is corrupt: crc32 expected %08" PRIx32 ", actual %08" PRIx32,
+                           what, name, want, got);
+  return EMBPS_OK;
+}
+
 embps_status_t embps_ckpt_write_file(const char *path, const void *p, size_t len, uint64_t *bytes,
                                      embps_error_t *err) {
   embps__ckpt_out_t f = {.fd = -1};

@@ -144,27 +144,13 @@ embps_status_t embps_hindex_decode(embps_hindex_t **out, const embps_hindex_conf
   embps_hindex_t *ix;
   embps_status_t ret;
   uint64_t base, nfree, want_len;
-  uint32_t version, want, got;
   const uint8_t *q;
 
   if ((ret = embps_hindex_config_check(c, err)) != EMBPS_OK)
     return ret;
-  if (len < HEADER_BYTES + 4)
-    return embps_error_set(err, EMBPS_DATA_LOSS, "hash index %s is truncated (%zu bytes)", name,
-                           len);
-  if (memcmp(p, MAGIC, 8) != 0)
-    return embps_error_set(err, EMBPS_DATA_LOSS, "%s is not a hash index (no %s)", name, MAGIC);
-  if ((version = embps_get_le32(p + 8)) != EMBPS_HINDEX_FORMAT_VERSION)
-    return embps_error_set(err, EMBPS_FAILED_PRECONDITION,
-                           "hash index %s is format version %" PRIu32
-                           "; this build reads version %u",
-                           name, version, EMBPS_HINDEX_FORMAT_VERSION);
-  want = embps_get_le32(p + len - 4);
-  if ((got = embps_ckpt_crc32(0, p, len - 4)) != want)
-    return embps_error_set(err, EMBPS_DATA_LOSS,
-                           "hash index %s is corrupt: crc32 expected %08" PRIx32
-                           ", actual %08" PRIx32,
-                           name, want, got);
+  if ((ret = embps_ckpt_check_envelope(p, len, HEADER_BYTES, MAGIC, EMBPS_HINDEX_FORMAT_VERSION,
+                                       "hash index", name, err)) != EMBPS_OK)
+    return ret;
   memset(&f, 0, sizeof(f));
   memset(&st, 0, sizeof(st));
   f.policy = (embps_hindex_policy_t)embps_get_le32(p + 12);
