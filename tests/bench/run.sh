@@ -10,9 +10,14 @@
 # Prints one table at the end. Repeats each measurement REPEAT times and quotes medians.
 #
 #   tests/bench/run.sh [--duration S] [--repeat N] [--rows R] [--tokens uniform|zipf] [--perf]
+#                      [--no-hash]
 # --tokens: how the bench draws token ids over the table (embps bench --tokens): uniform, the
 #   default, touches every row alike, so batches reach memory (the hard case); zipf (exponent
 #   1.05) repeats hot rows, which then sit in cache and dedup shrinks the push.
+# Then (unless --no-hash) the same lookups and pushes on a hash-keyed table of capacity R (the
+#   dense table's rows), its keys drawn from --key-space 10 x R (a full table that evicts on every
+#   push), uniform and Zipf, each against the dense table under the same draw: hash / dense.
+#   This adds 4 x 4 x REPEAT runs of S seconds (plus filling the table first).
 # --perf also records a CPU profile of the server during a lookup run and during a push run, and
 #   prints their top entries.
 # The table ends with the ratios issue 13 asks for: lookup GB/s at 4096 (one and two in flight)
@@ -33,14 +38,16 @@ repeat=3
 rows=1000000
 perf=0
 tokens=uniform
+hash=1
 while [ $# -gt 0 ]; do
   case $1 in
     --duration) duration=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --perf) perf=1; shift ;;
+    --no-hash) hash=0; shift ;;
     --tokens) tokens=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -130,6 +137,8 @@ declare -A result
 # result[KEY_peer] (the most peer bytes any rank sent per batch) and result[KEY_peer_recv]; and
 # the CPU milliseconds a batch took, result[KEY_scpu] for the servers together and
 # result[KEY_ccpu] for the bench client.
+# The table, its token draw and extra bench flags come from BTABLE (default bench), BTOKENS
+# (default --tokens) and BFLAGS.
 run_embps() {
   local key=$1 batch=$2 ratio=$3 pipeline=${4:-1} op=lookup counter=lookups
   [ "$ratio" = 1 ] && { op=push; counter=pushes; }
@@ -138,15 +147,16 @@ run_embps() {
   for _ in $(seq "$repeat"); do
     before=$($E stats --json)
     t_before=$(server_ticks)
-    out=$($E bench bench --batch "$batch" --duration "$duration" --concurrency 1 --tokens "$tokens" \
-               --pipeline "$pipeline" --push-ratio "$ratio" --warmup 1 --json)
+    # shellcheck disable=SC2086 # BFLAGS is a list of flags
+    out=$($E bench "${BTABLE:-bench}" --batch "$batch" --duration "$duration" --concurrency 1 \
+               --tokens "${BTOKENS:-$tokens}" ${BFLAGS:-} --pipeline "$pipeline" --push-ratio "$ratio" --warmup 1 --json)
     t_after=$(server_ticks)
     after=$($E stats --json)
     rates+=("$(jget "${op}_rows_per_s" <<<"$out")")
     gbs+=("$(jget "${op}_gbytes_per_s" <<<"$out")")
     p50+=("$(jget p50_ms <<<"$out")")
     p99+=("$(jget p99_ms <<<"$out")")
-    per=$(per_batch "$counter" "$before" "$after" 2>"$work/peer.log")
+    per=$(per_batch "$counter" "$before" "$after" "${BTABLE:-bench}" 2>"$work/peer.log")
     [ "${NRANKS:-1}" -gt 1 ] && cat "$work/peer.log" >&2
     peer+=("${per% * *}"); peer_recv+=("$(awk '{print $2}' <<<"$per")")
     scpu+=("$(awk -v d=$((t_after - t_before)) -v hz="$clk_tck" -v n="${per##* }" \
@@ -168,16 +178,16 @@ print("%.4f" % (1e3 * j["client_cpu_s"] / max(j["count"], 1)))' "$out")")
     echo "embps $key: peer bytes sent per batch (max over ranks) ${peer[*]} (median ${result[${key}_peer]})"
   fi
 }
-# per_batch COUNTER STATS_BEFORE STATS_AFTER: prints the largest per-rank
+# per_batch COUNTER STATS_BEFORE STATS_AFTER TABLE: prints the largest per-rank
 # (peer_bytes_sent delta / batches), the same for peer_bytes_received, and the batches (the
 # largest rank's delta of the table's COUNTER, lookups or pushes: every rank counts every batch
 # once, warm-up included, as are its bytes and its CPU time). Logs each rank's figures on stderr.
 per_batch() {
-  /usr/bin/python3 - "$1" "$2" "$3" <<'PY'
+  /usr/bin/python3 - "$1" "$2" "$3" "$4" <<'PY'
 import json, sys
 counter, before, after = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 def tab(r):
-    return next(t for t in r["tables"] if t["name"] == "bench")
+    return next(t for t in r["tables"] if t["name"] == sys.argv[4])
 sent, recv, batches = [], [], []
 for b, a in zip(before, after):
     n = tab(a)[counter] - tab(b)[counter]
@@ -198,6 +208,33 @@ run_all() { # PREFIX
 run_all ""
 # One connection (one TCP stream) with two calls in flight, against Redis pipelining two MGETs.
 run_embps lookup4096p2 4096 0 2
+
+# ---- 2b. a hash-keyed table beside the dense one -------------------------------------------------
+# Capacity = the dense table's rows, keys from 10 x as many: filled first by pushes (bounded), so
+# every measured push evicts. Each draw is measured on both tables, prefixes h_/d_ + the draw.
+if [ "$hash" = 1 ]; then
+  $E create-table hbench --capacity "$rows" --emb-width 128 --dtype f32 \
+    --optimizer rowwise_adagrad >/dev/null
+  hkeys() { $E stats --json | /usr/bin/python3 -c 'import json,sys
+print(next(t for t in json.load(sys.stdin)[0]["tables"] if t["name"] == "hbench")["keys"])'; }
+  for _ in $(seq 60); do
+    [ "$(hkeys)" -ge "$rows" ] && break
+    $E bench hbench --batch 65536 --duration 1 --concurrency 1 --tokens uniform \
+      --key-space $((10 * rows)) --push-ratio 1 --json >/dev/null
+  done
+  echo "embps hash table filled: $(hkeys) keys of capacity $rows"
+  for dist in uniform zipf; do
+    if [ "$dist" = "$tokens" ]; then
+      for k in lookup4096 push4096 lookup65536 push65536; do
+        for f in rows gbs p50 p99 scpu ccpu; do result[d_${dist}_${k}_$f]=${result[${k}_$f]}; done
+      done
+    else
+      BTOKENS=$dist run_all "d_${dist}_"
+    fi
+    BTABLE=hbench BTOKENS=$dist BFLAGS="--key-space $((10 * rows))" run_all "h_${dist}_"
+  done
+  echo "embps hash table after the runs: $(hkeys) keys of capacity $rows"
+fi
 
 if [ "$perf" = 1 ] && command -v perf >/dev/null; then
   for ratio in 0 1; do
@@ -366,3 +403,18 @@ cpu_row "push 4096x128 rowwise_adagrad" push4096 4096 lookup4096
 cpu_row "lookup 65536x128 f32" lookup65536 65536 lookup65536
 cpu_row "push 65536x128 rowwise_adagrad" push65536 65536 lookup65536
 echo "(rows/s allowed: $ncores cores x batch / total CPU per batch, the most the machine's cores allow with client and server both on them; / lookup: that against the measured lookup rows/s at the same batch)"
+
+if [ "$hash" = 1 ]; then
+  printf "\n%-44s %14s %14s %10s\n" "hash (capacity = rows, keys 10x) vs dense" "dense rows/s" \
+    "hash rows/s" "hash/dense"
+  hash_row() { # LABEL KEY DIST
+    awk -v l="$1 $3" -v d="${result[d_${3}_${2}_rows]}" -v h="${result[h_${3}_${2}_rows]}" 'BEGIN {
+      printf "%-44s %14.0f %14.0f %9.2fx  (target >= 0.8x)\n", l, d, h, (d > 0 ? h / d : 0) }'
+  }
+  for dist in uniform zipf; do
+    hash_row "lookup 4096x128" lookup4096 "$dist"
+    hash_row "push 4096x128" push4096 "$dist"
+    hash_row "lookup 65536x128" lookup65536 "$dist"
+    hash_row "push 65536x128" push65536 "$dist"
+  done
+fi

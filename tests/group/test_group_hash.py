@@ -82,7 +82,8 @@ def stats(client, name):
 
 def final_rows(client, keys):
     """Every key's row (and padding's), in batches every group size splits evenly."""
-    toks = np.concatenate([[0], keys, np.zeros((-(len(keys) + 1)) % max(SIZES), dtype=np.int64)])
+    pad = np.zeros((-(len(keys) + 1)) % max(SIZES), dtype=np.int64)
+    toks = np.concatenate([[0], keys, pad])
     return client.lookup_bytes_of(toks)
 
 
