@@ -872,7 +872,12 @@ class TestServerCommandLine(unittest.TestCase):
                     break
                 text += line
             self.assertIn("listening on %s" % addr, text)
-            r = embps("health", servers=addr)
+            # Listening comes before the group (of one) has formed: NOT_SERVING until it has.
+            for _ in range(100):
+                r = embps("health", servers=addr)
+                if r.returncode == 0 or "NOT_SERVING" not in r.stderr:
+                    break
+                time.sleep(0.1)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(r.stdout.strip(), "SERVING")
         finally:
