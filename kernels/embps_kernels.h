@@ -250,7 +250,8 @@ void embps_init_rows_cpu(void *table, embps_dtype_t dtype, size_t width, uint64_
  * Writes at `row` (width elements of dtype) the initial row that row number `key` of a table
  * slice holding columns [col_begin, col_begin + width) has: embps_init_value(seed, key, col,
  * scale) for each column (zeros for key 0). A hash-keyed table's key reads and starts from it,
- * so a key reads what a dense table's row of that number would.
+ * so a key reads what a dense table's row of that number would. `row` need not be aligned
+ * (a lookup writes it straight into its reply, behind a header of any length).
  */
 void embps_init_key_row_cpu(void *row, embps_dtype_t dtype, size_t width, uint64_t key,
                             uint64_t col_begin, uint64_t seed, float scale);

@@ -12,6 +12,8 @@
  * cost is one mix. */
 #include "kernels/embps_kernels.h"
 
+#include <string.h>
+
 static inline uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
   z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
@@ -55,14 +57,18 @@ void embps_init_rows_cpu(void *table, embps_dtype_t dtype, size_t width, uint64_
 
 void embps_init_key_row_cpu(void *row, embps_dtype_t dtype, size_t width, uint64_t key,
                             uint64_t col_begin, uint64_t seed, float scale) {
+  /* row may sit anywhere in a reply (behind a header of any length): stored byte-wise */
   const uint64_t rh = row_hash(seed, key);
+  uint8_t *out = row;
   if (dtype == EMBPS_DTYPE_BF16) {
-    uint16_t *restrict w = row;
-    for (size_t j = 0; j < width; j++)
-      w[j] = key == 0 ? 0 : embps_f32_to_bf16(value_of(rh, col_begin + j, scale));
+    for (size_t j = 0; j < width; j++) {
+      uint16_t v = key == 0 ? 0 : embps_f32_to_bf16(value_of(rh, col_begin + j, scale));
+      memcpy(out + j * sizeof(v), &v, sizeof(v));
+    }
   } else {
-    float *restrict w = row;
-    for (size_t j = 0; j < width; j++)
-      w[j] = key == 0 ? 0.0f : value_of(rh, col_begin + j, scale);
+    for (size_t j = 0; j < width; j++) {
+      float v = key == 0 ? 0.0f : value_of(rh, col_begin + j, scale);
+      memcpy(out + j * sizeof(v), &v, sizeof(v));
+    }
   }
 }
