@@ -3,11 +3,11 @@
  *
  * The first byte picks how: bit 0 whether the target first rewrites the trailing crc32 to match
  * the bytes (so mutations reach the fields behind it) or leaves it (so the check itself is
- * fuzzed); bits 1-2 the table's settings (one of configs[] below: each policy, admission on and
- * off). Checked beyond no crash, leak or undefined behaviour: every refusal is one of the
- * documented statuses with a message naming the bytes; an index that decodes re-encodes to the
- * very bytes it came from (the encoding is canonical), and takes steps afterwards, every key of a
- * step then found at the slot the step gave it. */
+ * fuzzed); bits 1-2 the table's settings (one of fuzz_hindex_configs in fuzz_side_files.h: each
+ * policy, admission on and off). Checked beyond no crash, leak or undefined behaviour: every
+ * refusal is one of the documented statuses with a message naming the bytes; an index that decodes
+ * re-encodes to the very bytes it came from (the encoding is canonical), and takes steps
+ * afterwards, every key of a step then found at the slot the step gave it. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,26 +15,9 @@
 #include "common/byteorder.h"
 #include "server/store/checkpoint.h"
 #include "server/store/hindex.h"
+#include "tests/fuzz/fuzz_side_files.h"
 
 #define NAME "ckpt/t.hix"
-
-/* The settings gen_corpus.c writes its seeds with (keep the two in step). */
-static const embps_hindex_config_t configs[4] = {
-    {.capacity = 16, .policy = EMBPS_HINDEX_LRU, .admit_after = 1, .seed = 1},
-    {.capacity = 16,
-     .policy = EMBPS_HINDEX_LFU,
-     .admit_after = 2,
-     .sketch_width = 8,
-     .half_life = 1,
-     .seed = 2},
-    {.capacity = 16,
-     .policy = EMBPS_HINDEX_TTL,
-     .admit_after = 3,
-     .sketch_width = 4,
-     .ttl_steps = 2,
-     .seed = 3},
-    {.capacity = 5, .policy = EMBPS_HINDEX_LFU, .admit_after = 1, .half_life = 7, .seed = 4},
-};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const embps_hindex_config_t *c;
@@ -46,14 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   if (size < 1)
     return 0;
-  c = &configs[(data[0] >> 1) & 3];
-  n = size - 1;
-  if (!(p = malloc(n ? n : 1)))
-    abort();
-  if (n)
-    memcpy(p, data + 1, n);
-  if ((data[0] & 1) && n >= 4)
-    embps_put_le32(p + n - 4, embps_ckpt_crc32(0, p, n - 4));
+  c = &fuzz_hindex_configs[(data[0] >> 1) & 3];
+  p = fuzz_side_file_bytes(data, size, &n);
   memset(&err, 0, sizeof(err));
   st = embps_hindex_decode(&ix, c, p, n, NAME, &err);
   if (st != EMBPS_OK) {

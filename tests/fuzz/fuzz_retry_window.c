@@ -18,6 +18,7 @@
 #include "common/byteorder.h"
 #include "server/group/dedup.h"
 #include "server/store/checkpoint.h"
+#include "tests/fuzz/fuzz_side_files.h"
 
 #define NAME "ckpt/RETRY_WINDOW"
 
@@ -35,13 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
   window = windows[(data[0] >> 1) & 3];
   clients = data[0] & 8 ? EMBPS_DEDUP_MAX_CLIENTS : 2;
-  n = size - 1;
-  if (!(p = malloc(n ? n : 1)))
-    abort();
-  if (n)
-    memcpy(p, data + 1, n);
-  if ((data[0] & 1) && n >= 4)
-    embps_put_le32(p + n - 4, embps_ckpt_crc32(0, p, n - 4));
+  p = fuzz_side_file_bytes(data, size, &n);
   memset(&err, 0, sizeof(err));
   st = embps_dedup_decode(&d, window, clients, p, n, NAME, &round, &err);
   if (st != EMBPS_OK) {

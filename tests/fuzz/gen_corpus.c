@@ -23,6 +23,7 @@
 #include "server/store/checkpoint.h"
 #include "server/store/hindex.h"
 #include "tests/fuzz/fuzz_ckpt_tables.h"
+#include "tests/fuzz/fuzz_side_files.h"
 #include "tests/unit/net/h2client.h"
 
 static const char *root;
@@ -582,24 +583,8 @@ static void retry_window_seeds(void) {
 
 /* ---- a hash-keyed table's index ---- */
 
-/* For each of fuzz_hindex.c's settings (keep them in step), an index after some steps. */
+/* For each of fuzz_hindex.c's settings (fuzz_side_files.h), an index after some steps. */
 static void hindex_seeds(void) {
-  static const embps_hindex_config_t configs[4] = {
-      {.capacity = 16, .policy = EMBPS_HINDEX_LRU, .admit_after = 1, .seed = 1},
-      {.capacity = 16,
-       .policy = EMBPS_HINDEX_LFU,
-       .admit_after = 2,
-       .sketch_width = 8,
-       .half_life = 1,
-       .seed = 2},
-      {.capacity = 16,
-       .policy = EMBPS_HINDEX_TTL,
-       .admit_after = 3,
-       .sketch_width = 4,
-       .ttl_steps = 2,
-       .seed = 3},
-      {.capacity = 5, .policy = EMBPS_HINDEX_LFU, .admit_after = 1, .half_life = 7, .seed = 4},
-  };
   for (uint8_t i = 0; i < 4; i++) {
     embps_hindex_t *ix;
     uint64_t keys[12];
@@ -608,7 +593,7 @@ static void hindex_seeds(void) {
     size_t nfresh, n;
     uint8_t *p, sel = (uint8_t)(i << 1);
     char name[32];
-    if (embps_hindex_new(&ix, &configs[i], NULL) != EMBPS_OK)
+    if (embps_hindex_new(&ix, &fuzz_hindex_configs[i], NULL) != EMBPS_OK)
       abort();
     for (uint64_t step = 0; step < 90; step++) {
       for (uint64_t k = 0; k < 12; k++) /* keys 1..40, a few hot; some padding */
