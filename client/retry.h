@@ -9,11 +9,12 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "embps/embps.h"
 
 /** The default of embps_client_options_t.max_attempts (a first try and three retries). */
 #define EMBPS__DEFAULT_MAX_ATTEMPTS 4u
-/** Most attempts a client may be configured for. */
-#define EMBPS__MAX_ATTEMPTS 100u
+/** Most attempts a client may be configured for (the public header's limit). */
+#define EMBPS__MAX_ATTEMPTS EMBPS_MAX_ATTEMPTS
 /** The backoff before the first retry, doubling for each later one up to the cap. */
 #define EMBPS__BACKOFF_BASE_MS 20
 #define EMBPS__BACKOFF_CAP_MS 1000

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/byteorder.h"
 #include "common/dtype.h"
 #include "common/wire_fields.h"
 
@@ -43,8 +44,7 @@ static size_t put_fixed64_field(uint8_t *p, unsigned field, uint64_t v) {
   if (v == 0)
     return 0;
   n = put_key(p, field, EMBPS_WIRE_I64);
-  for (int i = 0; i < 8; i++)
-    p[n + i] = (uint8_t)(v >> (8 * i)); /* fixed64 is little-endian */
+  embps_put_le64(p + n, v); /* fixed64 is little-endian */
   return n + 8;
 }
 

@@ -122,8 +122,8 @@ int embps_cli_settings_apply(void) {
                           sizeof(err)) != 0)
     return embps_cli_usage_error("options", err);
   g_opts.deadline_ms = (int64_t)v;
-  if (embps_cli_parse_u64("--max-attempts", settings[S_MAX_ATTEMPTS].value, 1, 100, &v, err,
-                          sizeof(err)) != 0)
+  if (embps_cli_parse_u64("--max-attempts", settings[S_MAX_ATTEMPTS].value, 1, EMBPS_MAX_ATTEMPTS,
+                          &v, err, sizeof(err)) != 0)
     return embps_cli_usage_error("options", err);
   g_opts.max_attempts = (uint32_t)v;
   if (embps_cli_parse_u64("--attempt-timeout-ms", settings[S_ATTEMPT_TIMEOUT].value, 0, INT64_MAX,

@@ -11,7 +11,8 @@ A result of 0 becomes 1: 0 on the wire means "no digest".
 Every shard of a batch carries it; the leader joins only shards whose digests are equal, and a
 retried push is recognised by (client_id, batch_id, digest). Hashing is streamed (no copy of the
 tokens): about 8 bytes a token, cheap beside the rows. XXH3 comes from the xxhash module
-(Debian's python3-xxhash, pip's xxhash), a binding of the same libxxhash the C library links.
+(Debian's python3-xxhash, pip's xxhash); the C library compiles libxxhash's XXH3 in from its
+header (common/digest.c).
 """
 import struct
 

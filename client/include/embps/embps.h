@@ -100,10 +100,13 @@ typedef struct embps_client_options {
    * batch id and digest and the next attempt number, after a backoff (20 ms doubling to 1 s,
    * jittered). A push is therefore applied at most once: a retry of one the group applied
    * already is answered with the first result (embps_push_result_t.replayed). 1: no retry.
-   * 0: the default, 4. Over 100 fails the connect with EMBPS_INVALID_ARGUMENT. Other calls
-   * (tables, stats, checkpoints) are not retried. */
+   * 0: the default, 4. Over EMBPS_MAX_ATTEMPTS fails the connect with EMBPS_INVALID_ARGUMENT.
+   * Other calls (tables, stats, checkpoints) are not retried. */
   uint32_t max_attempts;
 } embps_client_options_t;
+
+/** Most attempts embps_client_options_t.max_attempts may ask for. */
+#define EMBPS_MAX_ATTEMPTS 100u
 
 /** A table's specification: what embps_create_table() takes and embps_list_tables() and
  * embps_create_table_answered() return. Zero fields mean the server's defaults (see
