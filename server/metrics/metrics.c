@@ -249,8 +249,6 @@ static void render_group(text_t *t, embps_group_t *g) {
   hist(t, "embps_checkpoint_duration_seconds", "", &m->ckpt_seconds);
 }
 
-/* Per-table series, over one listing of the tables: a table dropped meanwhile keeps a readable
- * struct (embps_store_drop), and a dropped table is in no later listing. */
 /* Hash-keyed tables' key index (the same figures on every rank; the families list only those
  * tables): slots, keys stored, and since creation the keys admitted, evicted, expired and refused
  * and the (key, step) gradients dropped. */
@@ -280,19 +278,24 @@ static void render_hash_tables(text_t *t, embps_table_t **list, size_t n) {
     for (size_t i = 0; i < n; i++) {
       const embps_table_config_t *c = embps_table_config(list[i]);
       embps_hindex_stats_t st;
-      const uint64_t *v[] = {&c->capacity, &st.size,    &st.admitted,    &st.evicted,
-                             &st.expired,  &st.refused, &st.not_admitted};
-      uint64_t value;
       if (!embps_table_config_hashed(c))
         continue;
       embps_table_hindex_stats(list[i], &st);
-      value = f == 6 ? st.refused + st.not_admitted : *v[f];
+      const uint64_t v[] = {c->capacity,
+                            st.size,
+                            st.admitted,
+                            st.evicted,
+                            st.expired,
+                            st.refused,
+                            st.refused + st.not_admitted}; /* in fam's order */
       escape(name, sizeof(name), c->name);
-      put(t, "%s{table=\"%s\"} %llu\n", fam[f].name, name, (unsigned long long)value);
+      put(t, "%s{table=\"%s\"} %llu\n", fam[f].name, name, (unsigned long long)v[f]);
     }
   }
 }
 
+/* Per-table series, over one listing of the tables: a table dropped meanwhile keeps a readable
+ * struct (embps_store_drop), and a dropped table is in no later listing. */
 static void render_tables(text_t *t, embps_store_t *store, embps_backend_t backend) {
   size_t n = embps_store_count(store) + 1;
   embps_table_t **list = embps_calloc(n, sizeof(*list));
