@@ -24,7 +24,9 @@ static const embps_cli_command_t commands[] = {
     {"drop-table", "NAME",
      "Drop a table on the group: its memory is freed and the name may be created again.",
      embps_cli_cmd_drop_table, embps_cli_drop_table_flags},
-    {"tables", NULL, "List the tables: name, rows, emb_width, dtype, optimizer.",
+    {"tables", NULL,
+     "List the tables: name, kind (dense or hash), rows or capacity, emb_width, dtype, optimizer, "
+     "and a hash-keyed table's settings.",
      embps_cli_cmd_tables, embps_cli_tables_flags},
     {"lookup", "NAME", "Look up rows; prints one line per token: the token, then its values.",
      embps_cli_cmd_lookup, embps_cli_lookup_flags},
