@@ -256,4 +256,28 @@ void embps_init_rows_cpu(void *table, embps_dtype_t dtype, size_t width, uint64_
 void embps_init_key_row_cpu(void *row, embps_dtype_t dtype, size_t width, uint64_t key,
                             uint64_t col_begin, uint64_t seed, float scale);
 
+/* ---- hash-keyed tables ------------------------------------------------------------------- */
+
+/**
+ * A hash-keyed table's rows by slot: out[i] (width elements of dtype) = row slots[i] of the
+ * slice `table` where slots[i] >= 0, else the initial row of key keys[i] (keys are 64-bit bit
+ * patterns; embps_init_key_row_cpu over columns [col_begin, col_begin + width): zeros for key
+ * 0). n rows; out need not be aligned.
+ */
+void embps_hash_gather_cpu(const void *table, embps_dtype_t dtype, size_t width,
+                           const int64_t *keys, const int64_t *slots, size_t n, void *out,
+                           uint64_t col_begin, uint64_t seed, float scale);
+
+/**
+ * Resets slots[0..n) (distinct, each >= 0) of a hash-keyed table's slice to the initial state of
+ * their new keys keys[0..n): row slots[i] of `table` becomes keys[i]'s initial row (as
+ * embps_init_key_row_cpu), its state0_width floats of state0 (0: no state0; 1: one per row, as
+ * rowwise Adagrad; width: one per element) become state0_value, and its width floats of state1
+ * (NULL: none) become 0.
+ */
+void embps_hash_reset_cpu(void *table, embps_dtype_t dtype, size_t width, float *state0,
+                          size_t state0_width, float *state1, float state0_value,
+                          const int64_t *slots, const int64_t *keys, size_t n,
+                          uint64_t col_begin, uint64_t seed, float scale);
+
 #endif

@@ -184,6 +184,31 @@ embps_status_t embps_f32_to_bf16_cuda(const float *in, size_t n, uint16_t *out,
 embps_status_t embps_bf16_to_f32_cuda(const uint16_t *in, size_t n, float *out,
                                       cudaStream_t stream);
 
+/* ---- hash-keyed tables ------------------------------------------------------------------- */
+
+/** embps_hash_gather_cpu on the device (table, keys, slots and out device memory; out aligned
+ * for dtype): the same rows bit for bit. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype, NULL
+ * arrays, n beyond the grid), EMBPS_INTERNAL. */
+embps_status_t embps_hash_gather_cuda(const void *table, embps_dtype_t dtype, size_t width,
+                                      const int64_t *keys, const int64_t *slots, size_t n,
+                                      void *out, uint64_t col_begin, uint64_t seed, float scale,
+                                      cudaStream_t stream);
+
+/** embps_hash_reset_cpu on the device (every array device memory; slots distinct): the same
+ * bits. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype, NULL arrays, a state0_width other than
+ * 0, 1 or width, n beyond the grid), EMBPS_INTERNAL. */
+embps_status_t embps_hash_reset_cuda(void *table, embps_dtype_t dtype, size_t width,
+                                     float *state0, size_t state0_width, float *state1,
+                                     float state0_value, const int64_t *slots, const int64_t *keys,
+                                     size_t n, uint64_t col_begin, uint64_t seed, float scale,
+                                     cudaStream_t stream);
+
+/** out[i] = in[i] with its top bit flipped (n values; in == out allowed): a hash-keyed push's
+ * keys in the order that sorts them as unsigned numbers with the padding key 0 first. Returns
+ * EMBPS_OK, EMBPS_INVALID_ARGUMENT (NULL arrays, n beyond the grid), EMBPS_INTERNAL. */
+embps_status_t embps_hash_order_cuda(const int64_t *in, size_t n, int64_t *out,
+                                     cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
