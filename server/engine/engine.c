@@ -34,10 +34,10 @@ struct embps_engine {
   embps_store_t *store;
   const embps__engine_ops_t *ops;
   embps__engine_backend_t *be;
-  /* Hash-keyed tables' host scratch, T entries each (grown as the batches grow): the batch's
-   * keys in dedup order (htok), the unique keys (hkeys), their slots (hslots), the slots a step
-   * (re)assigned (hfresh). */
-  int64_t *htok, *hslots;
+  /* Hash-keyed tables' host scratch, T entries each (grown as the batches grow): the unique keys
+   * of a push as the index takes them (hkeys), their slots (hslots), the slots a step
+   * (re)assigned (hfresh) and the same as two arrays for hash_reset (hfslot, hfkey). */
+  int64_t *hslots, *hfslot, *hfkey;
   uint64_t *hkeys;
   embps_hindex_fresh_t *hfresh;
   size_t hcap;
@@ -81,8 +81,9 @@ void embps_engine_free(embps_engine_t *e) {
   if (!e)
     return;
   e->ops->destroy(e->be);
-  embps_free(e->htok);
   embps_free(e->hslots);
+  embps_free(e->hfslot);
+  embps_free(e->hfkey);
   embps_free(e->hkeys);
   embps_free(e->hfresh);
   embps_free(e);
@@ -245,9 +246,9 @@ static embps_status_t reserve(embps_engine_t *e, const embps__engine_shape_t *sh
  * initial row; a push, once the gate has passed, steps the index on the batch's unique keys,
  * resets every (re)assigned slot to its new key's initial state, and drops the gradients of the
  * keys left without a slot. The index is the same on every rank (its step sees the same unique
- * keys everywhere), so every rank updates the same slots. The keys and slots live in host
- * memory: only a backend that computes on host memory serves these tables
- * (embps_table_config_served). */
+ * keys everywhere), so every rank updates the same slots. The index lives in host memory on
+ * every backend: the keys come to the host (keys_to_host: no copy on the cpu backend, one of
+ * 8 bytes a unique key on cuda) and the slots go back (hash_slots, hash_keep, hash_reset). */
 
 /* The key order of a push's dedup: a key k is sorted as k ^ 2^63, so that the padding key 0
  * comes first (as it does for a dense table) and the keys ascend as unsigned numbers. The map is
@@ -257,19 +258,23 @@ static embps_status_t reserve(embps_engine_t *e, const embps__engine_shape_t *sh
 /* Grows the host scratch to T entries (a group's ranks all need the same: see reserve). */
 static embps_status_t hash_reserve(embps_engine_t *e, const embps__engine_shape_t *sh,
                                    embps_op_t *op, embps_error_t *err) {
+  const embps__engine_ops_t *ops = e->ops;
   embps_error_t mine;
-  if (!e->ops->hash_gather || !e->ops->hash_reset)
-    return embps_error_set(
-        err, EMBPS_INTERNAL, "table '%s' is hash-keyed, and the %s backend serves none",
-        embps_table_config(op->table)->name, embps_backend_name(e->ops->backend));
+  if (!ops->keys_to_host || !ops->hash_order || !ops->hash_slots || !ops->hash_gather ||
+      !ops->hash_reset || !ops->hash_keep)
+    return embps_error_set(err, EMBPS_INTERNAL,
+                           "table '%s' is hash-keyed, and the %s backend serves none",
+                           embps_table_config(op->table)->name, embps_backend_name(ops->backend));
   if (sh->T <= e->hcap)
     return EMBPS_OK;
-  embps_free(e->htok), embps_free(e->hslots), embps_free(e->hkeys), embps_free(e->hfresh);
-  e->htok = embps_malloc(sh->T * sizeof(*e->htok));
+  embps_free(e->hslots), embps_free(e->hfslot), embps_free(e->hfkey);
+  embps_free(e->hkeys), embps_free(e->hfresh);
   e->hslots = embps_malloc(sh->T * sizeof(*e->hslots));
+  e->hfslot = embps_malloc(sh->T * sizeof(*e->hfslot));
+  e->hfkey = embps_malloc(sh->T * sizeof(*e->hfkey));
   e->hkeys = embps_malloc(sh->T * sizeof(*e->hkeys));
   e->hfresh = embps_malloc(sh->T * sizeof(*e->hfresh));
-  if (e->htok && e->hslots && e->hkeys && e->hfresh) {
+  if (e->hslots && e->hfslot && e->hfkey && e->hkeys && e->hfresh) {
     e->hcap = sh->T;
     return EMBPS_OK;
   }
@@ -285,45 +290,40 @@ static embps_status_t hash_reserve(embps_engine_t *e, const embps__engine_shape_
   return EMBPS_OK;
 }
 
-/* out[i] = the row of keys[i] (n keys, host memory) on this rank's columns. */
-static embps_status_t hash_gather(embps_engine_t *e, embps_table_t *t, const int64_t *keys,
-                                  size_t n, void *out, embps_error_t *err) {
-  embps_hindex_find(embps_table_hindex(t), (const uint64_t *)keys, n, e->hslots);
-  return e->ops->hash_gather(e->be, t, (const uint64_t *)keys, e->hslots, n, out, err);
+/* *slots (backend memory) = the slots of n keys: `host` on the host, `keys` where the backend
+ * has them (they may be the same). */
+static embps_status_t hash_find(embps_engine_t *e, embps_table_t *t, const int64_t *host, size_t n,
+                                const int64_t **slots, embps_error_t *err) {
+  embps_hindex_find(embps_table_hindex(t), (const uint64_t *)host, n, e->hslots);
+  return e->ops->hash_slots(e->be, e->hslots, n, slots, err);
 }
 
-/* The push's index step on its m unique nonzero keys `ordered` (in HASH_ORDER) with their summed
- * gradients g (m x w) and row figures row_sumsq (m): resets the slots the step (re)assigned,
- * then moves the rows of the keys that keep a slot to the front of g and row_sumsq (their order
- * kept), and sets *rows to their slots and *m to their number. */
+/* The push's index step on its m unique nonzero keys `ordered` (backend memory, in HASH_ORDER)
+ * with their summed gradients *g (m x w) and row figures *row_sumsq (m): resets the slots the
+ * step (re)assigned, then keeps the rows of the keys that keep a slot (hash_keep: *g and
+ * *row_sumsq may move), and sets *rows to their slots and *m to their number. */
 static embps_status_t hash_step(embps_engine_t *e, const embps__engine_shape_t *sh,
-                                embps_table_t *t, const int64_t *ordered, size_t *m, float *g,
-                                float *row_sumsq, const int64_t **rows, embps_error_t *err) {
-  const size_t w = sh->w;
-  size_t nfresh = 0, k = 0;
+                                embps_table_t *t, const int64_t *ordered, size_t *m, float **g,
+                                float **row_sumsq, const int64_t **rows, embps_error_t *err) {
+  const int64_t *host;
+  size_t nfresh = 0;
   embps_status_t ret;
+  if ((ret = e->ops->keys_to_host(e->be, ordered, *m, &host, err)) != EMBPS_OK)
+    return ret;
   for (size_t i = 0; i < *m; i++)
-    e->hkeys[i] = (uint64_t)HASH_ORDER(ordered[i]);
+    e->hkeys[i] = (uint64_t)HASH_ORDER(host[i]);
   ret = embps_hindex_step(embps_table_hindex(t), e->hkeys, *m, e->hslots, e->hfresh, &nfresh);
   if (ret != EMBPS_OK) /* the index is unchanged on this rank; the group cannot go on */
     return embps_error_set(err, ret, "the key index of table '%s' could not take a step (%s)",
                            embps_table_config(t)->name, embps_status_str(ret));
   embps_table_hindex_publish(t);
-  if (nfresh && (ret = e->ops->hash_reset(e->be, t, e->hfresh, nfresh, err)) != EMBPS_OK)
-    return ret;
-  for (size_t i = 0; i < *m; i++) {
-    if (e->hslots[i] < 0)
-      continue; /* not admitted, or refused: its gradient is dropped */
-    if (k != i) {
-      memcpy(g + k * w, g + i * w, w * sizeof(float));
-      row_sumsq[k] = row_sumsq[i];
-      e->hslots[k] = e->hslots[i];
-    }
-    k++;
+  for (size_t i = 0; i < nfresh; i++) {
+    e->hfslot[i] = e->hfresh[i].slot;
+    e->hfkey[i] = (int64_t)e->hfresh[i].key;
   }
-  *m = k;
-  *rows = e->hslots;
-  return EMBPS_OK;
+  if (nfresh && (ret = e->ops->hash_reset(e->be, t, e->hfslot, e->hfkey, nfresh, err)) != EMBPS_OK)
+    return ret;
+  return e->ops->hash_keep(e->be, e->hslots, m, sh->w, g, row_sumsq, rows, err);
 }
 
 /* ---- lookup ---------------------------------------------------------------------------------- */
@@ -340,7 +340,7 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
   const size_t block = n * w * ds;
   embps__engine_scratch_t s;
   const void *tokens;
-  const int64_t *unique;
+  const int64_t *unique, *hslots = NULL;
   size_t U, chunk_rows, k = 0;
   int64_t first;
   uint8_t *out;
@@ -360,13 +360,18 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
     STEP(ops->unique(be, &U, &first, &unique, err));
     atomic_fetch_add_explicit(&counters->unique_tokens, U, memory_order_relaxed);
     atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
-    if (hashed)
-      STEP(hash_gather(e, t, unique, U, s.rows, err));
-    else
+    if (hashed) {
+      const int64_t *host, *slots;
+      STEP(ops->keys_to_host(be, unique, U, &host, err));
+      STEP(hash_find(e, t, host, U, &slots, err));
+      STEP(ops->hash_gather(be, t, unique, slots, U, s.rows, err));
+    } else
       STEP(ops->gather(be, t, unique, U, s.rows, err));
     STEP(ops->expand(be, t, s.rows, T, s.send, err));
     STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
   }
+  if (N == 1 && hashed) /* every key's slot, once (hash_slots is one call per op) */
+    STEP(hash_find(e, t, op->tokens, n, &hslots, err));
   /* The rows go back in chunks, so that the copy of chunk k to the host (on a backend that
    * copies) overlaps the work of chunk k+1; on a backend that fills the reply in place, chunk k
    * is published to the loop, which sends it while chunk k+1 is gathered. */
@@ -374,7 +379,8 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
   for (size_t a = 0; a < n; a += chunk_rows, k++) {
     const size_t m = n - a < chunk_rows ? n - a : chunk_rows;
     if (N == 1 && hashed) {
-      STEP(hash_gather(e, t, (const int64_t *)tokens + a, m, out + a * row_bytes, err));
+      STEP(ops->hash_gather(be, t, (const int64_t *)tokens + a, hslots + a, m, out + a * row_bytes,
+                            err));
     } else if (N == 1) {
       STEP(ops->gather(be, t, (const int64_t *)tokens + a, m, out + a * row_bytes, err));
     } else {
@@ -441,7 +447,7 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   size_t U, first, m;
   uint64_t bad = 0;
   double total = 0.0;
-  float *g;
+  float *g, *row_sumsq;
   embps_opt_params_t p;
   embps_status_t ret;
 
@@ -460,10 +466,9 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
     STEP(embps_comm_all_gather(e->comm, tokens, n * sizeof(int64_t), s.all_tokens, err));
     tokens = s.all_tokens;
   }
-  if (hashed) { /* keys in HASH_ORDER (host memory: see hash_reserve) */
-    for (size_t i = 0; i < T; i++)
-      e->htok[i] = HASH_ORDER(((const int64_t *)tokens)[i]);
-    tokens = e->htok;
+  if (hashed) { /* keys in HASH_ORDER */
+    STEP(ops->hash_order(be, tokens, T, s.keys, err));
+    tokens = s.keys;
   }
   STEP(ops->dedup(be, tokens, T, err));
   STEP(ops->input_wait(be, EMBPS__IN_GRADS, err));
@@ -494,6 +499,7 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
 
   STEP(row_figures(e, sh, &s, g, m, ready, &bad, &total, err));
+  row_sumsq = s.row_sumsq;
   if (bad != 0) { /* the gate: one non-finite gradient anywhere skips the step */
     op->skipped = 1;
     atomic_fetch_add_explicit(&counters->steps_skipped, 1, memory_order_relaxed);
@@ -502,14 +508,16 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   }
   op->grad_norm = sqrt(total);
   if (hashed) /* from here on, rows are the slots of the keys that keep a gradient */
-    STEP(hash_step(e, sh, t, rows, &m, g, s.row_sumsq, &rows, err));
+    STEP(hash_step(e, sh, t, rows, &m, &g, &row_sumsq, &rows, err));
   if (c->weight_decay != 0.0f) {
     STEP(ops->weight_decay(be, t, rows, m, g, err));
-    if (rowwise) /* the mean square of the gradient the update sees */
+    if (rowwise) { /* the mean square of the gradient the update sees */
       STEP(row_figures(e, sh, &s, g, m, NULL, NULL, NULL, err));
+      row_sumsq = s.row_sumsq;
+    }
   }
   p = embps__engine_next_step(t);
-  STEP(ops->update(be, t, rows, m, g, s.row_sumsq, &p, err));
+  STEP(ops->update(be, t, rows, m, g, row_sumsq, &p, err));
   if (embps_table_dirty(t))
     STEP(ops->mark_dirty(be, t, rows, m, err));
   /* A sync push answers after the update is applied. */
@@ -581,6 +589,7 @@ embps_status_t embps_engine_run(embps_engine_t *e, embps_op_t *op, embps_error_t
   sh.w = embps_table_shard_width(op->table);
   sh.W = embps_table_config(op->table)->emb_width;
   sh.ds = embps_dtype_size(embps_table_config(op->table)->dtype);
+  sh.hashed = embps_table_hindex(op->table) != NULL;
   if (sh.kind == EMBPS_OP_PUSH) {
     size_t block = embps_row_stats_block(sh.w);
     sh.nb = block ? sh.w / block : 0;

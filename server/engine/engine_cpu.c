@@ -54,6 +54,7 @@ struct embps__engine_backend {
   buf_t all_tokens, unique, segment_ids, dedup_ws, row_sumsq, summed, partials, gathered;
   buf_t segment_counts; /* embps_segment_sum_stats_cpu's workspace */
   buf_t send, recv, rows;
+  buf_t keys;               /* a hash-keyed push's keys in hash order */
   size_t num_unique;        /* the last dedup's */
   size_t chunk_bytes;       /* a lookup reply's chunk, from the L2 size */
   embps_workers_t *workers; /* NULL: every kernel on the engine's thread */
@@ -77,7 +78,8 @@ size_t embps__engine_cpu_chunk_bytes(size_t l2_bytes) {
 static void cpu_destroy(embps__engine_backend_t *be) {
   buf_t *bufs[] = {&be->all_tokens, &be->unique, &be->segment_ids, &be->dedup_ws,
                    &be->row_sumsq,  &be->summed, &be->partials,    &be->gathered,
-                   &be->send,       &be->recv,   &be->rows,        &be->segment_counts};
+                   &be->send,       &be->recv,   &be->rows,        &be->segment_counts,
+                   &be->keys};
   for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
     embps_free(bufs[i]->p);
   embps_workers_free(be->workers);
@@ -114,6 +116,8 @@ static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engi
   if (ok && exchange)
     ok = grow(&be->all_tokens, T * sizeof(int64_t)) && grow(&be->send, exchange_bytes) &&
          grow(&be->recv, exchange_bytes) && (push || grow(&be->rows, exchange_bytes));
+  if (ok && push && sh->hashed)
+    ok = grow(&be->keys, T * sizeof(int64_t));
   if (ok && push)
     ok = grow(&be->summed, T * sh->w * sizeof(float)) && grow(&be->row_sumsq, T * sizeof(float)) &&
          grow(&be->partials, T * sh->nb * sizeof(float)) &&
@@ -131,6 +135,7 @@ static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engi
   s->partials = be->partials.p;
   s->gathered = be->gathered.p;
   s->row_sumsq = be->row_sumsq.p;
+  s->keys = be->keys.p;
   return EMBPS_OK;
 }
 
@@ -348,8 +353,32 @@ static embps_status_t cpu_update(embps__engine_backend_t *be, embps_table_t *t, 
   return EMBPS_OK;
 }
 
+/* Hash-keyed tables: keys and slots are host memory already, so keys_to_host and hash_slots
+ * hand the arrays back as they are. */
+static embps_status_t cpu_keys_to_host(embps__engine_backend_t *be, const int64_t *keys, size_t n,
+                                       const int64_t **host, embps_error_t *err) {
+  (void)be, (void)n, (void)err;
+  *host = keys;
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_hash_order(embps__engine_backend_t *be, const int64_t *in, size_t n,
+                                     int64_t *out, embps_error_t *err) {
+  (void)be, (void)err;
+  for (size_t i = 0; i < n; i++)
+    out[i] = (int64_t)((uint64_t)in[i] ^ (UINT64_C(1) << 63));
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_hash_slots(embps__engine_backend_t *be, const int64_t *host, size_t n,
+                                     const int64_t **slots, embps_error_t *err) {
+  (void)be, (void)n, (void)err;
+  *slots = host;
+  return EMBPS_OK;
+}
+
 static embps_status_t cpu_hash_gather(embps__engine_backend_t *be, embps_table_t *t,
-                                      const uint64_t *keys, const int64_t *slots, size_t n,
+                                      const int64_t *keys, const int64_t *slots, size_t n,
                                       void *out, embps_error_t *err) {
   const embps_table_config_t *c = embps_table_config(t);
   const size_t w = embps_table_shard_width(t), rb = w * embps_dtype_size(c->dtype);
@@ -360,34 +389,56 @@ static embps_status_t cpu_hash_gather(embps__engine_backend_t *be, embps_table_t
     if (slots[i] >= 0)
       memcpy(to, data + (size_t)slots[i] * rb, rb);
     else
-      embps_init_key_row_cpu(to, c->dtype, w, keys[i], embps_table_col_begin(t), c->seed,
+      embps_init_key_row_cpu(to, c->dtype, w, (uint64_t)keys[i], embps_table_col_begin(t), c->seed,
                              c->init_scale);
   }
   return EMBPS_OK;
 }
 
 static embps_status_t cpu_hash_reset(embps__engine_backend_t *be, embps_table_t *t,
-                                     const embps_hindex_fresh_t *fresh, size_t n,
+                                     const int64_t *slots, const int64_t *keys, size_t n,
                                      embps_error_t *err) {
   const embps_table_config_t *c = embps_table_config(t);
   const embps_optimizer_info_t *info = embps_optimizer_info(c->optimizer);
   const embps_table_arrays_t a = embps_table_arrays(t);
   const size_t w = embps_table_shard_width(t), rb = w * embps_dtype_size(c->dtype);
+  const size_t per0 = info->state_per_row ? 1 : w;
   size_t s0, s1;
   float v0;
   (void)be, (void)err;
   embps_table_initial_state(t, &v0, &s0, &s1);
+  embps_table_before_write(t, slots, n); /* an open checkpoint snapshot copies them first */
   for (size_t i = 0; i < n; i++) {
-    const int64_t slot = fresh[i].slot;
-    const size_t per0 = info->state_per_row ? 1 : w;
-    embps_table_before_write(t, &slot, 1); /* an open checkpoint snapshot copies it first */
-    embps_init_key_row_cpu((uint8_t *)a.data + (size_t)slot * rb, c->dtype, w, fresh[i].key,
+    const size_t slot = (size_t)slots[i];
+    embps_init_key_row_cpu((uint8_t *)a.data + slot * rb, c->dtype, w, (uint64_t)keys[i],
                            embps_table_col_begin(t), c->seed, c->init_scale);
     for (size_t j = 0; s0 && j < per0; j++)
-      a.state0[(size_t)slot * per0 + j] = v0;
+      a.state0[slot * per0 + j] = v0;
     if (s1)
-      memset(a.state1 + (size_t)slot * w, 0, w * sizeof(float));
+      memset(a.state1 + slot * w, 0, w * sizeof(float));
   }
+  return EMBPS_OK;
+}
+
+/* The rows of the keys that keep a slot move to the front of g and row_sumsq, in place. */
+static embps_status_t cpu_hash_keep(embps__engine_backend_t *be, int64_t *slots, size_t *m,
+                                    size_t w, float **g, float **row_sumsq, const int64_t **rows,
+                                    embps_error_t *err) {
+  float *gr = *g, *sq = *row_sumsq;
+  size_t k = 0;
+  (void)be, (void)err;
+  for (size_t i = 0; i < *m; i++) {
+    if (slots[i] < 0)
+      continue; /* not admitted, or refused: its gradient is dropped */
+    if (k != i) {
+      memcpy(gr + k * w, gr + i * w, w * sizeof(float));
+      sq[k] = sq[i];
+      slots[k] = slots[i];
+    }
+    k++;
+  }
+  *m = k;
+  *rows = slots;
   return EMBPS_OK;
 }
 
@@ -452,8 +503,12 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .row_combine = cpu_row_combine,
     .weight_decay = cpu_weight_decay,
     .update = cpu_update,
+    .keys_to_host = cpu_keys_to_host,
+    .hash_order = cpu_hash_order,
+    .hash_slots = cpu_hash_slots,
     .hash_gather = cpu_hash_gather,
     .hash_reset = cpu_hash_reset,
+    .hash_keep = cpu_hash_keep,
     .mark_dirty = cpu_mark_dirty,
     .table_copy = cpu_table_copy,
     .output_begin = cpu_output_begin,

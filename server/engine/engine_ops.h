@@ -25,6 +25,7 @@ typedef struct embps__engine_shape {
   embps_op_kind_t kind;
   uint32_t group_size;
   size_t n, T, w, W, ds, nb;
+  int hashed; /* the table is hash-keyed: the hash_* operations' scratch too */
 } embps__engine_shape_t;
 
 /** The scratch of one op, in the backend's memory, filled by reserve (NULL where the op's
@@ -37,6 +38,7 @@ typedef struct embps__engine_scratch {
   float *partials;     /* T x nb: this rank's row-statistics partials */
   float *gathered;     /* group_size x T x nb: every rank's partials (group_size > 1) */
   float *row_sumsq;    /* T: each unique row's sum of squares over the full width */
+  int64_t *keys;       /* T: a hash-keyed push's keys in hash order (hash_order) */
 } embps__engine_scratch_t;
 
 /** Which request array input() copies in. */
@@ -121,16 +123,40 @@ typedef struct embps__engine_ops {
                            size_t m, const float *g, const float *row_sumsq,
                            const embps_opt_params_t *p, embps_error_t *err);
 
-  /** Hash-keyed tables (NULL on a backend that serves none; keys and slots in host memory):
-   * out[i] = the row at slot slots[i] of the table's slice or, where slots[i] is -1, the initial
-   * row of keys[i] over the slice's columns (embps_init_key_row_cpu: zeros for key 0). */
-  embps_status_t (*hash_gather)(embps__engine_backend_t *be, embps_table_t *t, const uint64_t *keys,
+  /* Hash-keyed tables (each NULL on a backend that serves none). Their key index lives in host
+   * memory (server/store/hindex.h): the engine finds and steps keys there, and these operations
+   * carry keys to it and slots from it. Host arrays passed in may be reused once the op returns. */
+  /** *host = n keys (backend memory) readable on the host: the keys themselves where the backend
+   * computes on host memory, else a copy in the backend's host buffer, valid until the next
+   * keys_to_host. Waits for the keys. */
+  embps_status_t (*keys_to_host)(embps__engine_backend_t *be, const int64_t *keys, size_t n,
+                                 const int64_t **host, embps_error_t *err);
+  /** out[i] = in[i] with its top bit flipped (n keys; in == out allowed): the order in which a
+   * push's dedup sorts keys as unsigned numbers with the padding key 0 first (engine.c's
+   * HASH_ORDER). */
+  embps_status_t (*hash_order)(embps__engine_backend_t *be, const int64_t *in, size_t n,
+                               int64_t *out, embps_error_t *err);
+  /** *slots = the n slots `host` (host memory) in the backend's memory (the host array itself
+   * where the backend computes on host memory), for hash_gather; one call per op. */
+  embps_status_t (*hash_slots)(embps__engine_backend_t *be, const int64_t *host, size_t n,
+                               const int64_t **slots, embps_error_t *err);
+  /** out[i] = the row at slot slots[i] of the table's slice or, where slots[i] is -1, the initial
+   * row of keys[i] over the slice's columns (zeros for key 0): embps_hash_gather_cpu. */
+  embps_status_t (*hash_gather)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *keys,
                                 const int64_t *slots, size_t n, void *out, embps_error_t *err);
-  /** Hash-keyed tables: sets each slot of fresh[0..n) (host) to its new key's initial row and
-   * its optimizer state to the initial state, as a new table's row (an open snapshot copies the
-   * old first). */
-  embps_status_t (*hash_reset)(embps__engine_backend_t *be, embps_table_t *t,
-                               const embps_hindex_fresh_t *fresh, size_t n, embps_error_t *err);
+  /** Sets each slot slots[i] (host; distinct) to the initial row of keys[i] (host) and its
+   * optimizer state to the initial state, as a new table's row (an open snapshot copies the old
+   * first); n of them, one call per op. */
+  embps_status_t (*hash_reset)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *slots,
+                               const int64_t *keys, size_t n, embps_error_t *err);
+  /** Keeps the rows i of a push whose slot slots[i] (host, which the op may rewrite; *m of them)
+   * is >= 0: their gradient
+   * rows (*g, *m x w) and row figures (*row_sumsq) come first, in their order, in place or in
+   * the backend's scratch (*g and *row_sumsq then point there); *rows = their slots in the
+   * backend's memory, *m = their number. One call per op. */
+  embps_status_t (*hash_keep)(embps__engine_backend_t *be, int64_t *slots, size_t *m, size_t w,
+                              float **g, float **row_sumsq, const int64_t **rows,
+                              embps_error_t *err);
 
   /** Marks rows[0..m) dirty, for incremental checkpoints; called only for tables that track
    * them. In the host bitmap (embps_table_mark_dirty), or in one where the table lives
