@@ -26,34 +26,7 @@
 #include "common/cuda_check.h"
 #include "common/log.h"
 #include "kernels/cuda/embps_kernels_cuda.h"
-#include "server/engine/engine_ops.h"
-
-typedef struct buf {
-  void *p;
-  size_t cap;
-} buf_t;
-
-/* A lookup's reply goes back in at most this many chunks, each at least CHUNK_MIN_BYTES. */
-#define MAX_CHUNKS 8
-#define CHUNK_MIN_BYTES ((size_t)4 << 20)
-
-struct embps__engine_backend {
-  embps_comm_t *comm;
-  cudaStream_t stream;   /* kernels and collectives (the group's stream, borrowed) */
-  cudaStream_t h2d, d2h; /* copies in and out (owned) */
-  cudaEvent_t in_done[2], chunk_ready[MAX_CHUNKS];
-  /* device scratch */
-  buf_t in[2], all_tokens, unique, seg, sorted_pos, seg_off, num_unique, dedup_ws, comb_ws;
-  buf_t row_sumsq, summed, partials, gathered, send, recv, rows, out, figures;
-  /* pinned host staging: h_small for figures; the rest only for requests and replies that are
-   * not pinned themselves */
-  buf_t h_in[2], h_out, h_small, h_dirty; /* h_dirty: a capture's dirty rows (cuda_table_copy) */
-  int warned_dirty; /* a dirty-row bitmap did not fit in GPU memory (logged once) */
-  /* the lookup in flight: its reply (host), where the rows are copied to, their size */
-  void *reply;
-  uint8_t *out_host;
-  size_t out_row_bytes, out_rows;
-};
+#include "server/engine/engine_cuda_internal.h"
 
 /* ---- devices -------------------------------------------------------------------------------- */
 
@@ -190,6 +163,22 @@ static embps_status_t cuda_reserve(embps__engine_backend_t *c, const embps__engi
     if (exchange)
       EMBPS_CUDA_CHECK_GOTO(dgrow(&c->rows, T * w * ds), err, fail); /* the unique rows, U <= T */
   }
+  if (sh->hashed) {
+    const size_t i64 = sizeof(int64_t);
+    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->slots, T * i64), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(hgrow(&c->h_slots, T * i64), err, fail);
+    EMBPS_CUDA_CHECK_GOTO(hgrow(&c->h_keys, T * i64), err, fail);
+    if (push) {
+      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->keys, T * i64), err, fail);
+      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->fresh, 2 * T * i64), err, fail);
+      EMBPS_CUDA_CHECK_GOTO(hgrow(&c->h_fresh, 2 * T * i64), err, fail);
+      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->keep, 2 * T * i64), err, fail);
+      EMBPS_CUDA_CHECK_GOTO(hgrow(&c->h_keep, 2 * T * i64), err, fail);
+      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->kept_g, T * w * sizeof(float)), err, fail);
+      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->kept_sumsq, T * sizeof(float)), err, fail);
+    }
+  }
+  s->keys = c->keys.p;
   s->all_tokens = c->all_tokens.p;
   s->rows = c->rows.p;
   s->send = c->send.p;
@@ -206,8 +195,10 @@ static void cuda_destroy(embps__engine_backend_t *c) {
   buf_t *dev[] = {&c->in[0],      &c->in[1],   &c->all_tokens, &c->unique,   &c->seg,
                   &c->sorted_pos, &c->seg_off, &c->num_unique, &c->dedup_ws, &c->comb_ws,
                   &c->row_sumsq,  &c->summed,  &c->partials,   &c->gathered, &c->send,
-                  &c->recv,       &c->rows,    &c->out,        &c->figures};
-  buf_t *host[] = {&c->h_in[0], &c->h_in[1], &c->h_out, &c->h_small, &c->h_dirty};
+                  &c->recv,       &c->rows,    &c->out,        &c->figures,  &c->keys,
+                  &c->slots,      &c->fresh,   &c->keep,       &c->kept_g,   &c->kept_sumsq};
+  buf_t *host[] = {&c->h_in[0], &c->h_in[1], &c->h_out,   &c->h_small, &c->h_dirty,
+                   &c->h_keys,  &c->h_slots, &c->h_fresh, &c->h_keep};
   for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
     cudaFree(dev[i]->p);
   for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
@@ -658,6 +649,12 @@ const embps__engine_ops_t embps__engine_cuda_ops = {
     .row_combine = cuda_row_combine,
     .weight_decay = cuda_weight_decay,
     .update = cuda_update,
+    .keys_to_host = embps__cuda_keys_to_host,
+    .hash_order = embps__cuda_hash_order,
+    .hash_slots = embps__cuda_hash_slots,
+    .hash_gather = embps__cuda_hash_gather,
+    .hash_reset = embps__cuda_hash_reset,
+    .hash_keep = embps__cuda_hash_keep,
     .mark_dirty = cuda_mark_dirty,
     .table_copy = cuda_table_copy,
     .output_begin = cuda_output_begin,

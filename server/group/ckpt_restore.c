@@ -152,8 +152,7 @@ embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, emb
   for (size_t i = 0; mine.status == EMBPS_OK && i < m.num_tables; i++) {
     embps_table_config_t cfg = m.tables[i];
     embps_error_t why;
-    if (embps_table_config_resolve(&cfg, size, max_bytes, &why) != EMBPS_OK ||
-        embps_table_config_served(&cfg, embps_engine_backend(engine), &why) != EMBPS_OK)
+    if (embps_table_config_resolve(&cfg, size, max_bytes, &why) != EMBPS_OK)
       embps_error_set(&mine, why.status, "cannot restore table '%s' of %s onto %u ranks: %s",
                       m.tables[i].name, path, size, why.message);
   }

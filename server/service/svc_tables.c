@@ -112,8 +112,7 @@ void embps__svc_create_table(embps_service_t *svc, embps_net_call_t *call, const
   /* Every refusal here is answered before the create is ordered: no rank creates anything. */
   if (embps__svc_check_group(svc, &err) != EMBPS_OK ||
       embps_table_config_resolve(&cfg, embps_group_size(svc->group),
-                                 embps_store_budget_max(svc->store), &err) != EMBPS_OK ||
-      embps_table_config_served(&cfg, embps_group_backend(svc->group), &err) != EMBPS_OK) {
+                                 embps_store_budget_max(svc->store), &err) != EMBPS_OK) {
     embps__svc_fail(call, &err);
     goto exit;
   }

@@ -123,15 +123,6 @@ void embps_table_config_hindex(const embps_table_config_t *cfg, embps_hindex_con
  * hash-keyed table's slots are rows like a dense table's. */
 uint64_t embps_table_config_rows(const embps_table_config_t *cfg);
 
-/**
- * Whether a server of this build on `backend` serves a table of cfg: EMBPS_OK for a dense table,
- * and for a hash-keyed one on the cpu backend; EMBPS_UNIMPLEMENTED for a hash-keyed one on the
- * cuda backend ("hash-keyed tables are served by the cpu backend in this build; the cuda backend
- * serves dense tables only"). CreateTable and a restore ask it after embps_table_config_resolve.
- */
-embps_status_t embps_table_config_served(const embps_table_config_t *cfg, embps_backend_t backend,
-                                         embps_error_t *err);
-
 /** Creates an empty store (this rank's tables; each table knows its own column slice). On
  * failure *out is untouched. Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED. */
 embps_status_t embps_store_new(embps_store_t **out);

@@ -151,13 +151,3 @@ embps_status_t embps_table_kind_resolve(embps_table_config_t *cfg, embps_error_t
 uint64_t embps_table_config_rows(const embps_table_config_t *cfg) {
   return embps_table_config_hashed(cfg) ? cfg->capacity : cfg->rows;
 }
-
-embps_status_t embps_table_config_served(const embps_table_config_t *cfg, embps_backend_t backend,
-                                         embps_error_t *err) {
-  if (!embps_table_config_hashed(cfg) || backend == EMBPS_BACKEND_CPU)
-    return EMBPS_OK;
-  return embps_error_set(err, EMBPS_UNIMPLEMENTED,
-                         "hash-keyed tables are served by the cpu backend in this build; the cuda "
-                         "backend serves dense tables only: create a dense table of rows "
-                         "(capacity=0), or run the group with --backend cpu");
-}

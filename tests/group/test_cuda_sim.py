@@ -26,6 +26,10 @@ IncrementalCheckpointTest: --checkpoint-full-every 100 on a 2-rank CUDA group, w
   are marked on the device and taken at each capture, beside a CPU group running the same
   pushes: each checkpoint writes the CPU group's bytes (the same rows: those pushed since the
   previous one), and the chain restores onto a CPU server bitwise what the CUDA group held.
+HashTablesTest: hash-keyed tables (the index on the host, rows on the device) on 1-, 2- and
+  4-rank --device cuda groups fed test_group_hash.py's fixed sequence (lru with admission, lfu,
+  ttl; evictions, dropped gradients, a NaN step): answers, final rows of every key and TableStats
+  bitwise those of a 1-rank CPU server; nothing left on the devices at exit.
 
 Run some classes with `test_cuda_sim.py OneRankTest BackendChoiceTest` (as ctest does).
 Needs EMBPS_SIM_SERVER_BIN (embps-server-sim), EMBPS_SERVER_BIN and EMBPS_CLI_BIN."""
@@ -568,6 +572,44 @@ class DeviceClaimTest(unittest.TestCase):
         self.check(3, 4, {0: ["--device", "cuda:0"], 1: ["--device", "cuda:2"],
                           2: ["--device", "cuda:2"]},
                    1, 2, 2)
+
+
+class HashTablesTest(unittest.TestCase):
+    SIZES = (1, 2, 4)
+
+    def test_cuda_groups_equal_a_cpu_server_bitwise(self):
+        import test_group_hash as th
+        keys, ops = th.script()
+        res = {}
+        for n in (0,) + self.SIZES:  # 0: the CPU server
+            if n == 0:
+                group = gl.Group(1, "--device", "cpu")
+            else:
+                group = gl.Group(n, "--device", "cuda", binary=SIM, env=sim_env(n))
+            client = th.Client(group.addresses)
+            try:
+                res[n] = th.everything(client, keys, ops)
+            except Exception as e:
+                raise RuntimeError("%d-rank group: %r\n%s" % (n, e, group.logs())) from e
+            finally:
+                client.close()
+                codes = group.close()
+            self.assertEqual(codes, {r: 0 for r in range(max(n, 1))}, group.last_logs)
+            for r, chunk in enumerate(group.last_logs.split("---- rank ")[1:] if n else []):
+                self.assertIn("backend cuda", chunk)
+                check_report(self, chunk, [r])
+        for name in th.TABLES:
+            answers, rows, st = res[0][name]
+            stat = dict(zip(th.STAT_FIELDS, st))
+            self.assertGreater(stat["keys_evicted"] + stat["keys_expired"], 0, (name, stat))
+            self.assertEqual(stat["steps_skipped"], 1, (name, stat))
+            for n in self.SIZES:
+                with self.subTest(table=name, ranks=n):
+                    got = res[n][name]
+                    self.assertEqual(got[2], st, "TableStats differ")
+                    for i, (a, b) in enumerate(zip(got[0], answers)):
+                        self.assertEqual(a, b, "answer %d differs" % i)
+                    self.assertEqual(got[1], rows, "final rows differ")
 
 
 class IncrementalCheckpointTest(unittest.TestCase):

@@ -130,8 +130,7 @@ typedef struct embps_table_spec {
   float init_scale; /* 0: 1/sqrt(emb_width) */
   /* A hash-keyed table (any 64-bit id is a key; 0 stays padding): capacity slots instead of
    * rows (rows must then be 0). 0: a dense table of rows. The fields below it are hash-keyed
-   * only. The cpu backend serves hash-keyed tables; a group on the cuda backend refuses them
-   * with EMBPS_UNIMPLEMENTED in this release. */
+   * only. Both backends (cpu and cuda) serve hash-keyed tables. */
   uint64_t capacity;
   uint32_t admit_after;      /* store a key at its admit_after-th push step; 0 or 1: at once */
   embps_eviction_t eviction; /* 0: LRU */

@@ -1,7 +1,7 @@
 /* The engine on a hash-keyed table (a group of one, the cpu backend), against a reference model
  * written here: a table of CAP keys with LRU eviction (the least (last push step, key) not in the
  * step), new keys read as their initial rows, SGD on the stored keys, the non-finite gate before
- * any index step. Also: the cuda backend refuses hash-keyed tables (embps_table_config_served). */
+ * any index step. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -142,7 +142,6 @@ static void test_lookup_and_push_match_the_reference(void **state) {
   c.lr = LR;
   c.seed = SEED;
   assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
-  assert_int_equal(embps_table_config_served(&c, EMBPS_BACKEND_CPU, &err), EMBPS_OK);
   assert_int_equal(embps_comm_tcp_new(&comm, 0, 1, fds, 10000), EMBPS_OK);
   assert_int_equal(embps_store_new(&store), EMBPS_OK);
   assert_int_equal(embps_engine_new(&engine, comm, store, EMBPS_BACKEND_CPU, NULL), EMBPS_OK);
@@ -208,27 +207,9 @@ static void test_lookup_and_push_match_the_reference(void **state) {
   embps_comm_free(comm);
 }
 
-static void test_cuda_backend_refuses_hash_tables(void **state) {
-  embps_table_config_t c;
-  embps_error_t err;
-  (void)state;
-  memset(&c, 0, sizeof(c));
-  strcpy(c.name, "h");
-  c.capacity = 100;
-  c.emb_width = WIDTH;
-  assert_int_equal(embps_table_config_resolve(&c, 1, 1 << 30, &err), EMBPS_OK);
-  assert_int_equal(embps_table_config_served(&c, EMBPS_BACKEND_CUDA, &err), EMBPS_UNIMPLEMENTED);
-  assert_non_null(strstr(err.message, "hash-keyed tables are served by the cpu backend in this "
-                                      "build; the cuda backend serves dense tables only"));
-  c.capacity = 0;
-  c.rows = 10;
-  assert_int_equal(embps_table_config_served(&c, EMBPS_BACKEND_CUDA, &err), EMBPS_OK);
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_lookup_and_push_match_the_reference),
-      cmocka_unit_test(test_cuda_backend_refuses_hash_tables),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

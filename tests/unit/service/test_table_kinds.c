@@ -183,30 +183,24 @@ static void test_budget_message(void **state) {
   assert_int_equal(fake.num_queued, 0);
 }
 
-/* A valid hash-keyed table is refused on the cuda backend (before it is ordered), and ordered on
- * the cpu backend. */
-static void test_hash_refused_on_cuda(void **state) {
+/* A valid hash-keyed table is ordered on either backend. */
+static void test_hash_served_on_both_backends(void **state) {
   kind_t k = {.capacity = 1000, .admit_after = 4, .eviction = 2, .half_life_steps = 50};
+  const embps_backend_t backends[] = {EMBPS_BACKEND_CUDA, EMBPS_BACKEND_CPU};
+  const char *names[] = {"kinds_cuda", "kinds_cpu"};
   const embps_table_t *t;
   embps_net_call_t c;
   (void)state;
-  fake.backend = EMBPS_BACKEND_CUDA;
-  create(&c, "kinds", &k);
-  assert_int_equal(c.status, EMBPS_UNIMPLEMENTED);
-  assert_string_equal(c.message,
-                      "hash-keyed tables are served by the cpu backend in this build; the cuda "
-                      "backend serves dense tables only: create a dense table of rows "
-                      "(capacity=0), or run the group with --backend cpu");
-  fake_call_release(&c);
-  assert_int_equal(fake.num_queued, 0);
-  assert_null(embps_store_find(store, "kinds"));
+  for (int i = 0; i < 2; i++) {
+    fake.backend = backends[i];
+    create(&c, names[i], &k);
+    assert_int_equal(c.status, EMBPS_OK);
+    fake_call_release(&c);
+    assert_non_null(t = embps_store_find(store, names[i]));
+    assert_int_equal(embps_table_config(t)->capacity, 1000);
+    assert_non_null(embps_table_hindex(t));
+  }
   fake.backend = EMBPS_BACKEND_CPU;
-  create(&c, "kinds", &k);
-  assert_int_equal(c.status, EMBPS_OK);
-  fake_call_release(&c);
-  assert_non_null(t = embps_store_find(store, "kinds"));
-  assert_int_equal(embps_table_config(t)->capacity, 1000);
-  assert_non_null(embps_table_hindex(t));
 }
 
 /* Dense tables are as they were: admit_after 1 ("at once") is what they do, and is stored as 0. */
@@ -229,7 +223,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_refusals_create_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_budget_message, setup, teardown),
       cmocka_unit_test_setup_teardown(test_dense_still_created, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_hash_refused_on_cuda, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hash_served_on_both_backends, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
