@@ -277,7 +277,7 @@ void embps_hash_gather_cpu(const void *table, embps_dtype_t dtype, size_t width,
  */
 void embps_hash_reset_cpu(void *table, embps_dtype_t dtype, size_t width, float *state0,
                           size_t state0_width, float *state1, float state0_value,
-                          const int64_t *slots, const int64_t *keys, size_t n,
-                          uint64_t col_begin, uint64_t seed, float scale);
+                          const int64_t *slots, const int64_t *keys, size_t n, uint64_t col_begin,
+                          uint64_t seed, float scale);
 
 #endif

@@ -188,7 +188,7 @@ embps_status_t embps_bf16_to_f32_cuda(const uint16_t *in, size_t n, float *out,
 
 /** embps_hash_gather_cpu on the device (table, keys, slots and out device memory; out aligned
  * for dtype): the same rows bit for bit. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype, NULL
- * arrays, n beyond the grid), EMBPS_INTERNAL. */
+ * arrays, out not aligned for dtype, n beyond the grid), EMBPS_INTERNAL. */
 embps_status_t embps_hash_gather_cuda(const void *table, embps_dtype_t dtype, size_t width,
                                       const int64_t *keys, const int64_t *slots, size_t n,
                                       void *out, uint64_t col_begin, uint64_t seed, float scale,
@@ -197,10 +197,10 @@ embps_status_t embps_hash_gather_cuda(const void *table, embps_dtype_t dtype, si
 /** embps_hash_reset_cpu on the device (every array device memory; slots distinct): the same
  * bits. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype, NULL arrays, a state0_width other than
  * 0, 1 or width, n beyond the grid), EMBPS_INTERNAL. */
-embps_status_t embps_hash_reset_cuda(void *table, embps_dtype_t dtype, size_t width,
-                                     float *state0, size_t state0_width, float *state1,
-                                     float state0_value, const int64_t *slots, const int64_t *keys,
-                                     size_t n, uint64_t col_begin, uint64_t seed, float scale,
+embps_status_t embps_hash_reset_cuda(void *table, embps_dtype_t dtype, size_t width, float *state0,
+                                     size_t state0_width, float *state1, float state0_value,
+                                     const int64_t *slots, const int64_t *keys, size_t n,
+                                     uint64_t col_begin, uint64_t seed, float scale,
                                      cudaStream_t stream);
 
 /** out[i] = in[i] with its top bit flipped (n values; in == out allowed): a hash-keyed push's

@@ -1,31 +1,14 @@
 /* Deterministic table initializer on the device: the same values as kernels/init.c, bit for
  * bit.
  *
- * The hash is integer arithmetic (splitmix64's finalizer, mixed with the seed, the row and
- * the column exactly as init.c does), so it is the same everywhere; the value is then
- * k * 2^-23 - 1 (exact in f32) times scale (one rounding, identical to the CPU's), and bf16
- * storage goes through the twin of common/dtype.h's conversion. Row 0 (padding) is 0. A
- * thread group per row (see cuda_common.cuh), each thread hashing the row once and then one
- * mix per element. */
+ * The hash (init_hash.cuh, shared with hash.cu's initial rows of keys) is integer arithmetic
+ * (splitmix64's finalizer, mixed with the seed, the row and the column exactly as init.c does),
+ * so it is the same everywhere; the value is then k * 2^-23 - 1 (exact in f32) times scale (one
+ * rounding, identical to the CPU's), and bf16 storage goes through the twin of common/dtype.h's
+ * conversion. Row 0 (padding) is 0. A thread group per row (see cuda_common.cuh), each thread
+ * hashing the row once and then one mix per element. */
 #include "kernels/cuda/cuda_common.cuh"
-
-#define GOLDEN 0x9e3779b97f4a7c15ull
-
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-__device__ __forceinline__ uint64_t row_hash(uint64_t seed, uint64_t row) {
-  return mix64(mix64(seed + GOLDEN) + row * GOLDEN);
-}
-
-__device__ __forceinline__ float value_of(uint64_t row_h, uint64_t col, float scale) {
-  uint64_t h = mix64(row_h ^ (col * GOLDEN + GOLDEN));
-  float u = (float)(uint32_t)(h >> 40) * 0x1p-23f - 1.0f; /* [-1, 1) */
-  return scale * u;
-}
+#include "kernels/cuda/init_hash.cuh"
 
 template <typename T>
 __global__ void init_kernel(T *__restrict__ table, size_t width, uint64_t row_begin,
@@ -35,10 +18,10 @@ __global__ void init_kernel(T *__restrict__ table, size_t width, uint64_t row_be
   if (i >= num_rows)
     return;
   uint64_t r = row_begin + i;
-  uint64_t rh = row_hash(seed, r);
+  uint64_t rh = embps__init_row_hash(seed, r);
   T *w = table + (size_t)r * width;
   EMBPS_FOR_COLUMNS(c, embps__row_lane(tpr), tpr, 1, width) {
-    float x[1] = {r == 0 ? 0.0f : value_of(rh, col_begin + c, scale)};
+    float x[1] = {r == 0 ? 0.0f : embps__init_value(rh, col_begin + c, scale)};
     embps__store<1>(w + c, x);
   }
 }

@@ -11,6 +11,9 @@
  *    - dedup of the batch (embps_dedup_cuda): time and tokens/s;
  *    - gather of the batch (embps_gather_cuda), counted as n x width x dtype bytes read from
  *      the table + the same written to the output (the token ids are not counted);
+ *    - the hash-keyed gather (embps_hash_gather_cuda) of the batch with every token stored at
+ *      the slot of its row ("hgather", counted as gather), and with no token stored
+ *      ("hginit": every row the key's initial row, computed; rows/s);
  *    - the fused rowwise Adagrad update of the deduped rows (embps_update_rowwise_adagrad_cuda),
  *      counted as u x width x dtype read + written (weights) + u x width x 4 read (f32 grads)
  *      + u x 4 read + written (accumulators) + u x (8 + 4) read (row ids, row sums of squares);
@@ -46,6 +49,7 @@
 #define ZIPF_S 1.05
 #define SEED UINT64_C(20261202)
 #define TARGET_PCT 70.0
+#define INIT_SCALE 0.05f
 
 static cudaStream_t stream;
 static int warmups = 3, reps = 15;
@@ -245,6 +249,7 @@ typedef struct ctx {
   void *ws;
   size_t ws_bytes;
   void *out;
+  int64_t *no_slots; /* n slots of -1: every key reads its initial row */
   float *grad, *row_sumsq, *accum;
   embps_opt_params_t p;
 } ctx_t;
@@ -263,6 +268,20 @@ static void op_dedup(void *v) {
 static void op_gather(void *v) {
   ctx_t *c = v;
   STATUS_OK(embps_gather_cuda(c->table, c->dtype, c->width, c->tokens, c->n, c->out, stream));
+}
+
+/* The hash-keyed gather with every key stored (its slot is its row: the same rows as gather) and
+ * with none stored (every row the key's initial row, computed). */
+static void op_hash_gather(void *v) {
+  ctx_t *c = v;
+  STATUS_OK(embps_hash_gather_cuda(c->table, c->dtype, c->width, c->tokens, c->tokens, c->n, c->out,
+                                   0, SEED, INIT_SCALE, stream));
+}
+
+static void op_hash_init(void *v) {
+  ctx_t *c = v;
+  STATUS_OK(embps_hash_gather_cuda(c->table, c->dtype, c->width, c->tokens, c->no_slots, c->n,
+                                   c->out, 0, SEED, INIT_SCALE, stream));
 }
 
 static void op_update(void *v) {
@@ -343,9 +362,39 @@ static int check_update(ctx_t *c) {
 
 /* ---- one width: a table, a batch, dedup, then gather and update for f32 and bf16 ------------- */
 
+/* The first rows of the batch's output, c->out, checked against the initializer: the rows of a
+ * freshly initialized table, or the initial rows of its tokens as keys, are the same values. A
+ * nonzero return when any differ, after printing which op it was. */
+static int check_gathered(const ctx_t *c, const int64_t *h_tokens, const char *op) {
+  const size_t check_rows = 64, width = c->width, es = embps_dtype_size(c->dtype);
+  unsigned char *h = host_alloc(check_rows * width * es);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(h, c->out, check_rows * width * es, cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (size_t i = 0; i < check_rows; i++)
+    for (size_t j = 0; j < width; j++) {
+      float want = embps_init_value(SEED, (uint64_t)h_tokens[i], j, INIT_SCALE);
+      float got;
+      if (c->dtype == EMBPS_DTYPE_BF16) {
+        uint16_t b;
+        memcpy(&b, h + (i * width + j) * 2, 2);
+        got = embps_bf16_to_f32(b);
+        want = embps_bf16_to_f32(embps_f32_to_bf16(want));
+      } else {
+        memcpy(&got, h + (i * width + j) * 4, 4);
+      }
+      bad += memcmp(&want, &got, sizeof(float)) != 0;
+    }
+  free(h);
+  if (bad)
+    fprintf(stderr,
+            "FAIL: %s width %zu %s: %zu of %zu checked values differ from the initializer\n", op,
+            width, embps_dtype_name(c->dtype), bad, check_rows * width);
+  return bad != 0;
+}
+
 static int run_width(size_t width, size_t base_rows, double rows_scale) {
   const size_t n = BATCH;
-  const float init_scale = 0.05f;
   size_t rows = (size_t)((double)base_rows * rows_scale);
   if (rows < 1024)
     rows = 1024;
@@ -405,6 +454,8 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
   c.num_unique = dev_alloc(sizeof(uint32_t));
   c.ws = dev_alloc(ws_bytes);
   c.out = dev_alloc(n * width * sizeof(float));
+  c.no_slots = dev_alloc(n * sizeof(int64_t));
+  CUDA_OK(cudaMemsetAsync(c.no_slots, 0xff, n * sizeof(int64_t), stream)); /* every slot -1 */
   CUDA_OK(cudaMemcpyAsync(c.tokens, h_tokens, n * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
 
   /* Dedup (independent of width and dtype, timed once per batch). */
@@ -440,49 +491,32 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
     c.dtype = dtypes[d];
     const size_t es = embps_dtype_size(c.dtype);
     const char *dn = embps_dtype_name(c.dtype);
-    STATUS_OK(embps_init_rows_cuda(c.table, c.dtype, width, 0, rows, 0, SEED, init_scale, stream));
+    STATUS_OK(embps_init_rows_cuda(c.table, c.dtype, width, 0, rows, 0, SEED, INIT_SCALE, stream));
     CUDA_OK(cudaMemsetAsync(c.accum, 0, rows * sizeof(float), stream));
 
     /* One gather of the fresh table into a poisoned output, checked against the initializer
-     * on the first rows. */
+     * on the first rows; the same for the hash-keyed gather with and without slots. */
     CUDA_OK(cudaMemsetAsync(c.out, 0xff, n * width * es, stream));
     op_gather(&c);
-    CUDA_OK(cudaStreamSynchronize(stream));
-    {
-      const size_t check_rows = 64;
-      unsigned char *h = malloc(check_rows * width * es);
-      if (!h) {
-        fprintf(stderr, "FATAL: out of host memory\n");
-        return 1;
-      }
-      CUDA_OK(cudaMemcpy(h, c.out, check_rows * width * es, cudaMemcpyDeviceToHost));
-      size_t bad = 0;
-      for (size_t i = 0; i < check_rows; i++)
-        for (size_t j = 0; j < width; j++) {
-          float want = embps_init_value(SEED, (uint64_t)h_tokens[i], j, init_scale);
-          float got;
-          if (c.dtype == EMBPS_DTYPE_BF16) {
-            uint16_t b;
-            memcpy(&b, h + (i * width + j) * 2, 2);
-            got = embps_bf16_to_f32(b);
-            want = embps_bf16_to_f32(embps_f32_to_bf16(want));
-          } else {
-            memcpy(&got, h + (i * width + j) * 4, 4);
-          }
-          bad += memcmp(&want, &got, sizeof(float)) != 0;
-        }
-      free(h);
-      if (bad) {
-        fprintf(stderr,
-                "FAIL: gather width %zu %s: %zu of %zu checked values differ from the "
-                "initializer\n",
-                width, dn, bad, check_rows * width);
-        return 1;
-      }
-    }
-
+    if (check_gathered(&c, h_tokens, "gather"))
+      return 1;
     ms = time_op(op_gather, &c);
     add_result("gather", width, dn, rows, n, ms, 2.0 * (double)n * (double)width * (double)es);
+
+    /* The hash-keyed gather: every slot stored, counted as gather; no slot stored, in rows/s. */
+    static const struct {
+      void (*fn)(void *);
+      const char *op;
+    } hash_ops[] = {{op_hash_gather, "hgather"}, {op_hash_init, "hginit"}};
+    for (size_t h = 0; h < 2; h++) {
+      CUDA_OK(cudaMemsetAsync(c.out, 0xff, n * width * es, stream));
+      hash_ops[h].fn(&c);
+      if (check_gathered(&c, h_tokens, hash_ops[h].op))
+        return 1;
+      ms = time_op(hash_ops[h].fn, &c);
+      add_result(hash_ops[h].op, width, dn, rows, n, ms,
+                 h == 0 ? 2.0 * (double)n * (double)width * (double)es : 0.0);
+    }
 
     if (check_update(&c))
       return 1;
@@ -497,8 +531,9 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
   ms = time_op(op_segsum, &c);
   add_result("segsum", width, "f32", rows, n, ms, ((double)n + (double)c.u) * (double)width * 4.0);
 
-  void *bufs[] = {c.table,       c.accum,      c.tokens, c.unique, c.seg_ids, c.sorted_pos,
-                  c.seg_offsets, c.num_unique, c.ws,     c.out,    c.grad,    c.row_sumsq};
+  void *bufs[] = {c.table,      c.accum,       c.tokens,     c.unique, c.seg_ids,
+                  c.sorted_pos, c.seg_offsets, c.num_unique, c.ws,     c.out,
+                  c.grad,       c.row_sumsq,   c.no_slots};
   for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
     CUDA_OK(cudaFree(bufs[i]));
   free(h_tokens);
@@ -594,6 +629,7 @@ int main(int argc, char **argv) {
          "f32, 2 for bf16):\n"
          "  copy:   2 x 1 GiB (read + write)\n"
          "  gather: n*w*e read from the table + n*w*e written (token ids not counted)\n"
+         "  hgather: as gather (keys and slots not counted); hginit: no byte count, rows/s\n"
          "  update: u*w*e*2 (weights read+write) + u*w*4 (f32 grads read) + u*4*2 (accumulators "
          "read+write) + u*(8+4) (row ids, row sums of squares read)\n"
          "  segsum: n*w*4 (f32 batch grads read) + u*w*4 (sums written); no target\n"

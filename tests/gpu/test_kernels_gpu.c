@@ -2,7 +2,8 @@
  *
  * Every launcher runs on random inputs drawn from a fresh seed (printed; EMBPS_TEST_SEED=<n>
  * replays a run) for f32 and bf16 storage, widths 1, 7, 128 and 1024 and batches of 0, 1
- * and 4099 tokens with Zipf-like duplication and padding tokens, and its output must equal
+ * and 4099 tokens with Zipf-like duplication and padding tokens (the hash-keyed tables' kernels
+ * with 64-bit keys of every kind and about half the slots -1), and its output must equal
  * the CPU's bit for bit (row stats' total, summed in a different order, within 1e-12
  * relative, and bit for bit between two GPU runs). Every device output is filled with 0xFF
  * before the kernel runs and every host output likewise, so an element the kernel forgot to
@@ -367,6 +368,133 @@ static void check_init(const config_t *c, rng_t *r) {
   dev_free(d);
 }
 
+/* ---- hash-keyed tables ------------------------------------------------------------------- */
+
+/* A 64-bit key as a hash table sees them: the padding key 0, keys with the top bit set (negative
+ * as int64), all ones, small ones and random bit patterns. */
+static int64_t hash_key(rng_t *r, size_t i) {
+  switch (i % 8) {
+  case 0:
+    return 0;
+  case 1:
+    return INT64_MIN + (int64_t)(next_u64(r) % 1000);
+  case 2:
+    return -1 - (int64_t)(next_u64(r) % 1000);
+  case 3:
+    return (int64_t)(next_u64(r) % NUM_ROWS);
+  default:
+    return (int64_t)next_u64(r);
+  }
+}
+
+/* Gather by slot (about half the slots -1, stored slots repeating) into an aligned and an
+ * element-offset output, then resets of distinct slots with state0 widths 0, 1 and width and
+ * with and without state1, then the key order out of place and in place: all against the CPU
+ * bit for bit, guard bytes past every output and every untouched slot included. */
+static void check_hash(const config_t *c, rng_t *r) {
+  const size_t es = embps_dtype_size(c->dtype), w = c->width, n = c->n, row_bytes = w * es;
+  const size_t table_bytes = (size_t)NUM_ROWS * row_bytes;
+  const uint64_t col_begin = next_u64(r) % 1000, seed = next_u64(r);
+  const float scale = 0.05f;
+  void *table = xmalloc(table_bytes);
+  fill_values(table, c->dtype, (size_t)NUM_ROWS * w, r, -1.0f, 1.0f);
+  int64_t *keys = xmalloc(n * sizeof(int64_t)), *slots = xmalloc(n * sizeof(int64_t));
+  for (size_t i = 0; i < n; i++) {
+    keys[i] = hash_key(r, i);
+    slots[i] = (next_u64(r) & 1) ? -1 : (int64_t)(next_u64(r) % NUM_ROWS);
+  }
+  void *d_table = dev_upload(table, table_bytes);
+  int64_t *d_keys = dev_upload(keys, n * sizeof(int64_t));
+  int64_t *d_slots = dev_upload(slots, n * sizeof(int64_t));
+
+  /* Gather, at out and at out + one element (a narrower copy unit), 16 guard bytes after. */
+  const size_t out_bytes = n * row_bytes + 16 + es;
+  void *h_out = host_poisoned(out_bytes);
+  void *d_out = dev_poisoned(out_bytes);
+  embps_hash_gather_cpu(table, c->dtype, w, keys, slots, n, h_out, col_begin, seed, scale);
+  STATUS_OK(embps_hash_gather_cuda(d_table, c->dtype, w, d_keys, d_slots, n, d_out, col_begin, seed,
+                                   scale, stream));
+  void *g_out = dev_download(d_out, out_bytes);
+  same_bits("hash gather", c->name, h_out, g_out, out_bytes, es);
+  free(g_out);
+  dev_poison(d_out, out_bytes);
+  STATUS_OK(embps_hash_gather_cuda(d_table, c->dtype, w, d_keys, d_slots, n, (char *)d_out + es,
+                                   col_begin, seed, scale, stream));
+  g_out = dev_download(d_out, out_bytes);
+  same_bits("hash gather (offset output)", c->name, h_out, (char *)g_out + es, out_bytes - es, es);
+  free(g_out), free(h_out);
+  dev_free(d_out);
+
+  /* Reset of m distinct slots (a random partial permutation), new keys as above. */
+  const size_t m = n < NUM_ROWS / 2 ? n : NUM_ROWS / 2;
+  int64_t *perm = xmalloc(NUM_ROWS * sizeof(int64_t));
+  for (size_t i = 0; i < NUM_ROWS; i++)
+    perm[i] = (int64_t)i;
+  for (size_t i = 0; i < m; i++) {
+    size_t j = i + next_u64(r) % (NUM_ROWS - i);
+    int64_t t = perm[i];
+    perm[i] = perm[j], perm[j] = t;
+  }
+  int64_t *d_rslots = dev_upload(perm, m * sizeof(int64_t));
+  static const struct {
+    int state0; /* 0: none, 1: one float per row, 2: width floats per row */
+    int state1;
+    const char *name;
+  } variants[] = {{0, 0, "hash reset (no state)"},
+                  {1, 0, "hash reset (state0 per row)"},
+                  {2, 0, "hash reset (state0 per element)"},
+                  {2, 1, "hash reset (state0 and state1)"}};
+  for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
+    const size_t s0w = variants[v].state0 == 2 ? w : (size_t)variants[v].state0;
+    const size_t s0_bytes = (size_t)NUM_ROWS * s0w * sizeof(float);
+    const size_t s1_bytes = variants[v].state1 ? (size_t)NUM_ROWS * w * sizeof(float) : 0;
+    float *s0 = xmalloc(s0_bytes), *s1 = xmalloc(s1_bytes);
+    fill_values(s0, EMBPS_DTYPE_F32, s0_bytes / sizeof(float), r, 0.0f, 1.0f);
+    fill_values(s1, EMBPS_DTYPE_F32, s1_bytes / sizeof(float), r, -1.0f, 1.0f);
+    void *h_table = host_copy(table, table_bytes);
+    float *h_s0 = host_copy(s0, s0_bytes), *h_s1 = host_copy(s1, s1_bytes);
+    void *dt = dev_upload(table, table_bytes);
+    float *d_s0 = s0w ? dev_upload(s0, s0_bytes) : NULL;
+    float *d_s1 = s1_bytes ? dev_upload(s1, s1_bytes) : NULL;
+    embps_hash_reset_cpu(h_table, c->dtype, w, s0w ? h_s0 : NULL, s0w, s1_bytes ? h_s1 : NULL,
+                         0.25f, perm, keys, m, col_begin, seed, scale);
+    STATUS_OK(embps_hash_reset_cuda(dt, c->dtype, w, d_s0, s0w, d_s1, 0.25f, d_rslots, d_keys, m,
+                                    col_begin, seed, scale, stream));
+    void *g_table = dev_download(dt, table_bytes);
+    same_bits(variants[v].name, c->name, h_table, g_table, table_bytes, es);
+    free(g_table);
+    if (s0w) {
+      float *g = dev_download(d_s0, s0_bytes);
+      same_bits(variants[v].name, c->name, h_s0, g, s0_bytes, sizeof(float));
+      free(g);
+      dev_free(d_s0);
+    }
+    if (s1_bytes) {
+      float *g = dev_download(d_s1, s1_bytes);
+      same_bits(variants[v].name, c->name, h_s1, g, s1_bytes, sizeof(float));
+      free(g);
+      dev_free(d_s1);
+    }
+    free(h_table), free(h_s0), free(h_s1), free(s0), free(s1);
+    dev_free(dt);
+  }
+
+  /* Key order: top bit flipped, out of place (one guard element) and in place. */
+  int64_t *want = host_poisoned((n + 1) * sizeof(int64_t));
+  for (size_t i = 0; i < n; i++)
+    want[i] = (int64_t)((uint64_t)keys[i] ^ (UINT64_C(1) << 63));
+  int64_t *d_ord = dev_poisoned((n + 1) * sizeof(int64_t));
+  STATUS_OK(embps_hash_order_cuda(d_keys, n, d_ord, stream));
+  int64_t *g_ord = dev_download(d_ord, (n + 1) * sizeof(int64_t));
+  same_bits("hash order", c->name, want, g_ord, (n + 1) * sizeof(int64_t), sizeof(int64_t));
+  free(g_ord);
+  STATUS_OK(embps_hash_order_cuda(d_keys, n, d_keys, stream));
+  g_ord = dev_download(d_keys, n * sizeof(int64_t));
+  same_bits("hash order (in place)", c->name, want, g_ord, n * sizeof(int64_t), sizeof(int64_t));
+  free(g_ord), free(want), free(perm), free(keys), free(slots), free(table);
+  dev_free(d_ord), dev_free(d_rslots), dev_free(d_keys), dev_free(d_slots), dev_free(d_table);
+}
+
 /* The grouping the CPU's segment ids imply, as embps_dedup_cuda gives it: offsets[0..u] from the
  * segment sizes, and each segment's positions ascending in sorted[0..n). */
 static void cpu_grouping(const uint32_t *seg, size_t n, size_t u, uint32_t *offsets,
@@ -508,6 +636,7 @@ static void run_config(const config_t *c, const zipf_t *z, rng_t *r) {
   free(row_sumsq), free(h_grad);
 
   check_init(c, r);
+  check_hash(c, r);
 
   free(tokens), free(h_unique), free(h_seg), free(table);
   dev_free(d_tokens), dev_free(d_unique), dev_free(d_seg), dev_free(d_sorted);
@@ -698,6 +827,33 @@ static void check_invalid(void) {
         "mark rows accepted a NULL bitmap");
   CHECK(embps_mark_rows_cuda(NULL, NULL, 0, stream) == EMBPS_OK,
         "mark rows of no rows should enqueue nothing");
+  int64_t one[1] = {0};
+  void *fake = (void *)(uintptr_t)4096; /* never dereferenced: each call is rejected first */
+  CHECK(embps_hash_gather_cuda(fake, (embps_dtype_t)7, 4, one, one, 1, fake, 0, 1, 1.0f, stream) ==
+            EMBPS_INVALID_ARGUMENT,
+        "hash gather accepted dtype 7");
+  CHECK(embps_hash_gather_cuda(fake, EMBPS_DTYPE_F32, 4, NULL, one, 1, fake, 0, 1, 1.0f, stream) ==
+            EMBPS_INVALID_ARGUMENT,
+        "hash gather accepted NULL keys");
+  CHECK(embps_hash_gather_cuda(fake, EMBPS_DTYPE_F32, 4, one, one, 1, (char *)fake + 2, 0, 1, 1.0f,
+                               stream) == EMBPS_INVALID_ARGUMENT,
+        "hash gather accepted an f32 output off its alignment");
+  CHECK(embps_hash_gather_cuda(NULL, EMBPS_DTYPE_F32, 4, NULL, NULL, 0, NULL, 0, 1, 1.0f, stream) ==
+            EMBPS_OK,
+        "hash gather of no rows should enqueue nothing");
+  CHECK(embps_hash_reset_cuda(fake, EMBPS_DTYPE_F32, 8, fake, 3, NULL, 0.0f, one, one, 1, 0, 1,
+                              1.0f, stream) == EMBPS_INVALID_ARGUMENT,
+        "hash reset accepted a state0 of 3 floats per row at width 8");
+  CHECK(embps_hash_reset_cuda(fake, EMBPS_DTYPE_F32, 8, NULL, 1, NULL, 0.0f, one, one, 1, 0, 1,
+                              1.0f, stream) == EMBPS_INVALID_ARGUMENT,
+        "hash reset accepted a NULL state0 of 1 float per row");
+  CHECK(embps_hash_reset_cuda(fake, (embps_dtype_t)0, 8, NULL, 0, NULL, 0.0f, one, one, 1, 0, 1,
+                              1.0f, stream) == EMBPS_INVALID_ARGUMENT,
+        "hash reset accepted dtype 0");
+  CHECK(embps_hash_order_cuda(NULL, 1, fake, stream) == EMBPS_INVALID_ARGUMENT,
+        "hash order accepted NULL keys");
+  CHECK(embps_hash_order_cuda(NULL, 0, NULL, stream) == EMBPS_OK,
+        "hash order of no keys should enqueue nothing");
 }
 
 int main(void) {
