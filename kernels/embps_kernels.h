@@ -176,7 +176,8 @@ float embps_opt_decay_from_half_life(float half_life);
 /**
  * Every update below works on the rows `rows[0..n)` of a table slice (num_rows x width of
  * dtype) with gradient rows `grad` (n x width f32, already summed over duplicates, one per
- * distinct row: rows holds no duplicates and no padding row). State arrays are indexed by the
+ * distinct row: rows holds no duplicates; a dense table's caller leaves its padding row 0 out, a
+ * hash-keyed table's slot 0 is a row like any other). State arrays are indexed by the
  * table row (the same row numbers as the table). Weight decay is not part of the updates: the
  * caller adds it to the gradient first with embps_apply_weight_decay_cpu, so that row figures
  * (rowwise Adagrad's mean square) see the same gradient as the update.

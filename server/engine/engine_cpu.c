@@ -381,17 +381,9 @@ static embps_status_t cpu_hash_gather(embps__engine_backend_t *be, embps_table_t
                                       const int64_t *keys, const int64_t *slots, size_t n,
                                       void *out, embps_error_t *err) {
   const embps_table_config_t *c = embps_table_config(t);
-  const size_t w = embps_table_shard_width(t), rb = w * embps_dtype_size(c->dtype);
-  const uint8_t *data = embps_table_arrays(t).data;
   (void)be, (void)err;
-  for (size_t i = 0; i < n; i++) {
-    uint8_t *to = (uint8_t *)out + i * rb;
-    if (slots[i] >= 0)
-      memcpy(to, data + (size_t)slots[i] * rb, rb);
-    else
-      embps_init_key_row_cpu(to, c->dtype, w, (uint64_t)keys[i], embps_table_col_begin(t), c->seed,
-                             c->init_scale);
-  }
+  embps_hash_gather_cpu(embps_table_arrays(t).data, c->dtype, embps_table_shard_width(t), keys,
+                        slots, n, out, embps_table_col_begin(t), c->seed, c->init_scale);
   return EMBPS_OK;
 }
 
@@ -399,24 +391,17 @@ static embps_status_t cpu_hash_reset(embps__engine_backend_t *be, embps_table_t 
                                      const int64_t *slots, const int64_t *keys, size_t n,
                                      embps_error_t *err) {
   const embps_table_config_t *c = embps_table_config(t);
-  const embps_optimizer_info_t *info = embps_optimizer_info(c->optimizer);
   const embps_table_arrays_t a = embps_table_arrays(t);
-  const size_t w = embps_table_shard_width(t), rb = w * embps_dtype_size(c->dtype);
-  const size_t per0 = info->state_per_row ? 1 : w;
+  const size_t w = embps_table_shard_width(t);
   size_t s0, s1;
   float v0;
   (void)be, (void)err;
   embps_table_initial_state(t, &v0, &s0, &s1);
   embps_table_before_write(t, slots, n); /* an open checkpoint snapshot copies them first */
-  for (size_t i = 0; i < n; i++) {
-    const size_t slot = (size_t)slots[i];
-    embps_init_key_row_cpu((uint8_t *)a.data + slot * rb, c->dtype, w, (uint64_t)keys[i],
-                           embps_table_col_begin(t), c->seed, c->init_scale);
-    for (size_t j = 0; s0 && j < per0; j++)
-      a.state0[slot * per0 + j] = v0;
-    if (s1)
-      memset(a.state1 + slot * w, 0, w * sizeof(float));
-  }
+  embps_hash_reset_cpu(a.data, c->dtype, w, a.state0,
+                       s0 ? (embps_optimizer_info(c->optimizer)->state_per_row ? 1 : w) : 0,
+                       s1 ? a.state1 : NULL, v0, slots, keys, n, embps_table_col_begin(t), c->seed,
+                       c->init_scale);
   return EMBPS_OK;
 }
 

@@ -8,7 +8,7 @@
  * What depends on device data (the rows an update touches, a segment's positions) is checked
  * when the closure runs, against the allocation the pointer lies in: a stale or poisoned index
  * array then aborts with the kernel's name instead of reading far away. Updates also check
- * their documented preconditions (distinct rows, no padding row), which a GPU would silently
+ * their documented preconditions (distinct rows), which a GPU would silently
  * turn into races, and the hash reset its distinct slots. Workspaces are scribbled with the poison
  * after use, as a GPU's scratch would be left, so a caller that aliases a workspace with live data
  * finds out.
@@ -57,17 +57,17 @@ static int cmp_i64(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* The updates' contract: rows distinct (a GPU would race on a duplicate) and, unless
- * padding_ok (a hash table's slot 0 is a slot like any other), no padding row. */
-static void check_distinct_rows(const char *what, const int64_t *rows, size_t n, int padding_ok) {
+/* The updates' and the reset's contract: rows distinct (a GPU would race on a duplicate). Row 0
+ * may be among them: a dense table's caller leaves its padding row out (the bitwise comparisons
+ * with the CPU show a padding row written), and a hash-keyed table's slot 0 is a row like any
+ * other. */
+static void check_distinct_rows(const char *what, const int64_t *rows, size_t n) {
   int64_t *sorted = malloc(n * sizeof(*sorted));
   if (!sorted)
     sim_cuda_fail("out of host memory");
   memcpy(sorted, rows, n * sizeof(*sorted));
   qsort(sorted, n, sizeof(*sorted), cmp_i64);
   for (size_t i = 0; i < n; i++) {
-    if (sorted[i] == 0 && !padding_ok)
-      sim_cuda_fail("%s: the rows include the padding row 0", what);
     if (i > 0 && sorted[i] == sorted[i - 1])
       sim_cuda_fail("%s: row %lld appears twice (rows must be distinct)", what,
                     (long long)sorted[i]);
@@ -424,7 +424,7 @@ static void run_update(void *p) {
   const update_args_t *a = p;
   const char *what = update_name(a->kind);
   size_t row = a->width * embps_dtype_size(a->dtype), frow = a->width * sizeof(float);
-  check_distinct_rows(what, a->rows, a->n, 0);
+  check_distinct_rows(what, a->rows, a->n);
   check_rows(what, a->rows, a->n, a->table, row, "the table");
   switch (a->kind) {
   case SGD:
@@ -753,7 +753,7 @@ embps_status_t embps_hash_gather_cuda(const void *table, embps_dtype_t dtype, si
 
 static void run_hash_reset(void *p) {
   const hash_args_t *a = p;
-  check_distinct_rows("hash reset", a->slots, a->n, 1);
+  check_distinct_rows("hash reset", a->slots, a->n);
   if (a->width)
     check_rows("hash reset", a->slots, a->n, a->table, a->width * embps_dtype_size(a->dtype),
                "the table");
