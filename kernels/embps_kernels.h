@@ -260,27 +260,29 @@ void embps_init_key_row_cpu(void *row, embps_dtype_t dtype, size_t width, uint64
 /* ---- feature batches' bags ---------------------------------------------------------------- */
 
 /**
- * Pools num_bags bags of a table slice (width columns of dtype) into f32 rows: out[k] = the sum,
- * over the ids of bag k (lengths[k] of them, the bags one after the other in ids) that are not 0,
- * of the id's row times weights[i] (NULL: no weights), in the bag's order, in f32; with mean set,
- * divided by the bag's nonzero ids (a bag with none: zeros). An id's row is the slice's row
- * rows[i] (a dense table passes its ids; a hash-keyed one its slots), or where rows[i] is -1 the
- * initial row of key ids[i] (embps_init_key_row_cpu over columns [col_begin, col_begin + width)).
- * tmp holds 2 x width floats of scratch.
+ * Pools num_bags bags of a table slice (width columns of dtype) into f32 rows: bag k is the ids
+ * at positions [offsets[k], offsets[k + 1]) of ids (offsets ascending, num_bags + 1 of them), and
+ * out[k] is the sum, over its ids that are not 0, of the id's row times weights[p] (NULL: no
+ * weights), in position order, in f32; with mean set, divided by the bag's nonzero ids (a bag with
+ * none: zeros). Position p's row is the slice's row rows[p] (a dense table passes its ids; a
+ * hash-keyed one its slots), or where rows[p] is -1 the initial row of key ids[p]
+ * (embps_init_key_row_cpu over columns [col_begin, col_begin + width), in dtype). tmp holds
+ * 2 x width floats of scratch.
  */
 void embps_pool_bags_cpu(const void *table, embps_dtype_t dtype, size_t width, const int64_t *ids,
-                         const int64_t *rows, const float *weights, const uint32_t *lengths,
+                         const int64_t *rows, const float *weights, const int64_t *offsets,
                          size_t num_bags, int mean, float *out, float *tmp, uint64_t col_begin,
                          uint64_t seed, float scale);
 
 /**
- * Expands num_bags bag gradients g (num_bags x width f32) to their ids (lengths and ids as
- * embps_pool_bags_cpu's): out's row i (width elements of dtype, one per id, bag after bag) is
- * bag k's gradient times weights[i] (weights not NULL), or divided by the bag's nonzero ids
- * (mean), or itself, rounded once to dtype; an id 0's row is zeros.
+ * Expands num_bags bag gradients g (num_bags x width f32) to their ids (bags as
+ * embps_pool_bags_cpu's): for each position p of bag k, out's row p (width elements of dtype) is
+ * bag k's gradient times weights[p] (weights not NULL), or divided by the bag's nonzero ids
+ * (mean), or itself, rounded once to dtype; an id 0's row is zeros. Rows of positions in no bag
+ * are not written.
  */
 void embps_expand_bags_cpu(const float *g, size_t width, const int64_t *ids, const float *weights,
-                           const uint32_t *lengths, size_t num_bags, int mean, embps_dtype_t dtype,
+                           const int64_t *offsets, size_t num_bags, int mean, embps_dtype_t dtype,
                            void *out);
 
 /* ---- hash-keyed tables ------------------------------------------------------------------- */

@@ -13,9 +13,9 @@
 #include "kernels/embps_kernels.h"
 
 /* The nonzero ids of a bag. */
-static uint32_t nonzero(const int64_t *ids, uint32_t n) {
+static uint32_t nonzero(const int64_t *ids, size_t n) {
   uint32_t c = 0;
-  for (uint32_t i = 0; i < n; i++)
+  for (size_t i = 0; i < n; i++)
     c += ids[i] != 0;
   return c;
 }
@@ -50,52 +50,45 @@ static void add_row(float *restrict acc, const void *table, embps_dtype_t dtype,
 }
 
 void embps_pool_bags_cpu(const void *table, embps_dtype_t dtype, size_t width, const int64_t *ids,
-                         const int64_t *rows, const float *weights, const uint32_t *lengths,
+                         const int64_t *rows, const float *weights, const int64_t *offsets,
                          size_t num_bags, int mean, float *out, float *tmp, uint64_t col_begin,
                          uint64_t seed, float scale) {
-  size_t at = 0;
   for (size_t k = 0; k < num_bags; k++) {
     float *restrict acc = out + k * width;
-    const uint32_t n = lengths[k];
+    const size_t a = (size_t)offsets[k], b = (size_t)offsets[k + 1];
+    uint32_t c = 0;
     memset(acc, 0, width * sizeof(float));
-    for (uint32_t i = 0; i < n; i++) {
-      const size_t p = at + i;
+    for (size_t p = a; p < b; p++) {
       if (ids[p] == 0)
         continue; /* padding */
+      c++;
       add_row(acc, table, dtype, width, rows[p], (uint64_t)ids[p], weights ? &weights[p] : NULL,
               tmp, col_begin, seed, scale);
     }
-    if (mean) {
-      const uint32_t c = nonzero(ids + at, n);
-      for (size_t j = 0; c > 0 && j < width; j++)
-        acc[j] = acc[j] / (float)c;
-    }
-    at += n;
+    for (size_t j = 0; mean && c > 0 && j < width; j++)
+      acc[j] = acc[j] / (float)c;
   }
 }
 
 void embps_expand_bags_cpu(const float *g, size_t width, const int64_t *ids, const float *weights,
-                           const uint32_t *lengths, size_t num_bags, int mean, embps_dtype_t dtype,
+                           const int64_t *offsets, size_t num_bags, int mean, embps_dtype_t dtype,
                            void *out) {
   const size_t es = embps_dtype_size(dtype);
-  size_t at = 0;
   for (size_t k = 0; k < num_bags; k++) {
     const float *gk = g + k * width;
-    const uint32_t n = lengths[k];
-    const float c = mean ? (float)nonzero(ids + at, n) : 1.0f;
-    for (uint32_t i = 0; i < n; i++) {
-      const size_t p = at + i;
+    const size_t a = (size_t)offsets[k], b = (size_t)offsets[k + 1];
+    const float c = mean ? (float)nonzero(ids + a, b - a) : 1.0f;
+    for (size_t p = a; p < b; p++) {
       uint8_t *o = (uint8_t *)out + p * width * es;
       for (size_t j = 0; j < width; j++) {
         float v = ids[p] == 0 ? 0.0f : weights ? gk[j] * weights[p] : mean ? gk[j] / c : gk[j];
         if (dtype == EMBPS_DTYPE_BF16) {
-          uint16_t b = embps_f32_to_bf16(v);
-          memcpy(o + j * 2, &b, 2);
+          uint16_t h = embps_f32_to_bf16(v);
+          memcpy(o + j * 2, &h, 2);
         } else {
           memcpy(o + j * 4, &v, 4);
         }
       }
     }
-    at += n;
   }
 }

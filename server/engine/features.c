@@ -53,6 +53,14 @@ static const uint32_t *bag_lengths(const gathered_t *g, uint32_t r, size_t f) {
   return g->lengths + ((size_t)r * g->F + f) * g->S;
 }
 
+/* The S + 1 offsets of rank r's bags of feature f, from 0. */
+static void bag_offsets(const gathered_t *g, uint32_t r, size_t f, int64_t *offsets) {
+  const uint32_t *len = bag_lengths(g, r, f);
+  offsets[0] = 0;
+  for (size_t b = 0; b < g->S; b++)
+    offsets[b + 1] = offsets[b] + len[b];
+}
+
 static void gathered_free(gathered_t *g) {
   embps_free(g->meta);
   embps_free(g->ids);
@@ -154,20 +162,22 @@ static embps_status_t lookup_pooled(embps_engine_t *e, const gathered_t *g,
   const embps_table_config_t *c = embps_table_config(t);
   const size_t w = embps_table_shard_width(t), W = c->emb_width, S = g->S, N = g->N;
   float *pooled = NULL, *recv = NULL, *tmp = NULL;
-  int64_t *rows = NULL;
+  int64_t *rows = NULL, *offsets = NULL;
   embps_status_t ret = EMBPS_OK;
 
   pooled = embps_malloc(N * S * w * sizeof(float) + 1);
   rows = embps_malloc(g->M * sizeof(int64_t) + 1);
   tmp = embps_malloc(2 * w * sizeof(float) + 1);
-  CHECK_ALLOC(pooled && rows && tmp);
+  offsets = embps_malloc((S + 1) * sizeof(int64_t));
+  CHECK_ALLOC(pooled && rows && tmp && offsets);
   for (uint32_t r = 0; r < N; r++) {
     const int64_t *ids = g->ids + r * g->M + start(g, r, f);
     rows_of(t, ids, count(g, r, f), rows);
+    bag_offsets(g, r, f, offsets);
     embps_pool_bags_cpu(
         embps_table_arrays(t).data, c->dtype, w, ids, rows,
         ft->pooling == EMBPS_POOLING_WEIGHTED_SUM ? g->weights + r * g->M + start(g, r, f) : NULL,
-        bag_lengths(g, r, f), S, ft->pooling == EMBPS_POOLING_MEAN, pooled + r * S * w, tmp,
+        offsets, S, ft->pooling == EMBPS_POOLING_MEAN, pooled + r * S * w, tmp,
         embps_table_col_begin(t), c->seed, c->init_scale);
   }
   if (N == 1) {
@@ -185,6 +195,7 @@ fail:
   embps_free(recv);
   embps_free(rows);
   embps_free(tmp);
+  embps_free(offsets);
   return ret;
 }
 
@@ -260,11 +271,14 @@ static embps_status_t push_feature(embps_engine_t *e, const gathered_t *g,
   /* what one rank sends another: pooled, S bag gradients of w f32; else its ids' gradients */
   size_t most = 0, rb = pooled ? w * sizeof(float) : w * ds, src_row, block;
   uint8_t *send = NULL, *recv = NULL;
+  int64_t *offsets = NULL;
   embps_status_t ret = EMBPS_OK;
 
   for (uint32_t r = 0; r < N; r++)
     most = count(g, r, f) > most ? count(g, r, f) : most;
   block = (pooled ? S : most) * rb;
+  offsets = embps_malloc((S + 1) * sizeof(int64_t));
+  CHECK_ALLOC(offsets);
   src_row = pooled ? W * sizeof(float) : W * ds;
   send = embps_calloc(N * block + 1, 1);
   recv = embps_malloc(N * block + 1);
@@ -279,6 +293,7 @@ static embps_status_t push_feature(embps_engine_t *e, const gathered_t *g,
     const int64_t *ids = g->ids + r * g->M + start(g, r, f);
     const uint8_t *from = (N > 1 ? recv : send) + r * block;
     memcpy(tokens + at[r], ids, n * sizeof(int64_t));
+    bag_offsets(g, r, f, offsets);
     if (pooled)
       embps_expand_bags_cpu(
           (const float *)from, w, ids,
@@ -292,6 +307,7 @@ static embps_status_t push_feature(embps_engine_t *e, const gathered_t *g,
 fail:
   embps_free(send);
   embps_free(recv);
+  embps_free(offsets);
   return ret;
 }
 

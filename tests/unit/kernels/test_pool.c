@@ -20,10 +20,11 @@ static float elem(const void *table, embps_dtype_t dtype, size_t width, size_t r
 
 /* Random bags of ids in [0, ROWS) (0 is padding), some empty, one of padding only; rows[i] -1
  * for every third id (an absent hash key, read as its initial row). */
-static size_t make_bags(kt_rng_t *rng, uint32_t *lengths, int64_t *ids, int64_t *rows,
-                        float *weights) {
+static size_t make_bags(kt_rng_t *rng, uint32_t *lengths, int64_t *offsets, int64_t *ids,
+                        int64_t *rows, float *weights) {
   size_t n = 0;
   for (size_t k = 0; k < BAGS; k++) {
+    offsets[k] = (int64_t)n;
     lengths[k] = k % 7 == 3 ? 0 : (uint32_t)kt_below(rng, 6);
     for (uint32_t i = 0; i < lengths[k]; i++, n++) {
       ids[n] = k == 5 ? 0 : (int64_t)kt_below(rng, ROWS);
@@ -31,6 +32,7 @@ static size_t make_bags(kt_rng_t *rng, uint32_t *lengths, int64_t *ids, int64_t 
       weights[n] = kt_uniform(rng, -2.0f, 2.0f);
     }
   }
+  offsets[BAGS] = (int64_t)n;
   return n;
 }
 
@@ -39,7 +41,7 @@ static void check_pool(embps_dtype_t dtype, size_t width, int mean, int weighted
   const size_t es = embps_dtype_size(dtype);
   uint8_t *table = kt_alloc(ROWS * width * es);
   uint32_t lengths[BAGS];
-  int64_t ids[BAGS * 6], rows[BAGS * 6];
+  int64_t offsets[BAGS + 1], ids[BAGS * 6], rows[BAGS * 6];
   float weights[BAGS * 6], *got = kt_alloc(BAGS * width * sizeof(float));
   float *tmp = kt_alloc(2 * width * sizeof(float)), *key_row = kt_alloc(width * sizeof(float));
   uint16_t *key_half = kt_alloc(width * sizeof(uint16_t));
@@ -47,8 +49,8 @@ static void check_pool(embps_dtype_t dtype, size_t width, int mean, int weighted
   size_t at = 0;
 
   embps_init_rows_cpu(table, dtype, width, 0, ROWS, col_begin, 9, 0.5f);
-  make_bags(&rng, lengths, ids, rows, weights);
-  embps_pool_bags_cpu(table, dtype, width, ids, rows, weighted ? weights : NULL, lengths, BAGS,
+  make_bags(&rng, lengths, offsets, ids, rows, weights);
+  embps_pool_bags_cpu(table, dtype, width, ids, rows, weighted ? weights : NULL, offsets, BAGS,
                       mean, got, tmp, col_begin, SEED, SCALE);
   for (size_t k = 0; k < BAGS; k++) {
     uint32_t nz = 0;
@@ -99,15 +101,15 @@ static void check_expand(embps_dtype_t dtype, size_t width, int mean, int weight
   kt_rng_t rng = {SEED * 3 + width};
   const size_t es = embps_dtype_size(dtype);
   uint32_t lengths[BAGS];
-  int64_t ids[BAGS * 6], rows[BAGS * 6];
+  int64_t offsets[BAGS + 1], ids[BAGS * 6], rows[BAGS * 6];
   float weights[BAGS * 6], *g = kt_alloc(BAGS * width * sizeof(float));
-  size_t n = make_bags(&rng, lengths, ids, rows, weights), at = 0;
+  size_t n = make_bags(&rng, lengths, offsets, ids, rows, weights), at = 0;
   uint8_t *got = kt_alloc(n * width * es + 1);
 
   for (size_t i = 0; i < BAGS * width; i++)
     g[i] = kt_uniform(&rng, -1.0f, 1.0f);
   memset(got, 0xA5, n * width * es + 1);
-  embps_expand_bags_cpu(g, width, ids, weighted ? weights : NULL, lengths, BAGS, mean, dtype, got);
+  embps_expand_bags_cpu(g, width, ids, weighted ? weights : NULL, offsets, BAGS, mean, dtype, got);
   assert_int_equal(got[n * width * es], 0xA5); /* nothing past the last id's row */
   for (size_t k = 0; k < BAGS; k++) {
     uint32_t nz = 0;
