@@ -298,8 +298,7 @@ static embps_status_t push_feature(embps_engine_t *e, const gathered_t *g,
       embps_expand_bags_cpu(
           (const float *)from, w, ids,
           ft->pooling == EMBPS_POOLING_WEIGHTED_SUM ? g->weights + r * g->M + start(g, r, f) : NULL,
-          bag_lengths(g, r, f), S, ft->pooling == EMBPS_POOLING_MEAN, c->dtype,
-          grads + at[r] * w * ds);
+          offsets, S, ft->pooling == EMBPS_POOLING_MEAN, c->dtype, grads + at[r] * w * ds);
     else
       memcpy(grads + at[r] * w * ds, from, n * w * ds);
     at[r] += n;
