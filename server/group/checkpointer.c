@@ -43,7 +43,8 @@ typedef struct job {
                                    at the round (the group's thread goes on changing it) */
   size_t window_len;
   uint8_t **index; /* JOB_SLICES on the leader: slice i's key index (hash-keyed tables), encoded
-                      at the round; else NULL */
+                      at the round (whole, or for an incremental checkpoint its delta since the
+                      base); else NULL */
   size_t *index_len;
   int has_window;    /* JOB_MANIFEST: the leader wrote the retry window's file */
   struct snap *snap; /* JOB_PREFAULT: the buffers to touch */
@@ -206,7 +207,7 @@ static void write_manifest(embps__ckpt_t *c, job_t *j) {
                       strerror(errno));
       goto exit;
     }
-    f->rank = EMBPS_CKPT_INDEX_RANK;
+    f->rank = j->order.base_round ? EMBPS_CKPT_INDEX_DELTA_RANK : EMBPS_CKPT_INDEX_RANK;
     snprintf(f->table, sizeof(f->table), "%s", j->tables[t].name);
     f->bytes = (uint64_t)st.st_size;
     m.bytes += f->bytes;
@@ -551,10 +552,13 @@ embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, emb
       break;
     }
     /* A hash-keyed table's index as it stands at this round (the group's thread steps it on while
-     * the writer runs): the leader's alone is written, every rank holding the same. */
+     * the writer runs): the leader's alone is written, every rank holding the same. Whole, or in
+     * an incremental checkpoint the delta since the base: the checkpoint of every table before,
+     * whose capture (below) was the delta's start. */
     if (j->index && embps_table_hindex(t)) {
       const embps_hindex_t *ix = embps_table_hindex(t);
-      j->index_len[j->n] = embps_hindex_encoded_bytes(ix);
+      j->index_len[j->n] =
+          order->base_round ? embps_hindex_delta_bytes(ix) : embps_hindex_encoded_bytes(ix);
       if (!(j->index[j->n] = embps_malloc(j->index_len[j->n]))) {
         ret = embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
                               "out of memory capturing the key index of table '%s' (%zu bytes) to "
@@ -564,8 +568,16 @@ embps_status_t embps__ckpt_capture(embps__ckpt_t *c, embps_engine_t *engine, emb
           embps_table_snapshot_cancel(t);
         break;
       }
-      embps_hindex_encode(ix, j->index[j->n]);
+      if (order->base_round)
+        embps_hindex_delta_encode(ix, j->index[j->n]);
+      else
+        embps_hindex_encode(ix, j->index[j->n]);
     }
+    /* Every rank starts the next delta here, as the dirty rows above: only a checkpoint of every
+     * table moves the chain on. One that fails breaks the chain (the leader's next is full), so
+     * the changes it took are never needed again. */
+    if (!order->scope[0] && embps_table_hindex(t))
+      embps_hindex_mark_captured(embps_table_hindex(t));
     j->cow[j->n] = cow ? t : NULL;
     j->tables[j->n] = *cfg;
     j->n++;

@@ -101,37 +101,19 @@ static void read_window(const char *path, const embps_ckpt_manifest_t *m, embps_
   embps_free(p);
 }
 
-/* Reads hash-keyed table t's key index from the checkpoint at path (the file its manifest lists
- * under EMBPS_CKPT_INDEX_RANK) and makes it t's: every rank reads the same file, so every rank
- * holds the same index. A dense table has none to read. */
-static void read_index(const char *path, const embps_ckpt_manifest_t *m, embps_table_t *t,
+/* Reads hash-keyed table t's key index as the checkpoint m in dir holds it (whole, or through its
+ * chain's deltas: embps_ckpt_read_index) and makes it t's: every rank reads the same files, so
+ * every rank holds the same index. A dense table has none to read. */
+static void read_index(const char *dir, const embps_ckpt_manifest_t *m, embps_table_t *t,
                        embps_error_t *err) {
   const embps_table_config_t *cfg = embps_table_config(t);
-  char file[EMBPS__CKPT_PATH_MAX + 160], name[160];
-  const embps_ckpt_file_t *f = NULL;
   embps_hindex_config_t hc;
   embps_hindex_t *ix;
-  uint8_t *p = NULL;
-  size_t len = 0;
   if (!embps_table_hindex(t))
     return;
-  for (size_t i = 0; i < m->num_files && !f; i++)
-    if (m->files[i].rank == EMBPS_CKPT_INDEX_RANK && strcmp(m->files[i].table, cfg->name) == 0)
-      f = &m->files[i];
-  embps_ckpt_index_name(name, sizeof(name), cfg->name);
-  snprintf(file, sizeof(file), "%s/%s", path, name);
-  if (!f) {
-    embps_error_set(err, EMBPS_DATA_LOSS,
-                    "the manifest of %s does not list %s, the key index of hash-keyed table '%s'",
-                    path, file, cfg->name);
-    return;
-  }
-  if (embps_ckpt_read_file(file, f->bytes, &p, &len, err) != EMBPS_OK)
-    return;
   embps_table_config_hindex(cfg, &hc);
-  if (embps_hindex_decode(&ix, &hc, p, len, file, err) == EMBPS_OK)
+  if (embps_ckpt_read_index(dir, m, cfg->name, &hc, &ix, err) == EMBPS_OK)
     embps_table_set_hindex(t, ix);
-  embps_free(p);
 }
 
 embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, embps_store_t *store,
@@ -186,7 +168,7 @@ embps_status_t embps__ckpt_restore(embps__ckpt_t *c, embps_engine_t *engine, emb
     if (mine.status == EMBPS_OK) {
       fill_table(engine, op.created, dir, &m, &mine);
       if (mine.status == EMBPS_OK)
-        read_index(path, &m, op.created, &mine);
+        read_index(dir, &m, op.created, &mine);
       if (c && mine.status == EMBPS_OK) {
         embps__ckpt_prepare(c, op.created);
         if (embps_table_dirty(op.created)) /* the restored table is the checkpoint: all clean */

@@ -84,13 +84,15 @@ embps_status_t embps_ckpt_write_slice(const char *path, const embps_ckpt_slice_t
 /** The table name under which a manifest lists the retry window's file (no table has it). */
 #define EMBPS_CKPT_WINDOW_TABLE ""
 
-/** A hash-keyed table's key index in a checkpoint: the leader writes it whole, as
- * embps_hindex_encode encodes it at the checkpoint's round, to "INDEX-<table>" (no slice file's
- * name: those start with 'r'), and the manifest lists it as the file of rank
- * EMBPS_CKPT_INDEX_RANK (no rank's) under the table's name. Incremental checkpoints write it
- * whole too. */
+/** A hash-keyed table's key index in a checkpoint, written by the leader to "INDEX-<table>" (no
+ * slice file's name: those start with 'r'). A full checkpoint writes it whole
+ * (embps_hindex_encode at the checkpoint's round), and the manifest lists it as the file of rank
+ * EMBPS_CKPT_INDEX_RANK (no rank's) under the table's name; an incremental one writes the delta
+ * since the checkpoint it applies on (embps_hindex_delta_encode), listed as the file of rank
+ * EMBPS_CKPT_INDEX_DELTA_RANK. */
 #define EMBPS_CKPT_INDEX_PREFIX "INDEX-"
 #define EMBPS_CKPT_INDEX_RANK UINT32_MAX
+#define EMBPS_CKPT_INDEX_DELTA_RANK (UINT32_MAX - 1u)
 
 /** Writes the file name of table's key index ("INDEX-<table>") to out. */
 void embps_ckpt_index_name(char *out, size_t cap, const char *table);
@@ -244,6 +246,21 @@ typedef struct embps_ckpt_dest {
 embps_status_t embps_ckpt_read_columns(const char *dir, const embps_ckpt_manifest_t *m,
                                        const char *table, embps_ckpt_dest_t *dst,
                                        embps_error_t *err);
+
+/**
+ * Reads hash-keyed table `table`'s key index as the checkpoint m in dir holds it into a new index
+ * *out (caller owns it; embps_hindex_free), for the index configuration c: the index file m lists
+ * whole, or, for a delta, back through m's chain (base_round) to the checkpoint whose file is
+ * whole, decoded, then every delta applied oldest first. Every rank reads the same files, so
+ * every rank gets the same index. Returns EMBPS_OK; EMBPS_DATA_LOSS when a manifest of the chain
+ * lists no index file for the table, or a file is missing, of another size than listed, corrupt
+ * or malformed, or the chain is broken (naming the file); EMBPS_FAILED_PRECONDITION for a file of
+ * another format version or configuration; EMBPS_RESOURCE_EXHAUSTED; EMBPS_INTERNAL for I/O
+ * errors. *out is untouched on failure.
+ */
+embps_status_t embps_ckpt_read_index(const char *dir, const embps_ckpt_manifest_t *m,
+                                     const char *table, const embps_hindex_config_t *c,
+                                     embps_hindex_t **out, embps_error_t *err);
 
 /**
  * Which checkpoint a starting rank restores, as the --restore setting `restore` says, with

@@ -15,7 +15,10 @@
  *   clock, above every stored score, so appending the step's keys at the tail in ascending key
  *   order keeps the queue sorted, and the victim is its head, removed in O(1) with no comparison;
  * - a LIFO stack of free slots (slot 0 first), so the slot a new key gets is fixed by history;
- * - a count-min sketch, 4 rows of 8-bit saturating counters, with conservative update.
+ * - a count-min sketch, 4 rows of 8-bit saturating counters, with conservative update;
+ * - what changed since the last capture (hindex_delta.c): a bit per slot whose key or score a
+ *   step wrote, a bit per 64-byte block of the sketch whose counters rose, and the free stack's
+ *   least depth since (embps__hix_mark and friends, where a step writes them).
  *
  * A step pins its keys by taking them out of the victim order while it runs (touched keys first,
  * then the keys it inserts), so its own keys are never victims, and puts them back at its end in
@@ -97,16 +100,18 @@ embps_status_t embps_hindex_config_check(const embps_hindex_config_t *c, embps_e
 }
 
 /* The arena's bytes, and each array's offset in it (offs may be NULL). */
-static size_t arena_bytes(const embps_hindex_config_t *c, size_t offs[7]) {
-  uint64_t sizes[7] = {8 * map_buckets(c->capacity),
+static size_t arena_bytes(const embps_hindex_config_t *c, size_t offs[9]) {
+  uint64_t sizes[9] = {8 * map_buckets(c->capacity),
                        8 * c->capacity,
                        8 * c->capacity,
                        4 * c->capacity,
                        4 * c->capacity,
                        4 * c->capacity,
-                       (uint64_t)EMBPS_HINDEX_SKETCH_DEPTH * c->sketch_width};
+                       (uint64_t)EMBPS_HINDEX_SKETCH_DEPTH * c->sketch_width,
+                       8 * ((c->capacity + 63) / 64),                  /* chg */
+                       8 * ((embps__hix_sketch_blocks(c) + 63) / 64)}; /* schg */
   uint64_t total = 0;
-  for (int i = 0; i < 7; i++) {
+  for (int i = 0; i < 9; i++) {
     if (offs)
       offs[i] = (size_t)total;
     total += round_up(sizes[i]);
@@ -123,7 +128,7 @@ size_t embps_hindex_bytes(const embps_hindex_config_t *c) {
 embps_status_t embps__hindex_alloc(embps_hindex_t **out, const embps_hindex_config_t *c,
                                    embps_error_t *err) {
   embps_hindex_t *ix;
-  size_t offs[7];
+  size_t offs[9];
   uint8_t *a;
   uint32_t bits = 0;
   if (!(ix = embps_calloc(1, sizeof(*ix))))
@@ -146,6 +151,8 @@ embps_status_t embps__hindex_alloc(embps_hindex_t **out, const embps_hindex_conf
   ix->link = ix->pos; /* 2 x capacity u32 fit: offs[4] >= offs[3] + 4 x capacity */
   ix->free = (uint32_t *)(a + offs[5]);
   ix->sketch = a + offs[6];
+  ix->chg = (uint64_t *)(a + offs[7]);
+  ix->schg = (uint64_t *)(a + offs[8]);
   ix->mask = map_buckets(c->capacity) - 1;
   ix->hseed = embps__hix_mix(c->seed + GOLDEN);
   for (uint32_t r = 0; r < EMBPS_HINDEX_SKETCH_DEPTH; r++)
@@ -171,6 +178,7 @@ embps_status_t embps_hindex_new(embps_hindex_t **out, const embps_hindex_config_
   for (uint64_t s = 0; s < c->capacity; s++)
     ix->free[s] = (uint32_t)(c->capacity - 1 - s);
   ix->nfree = c->capacity;
+  embps_hindex_mark_captured(ix); /* the empty index is the first capture */
   *out = ix;
   return EMBPS_OK;
 }
@@ -470,8 +478,10 @@ static uint32_t sketch_count(embps_hindex_t *ix, uint64_t key) {
   }
   next = est < 255 ? est + 1 : 255;
   for (uint32_t r = 0; r < EMBPS_HINDEX_SKETCH_DEPTH; r++)
-    if (*c[r] < next)
+    if (*c[r] < next) {
       *c[r] = (uint8_t)next;
+      embps__hix_mark_sketch(ix, (uint64_t)(c[r] - ix->sketch));
+    }
   return next;
 }
 
@@ -485,6 +495,7 @@ static uint64_t lfu_weight(embps_hindex_t *ix) {
     ix->base += s;
     d -= s;
     embps__hindex_heap_build(ix);
+    embps__hindex_mark_all(ix);
   }
   return UINT64_C(1) << d;
 }
@@ -507,6 +518,7 @@ static void expire(embps_hindex_t *ix) {
     order_remove(ix, s);
     map_remove(ix, ix->key[s]);
     ix->key[s] = 0;
+    embps__hix_mark(ix, s);
     ix->free[ix->nfree++] = s;
     ix->st.size--;
     ix->st.expired++;
@@ -549,6 +561,7 @@ embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_
     if (s != EMBPS__HIX_NONE) {
       order_remove(ix, s);
       ix->score[s] = weight ? ix->score[s] + weight : ix->st.clock;
+      embps__hix_mark(ix, s);
     } else if (ix->cfg.admit_after == 1 || sketch_count(ix, u[i]) >= ix->cfg.admit_after) {
       cand[nc++] = i;
     } else {
@@ -563,6 +576,8 @@ embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_
       __builtin_prefetch(&ix->buckets[key_hash(ix, u[cand[c + AHEAD / 2]]) & ix->mask]);
     if (ix->nfree) {
       s = ix->free[--ix->nfree];
+      if (ix->nfree < ix->low_free)
+        ix->low_free = ix->nfree;
     } else if (ix->nheap) {
       s = victim(ix);
       evicted = ix->key[s];
@@ -578,6 +593,7 @@ embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_
       __builtin_prefetch(&ix->key[ix->head]);
     embps__hindex_map_insert(ix, u[i], s);
     ix->score[s] = weight ? weight : ix->st.clock;
+    embps__hix_mark(ix, s);
     us[i] = s;
     ix->st.size++;
     ix->st.admitted++;
@@ -599,4 +615,17 @@ embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_
   if (nfresh)
     *nfresh = nf;
   return EMBPS_OK;
+}
+
+/* ---- for hindex_delta.c ---------------------------------------------------------------------- */
+
+void embps__hindex_map_remove(embps_hindex_t *ix, uint64_t key) { map_remove(ix, key); }
+
+void embps__hindex_order_remove(embps_hindex_t *ix, uint32_t s) { order_remove(ix, s); }
+
+void embps__hindex_order_add(embps_hindex_t *ix, uint32_t s) {
+  if (ix->cfg.policy == EMBPS_HINDEX_LFU)
+    heap_push(ix, s);
+  else
+    queue_append(ix, s);
 }

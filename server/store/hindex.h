@@ -8,6 +8,11 @@
  * and the configuration (its seed) alone, so every rank of a group, fed the same rounds, holds
  * the same index bit for bit, and a checkpoint (embps_hindex_encode) restores it exactly.
  *
+ * The index also tracks what its steps changed since the last capture (embps_hindex_mark_captured:
+ * at creation, at decode, and where a checkpoint takes it), so that an incremental checkpoint
+ * writes a delta (embps_hindex_delta_encode) instead of the whole index, and a restore applies
+ * it (embps_hindex_delta_apply) onto the index of the checkpoint before.
+ *
  * Not thread-safe: one thread steps an index; embps_hindex_find may run on several threads at
  * once while no step runs. */
 #ifndef EMBPS_HINDEX_H
@@ -20,6 +25,8 @@
 
 /** The format version of embps_hindex_encode's bytes. */
 #define EMBPS_HINDEX_FORMAT_VERSION 1u
+/** The format version of embps_hindex_delta_encode's bytes. */
+#define EMBPS_HINDEX_DELTA_VERSION 1u
 /** The most slots an index holds (slots are 32-bit). */
 #define EMBPS_HINDEX_MAX_CAPACITY (UINT64_C(0xFFFFFFFF))
 /** The highest admission threshold (the sketch's counters are 8-bit, saturating at 255). */
@@ -79,7 +86,8 @@ typedef struct embps_hindex embps_hindex_t;
 embps_status_t embps_hindex_config_check(const embps_hindex_config_t *c, embps_error_t *err);
 
 /** The exact bytes embps_hindex_new allocates for c (the struct, the hash map at load <= 0.5,
- * the per-slot arrays and the sketch), for the memory budget. 0 for an invalid c. */
+ * the per-slot arrays, the sketch, and the change tracking: one bit per slot and one bit per 64
+ * bytes of sketch), for the memory budget. 0 for an invalid c. */
 size_t embps_hindex_bytes(const embps_hindex_config_t *c);
 
 /** Makes an empty index for c into *out (caller owns it; embps_hindex_free). Errors:
@@ -138,5 +146,41 @@ void embps_hindex_encode(const embps_hindex_t *ix, uint8_t *out);
 embps_status_t embps_hindex_decode(embps_hindex_t **out, const embps_hindex_config_t *c,
                                    const uint8_t *p, size_t len, const char *name,
                                    embps_error_t *err);
+
+/**
+ * Makes ix's state as it is now its capture: the point the next embps_hindex_delta_encode counts
+ * changes from. Clears the change tracking (O(capacity / 8) bytes written). An index is captured
+ * when made (embps_hindex_new), decoded or applied a delta; a checkpoint of every table captures
+ * it at its round on every rank, after the leader encoded it.
+ */
+void embps_hindex_mark_captured(embps_hindex_t *ix);
+
+/** The exact length embps_hindex_delta_encode writes for ix (it counts the changed slots and
+ * sketch blocks: O(capacity / 64)). */
+size_t embps_hindex_delta_bytes(const embps_hindex_t *ix);
+
+/**
+ * Encodes the changes of ix since its last capture into out, which has room for
+ * embps_hindex_delta_bytes(ix): the configuration, the header state (clock, counters, LFU base)
+ * at the capture and now, the free stack's entries above its least depth since the capture, every
+ * slot whose key or score changed (its key now, 0 for a free slot, and score), and every changed
+ * block of the sketch. Versioned little-endian bytes closed by a crc32 (hindex_delta.c); equal
+ * indexes with equal changes since equal captures give equal bytes. ix is not changed (call
+ * embps_hindex_mark_captured to start the next delta).
+ */
+void embps_hindex_delta_encode(const embps_hindex_t *ix, uint8_t *out);
+
+/**
+ * Applies len bytes at p (what embps_hindex_delta_encode wrote) onto ix, which must be the index
+ * as it was at that delta's capture (as decoded from the checkpoint before, or after the delta
+ * before it was applied) with no step taken since: ix then is exactly the index that was encoded,
+ * and is captured there (the next delta of a chain applies on it). name names the bytes in
+ * messages. Errors: EMBPS_DATA_LOSS (truncated, corrupt, malformed, or a delta taken from
+ * another state than ix's), EMBPS_FAILED_PRECONDITION (another format version or configuration),
+ * EMBPS_RESOURCE_EXHAUSTED. On DATA_LOSS or RESOURCE_EXHAUSTED found after the checks of the
+ * bytes' layout, ix may be partly changed: the caller frees it.
+ */
+embps_status_t embps_hindex_delta_apply(embps_hindex_t *ix, const uint8_t *p, size_t len,
+                                        const char *name, embps_error_t *err);
 
 #endif

@@ -76,9 +76,9 @@ void embps_hindex_encode(const embps_hindex_t *ix, uint8_t *out) {
   put_u32(p, embps_ckpt_crc32(0, out, (size_t)(p - out)));
 }
 
-/* Checks the decoded config fields against the table's; a message names the first that differs. */
-static embps_status_t check_config(const embps_hindex_config_t *f, const embps_hindex_config_t *c,
-                                   const char *name, embps_error_t *err) {
+embps_status_t embps__hindex_check_config(const embps_hindex_config_t *f,
+                                          const embps_hindex_config_t *c, const char *name,
+                                          embps_error_t *err) {
   static const char *policies[4] = {"?", "lru", "lfu", "ttl"};
   if (f->capacity != c->capacity)
     return embps_error_set(err, EMBPS_FAILED_PRECONDITION,
@@ -169,7 +169,7 @@ embps_status_t embps_hindex_decode(embps_hindex_t **out, const embps_hindex_conf
   st.not_admitted = embps_get_le64(p + 104);
   st.size = embps_get_le64(p + 112);
   nfree = embps_get_le64(p + 120);
-  if ((ret = check_config(&f, c, name, err)) != EMBPS_OK)
+  if ((ret = embps__hindex_check_config(&f, c, name, err)) != EMBPS_OK)
     return ret;
   /* c is valid, so capacity < 2^32 and nothing below overflows once size and nfree are bounded */
   want_len = HEADER_BYTES + 4 * nfree + ENTRY_BYTES * st.size +
@@ -203,6 +203,7 @@ embps_status_t embps_hindex_decode(embps_hindex_t **out, const embps_hindex_conf
   }
   q += 4 * nfree + ENTRY_BYTES * st.size;
   memcpy(ix->sketch, q, (size_t)EMBPS_HINDEX_SKETCH_DEPTH * c->sketch_width);
+  embps_hindex_mark_captured(ix); /* a delta taken from the encoded index applies on this one */
   *out = ix;
   return EMBPS_OK;
 }

@@ -1,5 +1,6 @@
-/* The index's internals, shared by hindex.c (the state machine) and hindex_codec.c (its
- * checkpoint bytes), and reached by tests/unit/store/test_hindex.c. */
+/* The index's internals, shared by hindex.c (the state machine), hindex_codec.c (its
+ * checkpoint bytes) and hindex_delta.c (the changes since a capture), and reached by
+ * tests/unit/store/test_hindex.c. */
 #ifndef EMBPS_HINDEX_INTERNAL_H
 #define EMBPS_HINDEX_INTERNAL_H
 
@@ -8,6 +9,8 @@
 #include "server/store/hindex.h"
 
 #define EMBPS__HIX_NONE UINT32_MAX
+/** The sketch's change tracking marks blocks of this many bytes (counters). */
+#define EMBPS__HIX_SKETCH_BLOCK 64u
 
 struct embps_hindex {
   embps_hindex_config_t cfg;
@@ -30,6 +33,17 @@ struct embps_hindex {
   uint32_t *link;
   uint32_t *free;  /* capacity: a stack of free slots; the top is free[nfree - 1] */
   uint8_t *sketch; /* DEPTH x sketch_width saturating counters */
+  /* What changed since the last capture (hindex_delta.c; embps_hindex_mark_captured clears it):
+   * bit s % 64 of chg[s / 64] for each slot s whose key or score a step wrote (capacity bits);
+   * bit b % 64 of schg[b / 64] for each EMBPS__HIX_SKETCH_BLOCK-byte block b of the sketch whose
+   * counters rose; low_free, the least depth of the free stack since (it changes at its top
+   * alone, so the entries below low_free are the captured ones); cap_st, cap_base: the header
+   * state at the capture, which a delta names as the state it applies on. */
+  uint64_t *chg;
+  uint64_t *schg;
+  uint64_t low_free;
+  embps_hindex_stats_t cap_st;
+  uint64_t cap_base;
   void *arena;
   size_t arena_bytes;
   uint64_t nheap, nfree; /* keys in the victim order (heap or queue); free slots */
@@ -56,6 +70,26 @@ static inline uint64_t embps__hix_sketch_col(const struct embps_hindex *ix, uint
   return ((embps__hix_mix(key ^ ix->sseed[r]) >> 32) * ix->cfg.sketch_width) >> 32;
 }
 
+/** Marks slot s changed since the last capture. */
+static inline void embps__hix_mark(struct embps_hindex *ix, uint64_t s) {
+  ix->chg[s >> 6] |= UINT64_C(1) << (s & 63);
+}
+
+/** Marks the sketch's counter at byte offset off changed since the last capture. */
+static inline void embps__hix_mark_sketch(struct embps_hindex *ix, uint64_t off) {
+  uint64_t b = off / EMBPS__HIX_SKETCH_BLOCK;
+  ix->schg[b >> 6] |= UINT64_C(1) << (b & 63);
+}
+
+/** The sketch's blocks (EMBPS__HIX_SKETCH_BLOCK bytes, the last one maybe shorter) for c. */
+static inline uint64_t embps__hix_sketch_blocks(const embps_hindex_config_t *c) {
+  return ((uint64_t)EMBPS_HINDEX_SKETCH_DEPTH * c->sketch_width + EMBPS__HIX_SKETCH_BLOCK - 1) /
+         EMBPS__HIX_SKETCH_BLOCK;
+}
+
+/** Marks every slot changed (an LFU renormalisation rewrites every score). */
+void embps__hindex_mark_all(struct embps_hindex *ix);
+
 /** Makes an empty index (no validation of c beyond what embps_hindex_new does). */
 embps_status_t embps__hindex_alloc(struct embps_hindex **out, const embps_hindex_config_t *c,
                                    embps_error_t *err);
@@ -68,5 +102,17 @@ void embps__hindex_heap_build(struct embps_hindex *ix);
 /** Builds the victim order (heap or queue) of every stored slot after decode. Errors:
  * EMBPS_RESOURCE_EXHAUSTED (the queue's sort scratch, 4 bytes per key, cannot be had). */
 embps_status_t embps__hindex_order_build(struct embps_hindex *ix);
+/** Removes key (stored) from the map; its slot's key array entry is left to the caller. */
+void embps__hindex_map_remove(struct embps_hindex *ix, uint64_t key);
+/** Takes stored slot s out of the victim order (heap or queue). */
+void embps__hindex_order_remove(struct embps_hindex *ix, uint32_t s);
+/** Puts stored slot s into the victim order: LFU's heap anywhere; LRU's and TTL's queue at the
+ * tail, so s's (score, key) must exceed every one in it. */
+void embps__hindex_order_add(struct embps_hindex *ix, uint32_t s);
+/** Checks an encoding's configuration f against the table's c: EMBPS_OK, or
+ * EMBPS_FAILED_PRECONDITION naming the first field that differs and `name`, the bytes. */
+embps_status_t embps__hindex_check_config(const embps_hindex_config_t *f,
+                                          const embps_hindex_config_t *c, const char *name,
+                                          embps_error_t *err);
 
 #endif

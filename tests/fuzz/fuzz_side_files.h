@@ -1,6 +1,7 @@
-/* What the fuzz targets of the checkpoint's side files (fuzz_retry_window.c, fuzz_hindex.c) share,
- * and, for the index, the settings gen_corpus.c writes its seeds with: both must agree on them,
- * since an index file is only read for the settings it was written with. */
+/* What the fuzz targets of the checkpoint's side files (fuzz_retry_window.c, fuzz_hindex.c,
+ * fuzz_hindex_delta.c) share, and, for the index, the settings and steps gen_corpus.c writes its
+ * seeds with: both must agree on them, since an index file is only read for the settings it was
+ * written with, and a delta only applies on the index it was taken from. */
 #ifndef EMBPS_TESTS_FUZZ_SIDE_FILES_H
 #define EMBPS_TESTS_FUZZ_SIDE_FILES_H
 
@@ -45,5 +46,34 @@ static const embps_hindex_config_t fuzz_hindex_configs[4] = {
      .seed = 3},
     {.capacity = 5, .policy = EMBPS_HINDEX_LFU, .admit_after = 1, .half_life = 7, .seed = 4},
 };
+
+/* Steps [from, to) of the fixed sequence the index seeds are written with (keys 1..40, a few
+ * hot; some padding). Aborts on a step's failure. */
+static inline void fuzz_hindex_steps(embps_hindex_t *ix, uint64_t from, uint64_t to) {
+  uint64_t keys[12];
+  int64_t slots[12];
+  embps_hindex_fresh_t fresh[12];
+  size_t nfresh;
+  for (uint64_t step = from; step < to; step++) {
+    for (uint64_t k = 0; k < 12; k++)
+      keys[k] = (step * 7 + k * k * 3) % (k < 4 ? 5 : 41);
+    if (embps_hindex_step(ix, keys, step % 13 == 0 ? 1 : 12, slots, fresh, &nfresh) != EMBPS_OK)
+      abort();
+  }
+}
+
+/* The steps before the capture that fuzz_hindex_delta.c's deltas apply on. */
+#define FUZZ_HINDEX_DELTA_BASE 60u
+
+/* A new index of settings i after the steps before the delta seeds' capture, captured there.
+ * Aborts when it cannot be made. */
+static inline embps_hindex_t *fuzz_hindex_delta_base(unsigned i) {
+  embps_hindex_t *ix;
+  if (embps_hindex_new(&ix, &fuzz_hindex_configs[i], NULL) != EMBPS_OK)
+    abort();
+  fuzz_hindex_steps(ix, 0, FUZZ_HINDEX_DELTA_BASE);
+  embps_hindex_mark_captured(ix);
+  return ix;
+}
 
 #endif

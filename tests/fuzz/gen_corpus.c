@@ -583,24 +583,18 @@ static void retry_window_seeds(void) {
 
 /* ---- a hash-keyed table's index ---- */
 
-/* For each of fuzz_hindex.c's settings (fuzz_side_files.h), an index after some steps. */
+/* For each of fuzz_hindex.c's settings (fuzz_side_files.h), an index after some steps; for
+ * fuzz_hindex_delta.c, deltas from the capture after FUZZ_HINDEX_DELTA_BASE of those steps: to
+ * the end, after one step, after none. */
 static void hindex_seeds(void) {
   for (uint8_t i = 0; i < 4; i++) {
     embps_hindex_t *ix;
-    uint64_t keys[12];
-    int64_t slots[12];
-    embps_hindex_fresh_t fresh[12];
-    size_t nfresh, n;
+    size_t n;
     uint8_t *p, sel = (uint8_t)(i << 1);
     char name[32];
     if (embps_hindex_new(&ix, &fuzz_hindex_configs[i], NULL) != EMBPS_OK)
       abort();
-    for (uint64_t step = 0; step < 90; step++) {
-      for (uint64_t k = 0; k < 12; k++) /* keys 1..40, a few hot; some padding */
-        keys[k] = (step * 7 + k * k * 3) % (k < 4 ? 5 : 41);
-      if (embps_hindex_step(ix, keys, step % 13 == 0 ? 1 : 12, slots, fresh, &nfresh) != EMBPS_OK)
-        abort();
-    }
+    fuzz_hindex_steps(ix, 0, 90);
     n = embps_hindex_encoded_bytes(ix);
     if (!(p = malloc(n)))
       abort();
@@ -609,6 +603,20 @@ static void hindex_seeds(void) {
     seed("fuzz_hindex", name, &sel, 1, p, n);
     free(p);
     embps_hindex_free(ix);
+    for (uint64_t to = FUZZ_HINDEX_DELTA_BASE; to <= 90;
+         to += to == FUZZ_HINDEX_DELTA_BASE ? 1 : 29) {
+      ix = fuzz_hindex_delta_base(i);
+      fuzz_hindex_steps(ix, FUZZ_HINDEX_DELTA_BASE, to);
+      n = embps_hindex_delta_bytes(ix);
+      if (!(p = malloc(n)))
+        abort();
+      embps_hindex_delta_encode(ix, p);
+      snprintf(name, sizeof(name), "delta%u_%u", (unsigned)i,
+               (unsigned)(to - FUZZ_HINDEX_DELTA_BASE));
+      seed("fuzz_hindex_delta", name, &sel, 1, p, n);
+      free(p);
+      embps_hindex_free(ix);
+    }
   }
 }
 

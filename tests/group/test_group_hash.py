@@ -9,10 +9,16 @@
   same seed and small keys give bitwise the same lookups and rows as a dense table of those rows.
 - Checkpoint, kill -9 of the whole group, restore onto another group size: the table continues
   bitwise like a group that never stopped, admission counts included.
+- Incremental checkpoints: tables of 1024 slots with eviction (and expiry) take a full checkpoint,
+  then incremental ones whose INDEX files are deltas (much smaller than the full index); a kill
+  -9 and a restore from the last one (through the chain) onto 4 and 1 ranks continues bitwise
+  like a group that never stopped, and so does a group restored from the full one into its own
+  directory that chains an incremental checkpoint onto it.
 
 The width is 256: whole 32-column row-statistics blocks on 1, 2, 4 and 8 ranks (the whole file
 runs in a few seconds on 2 cores, 8 ranks included)."""
 import os
+import shutil
 import struct
 import unittest
 
@@ -250,6 +256,152 @@ class RestoreTest(gl.TmpDirs, unittest.TestCase):
                                                 resp.path])
         self.assertNotEqual(code, 0)
         self.assertIn(path, out)
+
+
+CAP_INC, KEYS_INC = 1024, 10240
+TABLES_INC = {  # name: (spec's hash-keyed settings, optimizer and its settings)
+    "i_lru": (dict(admit_after=2), ("rowwise_adagrad", dict(lr=0.05))),
+    "i_lfu": (dict(eviction=pb.EVICTION_LFU, half_life_steps=4), ("adam", dict(lr=0.01))),
+    "i_ttl": (dict(eviction=pb.EVICTION_TTL, ttl_steps=6),
+              ("adagrad", dict(lr=0.05, init_acc=0.1))),
+}
+
+
+def script_inc(seed=17):
+    """Four phases of ops: A fills the tables (8 pushes of 512 keys, each key in two of them,
+    so admit_after 2 admits it, 1792 keys for 1024 slots: evictions); B and C (4 pushes each)
+    and D (8) push 32 Zipf-like keys of 10240 (new ones evict; in C, A's keys expire from the
+    ttl table), with lookups between."""
+    rng = np.random.default_rng(seed)
+    keys = np.array(sorted({int(v) for v in rng.integers(1, 1 << 63, size=2 * KEYS_INC,
+                                                          dtype=np.int64)})[:KEYS_INC],
+                    dtype=np.int64)
+    rng.shuffle(keys)
+    phases = [[("push", keys[256 * i:256 * i + 512],
+                rng.normal(size=(512, WIDTH)).astype(np.float32)) for i in range(8)]]
+    for steps in (4, 4, 8):
+        ops = []
+        for step in range(steps):
+            tokens = keys[np.minimum(rng.zipf(1.1, size=32), KEYS_INC) - 1]
+            tokens[step % 32] = 0
+            ops.append(("push", tokens, rng.normal(size=(32, WIDTH)).astype(np.float32)))
+            ops.append(("lookup", keys[np.minimum(rng.zipf(1.1, size=16), KEYS_INC) - 1]))
+        phases.append(ops)
+    return keys, phases
+
+
+def rows_of_all(client, name, keys):
+    """Every key's row, in batches of 512 (every group size splits them evenly)."""
+    toks = np.concatenate([[0], keys, np.zeros((-(len(keys) + 1)) % 512, dtype=np.int64)])
+    return b"".join(client.lookup_bytes(name, toks[i:i + 512]) for i in range(0, len(toks), 512))
+
+
+def index_file(path, name):
+    with open(os.path.join(path, "INDEX-" + name), "rb") as f:
+        return f.read()
+
+
+class IncrementalIndexTest(gl.TmpDirs, unittest.TestCase):
+    tmp_prefix = "embps-hash-inc-"
+
+    def check_continues(self, client, ref, keys, ops_from):
+        """The restored group answers the ops of phases ops_from.. as the reference did (bytes
+        compared with ==: assertEqual would diff megabytes when they differ)."""
+        for name in TABLES_INC:
+            answers = []
+            for ops in ops_from:
+                answers += run_ops(client, name, ops)
+            want = ref[name][0][-len(answers):]
+            differ = [i for i, (a, b) in enumerate(zip(answers, want)) if a != b]
+            self.assertFalse(differ, "%s: answers %s differ" % (name, differ[:10]))
+            self.assertTrue(rows_of_all(client, name, keys) == ref[name][1],
+                            "%s: final rows differ" % name)
+            self.assertEqual(stats(client, name)[:7], ref[name][2][:7], name)
+
+    def test_deltas_restore_through_the_chain_onto_other_sizes(self):
+        keys, phases = script_inc()
+        ref = {}
+        group = gl.Group(2)  # the reference: a group that never stopped
+        client = Client(group.addresses)
+        try:
+            for name, (settings, opt) in TABLES_INC.items():
+                create_hash(client, name, settings, opt, capacity=CAP_INC)
+                answers = [a for ops in phases for a in run_ops(client, name, ops)]
+                ref[name] = (answers, rows_of_all(client, name, keys), stats(client, name))
+        finally:
+            client.close()
+            group.close_checked(self)
+        s = {n: dict(zip(STAT_FIELDS, ref[n][2])) for n in TABLES_INC}
+        for n in TABLES_INC:  # the sequence exercises what it claims to
+            self.assertGreater(s[n]["keys_evicted"], 0, (n, s[n]))
+        self.assertGreater(s["i_ttl"]["keys_expired"], 0, s["i_ttl"])
+        self.assertGreater(s["i_lru"]["gradients_dropped"], 0, s["i_lru"])
+
+        d = self.tmpdir()
+        group = gl.Group(2, "--checkpoint-dir", d, "--checkpoint-full-every", "100",
+                         "--checkpoint-keep", "10")
+        client = Client(group.addresses)
+        paths = []
+        try:
+            for name, (settings, opt) in TABLES_INC.items():
+                create_hash(client, name, settings, opt, capacity=CAP_INC)
+            for ops in phases[:3]:  # A, full checkpoint, B, incremental, C, incremental
+                for name in TABLES_INC:
+                    run_ops(client, name, ops)
+                resp = client.stubs[0].Checkpoint(pb.CheckpointRequest(),
+                                                  timeout=gl.CALL_TIMEOUT)
+                paths.append(resp.path)
+            expired = dict(zip(STAT_FIELDS, stats(client, "i_ttl")))["keys_expired"]
+        finally:
+            client.close()
+            for p in group.procs:  # kill -9 of the whole group
+                p.kill()
+            group.close()
+        self.assertGreater(expired, 500)  # the last delta carries expiries
+        for name in TABLES_INC:
+            full = index_file(paths[0], name)
+            self.assertEqual(full[:8], b"EMBPSHIX", name)
+            for path in paths[1:]:
+                delta = index_file(path, name)
+                self.assertEqual(delta[:8], b"EMBPSHXD", (name, path))
+                # a few dozen keys changed of 1024 (20 bytes each; an expiry 4, as in the full
+                # index), and a few blocks of the sketch
+                self.assertLess(len(delta) * 4, len(full), (name, path, len(delta), len(full)))
+        for m in (4, 1):
+            with self.subTest(restored_on=m):
+                group = gl.Group(m, "--restore", paths[-1])
+                client = Client(group.addresses)
+                try:
+                    self.check_continues(client, ref, keys, phases[3:])
+                finally:
+                    client.close()
+                    group.close_checked(self)
+
+        # A group restored from the full checkpoint into its own directory chains an incremental
+        # checkpoint onto it (its index captured as decoded); restored from that, a group goes on.
+        d2 = self.tmpdir()
+        shutil.copytree(paths[0], os.path.join(d2, os.path.basename(paths[0])))
+        group = gl.Group(4, "--checkpoint-dir", d2, "--restore", "auto",
+                         "--checkpoint-full-every", "100")
+        client = Client(group.addresses)
+        try:
+            for name in TABLES_INC:
+                run_ops(client, name, phases[1])
+            resp = client.stubs[0].Checkpoint(pb.CheckpointRequest(), timeout=gl.CALL_TIMEOUT)
+        finally:
+            client.close()
+            for p in group.procs:
+                p.kill()
+            group.close()
+        for name in TABLES_INC:
+            self.assertEqual(index_file(resp.path, name)[:8], b"EMBPSHXD", name)
+        group = gl.Group(1, "--restore", resp.path)
+        client = Client(group.addresses)
+        try:
+            self.check_continues(client, ref, keys, phases[2:])
+        finally:
+            client.close()
+            group.close_checked(self)
 
 
 if __name__ == "__main__":
