@@ -179,10 +179,14 @@ class _Rank:
             self.channel = grpc.secure_channel(check_address(address), creds,
                                                options=_CHANNEL_OPTIONS + options)
         ch = self.channel
-        # The bulk calls take and return raw bytes (_wire.py); the rest protobuf messages.
+        # The bulk calls take and return raw bytes (_wire.py); the rest protobuf messages. The
+        # attribute names are the batches' kinds (_retry.Batch.kind), which send() calls.
         self.lookup = ch.unary_unary(_SERVICE + "Lookup")
         self.push = ch.unary_unary(_SERVICE + "PushGradients",
                                    response_deserializer=pb.PushGradientsResponse.FromString)
+        self.lookup_features = ch.unary_unary(_SERVICE + "LookupFeatures")
+        self.push_features = ch.unary_unary(
+            _SERVICE + "PushFeatures", response_deserializer=pb.PushFeaturesResponse.FromString)
         self.admin = {}
         for name, resp in (("CreateTable", pb.CreateTableResponse),
                            ("DropTable", pb.DropTableResponse),
