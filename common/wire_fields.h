@@ -86,7 +86,13 @@
   X(DROP_TABLE_REQUEST_NAME, embps__v1__drop_table_request, "embps.v1.DropTableRequest", "name",   \
     1, EMBPS_WIRE_LEN)                                                                             \
   X(CHECKPOINT_REQUEST_TABLE, embps__v1__checkpoint_request, "embps.v1.CheckpointRequest",         \
-    "table", 1, EMBPS_WIRE_LEN)
+    "table", 1, EMBPS_WIRE_LEN)                                                                    \
+  X(LOOKUP_FEATURES_REQUEST_FEATURES, embps__v1__lookup_features_request,                          \
+    "embps.v1.LookupFeaturesRequest", "features", 5, EMBPS_WIRE_LEN)                               \
+  X(PUSH_FEATURES_REQUEST_FEATURES, embps__v1__push_features_request,                              \
+    "embps.v1.PushFeaturesRequest", "features", 5, EMBPS_WIRE_LEN)                                 \
+  X(FEATURE_SHARD_TABLE, embps__v1__feature_shard, "embps.v1.FeatureShard", "table", 2,            \
+    EMBPS_WIRE_LEN)
 
 /** EMBPS_WIRE_<NAME>: each row's field number; EMBPS_WIRE_TYPE_<NAME>: its wire type. */
 #define EMBPS__WIRE_NUMBER(name, desc, msg, field, number, type) EMBPS_WIRE_##name = (number),

@@ -257,6 +257,32 @@ void embps_init_rows_cpu(void *table, embps_dtype_t dtype, size_t width, uint64_
 void embps_init_key_row_cpu(void *row, embps_dtype_t dtype, size_t width, uint64_t key,
                             uint64_t col_begin, uint64_t seed, float scale);
 
+/* ---- feature batches' bags ---------------------------------------------------------------- */
+
+/**
+ * Pools num_bags bags of a table slice (width columns of dtype) into f32 rows: out[k] = the sum,
+ * over the ids of bag k (lengths[k] of them, the bags one after the other in ids) that are not 0,
+ * of the id's row times weights[i] (NULL: no weights), in the bag's order, in f32; with mean set,
+ * divided by the bag's nonzero ids (a bag with none: zeros). An id's row is the slice's row
+ * rows[i] (a dense table passes its ids; a hash-keyed one its slots), or where rows[i] is -1 the
+ * initial row of key ids[i] (embps_init_key_row_cpu over columns [col_begin, col_begin + width)).
+ * tmp holds 2 x width floats of scratch.
+ */
+void embps_pool_bags_cpu(const void *table, embps_dtype_t dtype, size_t width, const int64_t *ids,
+                         const int64_t *rows, const float *weights, const uint32_t *lengths,
+                         size_t num_bags, int mean, float *out, float *tmp, uint64_t col_begin,
+                         uint64_t seed, float scale);
+
+/**
+ * Expands num_bags bag gradients g (num_bags x width f32) to their ids (lengths and ids as
+ * embps_pool_bags_cpu's): out's row i (width elements of dtype, one per id, bag after bag) is
+ * bag k's gradient times weights[i] (weights not NULL), or divided by the bag's nonzero ids
+ * (mean), or itself, rounded once to dtype; an id 0's row is zeros.
+ */
+void embps_expand_bags_cpu(const float *g, size_t width, const int64_t *ids, const float *weights,
+                           const uint32_t *lengths, size_t num_bags, int mean, embps_dtype_t dtype,
+                           void *out);
+
 /* ---- hash-keyed tables ------------------------------------------------------------------- */
 
 /**

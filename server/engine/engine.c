@@ -29,20 +29,6 @@
 #include "common/log.h"
 #include "server/engine/engine_ops.h"
 
-struct embps_engine {
-  embps_comm_t *comm;
-  embps_store_t *store;
-  const embps__engine_ops_t *ops;
-  embps__engine_backend_t *be;
-  /* Hash-keyed tables' host scratch, T entries each (grown as the batches grow): the unique keys
-   * of a push as the index takes them (hkeys), their slots (hslots), the slots a step
-   * (re)assigned (hfresh) and the same as two arrays for hash_reset (hfslot, hfkey). */
-  int64_t *hslots, *hfslot, *hfkey;
-  uint64_t *hkeys;
-  embps_hindex_fresh_t *hfresh;
-  size_t hcap;
-};
-
 /* Every call of the round goes through this: a failure jumps to `fail`, with ret and err
  * set (a callee that failed without a message gets one naming it). */
 #define STEP(call)                                                                                 \
@@ -239,6 +225,18 @@ static embps_status_t reserve(embps_engine_t *e, const embps__engine_shape_t *sh
   return EMBPS_OK;
 }
 
+static embps_status_t hash_reserve(embps_engine_t *e, const embps__engine_shape_t *sh,
+                                   embps_op_t *op, embps_error_t *err);
+
+embps_status_t embps__engine_reserve(embps_engine_t *e, const embps__engine_shape_t *sh,
+                                     embps_op_t *op, embps__engine_scratch_t *s,
+                                     embps_error_t *err) {
+  embps_status_t ret = reserve(e, sh, op, s, err);
+  if (ret != EMBPS_OK || op->error.status != EMBPS_OK || !sh->hashed)
+    return ret;
+  return hash_reserve(e, sh, op, err);
+}
+
 /* ---- hash-keyed tables ----------------------------------------------------------------------- */
 
 /* A hash-keyed table's keys are translated to slots where a dense table uses the token as the
@@ -346,9 +344,7 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
   uint8_t *out;
   embps_status_t ret;
 
-  if ((ret = reserve(e, sh, op, &s, err)) != EMBPS_OK || op->error.status != EMBPS_OK)
-    return ret;
-  if (hashed && ((ret = hash_reserve(e, sh, op, err)) != EMBPS_OK || op->error.status != EMBPS_OK))
+  if ((ret = embps__engine_reserve(e, sh, op, &s, err)) != EMBPS_OK || op->error.status != EMBPS_OK)
     return ret;
   STEP(ops->input(be, EMBPS__IN_TOKENS, op->tokens, n * sizeof(int64_t), &tokens, err));
   STEP(ops->input_wait(be, EMBPS__IN_TOKENS, err));
@@ -428,19 +424,38 @@ fail:
   return ret;
 }
 
-static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *sh, embps_op_t *op,
-                               embps_error_t *err) {
+/* A push's step on one table, in two halves around the exchange of the gradients: push_dedup
+ * deduplicates the batch's T tokens (backend memory; a hash-keyed table's in HASH_ORDER), and
+ * push_apply then sums the gradients (T x w of the table's dtype, this rank's columns, in the
+ * tokens' positions), gates, steps the index of a hash-keyed table, and updates. The results go
+ * to *res. run_push runs them for PushGradients, and the feature batches (features.c) for each
+ * table they push to. */
+embps_status_t embps__engine_push_dedup(embps_engine_t *e, const embps__engine_shape_t *sh,
+                                        embps_table_t *t, const embps__engine_scratch_t *s,
+                                        const void *tokens, embps_error_t *err) {
+  embps_status_t ret;
+  if (embps_table_hindex(t)) { /* keys in HASH_ORDER */
+    STEP(e->ops->hash_order(e->be, tokens, sh->T, s->keys, err));
+    tokens = s->keys;
+  }
+  STEP(e->ops->dedup(e->be, tokens, sh->T, err));
+  return EMBPS_OK;
+fail:
+  return ret;
+}
+
+embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_shape_t *sh,
+                                        embps_table_t *t, const embps__engine_scratch_t *sp,
+                                        const void *grads, embps__engine_step_t *res,
+                                        embps_error_t *err) {
   const embps__engine_ops_t *ops = e->ops;
   embps__engine_backend_t *be = e->be;
-  embps_table_t *t = op->table;
   const embps_table_config_t *c = embps_table_config(t);
   embps_table_counters_t *counters = embps_table_counters(t);
-  const uint32_t N = sh->group_size;
-  const size_t n = sh->n, T = sh->T, w = sh->w, W = sh->W, ds = sh->ds, block = n * w * ds;
+  const size_t T = sh->T, w = sh->w;
   const int rowwise = c->optimizer == EMBPS_OPTIMIZER_ROWWISE_ADAGRAD;
   const int hashed = embps_table_hindex(t) != NULL;
-  embps__engine_scratch_t s;
-  const void *tokens, *grads;
+  embps__engine_scratch_t s = *sp;
   const int64_t *unique, *rows;
   const float *ready;
   int64_t first_unique = -1;
@@ -451,35 +466,7 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   embps_opt_params_t p;
   embps_status_t ret;
 
-  if ((ret = reserve(e, sh, op, &s, err)) != EMBPS_OK || op->error.status != EMBPS_OK)
-    return ret;
-  if (hashed && ((ret = hash_reserve(e, sh, op, err)) != EMBPS_OK || op->error.status != EMBPS_OK))
-    return ret;
-  atomic_fetch_add_explicit(&counters->pushes, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&counters->rows_pushed, n, memory_order_relaxed);
-  /* The gradients (the bulk of the request) travel while the tokens are all-gathered and
-   * deduplicated, which need only the tokens. */
-  STEP(ops->input(be, EMBPS__IN_TOKENS, op->tokens, n * sizeof(int64_t), &tokens, err));
-  STEP(ops->input(be, EMBPS__IN_GRADS, op->grads, n * W * ds, &grads, err));
-  STEP(ops->input_wait(be, EMBPS__IN_TOKENS, err));
-  if (N > 1) {
-    STEP(embps_comm_all_gather(e->comm, tokens, n * sizeof(int64_t), s.all_tokens, err));
-    tokens = s.all_tokens;
-  }
-  if (hashed) { /* keys in HASH_ORDER */
-    STEP(ops->hash_order(be, tokens, T, s.keys, err));
-    tokens = s.keys;
-  }
-  STEP(ops->dedup(be, tokens, T, err));
-  STEP(ops->input_wait(be, EMBPS__IN_GRADS, err));
-  if (N > 1) {
-    /* Block r of the send buffer: columns [r*w, (r+1)*w) of this shard's n gradient rows. */
-    for (uint32_t r = 0; r < N && n > 0; r++)
-      STEP(ops->copy2d(be, (uint8_t *)s.send + r * block, w * ds,
-                       (const uint8_t *)grads + r * w * ds, W * ds, w * ds, n, err));
-    STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
-    grads = s.recv; /* T x w: every position's gradient for this rank's columns */
-  }
+  memset(res, 0, sizeof(*res));
   STEP(ops->unique(be, &U, &first_unique, &unique, err));
   /* Where the backend can, the row statistics are taken while each summed row is still in cache
    * (kernels/segment_sum_stats.c says what that saves). */
@@ -494,19 +481,18 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   m = U - first;
   g = s.summed + first * w;
   ready = ops->segment_sum_stats ? s.partials + first * sh->nb : NULL;
-  op->num_unique = m;
+  res->num_unique = m;
   atomic_fetch_add_explicit(&counters->unique_tokens, m, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
 
   STEP(row_figures(e, sh, &s, g, m, ready, &bad, &total, err));
   row_sumsq = s.row_sumsq;
   if (bad != 0) { /* the gate: one non-finite gradient anywhere skips the step */
-    op->skipped = 1;
+    res->skipped = 1;
     atomic_fetch_add_explicit(&counters->steps_skipped, 1, memory_order_relaxed);
-    STEP(ops->finish(be, err));
     return EMBPS_OK;
   }
-  op->grad_norm = sqrt(total);
+  res->grad_norm = sqrt(total);
   if (hashed) /* from here on, rows are the slots of the keys that keep a gradient */
     STEP(hash_step(e, sh, t, rows, &m, &g, &row_sumsq, &rows, err));
   if (c->weight_decay != 0.0f) {
@@ -520,10 +506,56 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   STEP(ops->update(be, t, rows, m, g, row_sumsq, &p, err));
   if (embps_table_dirty(t))
     STEP(ops->mark_dirty(be, t, rows, m, err));
+  res->applied = 1;
+  atomic_fetch_add_explicit(&counters->steps_applied, 1, memory_order_relaxed);
+  return EMBPS_OK;
+fail:
+  return ret;
+}
+
+static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *sh, embps_op_t *op,
+                               embps_error_t *err) {
+  const embps__engine_ops_t *ops = e->ops;
+  embps__engine_backend_t *be = e->be;
+  embps_table_t *t = op->table;
+  embps_table_counters_t *counters = embps_table_counters(t);
+  const uint32_t N = sh->group_size;
+  const size_t n = sh->n, w = sh->w, W = sh->W, ds = sh->ds, block = n * w * ds;
+  embps__engine_scratch_t s;
+  embps__engine_step_t res;
+  const void *tokens, *grads;
+  embps_status_t ret;
+
+  if ((ret = embps__engine_reserve(e, sh, op, &s, err)) != EMBPS_OK || op->error.status != EMBPS_OK)
+    return ret;
+  atomic_fetch_add_explicit(&counters->pushes, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&counters->rows_pushed, n, memory_order_relaxed);
+  /* The gradients (the bulk of the request) travel while the tokens are all-gathered and
+   * deduplicated, which need only the tokens. */
+  STEP(ops->input(be, EMBPS__IN_TOKENS, op->tokens, n * sizeof(int64_t), &tokens, err));
+  STEP(ops->input(be, EMBPS__IN_GRADS, op->grads, n * W * ds, &grads, err));
+  STEP(ops->input_wait(be, EMBPS__IN_TOKENS, err));
+  if (N > 1) {
+    STEP(embps_comm_all_gather(e->comm, tokens, n * sizeof(int64_t), s.all_tokens, err));
+    tokens = s.all_tokens;
+  }
+  STEP(embps__engine_push_dedup(e, sh, t, &s, tokens, err));
+  STEP(ops->input_wait(be, EMBPS__IN_GRADS, err));
+  if (N > 1) {
+    /* Block r of the send buffer: columns [r*w, (r+1)*w) of this shard's n gradient rows. */
+    for (uint32_t r = 0; r < N && n > 0; r++)
+      STEP(ops->copy2d(be, (uint8_t *)s.send + r * block, w * ds,
+                       (const uint8_t *)grads + r * w * ds, W * ds, w * ds, n, err));
+    STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
+    grads = s.recv; /* T x w: every position's gradient for this rank's columns */
+  }
+  STEP(embps__engine_push_apply(e, sh, t, &s, grads, &res, err));
+  op->num_unique = res.num_unique;
+  op->skipped = res.skipped;
+  op->grad_norm = res.grad_norm;
   /* A sync push answers after the update is applied. */
   STEP(ops->finish(be, err));
-  op->applied = 1;
-  atomic_fetch_add_explicit(&counters->steps_applied, 1, memory_order_relaxed);
+  op->applied = res.applied;
   return EMBPS_OK;
 fail:
   ops->abort(be);
@@ -572,6 +604,15 @@ embps_status_t embps_engine_run(embps_engine_t *e, embps_op_t *op, embps_error_t
     return run_drop(e, op, err);
   if (op->kind != EMBPS_OP_LOOKUP && op->kind != EMBPS_OP_PUSH)
     return embps_error_set(err, EMBPS_INTERNAL, "unknown op kind %d", (int)op->kind);
+  for (size_t f = 0; f < op->num_features; f++) /* a feature batch: each of its tables */
+    if (embps_table_dropped(op->features[f].table)) {
+      embps_error_set(&op->error, EMBPS_NOT_FOUND,
+                      "table '%s' was dropped before this batch ran (DropTable)",
+                      embps_table_config(op->features[f].table)->name);
+      return EMBPS_OK;
+    }
+  if (op->num_features > 0)
+    return embps__engine_run_features(e, op, err);
   /* Every rank's shard names the same table (the leader's sequencer compared their ids), and
    * every rank applied the drop at the same place in the round order: all fail it, or none. */
   if (embps_table_dropped(op->table)) {

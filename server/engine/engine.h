@@ -23,6 +23,37 @@
 
 typedef struct embps_op embps_op_t;
 
+/** How a feature's bags become rows (the wire's Pooling, same values). */
+typedef enum embps_pooling {
+  EMBPS_POOLING_NONE = 0,        /* one row per id, in the table's dtype */
+  EMBPS_POOLING_SUM = 1,         /* one f32 row per bag: the sum of its rows */
+  EMBPS_POOLING_MEAN = 2,        /* the sum over the bag's nonzero ids */
+  EMBPS_POOLING_WEIGHTED_SUM = 3 /* the sum of each row times its id's weight */
+} embps_pooling_t;
+
+/** One feature of a feature batch, as this rank's shard holds it (validated by the service:
+ * lengths add up to num_ids, weights only for weighted sum, the sizes of grads and rows_out).
+ * A bag is one sample's ids; id 0 contributes nothing to a pooled row. */
+typedef struct embps_feature {
+  embps_table_t *table;
+  embps_pooling_t pooling;
+  const int64_t *ids; /* num_ids: the shard's bags, bag after bag */
+  size_t num_ids;
+  const uint32_t *lengths; /* op->num_samples: each bag's ids */
+  const float *weights;    /* num_ids, weighted sum only; else NULL */
+  const void *grads;       /* push: pooled, num_samples x emb_width f32; none, num_ids x emb_width
+                              of the table's dtype */
+  void *rows_out;          /* lookup: the same shapes as grads */
+} embps_feature_t;
+
+/** One table's optimizer step in a feature batch's push. */
+typedef struct embps_table_step {
+  embps_table_t *table;
+  int applied, skipped;
+  double grad_norm;
+  uint64_t num_unique;
+} embps_table_step_t;
+
 /**
  * What one round entry computes on this rank: one rank's shard of a batch, or a table to create
  * or drop; its inputs and, once embps_engine_run returns, its results. Nothing here is about how
@@ -41,6 +72,14 @@ struct embps_op {
   size_t num_tokens;           /* the batch's tokens_per_batch / group_size */
   const void *grads;           /* push: num_tokens x emb_width of the table's dtype */
   void *rows_out;              /* lookup: num_tokens x emb_width of the table's dtype */
+  /* A feature batch (LookupFeatures, PushFeatures) when num_features > 0: then table is its
+   * first feature's, and tokens, num_tokens, grads and rows_out are unused. */
+  const embps_feature_t *features;
+  size_t num_features;
+  size_t num_samples;        /* this rank's samples (the batch's over group_size) */
+  embps_table_step_t *steps; /* push: room for num_features; filled with num_steps, one per
+                                table in the order the features first name it */
+  size_t num_steps;
 
   /* Results. */
   embps_error_t error;    /* status EMBPS_OK on success */

@@ -188,6 +188,50 @@ typedef struct embps__engine_ops {
   void (*abort)(embps__engine_backend_t *be);
 } embps__engine_ops_t;
 
+/* ---- the engine's own (engine.c, features.c) ---- */
+
+struct embps_engine {
+  embps_comm_t *comm;
+  embps_store_t *store;
+  const embps__engine_ops_t *ops;
+  embps__engine_backend_t *be;
+  /* Hash-keyed tables' host scratch, T entries each (grown as the batches grow): the unique keys
+   * of a push as the index takes them (hkeys), their slots (hslots), the slots a step
+   * (re)assigned (hfresh) and the same as two arrays for hash_reset (hfslot, hfkey). */
+  int64_t *hslots, *hfslot, *hfkey;
+  uint64_t *hkeys;
+  embps_hindex_fresh_t *hfresh;
+  size_t hcap;
+};
+
+/** One push step's results on one table. */
+typedef struct embps__engine_step {
+  int applied, skipped;
+  double grad_norm;
+  uint64_t num_unique;
+} embps__engine_step_t;
+
+/** Grows the scratch for sh (the backend's, and a hash-keyed table's host arrays when
+ * sh->hashed). A failure that only this rank's op suffers (a group of one) goes to op->error with
+ * EMBPS_OK returned; in a group it is returned (every rank must agree first). */
+embps_status_t embps__engine_reserve(embps_engine_t *e, const embps__engine_shape_t *sh,
+                                     embps_op_t *op, embps__engine_scratch_t *s,
+                                     embps_error_t *err);
+/** A push step's first half: deduplicates the sh->T tokens (backend memory) of table t. */
+embps_status_t embps__engine_push_dedup(embps_engine_t *e, const embps__engine_shape_t *sh,
+                                        embps_table_t *t, const embps__engine_scratch_t *s,
+                                        const void *tokens, embps_error_t *err);
+/** Its second half: the gradients (sh->T x sh->w of t's dtype, backend memory, this rank's
+ * columns, in the deduplicated tokens' positions) summed, gated, and applied to t; *res says how
+ * it went. Enqueues; the caller finishes (or aborts) the op. */
+embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_shape_t *sh,
+                                        embps_table_t *t, const embps__engine_scratch_t *s,
+                                        const void *grads, embps__engine_step_t *res,
+                                        embps_error_t *err);
+
+/** Runs a feature batch (op->num_features > 0; features.c). */
+embps_status_t embps__engine_run_features(embps_engine_t *e, embps_op_t *op, embps_error_t *err);
+
 /** Bytes of each of the table's arrays (data, state0, state1; 0 where it has none). */
 void embps__engine_table_sizes(const embps_table_t *t, size_t bytes[3]);
 

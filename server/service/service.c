@@ -40,6 +40,8 @@ const embps__svc_method_t embps__svc_methods[] = {
     {SERVICE_PREFIX "Checkpoint", EMBPS_AUTH_ADMIN, embps__svc_checkpoint},
     {SERVICE_PREFIX "PushGradients", EMBPS_AUTH_WORKER, embps__svc_push},
     {SERVICE_PREFIX "Lookup", EMBPS_AUTH_READER, embps__svc_lookup},
+    {SERVICE_PREFIX "PushFeatures", EMBPS_AUTH_WORKER, embps__svc_push_features},
+    {SERVICE_PREFIX "LookupFeatures", EMBPS_AUTH_READER, embps__svc_lookup_features},
     {SERVICE_PREFIX "ListTables", EMBPS_AUTH_READER, embps__svc_list_tables},
     {SERVICE_PREFIX "GetStats", EMBPS_AUTH_READER, embps__svc_stats},
     {SERVICE_PREFIX "ListCheckpoints", EMBPS_AUTH_READER, embps__svc_list_checkpoints},
@@ -113,6 +115,8 @@ static void request_free(embps__svc_request_t *r) {
     protobuf_c_message_free_unpacked(r->msg, &r->svc->pb);
   if (r->reply)
     embps__bufpool_put(r->reply);
+  if (r->extra_free)
+    r->extra_free(r->extra);
   embps_free(r->wire);
   embps_free(r);
 }

@@ -66,6 +66,8 @@ struct embps__svc_request {
   int streaming;     /* lookup: the reply began leaving as the engine fills it */
   int caller_gone;   /* lookup, push: its caller left before it was answered (the net's cancel
                         hook): what the group says of it later is nobody's news */
+  void *extra;       /* a handler's own, freed with the request by extra_free */
+  void (*extra_free)(void *extra);
 };
 
 /* ---- the method table ---- */
@@ -119,6 +121,10 @@ void embps__svc_lookup(embps_service_t *svc, embps_net_call_t *call, const uint8
                        uint8_t **owned);
 void embps__svc_push(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg, size_t len,
                      uint8_t **owned);
+void embps__svc_lookup_features(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
+                                size_t len, uint8_t **owned);
+void embps__svc_push_features(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
+                              size_t len, uint8_t **owned);
 void embps__svc_create_table(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
                              size_t len, uint8_t **owned);
 void embps__svc_drop_table(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,

@@ -1,0 +1,101 @@
+/* Feature batches' bags (docs/design.md, "Feature batches"): pooling a bag's rows into one f32
+ * row, and expanding a bag's gradient to its ids.
+ *
+ * Each output column is added in the bag's order, in f32, one multiply per weighted id (no FMA:
+ * this library is built with -ffp-contract=off), so a rank's columns of a pooled row are the same
+ * whichever rank computes them and however many ranks share the width. A mean divides the sum by
+ * the bag's nonzero ids, once per element; a bag of no nonzero ids pools to zeros. The
+ * expansion is the same arithmetic a worker that expanded its gradients itself would do:
+ * the bag's gradient times the id's weight, or over the bag's nonzero ids, rounded once to the
+ * table's dtype. */
+#include <string.h>
+
+#include "kernels/embps_kernels.h"
+
+/* The nonzero ids of a bag. */
+static uint32_t nonzero(const int64_t *ids, uint32_t n) {
+  uint32_t c = 0;
+  for (uint32_t i = 0; i < n; i++)
+    c += ids[i] != 0;
+  return c;
+}
+
+/* acc[j] += x[j] * wgt (weighted) or x[j], for row r of the table (or the key's initial row when
+ * r < 0), through tmp (2 x width floats). */
+static void add_row(float *restrict acc, const void *table, embps_dtype_t dtype, size_t width,
+                    int64_t r, uint64_t key, const float *weight, float *restrict tmp,
+                    uint64_t col_begin, uint64_t seed, float scale) {
+  const void *row = tmp + width;
+  const float *x;
+  if (r >= 0)
+    row = (const uint8_t *)table + (size_t)r * width * embps_dtype_size(dtype);
+  else /* in the table's dtype, as the key would read alone */
+    embps_init_key_row_cpu(tmp + width, dtype, width, key, col_begin, seed, scale);
+  if (dtype == EMBPS_DTYPE_BF16) {
+    const uint16_t *b = row;
+    for (size_t j = 0; j < width; j++)
+      tmp[j] = embps_bf16_to_f32(b[j]);
+    x = tmp;
+  } else {
+    x = row;
+  }
+  if (weight) {
+    const float wgt = *weight;
+    for (size_t j = 0; j < width; j++)
+      acc[j] += x[j] * wgt;
+  } else {
+    for (size_t j = 0; j < width; j++)
+      acc[j] += x[j];
+  }
+}
+
+void embps_pool_bags_cpu(const void *table, embps_dtype_t dtype, size_t width, const int64_t *ids,
+                         const int64_t *rows, const float *weights, const uint32_t *lengths,
+                         size_t num_bags, int mean, float *out, float *tmp, uint64_t col_begin,
+                         uint64_t seed, float scale) {
+  size_t at = 0;
+  for (size_t k = 0; k < num_bags; k++) {
+    float *restrict acc = out + k * width;
+    const uint32_t n = lengths[k];
+    memset(acc, 0, width * sizeof(float));
+    for (uint32_t i = 0; i < n; i++) {
+      const size_t p = at + i;
+      if (ids[p] == 0)
+        continue; /* padding */
+      add_row(acc, table, dtype, width, rows[p], (uint64_t)ids[p], weights ? &weights[p] : NULL,
+              tmp, col_begin, seed, scale);
+    }
+    if (mean) {
+      const uint32_t c = nonzero(ids + at, n);
+      for (size_t j = 0; c > 0 && j < width; j++)
+        acc[j] = acc[j] / (float)c;
+    }
+    at += n;
+  }
+}
+
+void embps_expand_bags_cpu(const float *g, size_t width, const int64_t *ids, const float *weights,
+                           const uint32_t *lengths, size_t num_bags, int mean, embps_dtype_t dtype,
+                           void *out) {
+  const size_t es = embps_dtype_size(dtype);
+  size_t at = 0;
+  for (size_t k = 0; k < num_bags; k++) {
+    const float *gk = g + k * width;
+    const uint32_t n = lengths[k];
+    const float c = mean ? (float)nonzero(ids + at, n) : 1.0f;
+    for (uint32_t i = 0; i < n; i++) {
+      const size_t p = at + i;
+      uint8_t *o = (uint8_t *)out + p * width * es;
+      for (size_t j = 0; j < width; j++) {
+        float v = ids[p] == 0 ? 0.0f : weights ? gk[j] * weights[p] : mean ? gk[j] / c : gk[j];
+        if (dtype == EMBPS_DTYPE_BF16) {
+          uint16_t b = embps_f32_to_bf16(v);
+          memcpy(o + j * 2, &b, 2);
+        } else {
+          memcpy(o + j * 4, &v, 4);
+        }
+      }
+    }
+    at += n;
+  }
+}
