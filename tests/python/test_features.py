@@ -38,7 +38,7 @@ import numpy as np
 import xxhash
 
 from testenv import embps, gl  # noqa: E402
-from embps import _features, _retry, _wire  # noqa: E402
+from embps import _features, _wire  # noqa: E402
 from embps._names import pb  # noqa: E402
 
 try:
@@ -53,8 +53,10 @@ _counter = iter(range(10 ** 6))
 
 
 def setUpModule():
+    # A shard a rank refuses leaves the others' shards to expire at the batch deadline: keep it
+    # short, so that the refusals below are answered in seconds.
     for n in SIZES:
-        GROUPS[n] = gl.Group(n)
+        GROUPS[n] = gl.Group(n, "--batch-deadline-ms", "3000")
 
 
 def tearDownModule():
@@ -481,6 +483,24 @@ class GroupBase:
         for name in feats:
             np.testing.assert_array_equal(got[name], again[name])
 
+    def test_weighted_ids_on_one_rank_only(self):
+        """A weighted_sum feature whose ids all sit in rank 0's samples: the other ranks' shards
+        carry no weights (empty on the wire) and must still take part in the weights'
+        all-gather (a group broke on it)."""
+        names = self.make_tables("w1")
+        feats = {"w": embps.Feature(names["d32"], [3, 4, 0], [3] + [0] * (self.N - 1),
+                                    weights=[0.5, -2.0, 7.0], pooling="weighted_sum"),
+                 "s": embps.Feature(names["d16"], [5] * self.N, pooling="sum")}
+        got = self.client.lookup_features(feats)
+        r = self.rows(names["d32"], [3, 4])
+        np.testing.assert_allclose(got["w"][0], 0.5 * r[0] - 2.0 * r[1], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got["w"][1:], 0)
+        res = self.client.push_features(feats, {"w": np.ones((self.N, self.WIDTH)),
+                                                "s": np.ones((self.N, self.WIDTH))})
+        self.assertTrue(res.applied, res)
+        self.assertEqual((res.step(names["d32"]).num_unique, res.step(names["d16"]).num_unique),
+                         (2, 1))
+
     # ---- pushes: bitwise the expanded token-by-token pushes ----
 
     def expanded(self, feats, grads, table, bf16):
@@ -488,7 +508,8 @@ class GroupBase:
         table: shard r holds, feature after feature, shard r's ids with their expanded
         gradients, padded with id 0 to equal shards."""
         n = self.N
-        samples = len(next(iter(feats.values())).lengths)
+        f0 = next(iter(feats.values()))
+        samples = len(f0.ids) if f0.lengths is None else len(f0.lengths)
         p = -(-samples // n) * n
         s = p // n
         shards = []
@@ -497,11 +518,18 @@ class GroupBase:
             for name, f in feats.items():
                 if f.table != table:
                     continue
-                ln = np.concatenate([f.lengths, np.zeros(p - samples, np.int64)])
-                off = np.concatenate([[0], np.cumsum(ln)])
-                a, b = off[r * s], off[(r + 1) * s]
-                ids = f.ids[a:b]
                 gr = grads[name]
+                if f.lengths is not None:
+                    ln = np.concatenate([f.lengths, np.zeros(p - samples, np.int64)])
+                    off = np.concatenate([[0], np.cumsum(ln)])
+                    a, b = off[r * s], off[(r + 1) * s]
+                    ids = f.ids[a:b]
+                if f.lengths is None:
+                    ln = np.concatenate([np.ones(samples, np.int64),
+                                         np.zeros(p - samples, np.int64)])
+                    off = np.concatenate([[0], np.cumsum(ln)])
+                    a, b = off[r * s], off[(r + 1) * s]
+                    ids = f.ids[a:b]
                 if f.pooling == "none":
                     rows = gr[a:b].astype(np.float32)
                 else:
@@ -832,6 +860,13 @@ class TorchTest(unittest.TestCase):
             self.client, {n: ({"a": a, "b": b}[t], p) for n, (t, p) in self.FEATURES.items()})
         model = DLRM(ebc, 4, self.W, seed=1)
         self.assertEqual(len(list(ebc.parameters())), 0)
+        calls = {"lookup_features": 0, "push_features": 0}
+        for m in calls:
+            def counted(*args, _m=m, _f=getattr(self.client, m), **kw):
+                calls[_m] += 1
+                return _f(*args, **kw)
+            setattr(self.client, m, counted)
+        self.addCleanup(lambda: [self.client.__dict__.pop(m, None) for m in list(calls)])
         lookups = self.table_counter(a, "lookups")
 
         def feed(sparse):
@@ -849,8 +884,10 @@ class TorchTest(unittest.TestCase):
         np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
         self.assertLess(np.mean(losses[-5:]), np.mean(losses[:5]))
         self.assertEqual(ebc.pushes, self.STEPS)
-        # one LookupFeatures per forward, on every rank, counted once per table it reads
-        self.assertEqual(self.table_counter(a, "lookups") - lookups, self.STEPS)
+        # one LookupFeatures per forward and one PushFeatures per backward, whatever the
+        # features (the servers count a lookup per feature that reads the table: two of a's)
+        self.assertEqual(calls, {"lookup_features": self.STEPS, "push_features": self.STEPS})
+        self.assertEqual(self.table_counter(a, "lookups") - lookups, 2 * self.STEPS)
         np.testing.assert_allclose(self.client.lookup(a, np.arange(self.ROWS_A)),
                                    ref_tabs["a"].detach().numpy(), rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(self.client.lookup(b, np.arange(self.ROWS_B)),
