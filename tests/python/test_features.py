@@ -2,8 +2,7 @@
 embps.torch.RemoteEmbeddingBagCollection (docs/design.md, "Feature batches"; docs/python.md).
 
 Offline (no server): the digest against bytes laid out here from the definition (hashed by the
-xxhash module, and by the xxhsum tool where it is installed) and against the C library's where
-it has one; the split by samples (shard r gets samples [r P/N, (r+1) P/N), P = B padded with
+xxhash module, and by the xxhsum tool where it is installed); the split by samples (shard r gets samples [r P/N, (r+1) P/N), P = B padded with
 empty bags), the encoded requests (parsed back with protobuf), a retry's attempt field, the
 joins of replies (padding samples dropped, bf16 rows converted) and every refusal made before
 sending, each naming the feature.
@@ -25,8 +24,6 @@ local reference with F.embedding_bag tables (padding_idx=0) and the same optimiz
 table, Adagrad for the other), one LookupFeatures and one PushFeatures per step; plus prefetch
 and async mode. The torch tests skip where torch is not importable.
 Run: /usr/bin/python3 tests/python/test_features.py (ctest -R python_test_features)."""
-import ctypes
-import os
 import shutil
 import struct
 import subprocess
@@ -332,20 +329,6 @@ class OfflineTest(unittest.TestCase):
                  "feature 'p': grads must be floating point")]:
             with self.assertRaisesRegex(exc, msg):
                 b.fit_grads(grads, infos, "push features")
-
-    def test_c_digest_when_built(self):
-        """The C library's feature digest, when common/digest.c has one (the server's side)."""
-        path = os.environ.get("EMBPS_DIGEST_LIB")
-        if not path:
-            self.skipTest("EMBPS_DIGEST_LIB is not set (ctest sets it)")
-        lib = ctypes.CDLL(path)
-        if not hasattr(lib, "embps_features_digest_bytes"):
-            self.skipTest("common/digest.c has no feature digest over a byte layout to call")
-        fn = lib.embps_features_digest_bytes
-        fn.restype = ctypes.c_uint64
-        for n, feats, p, lay in DIGEST_CASES:
-            data = layout(p, lay)
-            self.assertEqual(fn(data, ctypes.c_size_t(len(data))), xxh3(data))
 
 
 # ---- the references ---------------------------------------------------------------------------
