@@ -8,6 +8,9 @@
         res = c.push("items", tokens, grads)           # PushResult(applied, grad_norm, ...)
         fut = c.lookup_async("items", next_tokens)     # a concurrent.futures.Future
         rows = fut.result()
+        feats = {"hist": embps.Feature("items", ids, lengths, pooling="mean")}
+        pooled = c.lookup_features(feats)["hist"]     # (samples, 128), pooled on the servers
+        c.push_features(feats, {"hist": grad})        # one step per table
 
 Pure Python over stock grpcio, numpy and protobuf: the message classes are built at first import
 from proto/ (see embps/_stubs.py for where the .proto files and the cache are looked for).
@@ -15,10 +18,13 @@ Errors: embps.Error (a failed call: .code, a grpc.StatusCode, and the server's m
 embps.ShapeError (an Error and a ValueError: a batch or table that does not split over the
 group, refused before anything is sent, with the same words as the C client and the servers).
 """
+from ._features import Feature
 from .client import BatchFuture, Client, parse_servers
 from .errors import Error, ShapeError
-from .values import CheckpointInfo, Health, PushResult, RankStats, TableSpec, TableStats
+from .values import (CheckpointInfo, Health, PushFeaturesResult, PushResult, RankStats,
+                     TableSpec, TableStats, TableStep)
 
 __all__ = ["Client", "BatchFuture", "Error", "ShapeError", "TableSpec", "PushResult",
-           "RankStats", "TableStats", "Health", "CheckpointInfo", "parse_servers"]
+           "RankStats", "TableStats", "Health", "CheckpointInfo", "parse_servers", "Feature",
+           "PushFeaturesResult", "TableStep"]
 __version__ = "0.1.0"

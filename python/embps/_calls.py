@@ -45,7 +45,8 @@ class BatchFuture(concurrent.futures.Future):
     last one finishes (on a gRPC thread), so result(), exception(), done(),
     add_done_callback() and concurrent.futures.wait()/as_completed() behave as for any
     concurrent.futures.Future. result() raises embps.Error (the first failing rank's, in rank
-    order, a CANCELLED one only when no rank failed otherwise).
+    order, preferring a refusal to a deadline or an unavailable rank, and a CANCELLED one only
+    when no rank failed otherwise: GroupCalls.results).
 
     Retries happen here, not in result(): when an attempt fails in a way that is retried
     (_retry.py), the next one is started after its backoff by a timer thread, with the same
@@ -179,10 +180,14 @@ class _Rank:
             self.channel = grpc.secure_channel(check_address(address), creds,
                                                options=_CHANNEL_OPTIONS + options)
         ch = self.channel
-        # The bulk calls take and return raw bytes (_wire.py); the rest protobuf messages.
+        # The bulk calls take and return raw bytes (_wire.py); the rest protobuf messages. The
+        # attribute names are the batches' kinds (_retry.Batch.kind), which send() calls.
         self.lookup = ch.unary_unary(_SERVICE + "Lookup")
         self.push = ch.unary_unary(_SERVICE + "PushGradients",
                                    response_deserializer=pb.PushGradientsResponse.FromString)
+        self.lookup_features = ch.unary_unary(_SERVICE + "LookupFeatures")
+        self.push_features = ch.unary_unary(
+            _SERVICE + "PushFeatures", response_deserializer=pb.PushFeaturesResponse.FromString)
         self.admin = {}
         for name, resp in (("CreateTable", pb.CreateTableResponse),
                            ("DropTable", pb.DropTableResponse),
@@ -253,9 +258,12 @@ class GroupCalls:
 
     def results(self, calls, ranks=None):
         """The replies of finished per-rank calls. When any failed, raises the first failing
-        rank's Error (in rank order, skipping ranks that said CANCELLED when another rank failed
-        otherwise: the servers cancel a batch's other shards when one fails), with retryable
-        set from every failing rank's code (_retry.retryable)."""
+        rank's Error in rank order, preferring a refusal (a code that is not retried, nor
+        CANCELLED) to UNAVAILABLE, DEADLINE_EXCEEDED and CANCELLED: a rank that refuses its
+        shard (a token or feature it finds wrong) leaves the other ranks' shards to expire at
+        the batch deadline, and the servers cancel a batch's other shards when one fails, so the
+        refusal is what says why. retryable is set from every failing rank's code
+        (_retry.retryable)."""
         out = []
         errors = []
         for i, c in enumerate(calls):
@@ -270,7 +278,9 @@ class GroupCalls:
                                     address=self.addresses[r]))
         if not errors:
             return out
-        first = next((e for e in errors if e.code != grpc.StatusCode.CANCELLED), errors[0])
+        quiet = _retry.RETRYABLE | {grpc.StatusCode.CANCELLED}
+        first = next((e for e in errors if e.code not in quiet),
+                     next((e for e in errors if e.code != grpc.StatusCode.CANCELLED), errors[0]))
         first.retryable = _retry.retryable(e.code for e in errors)
         raise first
 

@@ -17,6 +17,7 @@ _OPT = pb.enum("embps.v1.OptimizerKind")
 _MODE = pb.enum("embps.v1.UpdateMode")
 _EVICTION = pb.enum("embps.v1.Eviction")
 _SERVING = pb.enum("grpc.health.v1.HealthCheckResponse.ServingStatus")
+_POOLING = pb.enum("embps.v1.Pooling")
 
 F32, BF16 = _DTYPE["DTYPE_F32"], _DTYPE["DTYPE_BF16"]
 if DTYPES != {F32: "f32", BF16: "bf16"} or any(
@@ -35,6 +36,10 @@ OPTIMIZER_NAMES = {"sgd": _OPT["OPTIMIZER_SGD"], "adagrad": _OPT["OPTIMIZER_ADAG
                    "default": _OPT["OPTIMIZER_UNSPECIFIED"]}
 EVICTION_NAMES = {"lru": _EVICTION["EVICTION_LRU"], "lfu": _EVICTION["EVICTION_LFU"],
                   "ttl": _EVICTION["EVICTION_TTL"], None: _EVICTION["EVICTION_UNSPECIFIED"]}
+# Feature batches' pooling modes (embps.Feature's pooling=), by the names the library takes.
+POOLING_NAMES = {"none": _POOLING["POOLING_NONE"], "sum": _POOLING["POOLING_SUM"],
+                 "mean": _POOLING["POOLING_MEAN"],
+                 "weighted_sum": _POOLING["POOLING_WEIGHTED_SUM"]}
 MODES = {"sync": _MODE["UPDATE_MODE_SYNC"], "async": _MODE["UPDATE_MODE_ASYNC"]}
 ITEMSIZE = {F32: 4, BF16: 2}
 NP_DTYPE = {F32: np.dtype("<f4"), BF16: np.dtype("<u2")}

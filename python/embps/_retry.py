@@ -125,11 +125,17 @@ class Attempts:
         return error
 
 
+_KIND_WORDS = {"lookup": "lookup", "push": "push", "lookup_features": "lookup features",
+               "push_features": "push features"}
+
+
 class Batch:
-    """One lookup or push as its attempts send it: kind ("lookup" or "push"), batch_id, the
-    first attempt's per-rank requests (bytes, from _batch.py), join(calls, attempts) which turns
-    an attempt's finished calls into the caller's value or raises its embps.Error, and schedule
-    (an Attempts). The sync path (Client.lookup, push) and BatchFuture both drive it."""
+    """One lookup or push as its attempts send it: kind ("lookup", "push", "lookup_features" or
+    "push_features": the _calls._Rank method it calls), batch_id, the first attempt's per-rank
+    requests (bytes, from _batch.py or _features.py), join(calls, attempts) which turns an
+    attempt's finished calls into the caller's value or raises its embps.Error, and schedule
+    (an Attempts). The sync path (Client.lookup, push, lookup_features, push_features) and
+    BatchFuture both drive it."""
 
     __slots__ = ("kind", "batch_id", "first", "joiner", "schedule")
 
@@ -146,5 +152,6 @@ class Batch:
         return self.joiner(calls, self.schedule.attempt + 1)
 
     def give_up(self, error):
-        return self.schedule.give_up(error, "%s batch %d" % (self.kind, self.batch_id),
-                                     self.kind == "push", self.batch_id)
+        return self.schedule.give_up(error, "%s batch %d" % (_KIND_WORDS[self.kind],
+                                                            self.batch_id),
+                                     self.kind.startswith("push"), self.batch_id)

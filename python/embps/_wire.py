@@ -16,7 +16,7 @@ from . import _stubs
 _VARINT, _FIXED64, _LEN, _FIXED32 = 0, 1, 2, 5
 # descriptor field types (google.protobuf.descriptor.FieldDescriptor.TYPE_*)
 _T_DOUBLE, _T_UINT64, _T_FIXED64, _T_BOOL, _T_STRING = 1, 4, 6, 8, 9
-_T_BYTES, _T_UINT32, _T_ENUM = 12, 13, 14
+_T_MESSAGE, _T_BYTES, _T_UINT32, _T_ENUM = 11, 12, 13, 14
 
 
 _FIXED64_LE = struct.Struct("<Q")
@@ -86,6 +86,81 @@ class _Keys:
 _LOOKUP_KEYS = _Keys(_LQ)
 _PUSH_KEYS = _Keys(_PQ)
 
+# ---- feature batches (LookupFeatures, PushFeatures) ----
+
+_FEATURE_BATCH_FIELDS = {"batch_id": _T_UINT64, "shard_index": _T_UINT32,
+                         "shard_count": _T_UINT32, "batch_size": _T_UINT32,
+                         "features": _T_MESSAGE, "client_id": _T_UINT64, "digest": _T_FIXED64,
+                         "attempt": _T_UINT32}
+_LFQ = _fields("embps.v1.LookupFeaturesRequest", _FEATURE_BATCH_FIELDS)
+_PFQ = _fields("embps.v1.PushFeaturesRequest", dict(_FEATURE_BATCH_FIELDS, mode=_T_ENUM))
+_FS = _fields("embps.v1.FeatureShard", {"name": _T_STRING, "table": _T_STRING,
+                                         "pooling": _T_ENUM, "ids": _T_BYTES,
+                                         "lengths": _T_BYTES, "weights": _T_BYTES,
+                                         "gradients": _T_BYTES})
+_LFR = _fields("embps.v1.LookupFeaturesResponse", {"batch_id": _T_UINT64,
+                                                   "shard_index": _T_UINT32,
+                                                   "features": _T_MESSAGE})
+_FR = _fields("embps.v1.FeatureRows", {"name": _T_STRING, "emb_width": _T_UINT32,
+                                        "dtype": _T_ENUM, "rows": _T_BYTES})
+if any(_LFQ[f] != _PFQ[f] for f in _LFQ):
+    raise ImportError("embps: LookupFeaturesRequest and PushFeaturesRequest number their common "
+                      "fields differently in proto/: update embps/_wire.py")
+
+_ATTEMPT_KEYS = {"lookup": _key(_LQ["attempt"], _VARINT), "push": _key(_PQ["attempt"], _VARINT),
+                 "lookup_features": _key(_LFQ["attempt"], _VARINT),
+                 "push_features": _key(_PFQ["attempt"], _VARINT)}
+
+
+def _len_field(number, nbytes):
+    """The key and length of a length-delimited field of nbytes bytes (the bytes follow)."""
+    return _key(number, _LEN) + varint(nbytes)
+
+
+def feature_shard(name_bytes, table_bytes, pooling, ids, lengths, weights=None, grads=None,
+                  grad_pad_bytes=0):
+    """One FeatureShard, encoded with its own key and length as field `features` of a
+    LookupFeaturesRequest or PushFeaturesRequest: a list of parts (bytes and the callers'
+    buffers, not copied) to join. ids: the shard's ids (int64 LE buffer); lengths: its samples'
+    bag lengths (u32 LE buffer); weights: None or f32 LE, one per id; grads: None (a lookup) or
+    the gradient rows' buffer, followed by grad_pad_bytes zero bytes (padding samples' rows)."""
+    ib, lb = memoryview(ids).nbytes, memoryview(lengths).nbytes
+    parts = [_len_field(_FS["name"], len(name_bytes)), name_bytes,
+             _len_field(_FS["table"], len(table_bytes)), table_bytes]
+    if pooling:
+        parts.append(_key(_FS["pooling"], _VARINT) + varint(pooling))
+    parts += [_len_field(_FS["ids"], ib), ids, _len_field(_FS["lengths"], lb), lengths]
+    if weights is not None:
+        parts += [_len_field(_FS["weights"], memoryview(weights).nbytes), weights]
+    if grads is not None:
+        gb = memoryview(grads).nbytes + grad_pad_bytes
+        parts += [_len_field(_FS["gradients"], gb), grads]
+        if grad_pad_bytes:
+            parts.append(bytes(grad_pad_bytes))
+    size = sum(memoryview(p).nbytes for p in parts)
+    return [_len_field(_LFQ["features"], size)] + parts
+
+
+def features_request(batch_id, shard_index, shard_count, batch_size, shards, client_id=0,
+                     digest=0, mode=None):
+    """A LookupFeaturesRequest's bytes (mode None) or a PushFeaturesRequest's (mode: the
+    UpdateMode number). shards: every feature's parts from feature_shard, in the request's
+    order. The attempt is 0 (not sent); see with_attempt for retries."""
+    k = _LFQ
+    parts = [_key(k["batch_id"], _VARINT), varint(batch_id),
+             _key(k["shard_index"], _VARINT), varint(shard_index),
+             _key(k["shard_count"], _VARINT), varint(shard_count),
+             _key(k["batch_size"], _VARINT), varint(batch_size)]
+    for s in shards:
+        parts += s
+    if client_id:
+        parts.append(_key(k["client_id"], _VARINT) + varint(client_id))
+    if digest:
+        parts.append(_key(k["digest"], _FIXED64) + _FIXED64_LE.pack(digest))
+    if mode:
+        parts.append(_key(_PFQ["mode"], _VARINT) + varint(mode))
+    return b"".join(parts)
+
 
 def table_field(name):
     """The encoded table name (field 1 with its length), the same for both request kinds."""
@@ -147,14 +222,15 @@ def push_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_bat
 
 
 def with_attempt(request, kind, attempt):
-    """request (a LookupRequest's or PushGradientsRequest's bytes from the functions above,
-    which never send an attempt) as attempt number `attempt` of the same batch: the field is
-    appended (protobuf reads fields in any order), so everything else, the batch id and the
-    digest included, stays byte for byte the first attempt's. kind: "lookup" or "push"."""
+    """request (a LookupRequest's, PushGradientsRequest's, LookupFeaturesRequest's or
+    PushFeaturesRequest's bytes from the functions here, which never send an attempt) as
+    attempt number `attempt` of the same batch: the field is appended (protobuf reads fields in
+    any order), so everything else, the batch id and the digest included, stays byte for byte
+    the first attempt's. kind: "lookup", "push", "lookup_features" or "push_features"."""
     if not attempt:
         return request
-    k = _LOOKUP_KEYS if kind == "lookup" else _PUSH_KEYS
-    return b"".join((request, k.attempt, varint(attempt)))
+    key = _ATTEMPT_KEYS[kind]
+    return b"".join((request, key, varint(attempt)))
 
 
 def _read_varint(buf, i, end):
@@ -213,3 +289,60 @@ def parse_lookup_response(buf):
             raise WireError("a field runs past the end of the message")
     return batch_id, shard_index, emb_width, dtype, rows
 
+
+
+def _walk(buf, start, end):
+    """(number, value) of every field of the message in buf[start:end]: varints as ints,
+    length-delimited fields as (start, end) of their bytes; fixed fields are skipped. Raises
+    WireError."""
+    i = start
+    while i < end:
+        key, i = _read_varint(buf, i, end)
+        number, wt = key >> 3, key & 7
+        if wt == _VARINT:
+            v, i = _read_varint(buf, i, end)
+            yield number, v
+        elif wt == _LEN:
+            n, i = _read_varint(buf, i, end)
+            if i + n > end:
+                raise WireError("a field of %d bytes runs past the end of the message" % n)
+            yield number, (i, i + n)
+            i += n
+        elif wt == _FIXED64:
+            i += 8
+        elif wt == _FIXED32:
+            i += 4
+        else:
+            raise WireError("wire type %d" % wt)
+        if i > end:
+            raise WireError("a field runs past the end of the message")
+
+
+def parse_lookup_features_response(buf):
+    """(batch_id, shard_index, [(name, emb_width, dtype, rows)]) of a LookupFeaturesResponse's
+    bytes, features in the reply's order; rows are memoryviews into buf. Unknown fields are
+    skipped. Raises WireError."""
+    mv = memoryview(buf)
+    batch_id = shard_index = 0
+    features = []
+    for number, v in _walk(mv, 0, len(mv)):
+        if number == _LFR["batch_id"] and isinstance(v, int):
+            batch_id = v
+        elif number == _LFR["shard_index"] and isinstance(v, int):
+            shard_index = v
+        elif number == _LFR["features"] and isinstance(v, tuple):
+            name, width, dtype, rows = "", 0, 0, mv[0:0]
+            for n2, v2 in _walk(mv, v[0], v[1]):
+                if n2 == _FR["name"] and isinstance(v2, tuple):
+                    try:
+                        name = bytes(mv[v2[0]:v2[1]]).decode()
+                    except UnicodeDecodeError:
+                        raise WireError("a feature's name is not UTF-8") from None
+                elif n2 == _FR["emb_width"] and isinstance(v2, int):
+                    width = v2
+                elif n2 == _FR["dtype"] and isinstance(v2, int):
+                    dtype = v2
+                elif n2 == _FR["rows"] and isinstance(v2, tuple):
+                    rows = mv[v2[0]:v2[1]]
+            features.append((name, width, dtype, rows))
+    return batch_id, shard_index, features

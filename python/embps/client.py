@@ -19,7 +19,8 @@ bulk messages are encoded and decoded by hand (_wire.py) to avoid protobuf's cop
 
 The other modules of the package, by concern: _connect.py (addresses, tokens, TLS), _calls.py
 (channels, calls, BatchFuture), _batch.py (splitting, padding, joining), _admin.py (tables,
-stats, health, checkpoints), errors.py, values.py (what the calls return).
+stats, health, checkpoints), _features.py (feature batches: lookup_features, push_features,
+split by samples and pooled on the servers), errors.py, values.py (what the calls return).
 
 Attempts and retries (_retry.py): every shard of a lookup or push carries the batch's digest
 (_digest.py) and its attempt number (0 first). A batch that fails with UNAVAILABLE or
@@ -38,12 +39,12 @@ import time
 
 import grpc
 
-from . import _arrays, _batch, _digest, _malloc, _retry
+from . import _arrays, _batch, _digest, _features, _malloc, _retry
 from ._admin import TableAdmin
 from ._calls import BatchFuture, GroupCalls
 from ._connect import parse_servers, read_token, tls_credentials
 from ._names import MODES, pb
-from .errors import Error
+from .errors import Error, ShapeError
 
 
 class Client(TableAdmin):
@@ -305,3 +306,101 @@ class Client(TableAdmin):
         errors are raised here, before anything is sent; tokens and grads may be reused as soon
         as this returns (the requests hold copies)."""
         return self._future(self._push_batch(table, tokens, grads, mode))
+
+    # -- feature batches --
+
+    def _features_batch(self, features, what):
+        return _features.Batch(features, what, self.group_size, self.padding, self._is_keyed)
+
+    def _lookup_features_batch(self, features):
+        fb = self._features_batch(features, "lookup features")
+        bid = self._next_batch_id()
+        reqs = fb.lookup_requests(bid, self.client_id)
+
+        def join(calls, _attempts):
+            return fb.join_lookup(bid, self._calls.results(calls), self._calls.internal,
+                                  self._tables)
+        return _retry.Batch("lookup_features", bid, reqs, join, self._schedule())
+
+    def lookup_features(self, features):
+        """Looks up a batch of sparse features in one call per rank, pooled on the servers
+        (docs/design.md, "Feature batches"); returns {name: rows} in the features' order.
+
+        features: a dict of name -> embps.Feature(table, ids, lengths=None, weights=None,
+        pooling="none"), every feature holding one bag per sample (B samples). A pooled feature
+        ("sum", "mean", "weighted_sum") gives a (B, emb_width) float32 array, row i sample i's
+        bag pooled (bf16 tables too); pooling "none" gives (len(ids), emb_width) float32 rows,
+        one per id, as lookup does. Id 0 is padding: it reads zeros, adds nothing to a bag and
+        does not count in a mean; an empty bag pools to zeros.
+
+        The batch is split by samples: B/N per rank (padding=True pads B to a multiple of N
+        with empty bags, dropped from the result). Retried on UNAVAILABLE and DEADLINE_EXCEEDED
+        (max_attempts, within timeout), as lookup.
+
+        Raises ShapeError (B does not split over the group; lengths, weights or grads of the
+        wrong size), TypeError or ValueError (ids that are not integers, a dense table's
+        negative id, an unknown pooling, weights beside a pooling other than weighted_sum),
+        each naming the feature, before anything is sent; embps.Error (NOT_FOUND: a table the
+        group lacks; INVALID_ARGUMENT: an id out of a dense table's rows; UNAVAILABLE, ...),
+        the servers' message naming the feature."""
+        return self._run(self._lookup_features_batch(features))
+
+    def lookup_features_async(self, features):
+        """lookup_features() started without waiting: returns a BatchFuture whose result() is
+        the {name: rows} dict. Argument errors are raised here, before anything is sent; the
+        features' arrays may be reused at once (the requests hold copies)."""
+        return self._future(self._lookup_features_batch(features))
+
+    def _push_features_batch(self, features, grads, mode):
+        what = "push features"
+        if mode not in MODES:
+            raise ValueError("%s: mode %r is neither sync nor async" % (what, mode))
+        fb = self._features_batch(features, what)
+        sched = self._schedule()
+        tables = fb.tables()
+        infos = {t: self._push_table_info(t, sched) for t in tables}
+        try:
+            g = fb.fit_grads(grads, infos, what)
+        except ShapeError:  # a table may have been made anew with another width: ask again
+            for t in tables:
+                self._tables.pop(t, None)
+            infos = {t: self._push_table_info(t, sched) for t in tables}
+            g = fb.fit_grads(grads, infos, what)
+        bid = self._next_batch_id()
+        reqs = fb.push_requests(bid, self.client_id, g, MODES[mode])
+
+        def join(calls, attempts):
+            try:
+                replies = self._calls.results(calls)
+            except Error as e:
+                if not e.retryable:  # the tables may have changed: ask again next time
+                    for t in tables:
+                        self._tables.pop(t, None)
+                raise
+            return _features.join_push(bid, replies, self._calls.internal, attempts)
+        return _retry.Batch("push_features", bid, reqs, join, sched)
+
+    def push_features(self, features, grads, mode="sync"):
+        """Pushes the gradients of a feature batch (the features given to lookup_features) in
+        one call per rank; returns a PushFeaturesResult with one TableStep per table.
+
+        grads: a dict of feature name -> gradient rows, one entry per feature: a pooled
+        feature's (B, emb_width) float rows, one per sample (sent as f32), which the servers
+        expand to the bag's ids (times the id's weight for weighted_sum, divided by the bag's
+        nonzero ids for mean; padding ids get none); pooling "none"'s (len(ids), emb_width),
+        one per id, as push takes them (rounded to bf16 for a bf16 table; uint16 arrays are
+        bf16 bits). Every feature of a table joins one optimizer step of that table, gated
+        alone: bitwise one push of the expanded gradients per table. mode: "sync" (steps
+        applied, with each table's applied/skipped, grad_norm, num_unique) or "async" (ordered).
+
+        Retried as push is, with the same batch id and digest: applied at most once (a retry of
+        one the group applied answers replayed, with no steps). Raises as lookup_features does,
+        and ShapeError for grads of the wrong shape, naming the feature; a refused push changes
+        nothing on any table."""
+        return self._run(self._push_features_batch(features, grads, mode))
+
+    def push_features_async(self, features, grads, mode="sync"):
+        """push_features() started without waiting: returns a BatchFuture whose result() is
+        the PushFeaturesResult. Argument errors are raised here, before anything is sent; the
+        arrays may be reused as soon as this returns (the requests hold copies)."""
+        return self._future(self._push_features_batch(features, grads, mode))

@@ -59,6 +59,17 @@ def tokens_per_batch_error(tokens_per_batch, group_size):
                       remedy + ", or create the embps.Client with padding=True")
 
 
+def batch_size_error(batch_size, group_size):
+    """docs/design.md's sample split of a feature batch ("Feature batches"), as the servers word
+    it: B samples that do not split over the group."""
+    padded = padded_tokens(batch_size, group_size)
+    remedy = ("pad the batch to %d samples (a multiple of %d) with empty bags"
+              % (padded, group_size))
+    return ShapeError("batch_size=%d does not shard evenly over the %d-rank communicator: %s"
+                      % (batch_size, group_size, remedy),
+                      remedy + ", or create the embps.Client with padding=True")
+
+
 def emb_width_error(emb_width, group_size):
     """DESIGN.md's "D % N != 0" error, as common/shape.c words it."""
     remedy = "choose an emb_width that is a multiple of %d, or change the mesh" % group_size

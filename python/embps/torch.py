@@ -59,6 +59,14 @@ Overlap the caller controls:
     backward for the servers to apply the step (last_push holds the reply: applied, skipped,
     grad_norm, num_unique).
 
+Many features in one call: RemoteEmbeddingBagCollection(client, {"user": "users", "hist":
+("items", "mean"), ...}) takes a whole step's sparse features (a dict of ids, (values, lengths)
+or 2-D bags, or keys/values/lengths as TorchRec's KeyedJaggedTensor holds them) and returns a
+dict of pooled (or, with pooling "none", per-id) rows: one Client.lookup_features per forward,
+pooled on the servers before the exchange, and one Client.push_features per backward, whose
+pooled gradients the servers expand to the bags' ids. prefetch(), mode="async", max_pending
+and flush() work as RemoteEmbedding's.
+
 Threads: one module per training thread; the client may be shared.
 """
 import collections
@@ -68,7 +76,10 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["RemoteEmbedding"]
+from ._features import Feature
+from ._names import POOLING_NAMES
+
+__all__ = ["RemoteEmbedding", "RemoteEmbeddingBagCollection"]
 
 _MODES = ("sync", "async")
 _POOLINGS = (None, "sum", "mean")
@@ -396,3 +407,348 @@ class RemoteEmbedding(nn.Module):
                     first = e
         if first is not None:
             raise first
+
+
+# ---- many features, one call: RemoteEmbeddingBagCollection ----------------------------------
+
+class _Step:
+    """One forward's batch as the servers see it: the feature names in order, the
+    embps.Features sent (B padded to the group size with empty bags), the caller's samples B,
+    the padded count P, and the canonical input (to match a prefetch)."""
+    __slots__ = ("names", "features", "samples", "padded", "canon")
+
+    def __init__(self, names, features, samples, padded, canon):
+        self.names, self.features = names, features
+        self.samples, self.padded, self.canon = samples, padded, canon
+
+
+class _RemoteBags(torch.autograd.Function):
+    """A feature batch's outputs as differentiable tensors, one per feature, from one lookup
+    (forward only wraps its rows, numpy arrays, on device); backward pushes the gradients of
+    the outputs that got one, in one push_features. anchor: as _RemoteRows'."""
+
+    @staticmethod
+    def forward(ctx, anchor, module, step, rows, device):
+        ctx.module, ctx.step = module, step
+        ctx.set_materialize_grads(False)
+        outs = [torch.from_numpy(r) for r in rows]
+        return tuple(o if device.type == "cpu" else o.to(device) for o in outs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        ctx.module._push(ctx.step, grads)
+        return None, None, None, None, None
+
+
+def _flat_array(x, what, dtype):
+    """x (tensor, array or sequence) as a 1-D numpy copy of dtype (a copy: the caller may reuse
+    its tensor before backward)."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to("cpu")
+        if dtype == np.int64:
+            if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
+                raise TypeError("%s must be integers (a LongTensor), not %s" % (what, x.dtype))
+            x = x.long()
+        else:
+            x = x.to(torch.float32)
+        a = x.numpy()
+    else:
+        a = np.asarray(x)
+        if a.size == 0 and not isinstance(x, np.ndarray):
+            a = a.astype(dtype)
+        if dtype == np.int64 and a.dtype.kind not in "iu":
+            raise TypeError("%s must be integers, not %s" % (what, a.dtype))
+    if a.ndim != 1:
+        raise ValueError("%s must be 1-D, not shape %s" % (what, tuple(a.shape)))
+    return np.array(a, dtype=dtype, copy=True)
+
+
+class RemoteEmbeddingBagCollection(nn.Module):
+    """Many sparse features over embps tables as one nn.Module: one LookupFeatures call per
+    forward, pooled on the servers, and one PushFeatures per backward (TorchRec's
+    EmbeddingBagCollection, remote).
+
+    client: an embps.Client. features: a dict of feature name -> table name (pooled with
+    `pooling`), or -> (table, pooling), pooling one of "sum", "mean", "weighted_sum", "none".
+    Several features may share a table (a repeated id then gets one summed gradient and one
+    optimizer step per backward). mode, max_pending, device, requires_grad: as RemoteEmbedding's
+    (the tables' optimizers are the servers', chosen by create_table; the module has no
+    parameters).
+
+    forward(features) with features a dict of name -> ids, where ids is a 1-D tensor (one id per
+    sample), a 2-D (B, L) tensor (one bag of L ids per sample; id 0 pads), or a tuple (values,
+    lengths) or (values, lengths, weights) of a jagged feature; or forward(keys=, values=,
+    lengths=, weights=None) as TorchRec's KeyedJaggedTensor holds them (lengths key-major: B per
+    key), or forward(kjt) with any object that has keys(), values(), lengths() and
+    weights_or_none(). Every feature given must hold B samples; a subset of the module's features
+    may be given. Returns {name: tensor}: (B, emb_width) float32 for a pooled feature, (ids,
+    emb_width) for pooling "none", on the module's device. weighted_sum's weights are constants
+    (no gradient flows to them: the pooling happens on the servers). The batch is padded to the
+    group size with empty bags, so any B works.
+
+    prefetch(features) (the same arguments) starts a later forward's lookup, as
+    RemoteEmbedding.prefetch: a forward whose features are equal (names, ids, lengths, weights)
+    uses it. backward pushes the gradients of the outputs that took part in the loss (a
+    feature whose output did not is left out of the push, as an unused nn.EmbeddingBag gets no
+    gradient). Counters: pushes, steps_skipped (pushes in which some table's step was
+    skipped), prefetch_hits, prefetch_misses, pending; last_push holds the last
+    PushFeaturesResult awaited.
+
+    Raises ValueError (a bad features config, mode, max_pending), embps.Error (a table the
+    group lacks)."""
+
+    def __init__(self, client, features, *, pooling="sum", mode="sync", max_pending=1,
+                 device=None, requires_grad=True):
+        super().__init__()
+        if mode not in _MODES:
+            raise ValueError("RemoteEmbeddingBagCollection: mode %r is neither sync nor async"
+                             % (mode,))
+        if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 0:
+            raise ValueError("RemoteEmbeddingBagCollection: max_pending must be an int >= 0, "
+                             "not %r" % (max_pending,))
+        if not isinstance(features, dict) or not features:
+            raise ValueError("RemoteEmbeddingBagCollection: features must be a non-empty dict "
+                             "of feature name -> table name or (table, pooling)")
+        self.client = client
+        self.features = {}
+        for name, cfg in features.items():
+            table, pool = (cfg, pooling) if isinstance(cfg, str) else tuple(cfg)
+            if not isinstance(name, str) or not name:
+                raise ValueError("RemoteEmbeddingBagCollection: feature name %r is not a "
+                                 "non-empty str" % (name,))
+            if pool not in POOLING_NAMES:
+                raise ValueError("RemoteEmbeddingBagCollection: feature '%s': pooling %r is "
+                                 "not one of 'none', 'sum', 'mean', 'weighted_sum'"
+                                 % (name, pool))
+            self.features[name] = (table, pool)
+        self.specs = {t: client.table(t) for t in dict.fromkeys(t for t, _ in
+                                                                  self.features.values())}
+        self.mode = mode
+        self.max_pending = max_pending
+        self.requires_grad = bool(requires_grad)
+        self.register_buffer("_device_anchor", torch.empty(0, dtype=torch.uint8,
+                                                           device="cpu" if device is None
+                                                           else device),
+                             persistent=False)
+        self._lock = threading.Lock()
+        self._pending = collections.deque()
+        self._prefetched = collections.deque()
+        self.last_push = None
+        self.pushes = 0
+        self.steps_skipped = 0
+        self.prefetch_hits = 0
+        self.prefetch_misses = 0
+
+    # -- nn.Module --
+
+    @property
+    def device(self):
+        """Where outputs are put."""
+        return self._device_anchor.device
+
+    def requires_grad_(self, requires_grad=True):
+        """requires_grad_(False) freezes the tables: no push. Returns self."""
+        self.requires_grad = bool(requires_grad)
+        return super().requires_grad_(requires_grad)
+
+    def extra_repr(self):
+        return "features={%s}, mode=%r" % (
+            ", ".join("%r: (%r, %r)" % (n, t, p) for n, (t, p) in self.features.items()),
+            self.mode)
+
+    # -- the batch --
+
+    def _canonical(self, features, keys, values, lengths, weights):
+        """{name: (ids, lengths, weights or None)} as int64/int64/float32 numpy copies, in the
+        input's order, and the number of samples B."""
+        if features is not None and (keys is not None or values is not None
+                                     or lengths is not None or weights is not None):
+            raise ValueError("RemoteEmbeddingBagCollection: pass features, or keys, values and "
+                             "lengths, not both")
+        if features is not None and not isinstance(features, dict) and hasattr(
+                features, "keys") and hasattr(features, "values") and hasattr(features,
+                                                                                "lengths"):
+            kjt = features  # a KeyedJaggedTensor, duck-typed
+            features = None
+            keys, values, lengths = list(kjt.keys()), kjt.values(), kjt.lengths()
+            weights = kjt.weights_or_none() if hasattr(kjt, "weights_or_none") else None
+        out = {}
+        if features is None:
+            if keys is None or values is None or lengths is None:
+                raise ValueError("RemoteEmbeddingBagCollection: give features (a dict), or "
+                                 "keys, values and lengths")
+            keys = list(keys)
+            vals = _flat_array(values, "values", np.int64)
+            lens = _flat_array(lengths, "lengths", np.int64)
+            wts = None if weights is None else _flat_array(weights, "weights", np.float32)
+            if not keys or len(lens) % len(keys):
+                raise ValueError("RemoteEmbeddingBagCollection: %d lengths for %d keys: "
+                                 "lengths holds B per key, key after key"
+                                 % (len(lens), len(keys)))
+            b = len(lens) // len(keys)
+            if int(lens.sum()) != len(vals) or (lens < 0).any():
+                raise ValueError("RemoteEmbeddingBagCollection: lengths add up to %d values, "
+                                 "values holds %d" % (int(lens.sum()), len(vals)))
+            if wts is not None and len(wts) != len(vals):
+                raise ValueError("RemoteEmbeddingBagCollection: %d weights for %d values: give "
+                                 "one weight per value" % (len(wts), len(vals)))
+            start = 0
+            for k, name in enumerate(keys):
+                ln = lens[k * b:(k + 1) * b]
+                end = start + int(ln.sum())
+                w = None
+                if wts is not None and self._pooling(name) == "weighted_sum":
+                    w = wts[start:end]
+                out[name] = (vals[start:end], ln, w)
+                start = end
+            return out, b
+        if not isinstance(features, dict) or not features:
+            raise ValueError("RemoteEmbeddingBagCollection: features must be a non-empty dict "
+                             "of feature name -> ids")
+        b = None
+        for name, x in features.items():
+            self._pooling(name)
+            what = "feature '%s'" % name
+            w = None
+            if isinstance(x, (tuple, list)) and len(x) in (2, 3) and not np.isscalar(x[0]):
+                ids = _flat_array(x[0], what + ": values", np.int64)
+                ln = _flat_array(x[1], what + ": lengths", np.int64)
+                if len(x) == 3 and x[2] is not None:
+                    w = _flat_array(x[2], what + ": weights", np.float32)
+            else:
+                t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+                if t.dim() == 2:
+                    ln = np.full(t.shape[0], t.shape[1], np.int64)
+                    ids = _flat_array(t.reshape(-1), what, np.int64)
+                elif t.dim() == 1:
+                    ids = _flat_array(t, what, np.int64)
+                    ln = np.ones(len(ids), np.int64)
+                else:
+                    raise ValueError("RemoteEmbeddingBagCollection: %s: ids must be 1-D (one "
+                                     "per sample) or 2-D (a bag per row), not shape %s"
+                                     % (what, tuple(t.shape)))
+            if b is None:
+                b = len(ln)
+            elif len(ln) != b:
+                raise ValueError("RemoteEmbeddingBagCollection: %s has %d samples, the "
+                                 "features before it %d" % (what, len(ln), b))
+            out[name] = (ids, ln, w)
+        return out, b
+
+    def _pooling(self, name):
+        if name not in self.features:
+            raise ValueError("RemoteEmbeddingBagCollection: '%s' is not a feature of this "
+                             "module (%s)" % (name, ", ".join(self.features)))
+        return self.features[name][1]
+
+    def _step(self, canon, samples):
+        """The _Step of a canonical batch: B padded to the group size with empty bags."""
+        n = self.client.group_size
+        padded = -(-samples // n) * n
+        feats = {}
+        for name, (ids, ln, w) in canon.items():
+            table, pool = self.features[name]
+            if padded != samples:
+                ln = np.concatenate([ln, np.zeros(padded - samples, np.int64)])
+            if pool == "weighted_sum" and w is None:
+                raise ValueError("RemoteEmbeddingBagCollection: feature '%s' pools "
+                                 "weighted_sum and needs weights, one per id" % name)
+            feats[name] = Feature(table, ids, ln, w if pool == "weighted_sum" else None,
+                                        pool)
+        return _Step(list(canon), feats, samples, padded, canon)
+
+    @staticmethod
+    def _same(a, b):
+        if list(a) != list(b):
+            return False
+        for name in a:
+            for x, y in zip(a[name], b[name]):
+                if (x is None) != (y is None) or (x is not None and not np.array_equal(x, y)):
+                    return False
+        return True
+
+    def prefetch(self, features=None, *, keys=None, values=None, lengths=None, weights=None):
+        """Starts the lookup of a later forward's features (the same arguments as forward) and
+        returns at once; see RemoteEmbedding.prefetch for what it sees."""
+        canon, b = self._canonical(features, keys, values, lengths, weights)
+        step = self._step(canon, b)
+        future = self.client.lookup_features_async(step.features)
+        with self._lock:
+            self._prefetched.append((step, future))
+            while len(self._prefetched) > _MAX_PREFETCHED:
+                self._prefetched.popleft()
+
+    def _take_prefetched(self, canon):
+        with self._lock:
+            if not self._prefetched:
+                return None
+            for i, (step, future) in enumerate(self._prefetched):
+                if self._same(step.canon, canon):
+                    for _ in range(i + 1):
+                        self._prefetched.popleft()
+                    self.prefetch_hits += 1
+                    return step, future
+            self._prefetched.clear()
+            self.prefetch_misses += 1
+            return None
+
+    def forward(self, features=None, *, keys=None, values=None, lengths=None, weights=None):
+        """{name: tensor} of the features given (see the class). Raises TypeError, ValueError
+        (inputs that do not fit), embps.ShapeError or embps.Error (from the client, naming the
+        feature)."""
+        canon, b = self._canonical(features, keys, values, lengths, weights)
+        got = self._take_prefetched(canon)
+        if got is not None:
+            step, future = got
+            rows = future.result()
+        else:
+            step = self._step(canon, b)
+            rows = self.client.lookup_features(step.features)
+        arrays = []
+        for name in step.names:
+            r = rows[name]
+            arrays.append(r[:b] if self.features[name][1] != "none" else r)
+        device = self.device
+        if self.requires_grad and self.training and torch.is_grad_enabled():
+            anchor = torch.empty(0, requires_grad=True)
+            outs = _RemoteBags.apply(anchor, self, step, arrays, device)
+        else:
+            outs = [torch.from_numpy(a) for a in arrays]
+            if device.type != "cpu":
+                outs = [o.to(device) for o in outs]
+        return dict(zip(step.names, outs))
+
+    # -- pushes --
+
+    def _push(self, step, grads):
+        """Pushes the gradients of the outputs that got one (from backward)."""
+        feats, g = {}, {}
+        for name, grad in zip(step.names, grads):
+            if grad is None:
+                continue
+            a = grad.detach().to("cpu", torch.float32).numpy()
+            if self.features[name][1] != "none" and step.padded != step.samples:
+                a = np.concatenate([a, np.zeros((step.padded - step.samples, a.shape[1]),
+                                                np.float32)])
+            feats[name], g[name] = step.features[name], a
+        if not feats:
+            return
+        if self.mode == "sync":
+            res = self.client.push_features(feats, g, mode="sync")
+            self.last_push = res
+            self.pushes += 1
+            self.steps_skipped += bool(res.skipped)
+            return
+        future = self.client.push_features_async(feats, g, mode="async")
+        due = []
+        with self._lock:
+            self.pushes += 1
+            self._pending.append(future)
+            while len(self._pending) > self.max_pending:
+                due.append(self._pending.popleft())
+        for f in due:
+            self.last_push = f.result()
+
+    pending = RemoteEmbedding.pending
+    flush = RemoteEmbedding.flush

@@ -78,6 +78,50 @@ class PushResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class TableStep:
+    """One table's optimizer step in a push_features: every feature of the table contributed
+    its gradients (expanded to its ids) to this one step, gated alone (docs/design.md, "Feature
+    batches"). applied, skipped, grad_norm, num_unique: as PushResult's, for this table."""
+    table: str
+    applied: bool
+    skipped: bool
+    grad_norm: float
+    num_unique: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PushFeaturesResult:
+    """A push_features reply, joined over the ranks.
+
+    steps: one TableStep per table the push touched, in the order the request first names
+    them (sync only: empty for an async push, which says ordered, and for a replayed one).
+    ordered: an async push was ordered (every later lookup sees it). replayed: an earlier
+    attempt of this batch had been applied; nothing was applied again (the group keeps no
+    per-table result for it, so steps is empty). batch_id, attempts: as PushResult's.
+    applied: every table's step was applied (sync); skipped: some table's step was skipped (a
+    non-finite gradient gated it). step(table): that table's TableStep (KeyError if none)."""
+    steps: Tuple[TableStep, ...]
+    ordered: bool
+    replayed: bool
+    batch_id: int
+    attempts: int = 1
+
+    @property
+    def applied(self):
+        return bool(self.steps) and all(s.applied for s in self.steps)
+
+    @property
+    def skipped(self):
+        return any(s.skipped for s in self.steps)
+
+    def step(self, table):
+        for s in self.steps:
+            if s.table == table:
+                return s
+        raise KeyError(table)
+
+
+@dataclasses.dataclass(frozen=True)
 class TableStats:
     """One table's counters on one rank. A hash-keyed table's (all 0 for a dense one): capacity
     (slots), keys (stored now), and since its creation keys_admitted, keys_evicted, keys_expired

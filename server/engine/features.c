@@ -107,7 +107,8 @@ static embps_status_t gather_shards(embps_engine_t *e, const embps_op_t *op, gat
     mine[f] = (int64_t)op->features[f].num_ids;
     for (size_t b = 0; b < S; b++)
       mine[F + f * S + b] = op->features[f].lengths[b];
-    weighted |= op->features[f].weights != NULL;
+    /* by the pooling, the same on every rank: a shard without ids carries no weights */
+    weighted |= op->features[f].pooling == EMBPS_POOLING_WEIGHTED_SUM;
   }
   TRY(embps_comm_all_gather(e->comm, mine, per * sizeof(int64_t), g->meta, err));
   for (uint32_t r = 0; r < g->N; r++) {

@@ -8,7 +8,8 @@ is then applied by the group, and the client cannot know it): rank 1's, rank 0's
 made with push_async, whose future retries on its own. Each cut push must come back OK after a
 second attempt with replayed=True and the first attempt's grad_norm and num_unique, and at the
 end the two tables must be equal bit for bit: every push applied exactly once. A lookup cut
-the same way is retried transparently and returns the rows a direct lookup returns.
+the same way is retried transparently and returns the rows a direct lookup returns. The same for
+push_features and lookup_features (feature batches).
 
 Needs the servers' retry window (server/group/rounds.c answering a retried push from it).
 """
@@ -127,6 +128,50 @@ class CutGroupTest(unittest.TestCase):
             self.assertTrue(np.array_equal(bits(fut.result(timeout=60)), bits(want)))
             self.assertEqual(fut.attempts, 2)
             self.assertEqual(p.cuts, cuts + 2)
+
+    def test_push_features_applied_once(self):
+        """push_features and lookup_features retry through the same attempts: a cut push
+        comes back replayed after a second attempt (with no steps: the group keeps none for a
+        feature batch), and the tables end bitwise as the direct client's."""
+        self.make("fref")
+        self.make("fcut")
+        self.cut.lookup("fcut", np.array([1, 2]))  # the cut client knows the table
+        lengths = [5, 0, 10, 3, 7, 5]  # 6 samples, 30 ids, an empty bag
+
+        def features(table, rng):
+            ids = rng.integers(0, ROWS, 30)
+            return {"a": embps.Feature(table, ids, lengths, pooling="mean"),
+                    "b": embps.Feature(table, ids[::-1].copy(), lengths, pooling="sum")}
+        for step, rank in enumerate((None, 1, None, 0)):
+            rng = np.random.default_rng(3000 + step)
+            grads = {k: rng.standard_normal((6, WIDTH)).astype(np.float32) for k in "ab"}
+            want = self.direct.push_features(features("fref", np.random.default_rng(step)),
+                                             grads)
+            self.assertEqual(len(want.steps), 1)
+            if rank is not None:
+                self.proxies[rank].cut_next_reply()
+            got = self.cut.push_features(features("fcut", np.random.default_rng(step)), grads)
+            what = "step %d (cut rank %s): %s" % (step, rank, got)
+            if rank is None:
+                self.assertEqual(got.attempts, 1, what)
+                self.assertEqual((got.steps[0].grad_norm, got.steps[0].num_unique),
+                                 (want.steps[0].grad_norm, want.steps[0].num_unique), what)
+            else:
+                self.assertEqual(got.attempts, 2, what)
+                self.assertTrue(got.replayed, what)
+        all_tokens = np.arange(ROWS)
+        self.assertTrue(np.array_equal(bits(self.direct.lookup("fref", all_tokens)),
+                                       bits(self.direct.lookup("fcut", all_tokens))),
+                        "a cut feature push was applied other than once")
+        feats = features("fref", np.random.default_rng(9))
+        want = self.direct.lookup_features(feats)
+        for rank in (0, 1):
+            retries = self.cut.retries
+            self.proxies[rank].cut_next_reply()
+            got = self.cut.lookup_features(feats)
+            self.assertEqual(self.cut.retries, retries + 1)
+            for k in want:
+                self.assertTrue(np.array_equal(bits(got[k]), bits(want[k])), k)
 
     def test_torch_backward_through_cut(self):
         """embps.torch needs nothing of its own: a backward whose push is cut is retried by the
