@@ -186,18 +186,19 @@ embps_status_t embps_bf16_to_f32_cuda(const uint16_t *in, size_t n, float *out,
 
 /* ---- feature batches' bags --------------------------------------------------------------- */
 
-/** embps_pool_bags_cpu on the device (every array device memory; no tmp): the same f32 bits,
- * each output column summed in position order with the same operations. Returns EMBPS_OK,
- * EMBPS_INVALID_ARGUMENT (dtype, NULL arrays, num_bags beyond the grid), EMBPS_INTERNAL. */
+/** embps_pool_bags_cpu on the device (every array device memory, weights NULL for none; no
+ * tmp): the same f32 bits, each output column summed in position order with the same
+ * operations. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype, NULL arrays, a table not aligned
+ * to its elements, num_bags beyond the grid), EMBPS_INTERNAL. */
 embps_status_t embps_pool_bags_cuda(const void *table, embps_dtype_t dtype, size_t width,
                                     const int64_t *ids, const int64_t *rows, const float *weights,
                                     const int64_t *offsets, size_t num_bags, int mean, float *out,
                                     uint64_t col_begin, uint64_t seed, float scale,
                                     cudaStream_t stream);
 
-/** embps_expand_bags_cpu on the device (every array device memory): the same bits. Returns
- * EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype, NULL arrays, num_bags beyond the grid),
- * EMBPS_INTERNAL. */
+/** embps_expand_bags_cpu on the device (every array device memory, weights NULL for none): the
+ * same bits. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype, NULL arrays, out not aligned to
+ * its elements, num_bags beyond the grid), EMBPS_INTERNAL. */
 embps_status_t embps_expand_bags_cuda(const float *g, size_t width, const int64_t *ids,
                                       const float *weights, const int64_t *offsets, size_t num_bags,
                                       int mean, embps_dtype_t dtype, void *out,

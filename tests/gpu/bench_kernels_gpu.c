@@ -19,7 +19,12 @@
  *      + u x 4 read + written (accumulators) + u x (8 + 4) read (row ids, row sums of squares);
  *    - segment sum of f32 batch gradients into the deduped rows (embps_segment_sum_cuda, the
  *      push path's reduction; no target), counted as n x width x 4 read + u x width x 4
- *      written (the grouping arrays are not counted).
+ *      written (the grouping arrays are not counted);
+ *    - the feature batches' sum pooling of the batch as bags of BAG tokens
+ *      (embps_pool_bags_cuda, "pool"), counted as n x width x dtype read from the table +
+ *      n / BAG x width x 4 written, and the expansion of the pooled rows back to the tokens
+ *      (embps_expand_bags_cuda, "xbags"), counted as n / BAG x width x 4 read + n x width x
+ *      dtype written (ids and offsets not counted; no target).
  * and prints a short table last: op, width, dtype, GB/s, % of the copy bandwidth, against the
  * target of >= 70% of copy bandwidth at width 128.
  *
@@ -50,6 +55,7 @@
 #define SEED UINT64_C(20261202)
 #define TARGET_PCT 70.0
 #define INIT_SCALE 0.05f
+#define BAG 16 /* tokens per bag in the pooling and expansion */
 
 static cudaStream_t stream;
 static int warmups = 3, reps = 15;
@@ -62,7 +68,7 @@ typedef struct result {
   double ms, bytes;          /* bytes moved per run (0: not a bandwidth op) */
 } result_t;
 
-static result_t results[32];
+static result_t results[48];
 static int num_results;
 static double copy_gbs;
 
@@ -252,6 +258,9 @@ typedef struct ctx {
   int64_t *no_slots; /* n slots of -1: every key reads its initial row */
   float *grad, *row_sumsq, *accum;
   embps_opt_params_t p;
+  int64_t *bag_offsets; /* num_bags + 1: bag k is tokens [k * BAG, (k + 1) * BAG) */
+  size_t num_bags;
+  float *pooled; /* num_bags x width */
 } ctx_t;
 
 static void op_copy(void *v) {
@@ -295,6 +304,21 @@ static void op_segsum(void *v) {
   ctx_t *c = v;
   STATUS_OK(embps_segment_sum_cuda(c->out, EMBPS_DTYPE_F32, c->width, c->sorted_pos, c->seg_offsets,
                                    c->u, c->grad, stream));
+}
+
+/* Sum pooling of the batch's tokens (rows = ids: a dense table) as bags of BAG, and the
+ * expansion of the pooled rows back to the tokens. */
+static void op_pool(void *v) {
+  ctx_t *c = v;
+  STATUS_OK(embps_pool_bags_cuda(c->table, c->dtype, c->width, c->tokens, c->tokens, NULL,
+                                 c->bag_offsets, c->num_bags, 0, c->pooled, 0, SEED, INIT_SCALE,
+                                 stream));
+}
+
+static void op_expand_bags(void *v) {
+  ctx_t *c = v;
+  STATUS_OK(embps_expand_bags_cuda(c->pooled, c->width, c->tokens, NULL, c->bag_offsets,
+                                   c->num_bags, 0, c->dtype, c->out, stream));
 }
 
 static void *dev_alloc(size_t bytes) {
@@ -393,6 +417,40 @@ static int check_gathered(const ctx_t *c, const int64_t *h_tokens, const char *o
   return bad != 0;
 }
 
+/* One pooling (op_pool) of the fresh table and one expansion (op_expand_bags) of its result,
+ * checked on the first bags against the CPU references bit for bit (the rows of a fresh table
+ * are the initializer's). Returns 0 when equal. */
+static int check_bags(ctx_t *c, const int64_t *h_tokens) {
+  enum { K = 4 };
+  const size_t es = embps_dtype_size(c->dtype), w = c->width, rb = w * es;
+  unsigned char *tab = host_alloc(K * BAG * rb), *xw = host_alloc(K * BAG * rb);
+  unsigned char *xg = host_alloc(K * BAG * rb);
+  float *pw = host_alloc(K * w * sizeof(float)), *pg = host_alloc(K * w * sizeof(float));
+  float *tmp = host_alloc(2 * w * sizeof(float));
+  int64_t rows[K * BAG], offsets[K + 1];
+  for (size_t i = 0; i < K * BAG; i++) {
+    embps_init_key_row_cpu(tab + i * rb, c->dtype, w, (uint64_t)h_tokens[i], 0, SEED, INIT_SCALE);
+    rows[i] = (int64_t)i;
+  }
+  for (size_t k = 0; k <= K; k++)
+    offsets[k] = (int64_t)(k * BAG);
+  embps_pool_bags_cpu(tab, c->dtype, w, h_tokens, rows, NULL, offsets, K, 0, pw, tmp, 0, SEED,
+                      INIT_SCALE);
+  embps_expand_bags_cpu(pw, w, h_tokens, NULL, offsets, K, 0, c->dtype, xw);
+  op_pool(c);
+  op_expand_bags(c);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(pg, c->pooled, K * w * sizeof(float), cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(xg, c->out, K * BAG * rb, cudaMemcpyDeviceToHost));
+  const int bad_pool = memcmp(pw, pg, K * w * sizeof(float)) != 0;
+  const int bad_expand = memcmp(xw, xg, K * BAG * rb) != 0;
+  if (bad_pool || bad_expand)
+    fprintf(stderr, "FAIL: %s width %zu %s: the first %d bags differ from the CPU\n",
+            bad_pool ? "pool" : "xbags", w, embps_dtype_name(c->dtype), K);
+  free(tab), free(xw), free(xg), free(pw), free(pg), free(tmp);
+  return bad_pool || bad_expand;
+}
+
 static int run_width(size_t width, size_t base_rows, double rows_scale) {
   const size_t n = BATCH;
   size_t rows = (size_t)((double)base_rows * rows_scale);
@@ -407,6 +465,7 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
   /* Everything but the table and its accumulators: gather output and grads sized for f32 and
    * for u = n (the worst case), the dedup arrays, its workspace, row sums; plus 1 GiB spare. */
   const size_t fixed = 2 * n * width * sizeof(float) + 2 * n * sizeof(int64_t) +
+                       (n / BAG) * (width * sizeof(float) + sizeof(int64_t)) +
                        4 * n * sizeof(uint32_t) + 64 + ws_bytes + n * sizeof(float) +
                        ((size_t)1 << 30);
   const size_t per_row = width * sizeof(float) + sizeof(float); /* f32 row + accumulator */
@@ -457,6 +516,17 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
   c.no_slots = dev_alloc(n * sizeof(int64_t));
   CUDA_OK(cudaMemsetAsync(c.no_slots, 0xff, n * sizeof(int64_t), stream)); /* every slot -1 */
   CUDA_OK(cudaMemcpyAsync(c.tokens, h_tokens, n * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
+  c.num_bags = n / BAG;
+  c.pooled = dev_alloc(c.num_bags * width * sizeof(float));
+  c.bag_offsets = dev_alloc((c.num_bags + 1) * sizeof(int64_t));
+  {
+    int64_t *h_off = host_alloc((c.num_bags + 1) * sizeof(int64_t));
+    for (size_t k = 0; k <= c.num_bags; k++)
+      h_off[k] = (int64_t)(k * BAG);
+    CUDA_OK(cudaMemcpy(c.bag_offsets, h_off, (c.num_bags + 1) * sizeof(int64_t),
+                       cudaMemcpyHostToDevice));
+    free(h_off);
+  }
 
   /* Dedup (independent of width and dtype, timed once per batch). */
   double ms = time_op(op_dedup, &c);
@@ -518,6 +588,16 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
                  h == 0 ? 2.0 * (double)n * (double)width * (double)es : 0.0);
     }
 
+    /* The bags, before the update changes the table. */
+    if (check_bags(&c, h_tokens))
+      return 1;
+    ms = time_op(op_pool, &c);
+    add_result("pool", width, dn, rows, n, ms,
+               (double)n * (double)width * (double)es + (double)c.num_bags * (double)width * 4.0);
+    ms = time_op(op_expand_bags, &c);
+    add_result("xbags", width, dn, rows, n, ms,
+               (double)c.num_bags * (double)width * 4.0 + (double)n * (double)width * (double)es);
+
     if (check_update(&c))
       return 1;
     ms = time_op(op_update, &c);
@@ -533,7 +613,7 @@ static int run_width(size_t width, size_t base_rows, double rows_scale) {
 
   void *bufs[] = {c.table,      c.accum,       c.tokens,     c.unique, c.seg_ids,
                   c.sorted_pos, c.seg_offsets, c.num_unique, c.ws,     c.out,
-                  c.grad,       c.row_sumsq,   c.no_slots};
+                  c.grad,       c.row_sumsq,   c.no_slots,   c.pooled, c.bag_offsets};
   for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
     CUDA_OK(cudaFree(bufs[i]));
   free(h_tokens);
@@ -633,7 +713,11 @@ int main(int argc, char **argv) {
          "  update: u*w*e*2 (weights read+write) + u*w*4 (f32 grads read) + u*4*2 (accumulators "
          "read+write) + u*(8+4) (row ids, row sums of squares read)\n"
          "  segsum: n*w*4 (f32 batch grads read) + u*w*4 (sums written); no target\n"
-         "  dedup:  no byte count; tokens/s\n");
+         "  pool:   n*w*e read from the table + (n/B)*w*4 written (bags of B = %d; ids, offsets "
+         "not counted); no target\n"
+         "  xbags:  (n/B)*w*4 read + n*w*e written (the pooled rows expanded); no target\n"
+         "  dedup:  no byte count; tokens/s\n",
+         BAG);
 
   printf("\n== summary (%s; target: gather and update >= %.0f%% of copy bandwidth at width "
          "128)\n",

@@ -19,7 +19,8 @@
 #              and CLI (health, create-table, lookup, push, lookup, stats, bench); SKIP while the
 #              server has no CUDA backend
 #   bench      bench_kernels_gpu $EMBPS_BENCH_FLAGS (copy ceiling, dedup, gather, rowwise
-#              Adagrad at widths 128 and 1024, f32 and bf16, and f32 segment sum)
+#              Adagrad, bag pooling and expansion at widths 128 and 1024, f32 and bf16, and f32
+#              segment sum)
 # and prints a summary last: PASS/FAIL/SKIP per step, then the benchmark's and e2e's numbers.
 # Device: $EMBPS_GPU_DEVICE, a number (default 0); the server gets --device cuda:N. Exit status: 0 when no step failed (SKIPs are fine), else 1.
 # Where $OUT is set (the device tool's output folder), the full log, the summary, the build log,

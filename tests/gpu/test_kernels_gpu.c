@@ -3,11 +3,12 @@
  * Every launcher runs on random inputs drawn from a fresh seed (printed; EMBPS_TEST_SEED=<n>
  * replays a run) for f32 and bf16 storage, widths 1, 7, 128 and 1024 and batches of 0, 1
  * and 4099 tokens with Zipf-like duplication and padding tokens (the hash-keyed tables' kernels
- * with 64-bit keys of every kind and about half the slots -1), and its output must equal
- * the CPU's bit for bit (row stats' total, summed in a different order, within 1e-12
- * relative, and bit for bit between two GPU runs). Every device output is filled with 0xFF
- * before the kernel runs and every host output likewise, so an element the kernel forgot to
- * write, or wrote where it must not, shows up as a mismatch.
+ * with 64-bit keys of every kind and about half the slots -1; the bags' pooling and expansion
+ * with bags of those tokens, every mode, empty and padding-only bags and a third of the ids
+ * absent hash keys), and its output must equal the CPU's bit for bit (row stats' total, summed
+ * in a different order, within 1e-12 relative, and bit for bit between two GPU runs). Every
+ * device output is filled with 0xFF before the kernel runs and every host output likewise, so
+ * an element the kernel forgot to write, or wrote where it must not, shows up as a mismatch.
  *
  * Without a visible CUDA device the program prints one "SKIP: ..." line and exits with 77,
  * which ctest reports as skipped (SKIP_RETURN_CODE). */
@@ -495,6 +496,113 @@ static void check_hash(const config_t *c, rng_t *r) {
   dev_free(d_ord), dev_free(d_rslots), dev_free(d_keys), dev_free(d_slots), dev_free(d_table);
 }
 
+/* ---- feature batches' bags ----------------------------------------------------------------- */
+
+/* The batch's n positions as bags after `lead` positions in no bag: lengths 0 to 12, one bag of
+ * 300 now and then (UNROLL's tail and long chains), a bag of padding only, three empty bags when
+ * n is 0. Position p's id is a Zipf token read from its row (rows[p] = id, 0 being padding), or
+ * for about a third an absent hash key (a 64-bit key, rows[p] = -1; key 0 is padding too).
+ * Returns the bags (at most 2n + 3); offsets holds num_bags + 1 entries. */
+static size_t make_bags(const zipf_t *z, rng_t *r, size_t n, size_t lead, int64_t *ids,
+                        int64_t *rows, float *weights, int64_t *offsets) {
+  size_t p = lead, k = 0, empties = 0;
+  for (size_t i = 0; i < n; i++) {
+    const int absent = next_u64(r) % 3 == 0;
+    ids[i] = absent ? hash_key(r, i) : zipf_token(z, r);
+    rows[i] = absent ? -1 : ids[i];
+    weights[i] = next_float(r, -2.0f, 2.0f);
+  }
+  if (n == 0) {
+    for (k = 0; k < 3; k++)
+      offsets[k] = (int64_t)lead;
+    offsets[3] = (int64_t)lead;
+    return 3;
+  }
+  while (p < n) {
+    size_t len = k % 40 == 17 ? 300 : next_u64(r) % 13;
+    if (len == 0 && empties++ >= n + 2) /* at most 2n + 3 bags in all */
+      len = 1;
+    if (len > n - p)
+      len = n - p;
+    if (k == 3) /* padding only */
+      for (size_t i = p; i < p + len; i++)
+        ids[i] = 0;
+    offsets[k++] = (int64_t)p;
+    p += len;
+  }
+  offsets[k] = (int64_t)n;
+  return k;
+}
+
+/* Pooling (sum, weighted sum, mean, weighted mean) into an aligned output and one offset by a
+ * float (the element-wise path), then the expansion of random bag gradients into an aligned
+ * output and one offset by an element, against the CPU bit for bit with guard bytes after every
+ * output and the positions in no bag left poisoned. */
+static void check_bags(const config_t *c, const zipf_t *z, rng_t *r) {
+  const size_t es = embps_dtype_size(c->dtype), w = c->width, row_bytes = w * es;
+  const size_t lead = c->n > 8 ? 5 : 0, n = c->n, max_bags = 2 * n + 3;
+  const uint64_t col_begin = next_u64(r) % 1000, seed = next_u64(r);
+  const float scale = 0.05f;
+  void *table = xmalloc((size_t)NUM_ROWS * row_bytes);
+  fill_values(table, c->dtype, (size_t)NUM_ROWS * w, r, -1.0f, 1.0f);
+  int64_t *ids = xmalloc(n * sizeof(int64_t)), *rows = xmalloc(n * sizeof(int64_t));
+  int64_t *offsets = xmalloc((max_bags + 1) * sizeof(int64_t));
+  float *weights = xmalloc(n * sizeof(float));
+  const size_t nb = make_bags(z, r, n, lead, ids, rows, weights, offsets);
+  float *g = xmalloc(nb * w * sizeof(float)), *tmp = xmalloc(2 * w * sizeof(float));
+  fill_values(g, EMBPS_DTYPE_F32, nb * w, r, -1.0f, 1.0f);
+  void *d_table = dev_upload(table, (size_t)NUM_ROWS * row_bytes);
+  int64_t *d_ids = dev_upload(ids, n * sizeof(int64_t)), *d_rows = dev_upload(rows, n * 8);
+  int64_t *d_offsets = dev_upload(offsets, (nb + 1) * sizeof(int64_t));
+  float *d_weights = dev_upload(weights, n * sizeof(float));
+  float *d_g = dev_upload(g, nb * w * sizeof(float));
+  const size_t pool_bytes = nb * w * sizeof(float) + 16 + sizeof(float);
+  const size_t exp_bytes = n * row_bytes + 16 + es;
+  float *d_pool = dev_alloc(pool_bytes);
+  void *d_exp = dev_alloc(exp_bytes);
+  for (int mode = 0; mode < 4; mode++) {
+    const int weighted = mode & 1, mean = mode >> 1;
+    char what[64];
+    const float *hw = weighted ? weights : NULL, *dw = weighted ? d_weights : NULL;
+    float *h_pool = host_poisoned(pool_bytes);
+    embps_pool_bags_cpu(table, c->dtype, w, ids, rows, hw, offsets, nb, mean, h_pool, tmp,
+                        col_begin, seed, scale);
+    for (size_t off = 0; off <= 1; off++) {
+      snprintf(what, sizeof(what), "pool bags (%s%s%s)", weighted ? "weighted " : "",
+               mean ? "mean" : "sum", off ? ", offset output" : "");
+      dev_poison(d_pool, pool_bytes);
+      STATUS_OK(embps_pool_bags_cuda(d_table, c->dtype, w, d_ids, d_rows, dw, d_offsets, nb, mean,
+                                     d_pool + off, col_begin, seed, scale, stream));
+      float *got = dev_download(d_pool, pool_bytes);
+      same_bits(what, c->name, h_pool, got + off, pool_bytes - off * sizeof(float), sizeof(float));
+      free(got);
+    }
+    for (size_t k = 0; k < nb; k++) /* empty and padding-only bags pool to zeros */
+      if (k == 3 || offsets[k] == offsets[k + 1])
+        for (size_t j = 0; j < w; j++)
+          CHECK(h_pool[k * w + j] == 0.0f, "pool bags [%s]: bag %zu of no ids is not zero", c->name,
+                k);
+    free(h_pool);
+
+    unsigned char *h_exp = host_poisoned(exp_bytes);
+    embps_expand_bags_cpu(g, w, ids, hw, offsets, nb, mean, c->dtype, h_exp);
+    for (size_t off = 0; off <= 1; off++) {
+      snprintf(what, sizeof(what), "expand bags (%s%s%s)", weighted ? "weighted " : "",
+               mean ? "mean" : "sum", off ? ", offset output" : "");
+      dev_poison(d_exp, exp_bytes);
+      STATUS_OK(embps_expand_bags_cuda(d_g, w, d_ids, dw, d_offsets, nb, mean, c->dtype,
+                                       (char *)d_exp + off * es, stream));
+      unsigned char *got = dev_download(d_exp, exp_bytes);
+      same_bits(what, c->name, h_exp, got + off * es, exp_bytes - off * es, es);
+      free(got);
+    }
+    free(h_exp);
+  }
+  free(table), free(ids), free(rows), free(offsets), free(weights), free(g), free(tmp);
+  dev_free(d_table), dev_free(d_ids), dev_free(d_rows), dev_free(d_offsets);
+  dev_free(d_weights), dev_free(d_g), dev_free(d_pool), dev_free(d_exp);
+}
+
 /* The grouping the CPU's segment ids imply, as embps_dedup_cuda gives it: offsets[0..u] from the
  * segment sizes, and each segment's positions ascending in sorted[0..n). */
 static void cpu_grouping(const uint32_t *seg, size_t n, size_t u, uint32_t *offsets,
@@ -637,6 +745,7 @@ static void run_config(const config_t *c, const zipf_t *z, rng_t *r) {
 
   check_init(c, r);
   check_hash(c, r);
+  check_bags(c, z, r);
 
   free(tokens), free(h_unique), free(h_seg), free(table);
   dev_free(d_tokens), dev_free(d_unique), dev_free(d_seg), dev_free(d_sorted);
@@ -850,6 +959,31 @@ static void check_invalid(void) {
   CHECK(embps_hash_reset_cuda(fake, (embps_dtype_t)0, 8, NULL, 0, NULL, 0.0f, one, one, 1, 0, 1,
                               1.0f, stream) == EMBPS_INVALID_ARGUMENT,
         "hash reset accepted dtype 0");
+  float *ff = (float *)fake;
+  CHECK(embps_pool_bags_cuda(fake, (embps_dtype_t)7, 4, one, one, NULL, one, 1, 0, ff, 0, 1, 1.0f,
+                             stream) == EMBPS_INVALID_ARGUMENT,
+        "pool bags accepted dtype 7");
+  CHECK(embps_pool_bags_cuda(fake, EMBPS_DTYPE_F32, 4, one, NULL, NULL, one, 1, 0, ff, 0, 1, 1.0f,
+                             stream) == EMBPS_INVALID_ARGUMENT,
+        "pool bags accepted NULL rows");
+  CHECK(embps_pool_bags_cuda((char *)fake + 2, EMBPS_DTYPE_F32, 4, one, one, NULL, one, 1, 0, ff, 0,
+                             1, 1.0f, stream) == EMBPS_INVALID_ARGUMENT,
+        "pool bags accepted an f32 table off its alignment");
+  CHECK(embps_pool_bags_cuda(NULL, EMBPS_DTYPE_F32, 4, NULL, NULL, NULL, NULL, 0, 0, NULL, 0, 1,
+                             1.0f, stream) == EMBPS_OK,
+        "pool bags of no bags should enqueue nothing");
+  CHECK(embps_expand_bags_cuda(ff, 4, one, NULL, one, 1, 0, (embps_dtype_t)0, fake, stream) ==
+            EMBPS_INVALID_ARGUMENT,
+        "expand bags accepted dtype 0");
+  CHECK(embps_expand_bags_cuda(ff, 4, one, NULL, NULL, 1, 1, EMBPS_DTYPE_F32, fake, stream) ==
+            EMBPS_INVALID_ARGUMENT,
+        "expand bags accepted NULL offsets");
+  CHECK(embps_expand_bags_cuda(ff, 4, one, NULL, one, 1, 0, EMBPS_DTYPE_BF16, (char *)fake + 1,
+                               stream) == EMBPS_INVALID_ARGUMENT,
+        "expand bags accepted a bf16 output off its alignment");
+  CHECK(embps_expand_bags_cuda(NULL, 4, NULL, NULL, NULL, 0, 0, EMBPS_DTYPE_F32, NULL, stream) ==
+            EMBPS_OK,
+        "expand bags of no bags should enqueue nothing");
   CHECK(embps_hash_order_cuda(NULL, 1, fake, stream) == EMBPS_INVALID_ARGUMENT,
         "hash order accepted NULL keys");
   CHECK(embps_hash_order_cuda(NULL, 0, NULL, stream) == EMBPS_OK,

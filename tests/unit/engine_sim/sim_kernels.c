@@ -14,66 +14,21 @@
  * finds out.
  *
  * Results are the CPU's bit for bit, as the launchers promise, except that row stats' total is
- * the CPU's row-order sum (the GPU's tree differs in rounding only). */
+ * the CPU's row-order sum (the GPU's tree differs in rounding only).
+ *
+ * The launchers of the hash-keyed tables and of the feature batches' bags are in
+ * sim_kernels_tables.c; the checks both files make are sim_kernels.h's. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "kernels/cuda/embps_kernels_cuda.h"
 #include "sim_cuda.h"
+#include "sim_kernels.h"
 
 #define ALIGN 256
 
 static size_t align_up(size_t x) { return (x + ALIGN - 1) & ~(size_t)(ALIGN - 1); }
-
-static size_t bytes3(size_t a, size_t b, size_t c, const char *what) {
-  if ((b && a > SIZE_MAX / b) || (c && a * b > SIZE_MAX / c))
-    sim_cuda_fail("%s: %zu x %zu x %zu bytes overflows", what, a, b, c);
-  return a * b * c;
-}
-
-static int bad_dtype(const char *what, embps_dtype_t dtype) {
-  if (embps_dtype_size(dtype) != 0)
-    return 0;
-  EMBPS_ERROR("%s: invalid dtype %d", what, (int)dtype);
-  return 1;
-}
-
-/* Every rows[i] must address a whole row of row_bytes inside the allocation that base starts. */
-static void check_rows(const char *what, const int64_t *rows, size_t n, const void *base,
-                       size_t row_bytes, const char *array) {
-  size_t have;
-  if (row_bytes == 0)
-    return;
-  have = sim_cuda_device_extent(base, what) / row_bytes;
-  for (size_t i = 0; i < n; i++)
-    if (rows[i] < 0 || (uint64_t)rows[i] >= have)
-      sim_cuda_fail("%s: rows[%zu] = %lld is outside %s (%zu rows of %zu bytes)", what, i,
-                    (long long)rows[i], array, have, row_bytes);
-}
-
-static int cmp_i64(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
-}
-
-/* The updates' and the reset's contract: rows distinct (a GPU would race on a duplicate). Row 0
- * may be among them: a dense table's caller leaves its padding row out (the bitwise comparisons
- * with the CPU show a padding row written), and a hash-keyed table's slot 0 is a row like any
- * other. */
-static void check_distinct_rows(const char *what, const int64_t *rows, size_t n) {
-  int64_t *sorted = malloc(n * sizeof(*sorted));
-  if (!sorted)
-    sim_cuda_fail("out of host memory");
-  memcpy(sorted, rows, n * sizeof(*sorted));
-  qsort(sorted, n, sizeof(*sorted), cmp_i64);
-  for (size_t i = 0; i < n; i++) {
-    if (i > 0 && sorted[i] == sorted[i - 1])
-      sim_cuda_fail("%s: row %lld appears twice (rows must be distinct)", what,
-                    (long long)sorted[i]);
-  }
-  free(sorted);
-}
 
 /* ---- dedup -------------------------------------------------------------------------------- */
 
@@ -684,149 +639,4 @@ embps_status_t embps_f32_to_bf16_cuda(const float *in, size_t n, uint16_t *out,
 embps_status_t embps_bf16_to_f32_cuda(const uint16_t *in, size_t n, float *out,
                                       cudaStream_t stream) {
   return convert(in, sizeof(uint16_t), n, out, sizeof(float), run_to_f32, stream, "bf16 to f32");
-}
-
-/* ---- hash-keyed tables ------------------------------------------------------------------- */
-
-typedef struct hash_args {
-  void *table;
-  embps_dtype_t dtype;
-  size_t width, n, state0_width;
-  const int64_t *keys, *slots;
-  void *out; /* gather */
-  float *state0, *state1, state0_value;
-  uint64_t col_begin, seed;
-  float scale;
-} hash_args_t;
-
-static void run_hash_gather(void *p) {
-  const hash_args_t *a = p;
-  size_t row_bytes = a->width * embps_dtype_size(a->dtype);
-  size_t have = sim_cuda_device_extent(a->table, "hash gather") / row_bytes;
-  for (size_t i = 0; i < a->n; i++) /* a negative slot: the key's initial row */
-    if (a->slots[i] >= 0 && (uint64_t)a->slots[i] >= have)
-      sim_cuda_fail("hash gather: slots[%zu] = %lld is outside the table (%zu rows of %zu bytes)",
-                    i, (long long)a->slots[i], have, row_bytes);
-  embps_hash_gather_cpu(a->table, a->dtype, a->width, a->keys, a->slots, a->n, a->out, a->col_begin,
-                        a->seed, a->scale);
-}
-
-embps_status_t embps_hash_gather_cuda(const void *table, embps_dtype_t dtype, size_t width,
-                                      const int64_t *keys, const int64_t *slots, size_t n,
-                                      void *out, uint64_t col_begin, uint64_t seed, float scale,
-                                      cudaStream_t stream) {
-  hash_args_t a;
-  size_t es = embps_dtype_size(dtype);
-  if (bad_dtype("hash gather", dtype))
-    return EMBPS_INVALID_ARGUMENT;
-  if (n == 0 || width == 0)
-    return EMBPS_OK;
-  if (!table || !keys || !slots || !out) {
-    EMBPS_ERROR("hash gather: NULL %s", !table   ? "table"
-                                        : !keys  ? "keys"
-                                        : !slots ? "slots"
-                                                 : "out");
-    return EMBPS_INVALID_ARGUMENT;
-  }
-  if ((uintptr_t)out % es) {
-    EMBPS_ERROR("hash gather: out is not aligned to its %zu-byte elements", es);
-    return EMBPS_INVALID_ARGUMENT;
-  }
-  sim_cuda_check_device(stream, table, width * es, "hash gather: table");
-  sim_cuda_check_device(stream, keys, n * sizeof(int64_t), "hash gather: keys");
-  sim_cuda_check_device(stream, slots, n * sizeof(int64_t), "hash gather: slots");
-  sim_cuda_check_device(stream, out, bytes3(n, width, es, "hash gather"), "hash gather: out");
-  memset(&a, 0, sizeof(a));
-  a.table = (void *)table;
-  a.dtype = dtype;
-  a.width = width;
-  a.n = n;
-  a.keys = keys;
-  a.slots = slots;
-  a.out = out;
-  a.col_begin = col_begin;
-  a.seed = seed;
-  a.scale = scale;
-  sim_cuda_enqueue(stream, run_hash_gather, &a, sizeof(a), "hash gather");
-  return EMBPS_OK;
-}
-
-static void run_hash_reset(void *p) {
-  const hash_args_t *a = p;
-  check_distinct_rows("hash reset", a->slots, a->n);
-  if (a->width)
-    check_rows("hash reset", a->slots, a->n, a->table, a->width * embps_dtype_size(a->dtype),
-               "the table");
-  if (a->state0_width)
-    check_rows("hash reset", a->slots, a->n, a->state0, a->state0_width * sizeof(float), "state0");
-  if (a->state1 && a->width)
-    check_rows("hash reset", a->slots, a->n, a->state1, a->width * sizeof(float), "state1");
-  embps_hash_reset_cpu(a->table, a->dtype, a->width, a->state0, a->state0_width, a->state1,
-                       a->state0_value, a->slots, a->keys, a->n, a->col_begin, a->seed, a->scale);
-}
-
-embps_status_t embps_hash_reset_cuda(void *table, embps_dtype_t dtype, size_t width, float *state0,
-                                     size_t state0_width, float *state1, float state0_value,
-                                     const int64_t *slots, const int64_t *keys, size_t n,
-                                     uint64_t col_begin, uint64_t seed, float scale,
-                                     cudaStream_t stream) {
-  hash_args_t a;
-  if (bad_dtype("hash reset", dtype))
-    return EMBPS_INVALID_ARGUMENT;
-  if (state0_width != 0 && state0_width != 1 && state0_width != width) {
-    EMBPS_ERROR("hash reset: state0 of %zu floats per row (0, 1 or the width %zu)", state0_width,
-                width);
-    return EMBPS_INVALID_ARGUMENT;
-  }
-  if (n == 0 || (width == 0 && state0_width == 0))
-    return EMBPS_OK;
-  if ((width && !table) || !slots || !keys || (state0_width && !state0)) {
-    EMBPS_ERROR("hash reset: NULL %s", !slots    ? "slots"
-                                       : !keys   ? "keys"
-                                       : !state0 ? "state0"
-                                                 : "table");
-    return EMBPS_INVALID_ARGUMENT;
-  }
-  if (width)
-    sim_cuda_check_device(stream, table, width * embps_dtype_size(dtype), "hash reset: table");
-  if (state0_width)
-    sim_cuda_check_device(stream, state0, state0_width * sizeof(float), "hash reset: state0");
-  if (state1 && width)
-    sim_cuda_check_device(stream, state1, width * sizeof(float), "hash reset: state1");
-  sim_cuda_check_device(stream, slots, n * sizeof(int64_t), "hash reset: slots");
-  sim_cuda_check_device(stream, keys, n * sizeof(int64_t), "hash reset: keys");
-  memset(&a, 0, sizeof(a));
-  a.table = table;
-  a.dtype = dtype;
-  a.width = width;
-  a.n = n;
-  a.state0_width = state0_width;
-  a.keys = keys;
-  a.slots = slots;
-  a.state0 = state0;
-  a.state1 = state1;
-  a.state0_value = state0_value;
-  a.col_begin = col_begin;
-  a.seed = seed;
-  a.scale = scale;
-  sim_cuda_enqueue(stream, run_hash_reset, &a, sizeof(a), "hash reset");
-  return EMBPS_OK;
-}
-
-static void run_hash_order(void *p) {
-  const convert_args_t *a = p;
-  for (size_t i = 0; i < a->n; i++)
-    ((int64_t *)a->out)[i] = (int64_t)((uint64_t)((const int64_t *)a->in)[i] ^ (UINT64_C(1) << 63));
-}
-
-embps_status_t embps_hash_order_cuda(const int64_t *in, size_t n, int64_t *out,
-                                     cudaStream_t stream) {
-  if (n == 0)
-    return EMBPS_OK;
-  if (!in || !out) {
-    EMBPS_ERROR("hash order: NULL %s", !in ? "in" : "out");
-    return EMBPS_INVALID_ARGUMENT;
-  }
-  return convert(in, sizeof(int64_t), n, out, sizeof(int64_t), run_hash_order, stream,
-                 "hash order");
 }
