@@ -54,10 +54,11 @@ struct embps__engine_backend {
   buf_t all_tokens, unique, segment_ids, dedup_ws, row_sumsq, summed, partials, gathered;
   buf_t segment_counts; /* embps_segment_sum_stats_cpu's workspace */
   buf_t send, recv, rows;
-  buf_t keys;               /* a hash-keyed push's keys in hash order */
-  size_t num_unique;        /* the last dedup's */
-  size_t chunk_bytes;       /* a lookup reply's chunk, from the L2 size */
-  embps_workers_t *workers; /* NULL: every kernel on the engine's thread */
+  buf_t keys;                                 /* a hash-keyed push's keys in hash order */
+  buf_t feature[EMBPS__ENGINE_FEATURE_SLOTS]; /* a feature batch's scratch */
+  size_t num_unique;                          /* the last dedup's */
+  size_t chunk_bytes;                         /* a lookup reply's chunk, from the L2 size */
+  embps_workers_t *workers;                   /* NULL: every kernel on the engine's thread */
 };
 
 embps_status_t embps__engine_cpu_new(embps__engine_backend_t **out, embps_comm_t *comm) {
@@ -82,6 +83,8 @@ static void cpu_destroy(embps__engine_backend_t *be) {
                    &be->keys};
   for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
     embps_free(bufs[i]->p);
+  for (size_t i = 0; i < EMBPS__ENGINE_FEATURE_SLOTS; i++)
+    embps_free(be->feature[i].p);
   embps_workers_free(be->workers);
   embps_free(be);
 }
@@ -217,6 +220,10 @@ static embps_status_t cpu_copy2d(embps__engine_backend_t *be, void *dst, size_t 
                                  const void *src, size_t spitch, size_t width, size_t height,
                                  embps_error_t *err) {
   (void)be, (void)err;
+  if (dpitch == width && spitch == width) { /* rows back to back: one copy */
+    memcpy(dst, src, width * height);
+    return EMBPS_OK;
+  }
   for (size_t i = 0; i < height; i++)
     memcpy((uint8_t *)dst + i * dpitch, (const uint8_t *)src + i * spitch, width);
   return EMBPS_OK;
@@ -405,6 +412,50 @@ static embps_status_t cpu_hash_reset(embps__engine_backend_t *be, embps_table_t 
   return EMBPS_OK;
 }
 
+/* Feature batches: scratch is host memory, and copies in and out are plain copies. */
+static embps_status_t cpu_scratch(embps__engine_backend_t *be, unsigned slot, size_t bytes,
+                                  void **p, embps_error_t *err) {
+  if (!grow(&be->feature[slot], bytes))
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "out of memory for %zu bytes of a feature batch's scratch", bytes);
+  *p = be->feature[slot].p;
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_copy(embps__engine_backend_t *be, void *dst, const void *src,
+                               size_t bytes, embps_error_t *err) {
+  (void)be, (void)err;
+  if (bytes && dst != src)
+    memmove(dst, src, bytes);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_pool_bags(embps__engine_backend_t *be, embps_table_t *t,
+                                    const int64_t *ids, const int64_t *rows, const float *weights,
+                                    const int64_t *offsets, size_t num_bags, int mean, float *out,
+                                    embps_error_t *err) {
+  const embps_table_config_t *c = embps_table_config(t);
+  const size_t w = embps_table_shard_width(t);
+  float *tmp = NULL;
+  embps_status_t ret = cpu_scratch(be, EMBPS__ENGINE_FEATURE_SLOTS - 1, 2 * w * sizeof(float) + 1,
+                                   (void **)&tmp, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  embps_pool_bags_cpu(embps_table_arrays(t).data, c->dtype, w, ids, rows, weights, offsets,
+                      num_bags, mean, out, tmp, embps_table_col_begin(t), c->seed, c->init_scale);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_expand_bags(embps__engine_backend_t *be, embps_table_t *t, const float *g,
+                                      const int64_t *ids, const float *weights,
+                                      const int64_t *offsets, size_t num_bags, int mean, void *out,
+                                      embps_error_t *err) {
+  (void)be, (void)err;
+  embps_expand_bags_cpu(g, embps_table_shard_width(t), ids, weights, offsets, num_bags, mean,
+                        embps_table_config(t)->dtype, out);
+  return EMBPS_OK;
+}
+
 /* The rows of the keys that keep a slot move to the front of g and row_sumsq, in place. */
 static embps_status_t cpu_hash_keep(embps__engine_backend_t *be, int64_t *slots, size_t *m,
                                     size_t w, float **g, float **row_sumsq, const int64_t **rows,
@@ -494,6 +545,12 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .hash_gather = cpu_hash_gather,
     .hash_reset = cpu_hash_reset,
     .hash_keep = cpu_hash_keep,
+    .scratch = cpu_scratch,
+    .copy_in = cpu_copy,
+    .copy_out = cpu_copy,
+    .pool_bags = cpu_pool_bags,
+    .expand_bags = cpu_expand_bags,
+    .host_memory = 1,
     .mark_dirty = cpu_mark_dirty,
     .table_copy = cpu_table_copy,
     .output_begin = cpu_output_begin,

@@ -203,6 +203,8 @@ static void cuda_destroy(embps__engine_backend_t *c) {
     cudaFree(dev[i]->p);
   for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++)
     cudaFreeHost(host[i]->p);
+  for (int i = 0; i < EMBPS__ENGINE_FEATURE_SLOTS; i++)
+    cudaFree(c->feature[i].p);
   for (int i = 0; i < MAX_CHUNKS; i++)
     if (c->chunk_ready[i])
       cudaEventDestroy(c->chunk_ready[i]);
@@ -655,6 +657,11 @@ const embps__engine_ops_t embps__engine_cuda_ops = {
     .hash_gather = embps__cuda_hash_gather,
     .hash_reset = embps__cuda_hash_reset,
     .hash_keep = embps__cuda_hash_keep,
+    .scratch = embps__cuda_scratch,
+    .copy_in = embps__cuda_copy_in,
+    .copy_out = embps__cuda_copy_out,
+    .pool_bags = embps__cuda_pool_bags,
+    .expand_bags = embps__cuda_expand_bags,
     .mark_dirty = cuda_mark_dirty,
     .table_copy = cuda_table_copy,
     .output_begin = cuda_output_begin,

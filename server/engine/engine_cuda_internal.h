@@ -31,6 +31,7 @@ struct embps__engine_backend {
    * not pinned themselves */
   buf_t h_in[2], h_out, h_small, h_dirty; /* h_dirty: a capture's dirty rows (cuda_table_copy) */
   buf_t h_keys, h_slots, h_fresh, h_keep; /* hash-keyed tables: the key index's side, pinned */
+  buf_t feature[EMBPS__ENGINE_FEATURE_SLOTS]; /* a feature batch's scratch (device) */
   int warned_dirty; /* a dirty-row bitmap did not fit in GPU memory (logged once) */
   /* the lookup in flight: its reply (host), where the rows are copied to, their size */
   void *reply;
@@ -54,5 +55,21 @@ embps_status_t embps__cuda_hash_reset(embps__engine_backend_t *c, embps_table_t 
 embps_status_t embps__cuda_hash_keep(embps__engine_backend_t *c, int64_t *slots, size_t *m,
                                      size_t w, float **g, float **row_sumsq, const int64_t **rows,
                                      embps_error_t *err);
+
+/* The feature batches' operations (engine_ops.h), in engine_cuda_features.c. */
+embps_status_t embps__cuda_scratch(embps__engine_backend_t *c, unsigned slot, size_t bytes,
+                                   void **p, embps_error_t *err);
+embps_status_t embps__cuda_copy_in(embps__engine_backend_t *c, void *dst, const void *host,
+                                   size_t bytes, embps_error_t *err);
+embps_status_t embps__cuda_copy_out(embps__engine_backend_t *c, void *host, const void *src,
+                                    size_t bytes, embps_error_t *err);
+embps_status_t embps__cuda_pool_bags(embps__engine_backend_t *c, embps_table_t *t,
+                                     const int64_t *ids, const int64_t *rows, const float *weights,
+                                     const int64_t *offsets, size_t num_bags, int mean, float *out,
+                                     embps_error_t *err);
+embps_status_t embps__cuda_expand_bags(embps__engine_backend_t *c, embps_table_t *t, const float *g,
+                                       const int64_t *ids, const float *weights,
+                                       const int64_t *offsets, size_t num_bags, int mean, void *out,
+                                       embps_error_t *err);
 
 #endif

@@ -19,6 +19,9 @@
 #include "kernels/embps_kernels.h"
 #include "server/engine/engine.h"
 
+/** The scratch slots of a feature batch (the ops' scratch). */
+#define EMBPS__ENGINE_FEATURE_SLOTS 16
+
 /** What one op needs, for reserve: a batch of T = n * group_size tokens, this rank's slice of
  * w columns out of W, elements of ds bytes, row-statistics partials of nb per row. */
 typedef struct embps__engine_shape {
@@ -158,6 +161,28 @@ typedef struct embps__engine_ops {
                               float **g, float **row_sumsq, const int64_t **rows,
                               embps_error_t *err);
 
+  /* Feature batches (features.c; each NULL on a backend that serves none). */
+  /** *p = `bytes` of the backend's memory in scratch slot `slot` (< EMBPS__ENGINE_FEATURE_SLOTS),
+   * grown as needed; what it held is kept only while it does not grow. */
+  embps_status_t (*scratch)(embps__engine_backend_t *be, unsigned slot, size_t bytes, void **p,
+                            embps_error_t *err);
+  /** Copies `bytes` of host memory into the backend's memory at dst, in order with the work
+   * enqueued before it; host may be reused once it returns. */
+  embps_status_t (*copy_in)(embps__engine_backend_t *be, void *dst, const void *host, size_t bytes,
+                            embps_error_t *err);
+  /** Copies `bytes` of the backend's memory at src to host, once the work enqueued before it is
+   * done; waits for the copy. */
+  embps_status_t (*copy_out)(embps__engine_backend_t *be, void *host, const void *src, size_t bytes,
+                             embps_error_t *err);
+  /** embps_pool_bags_cpu over the table's slice (every pointer the backend's memory). */
+  embps_status_t (*pool_bags)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *ids,
+                              const int64_t *rows, const float *weights, const int64_t *offsets,
+                              size_t num_bags, int mean, float *out, embps_error_t *err);
+  /** embps_expand_bags_cpu into rows of the table's dtype and slice width. */
+  embps_status_t (*expand_bags)(embps__engine_backend_t *be, embps_table_t *t, const float *g,
+                                const int64_t *ids, const float *weights, const int64_t *offsets,
+                                size_t num_bags, int mean, void *out, embps_error_t *err);
+
   /** Marks rows[0..m) dirty, for incremental checkpoints; called only for tables that track
    * them. In the host bitmap (embps_table_mark_dirty), or in one where the table lives
    * (embps_table_device_dirty), without waiting: table_copy to the host then folds those marks
@@ -178,6 +203,8 @@ typedef struct embps__engine_ops {
   /** Non-zero when output() leaves the chunk's rows final in the host buffer when it returns
    * (no copy in flight), so the engine may publish them to the reply at once. */
   int output_in_place;
+  /** Non-zero when the backend computes on host memory (its memory is the host's). */
+  int host_memory;
   /** Starts sending rows [first, first + count) of the assembled output to the host. */
   embps_status_t (*output)(embps__engine_backend_t *be, size_t chunk, size_t first, size_t count,
                            embps_error_t *err);

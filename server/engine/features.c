@@ -3,38 +3,60 @@
  *
  * Every rank first all-gathers what it holds: each feature's id count and bag lengths (one block
  * of int64 per rank, the same size everywhere), then the ids (and the weights, when a feature
- * has them) in blocks padded to the largest rank's. From then on every rank knows every bag.
+ * has them) in blocks padded to the largest rank's. From then on every rank knows every bag;
+ * the counts and the bags' offsets are worked out on the host.
  *
- * A lookup, feature after feature: a pooled one pools every bag of the batch on this rank's
- * columns, straight from the table (embps_pool_bags_cpu), and the all-to-all sends each rank its
- * own bags' columns (S bags x w per pair); a feature without pooling gathers the rows of every
- * rank's ids and sends each rank its own (padded to the largest rank's count).
+ * A lookup, feature after feature: a pooled one pools every rank's bags on this rank's columns
+ * straight from the table (pool_bags), and the all-to-all sends each rank its own bags' columns
+ * (S bags x w per pair); a feature without pooling gathers the rows of every rank's ids and sends
+ * each rank its own (padded to the largest rank's count).
  *
  * A push, table after table in the order the features first name them: the gradients of the
  * table's features move to the ranks that own their columns (a pooled feature's one per bag,
- * expanded to the bag's ids there by embps_expand_bags_cpu), and are laid out rank after rank,
- * feature after feature, id after id, with their ids beside them; then the table's step is
- * PushGradients' (embps__engine_push_dedup, embps__engine_push_apply): one dedup, segment sum,
- * gate and update per table.
+ * expanded to the bag's ids there by expand_bags), laid out rank after rank, feature after
+ * feature, id after id, with their ids beside them; then the table's step is PushGradients'
+ * (embps__engine_push_dedup, embps__engine_push_apply): one dedup, segment sum, gate and update
+ * per table.
  *
- * This path computes on host memory: the cpu backend serves feature batches, and the cuda
- * backend answers them with UNIMPLEMENTED (the service refuses them before they are ordered).
- * Its scratch is allocated per op. */
+ * Everything runs through the backend's operations, on its memory and its stream, so both
+ * backends serve feature batches. A hash-keyed table's keys come to the host for the index
+ * (copy_out) and their slots go back (copy_in). An allocation that fails on one rank after the
+ * first collective breaks the group (the others would wait in a collective), as elsewhere in a
+ * round. */
 #include <math.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "server/engine/engine_ops.h"
 
-/* What every rank holds once the shards are gathered (host memory). */
+/* The scratch slots (the backend's memory). */
+enum {
+  FS_MINE,    /* this rank's counts and lengths, then ids, then weights, to all-gather */
+  FS_META,    /* N blocks of F counts and F x S lengths */
+  FS_IDS,     /* N blocks of M ids */
+  FS_WEIGHTS, /* the same layout, f32 */
+  FS_ROWS,    /* N x M rows (a dense table's ids, a hash-keyed one's slots) */
+  FS_OFFSETS, /* N x F blocks of S + 1 bag offsets, each from its block's first id */
+  FS_POOLED,  /* N x S pooled bags of a feature on this rank's columns */
+  FS_SEND,
+  FS_RECV,
+  FS_OUT,      /* a lookup's rows before they go to the reply (a backend whose memory is not the
+                  host's) */
+  FS_GRADS_IN, /* a push's gradients from the request */
+  FS_TOKENS,   /* a table's ids, laid out for its step */
+  FS_GRADS,    /* their gradients on this rank's columns */
+};
+
+/* What every rank holds once the shards are gathered. */
 typedef struct gathered {
   uint32_t N, me;
-  size_t F, S;       /* features, samples per rank */
-  int64_t *meta;     /* N blocks of F counts then F x S lengths */
-  int64_t *ids;      /* N blocks of M ids: each rank's features one after the other */
-  float *weights;    /* the same layout; NULL when no feature is weighted */
-  size_t M;          /* ids per rank's block (the largest rank's count) */
-  uint32_t *lengths; /* N x F x S: lengths[(r * F + f) * S + b] */
+  size_t F, S;                  /* features, samples per rank */
+  int64_t *meta;                /* host: N blocks of F counts then F x S lengths */
+  int64_t *offs;                /* host: N x F blocks of S + 1 offsets */
+  int64_t *hids;                /* host: the ids, when a feature's table is hash-keyed; else NULL */
+  const int64_t *ids, *offsets; /* the backend's: N x M ids, N x F x (S + 1) offsets */
+  const float *weights;         /* the backend's, N x M; NULL when no feature is weighted */
+  size_t M;                     /* ids per rank's block (the largest rank's count) */
 } gathered_t;
 
 static size_t count(const gathered_t *g, uint32_t r, size_t f) {
@@ -46,27 +68,33 @@ static size_t start(const gathered_t *g, uint32_t r, size_t f) {
   size_t at = 0;
   for (size_t k = 0; k < f; k++)
     at += count(g, r, k);
-  return at;
+  return r * g->M + at;
 }
 
-static const uint32_t *bag_lengths(const gathered_t *g, uint32_t r, size_t f) {
-  return g->lengths + ((size_t)r * g->F + f) * g->S;
+/* The S + 1 offsets of rank r's bags of feature f (the backend's). */
+static const int64_t *offsets_of(const gathered_t *g, uint32_t r, size_t f) {
+  return g->offsets + ((size_t)r * g->F + f) * (g->S + 1);
 }
 
-/* The S + 1 offsets of rank r's bags of feature f, from 0. */
-static void bag_offsets(const gathered_t *g, uint32_t r, size_t f, int64_t *offsets) {
-  const uint32_t *len = bag_lengths(g, r, f);
-  offsets[0] = 0;
-  for (size_t b = 0; b < g->S; b++)
-    offsets[b + 1] = offsets[b] + len[b];
+/* The most ids of feature f on any rank. */
+static size_t most_of(const gathered_t *g, size_t f) {
+  size_t most = 0;
+  for (uint32_t r = 0; r < g->N; r++)
+    most = count(g, r, f) > most ? count(g, r, f) : most;
+  return most;
 }
 
 static void gathered_free(gathered_t *g) {
   embps_free(g->meta);
-  embps_free(g->ids);
-  embps_free(g->weights);
-  embps_free(g->lengths);
+  embps_free(g->offs);
+  embps_free(g->hids);
 }
+
+#define TRY(call)                                                                                  \
+  do {                                                                                             \
+    if ((ret = (call)) != EMBPS_OK)                                                                \
+      goto fail;                                                                                   \
+  } while (0)
 
 #define CHECK_ALLOC(p)                                                                             \
   do {                                                                                             \
@@ -76,22 +104,33 @@ static void gathered_free(gathered_t *g) {
     }                                                                                              \
   } while (0)
 
-#define TRY(call)                                                                                  \
-  do {                                                                                             \
-    if ((ret = (call)) != EMBPS_OK)                                                                \
-      goto fail;                                                                                   \
-  } while (0)
+static embps_status_t scratch(embps_engine_t *e, unsigned slot, size_t bytes, void *p,
+                              embps_error_t *err) {
+  return e->ops->scratch(e->be, slot, bytes + 8, (void **)p, err);
+}
 
-/* All-gathers the shards' counts, lengths, ids and weights into *g. An allocation that fails
- * fails the op on this rank only after the collectives, which every rank must make alike: a
- * failure here breaks the group (RESOURCE_EXHAUSTED returned). */
+/* All-gathers `bytes` of host memory from every rank into slot `into` (the backend's). */
+static embps_status_t all_gather_host(embps_engine_t *e, const void *host, size_t bytes,
+                                      unsigned into, void **out, embps_error_t *err) {
+  void *mine;
+  embps_status_t ret;
+  TRY(scratch(e, FS_MINE, bytes, &mine, err));
+  TRY(scratch(e, into, e->comm->size * bytes, out, err));
+  TRY(e->ops->copy_in(e->be, mine, host, bytes, err));
+  TRY(embps_comm_all_gather(e->comm, mine, bytes, *out, err));
+fail:
+  return ret;
+}
+
+/* All-gathers the shards' counts, lengths, ids and weights into *g. */
 static embps_status_t gather_shards(embps_engine_t *e, const embps_op_t *op, gathered_t *g,
                                     embps_error_t *err) {
   const size_t F = op->num_features, S = op->num_samples, per = F + F * S;
-  int64_t *mine = NULL, *ids = NULL;
+  int64_t *mine = NULL, *ids = NULL, *offs;
   float *w = NULL;
-  int weighted = 0;
-  uint64_t most = 0;
+  void *dev;
+  int weighted = 0, hashed = 0;
+  size_t most = 0;
   embps_status_t ret = EMBPS_OK;
 
   memset(g, 0, sizeof(*g));
@@ -101,43 +140,52 @@ static embps_status_t gather_shards(embps_engine_t *e, const embps_op_t *op, gat
   g->S = S;
   mine = embps_malloc(per * sizeof(int64_t));
   g->meta = embps_malloc(g->N * per * sizeof(int64_t));
-  g->lengths = embps_malloc(g->N * F * S * sizeof(uint32_t) + 1);
-  CHECK_ALLOC(mine && g->meta && g->lengths);
+  g->offs = embps_malloc(g->N * F * (S + 1) * sizeof(int64_t));
+  CHECK_ALLOC(mine && g->meta && g->offs);
   for (size_t f = 0; f < F; f++) {
     mine[f] = (int64_t)op->features[f].num_ids;
     for (size_t b = 0; b < S; b++)
       mine[F + f * S + b] = op->features[f].lengths[b];
-    /* by the pooling, the same on every rank: a shard without ids carries no weights */
     weighted |= op->features[f].pooling == EMBPS_POOLING_WEIGHTED_SUM;
+    hashed |= embps_table_hindex(op->features[f].table) != NULL;
   }
-  TRY(embps_comm_all_gather(e->comm, mine, per * sizeof(int64_t), g->meta, err));
+  TRY(all_gather_host(e, mine, per * sizeof(int64_t), FS_META, &dev, err));
+  TRY(e->ops->copy_out(e->be, g->meta, dev, g->N * per * sizeof(int64_t), err));
   for (uint32_t r = 0; r < g->N; r++) {
-    uint64_t c = 0;
+    size_t c = 0;
     for (size_t f = 0; f < F; f++) {
-      c += count(g, r, f);
+      offs = g->offs + ((size_t)r * F + f) * (S + 1);
+      offs[0] = 0;
       for (size_t b = 0; b < S; b++)
-        g->lengths[((size_t)r * F + f) * S + b] = (uint32_t)g->meta[r * per + F + f * S + b];
+        offs[b + 1] = offs[b] + g->meta[r * per + F + f * S + b];
+      c += count(g, r, f);
     }
     most = c > most ? c : most;
   }
-  /* Every rank sees the same counts, so the same M, and whether any rank's feature is weighted
-   * follows from the request, which every shard carries alike (the digest binds it). */
-  g->M = (size_t)most;
+  TRY(scratch(e, FS_OFFSETS, g->N * F * (S + 1) * sizeof(int64_t), &dev, err));
+  TRY(e->ops->copy_in(e->be, dev, g->offs, g->N * F * (S + 1) * sizeof(int64_t), err));
+  g->offsets = dev;
+  /* Every rank sees the same counts, so the same M; and whether any feature is weighted or
+   * hash-keyed is the request's, which every shard carries alike (the digest binds it). */
+  g->M = most;
   ids = embps_calloc(g->M + 1, sizeof(int64_t));
-  g->ids = embps_malloc(g->N * g->M * sizeof(int64_t) + 1);
-  CHECK_ALLOC(ids && g->ids);
+  CHECK_ALLOC(ids);
   for (size_t f = 0, at = 0; f < F; at += op->features[f].num_ids, f++)
     if (op->features[f].num_ids)
       memcpy(ids + at, op->features[f].ids, op->features[f].num_ids * sizeof(int64_t));
-  TRY(embps_comm_all_gather(e->comm, ids, g->M * sizeof(int64_t), g->ids, err));
+  TRY(all_gather_host(e, ids, g->M * sizeof(int64_t), FS_IDS, &dev, err));
+  g->ids = dev;
+  if (hashed) {
+    CHECK_ALLOC(g->hids = embps_malloc(g->N * g->M * sizeof(int64_t) + 1));
+    TRY(e->ops->copy_out(e->be, g->hids, g->ids, g->N * g->M * sizeof(int64_t), err));
+  }
   if (weighted) {
-    w = embps_calloc(g->M + 1, sizeof(float));
-    g->weights = embps_malloc(g->N * g->M * sizeof(float) + 1);
-    CHECK_ALLOC(w && g->weights);
+    CHECK_ALLOC(w = embps_calloc(g->M + 1, sizeof(float)));
     for (size_t f = 0, at = 0; f < F; at += op->features[f].num_ids, f++)
       if (op->features[f].weights && op->features[f].num_ids)
         memcpy(w + at, op->features[f].weights, op->features[f].num_ids * sizeof(float));
-    TRY(embps_comm_all_gather(e->comm, w, g->M * sizeof(float), g->weights, err));
+    TRY(all_gather_host(e, w, g->M * sizeof(float), FS_WEIGHTS, &dev, err));
+    g->weights = dev;
   }
 fail:
   embps_free(mine);
@@ -146,57 +194,81 @@ fail:
   return ret;
 }
 
-/* The rows (slots for a hash-keyed table, the ids themselves for a dense one) of n ids. */
-static void rows_of(const embps_table_t *t, const int64_t *ids, size_t n, int64_t *rows) {
-  if (embps_table_hindex(t))
-    embps_hindex_find(embps_table_hindex(t), (const uint64_t *)ids, n, rows);
-  else
-    memcpy(rows, ids, n * sizeof(int64_t));
+/* The rows of every rank's ids of feature f at their places in FS_ROWS: a dense table's ids
+ * themselves, a hash-keyed table's slots (from the index on the host). */
+static embps_status_t rows_of(embps_engine_t *e, const gathered_t *g, const embps_table_t *t,
+                              size_t f, const int64_t **rows, embps_error_t *err) {
+  int64_t *host = NULL, *dev;
+  embps_status_t ret = EMBPS_OK;
+  if (!embps_table_hindex(t)) {
+    *rows = g->ids;
+    return EMBPS_OK;
+  }
+  TRY(scratch(e, FS_ROWS, g->N * g->M * sizeof(int64_t), &dev, err));
+  CHECK_ALLOC(host = embps_malloc(g->N * g->M * sizeof(int64_t) + 1));
+  for (uint32_t r = 0; r < g->N; r++)
+    embps_hindex_find(embps_table_hindex(t), (const uint64_t *)g->hids + start(g, r, f),
+                      count(g, r, f), host + start(g, r, f));
+  for (uint32_t r = 0; r < g->N; r++)
+    if (count(g, r, f))
+      TRY(e->ops->copy_in(e->be, dev + start(g, r, f), host + start(g, r, f),
+                          count(g, r, f) * sizeof(int64_t), err));
+  *rows = dev;
+fail:
+  embps_free(host);
+  return ret;
 }
 
 /* ---- lookup ---------------------------------------------------------------------------------- */
 
-/* A pooled feature: every bag of the batch on this rank's columns, then each rank's own. */
+/* Where a feature's rows are assembled: the reply itself on a backend whose memory is the host's,
+ * else FS_OUT, copied to the reply by lookup_done. */
+static embps_status_t out_of(embps_engine_t *e, const embps_feature_t *ft, size_t bytes, void **out,
+                             embps_error_t *err) {
+  if (e->ops->host_memory) {
+    *out = ft->rows_out;
+    return EMBPS_OK;
+  }
+  return scratch(e, FS_OUT, bytes, out, err);
+}
+
+static embps_status_t lookup_done(embps_engine_t *e, const embps_feature_t *ft, const void *out,
+                                  size_t bytes, embps_error_t *err) {
+  return e->ops->host_memory ? EMBPS_OK : e->ops->copy_out(e->be, ft->rows_out, out, bytes, err);
+}
+
+/* A pooled feature: every bag of the batch on this rank's columns, then each rank its own. */
 static embps_status_t lookup_pooled(embps_engine_t *e, const gathered_t *g,
                                     const embps_feature_t *ft, size_t f, embps_error_t *err) {
-  const embps_table_t *t = ft->table;
-  const embps_table_config_t *c = embps_table_config(t);
-  const size_t w = embps_table_shard_width(t), W = c->emb_width, S = g->S, N = g->N;
-  float *pooled = NULL, *recv = NULL, *tmp = NULL;
-  int64_t *rows = NULL, *offsets = NULL;
-  embps_status_t ret = EMBPS_OK;
+  embps_table_t *t = ft->table;
+  const size_t w = embps_table_shard_width(t), W = embps_table_config(t)->emb_width;
+  const size_t S = g->S, N = g->N, bytes = S * W * sizeof(float);
+  const int weighted = ft->pooling == EMBPS_POOLING_WEIGHTED_SUM;
+  const int64_t *rows;
+  float *pooled, *recv;
+  void *out;
+  embps_status_t ret;
 
-  pooled = embps_malloc(N * S * w * sizeof(float) + 1);
-  rows = embps_malloc(g->M * sizeof(int64_t) + 1);
-  tmp = embps_malloc(2 * w * sizeof(float) + 1);
-  offsets = embps_malloc((S + 1) * sizeof(int64_t));
-  CHECK_ALLOC(pooled && rows && tmp && offsets);
+  TRY(rows_of(e, g, t, f, &rows, err));
+  TRY(out_of(e, ft, bytes, &out, err));
+  pooled = out; /* a group of one pools straight into its rows */
+  if (N > 1)
+    TRY(scratch(e, FS_POOLED, N * S * w * sizeof(float), &pooled, err));
   for (uint32_t r = 0; r < N; r++) {
-    const int64_t *ids = g->ids + r * g->M + start(g, r, f);
-    rows_of(t, ids, count(g, r, f), rows);
-    bag_offsets(g, r, f, offsets);
-    embps_pool_bags_cpu(
-        embps_table_arrays(t).data, c->dtype, w, ids, rows,
-        ft->pooling == EMBPS_POOLING_WEIGHTED_SUM ? g->weights + r * g->M + start(g, r, f) : NULL,
-        offsets, S, ft->pooling == EMBPS_POOLING_MEAN, pooled + r * S * w, tmp,
-        embps_table_col_begin(t), c->seed, c->init_scale);
+    const size_t at = start(g, r, f);
+    TRY(e->ops->pool_bags(e->be, t, g->ids + at, rows + at, weighted ? g->weights + at : NULL,
+                          offsets_of(g, r, f), S, ft->pooling == EMBPS_POOLING_MEAN,
+                          pooled + r * S * w, err));
   }
-  if (N == 1) {
-    memcpy(ft->rows_out, pooled, S * w * sizeof(float));
-  } else {
-    recv = embps_malloc(N * S * w * sizeof(float));
-    CHECK_ALLOC(recv);
+  if (N > 1) {
+    TRY(scratch(e, FS_RECV, N * S * w * sizeof(float), &recv, err));
     TRY(embps_comm_all_to_all(e->comm, pooled, S * w * sizeof(float), recv, err));
-    for (uint32_t r = 0; r < N; r++) /* rank r's columns of this rank's bags */
-      for (size_t b = 0; b < S; b++)
-        memcpy((float *)ft->rows_out + b * W + r * w, recv + (r * S + b) * w, w * sizeof(float));
+    for (uint32_t r = 0; r < N && S > 0; r++) /* rank r's columns of this rank's bags */
+      TRY(e->ops->copy2d(e->be, (float *)out + r * w, W * sizeof(float), recv + r * S * w,
+                         w * sizeof(float), w * sizeof(float), S, err));
   }
+  TRY(lookup_done(e, ft, out, bytes, err));
 fail:
-  embps_free(pooled);
-  embps_free(recv);
-  embps_free(rows);
-  embps_free(tmp);
-  embps_free(offsets);
   return ret;
 }
 
@@ -207,37 +279,34 @@ static embps_status_t lookup_rows(embps_engine_t *e, const gathered_t *g, const 
   embps_table_t *t = ft->table;
   const embps_table_config_t *c = embps_table_config(t);
   const size_t w = embps_table_shard_width(t), ds = embps_dtype_size(c->dtype), N = g->N;
-  const size_t rb = w * ds, row_bytes = c->emb_width * ds;
-  size_t most = 0;
-  uint8_t *send = NULL, *recv = NULL;
-  int64_t *rows = NULL;
-  embps_status_t ret = EMBPS_OK;
+  const size_t rb = w * ds, row_bytes = c->emb_width * ds, most = most_of(g, f);
+  const size_t bytes = ft->num_ids * row_bytes;
+  const int64_t *rows;
+  uint8_t *send, *recv;
+  void *out;
+  embps_status_t ret;
 
-  for (uint32_t r = 0; r < N; r++)
-    most = count(g, r, f) > most ? count(g, r, f) : most;
-  send = embps_calloc(N * most * rb + 1, 1);
-  recv = embps_malloc(N * most * rb + 1);
-  rows = embps_malloc(most * sizeof(int64_t) + 1);
-  CHECK_ALLOC(send && recv && rows);
+  TRY(rows_of(e, g, t, f, &rows, err));
+  TRY(out_of(e, ft, bytes, &out, err));
+  TRY(scratch(e, FS_SEND, N * most * rb, &send, err));
   for (uint32_t r = 0; r < N; r++) {
-    const int64_t *ids = g->ids + r * g->M + start(g, r, f);
-    rows_of(t, ids, count(g, r, f), rows);
+    const size_t at = start(g, r, f);
     if (embps_table_hindex(t))
-      TRY(e->ops->hash_gather(e->be, t, ids, rows, count(g, r, f), send + r * most * rb, err));
+      TRY(e->ops->hash_gather(e->be, t, g->ids + at, rows + at, count(g, r, f),
+                              send + r * most * rb, err));
     else
-      embps_gather_cpu(embps_table_arrays(t).data, c->dtype, w, ids, count(g, r, f),
-                       send + r * most * rb);
+      TRY(e->ops->gather(e->be, t, g->ids + at, count(g, r, f), send + r * most * rb, err));
   }
-  if (N > 1)
+  recv = send;
+  if (N > 1) {
+    TRY(scratch(e, FS_RECV, N * most * rb, &recv, err));
     TRY(embps_comm_all_to_all(e->comm, send, most * rb, recv, err));
-  for (uint32_t r = 0; r < N; r++) /* rank r's columns of this rank's ids */
-    for (size_t i = 0; i < ft->num_ids; i++)
-      memcpy((uint8_t *)ft->rows_out + i * row_bytes + r * rb,
-             (N > 1 ? recv : send) + (r * most + i) * rb, rb);
+  }
+  for (uint32_t r = 0; r < N && ft->num_ids > 0; r++) /* rank r's columns of this rank's ids */
+    TRY(e->ops->copy2d(e->be, (uint8_t *)out + r * rb, row_bytes, recv + r * most * rb, rb, rb,
+                       ft->num_ids, err));
+  TRY(lookup_done(e, ft, out, bytes, err));
 fail:
-  embps_free(send);
-  embps_free(recv);
-  embps_free(rows);
   return ret;
 }
 
@@ -265,49 +334,45 @@ fail:
 static embps_status_t push_feature(embps_engine_t *e, const gathered_t *g,
                                    const embps_feature_t *ft, size_t f, int64_t *tokens,
                                    uint8_t *grads, size_t *at, embps_error_t *err) {
-  const embps_table_config_t *c = embps_table_config(ft->table);
-  const size_t w = embps_table_shard_width(ft->table), W = c->emb_width, N = g->N, S = g->S;
+  embps_table_t *t = ft->table;
+  const embps_table_config_t *c = embps_table_config(t);
+  const size_t w = embps_table_shard_width(t), W = c->emb_width, N = g->N, S = g->S;
   const size_t ds = embps_dtype_size(c->dtype);
   const int pooled = ft->pooling != EMBPS_POOLING_NONE;
   /* what one rank sends another: pooled, S bag gradients of w f32; else its ids' gradients */
-  size_t most = 0, rb = pooled ? w * sizeof(float) : w * ds, src_row, block;
-  uint8_t *send = NULL, *recv = NULL;
-  int64_t *offsets = NULL;
-  embps_status_t ret = EMBPS_OK;
+  const size_t es = pooled ? sizeof(float) : ds, rows = pooled ? S : ft->num_ids;
+  const size_t block = (pooled ? S : most_of(g, f)) * w * es;
+  uint8_t *in, *send, *recv;
+  embps_status_t ret;
 
-  for (uint32_t r = 0; r < N; r++)
-    most = count(g, r, f) > most ? count(g, r, f) : most;
-  block = (pooled ? S : most) * rb;
-  offsets = embps_malloc((S + 1) * sizeof(int64_t));
-  CHECK_ALLOC(offsets);
-  src_row = pooled ? W * sizeof(float) : W * ds;
-  send = embps_calloc(N * block + 1, 1);
-  recv = embps_malloc(N * block + 1);
-  CHECK_ALLOC(send && recv);
-  for (uint32_t r = 0; r < N; r++) /* block r: rank r's columns of this rank's rows */
-    for (size_t i = 0; i < (pooled ? S : ft->num_ids); i++)
-      memcpy(send + r * block + i * rb, (const uint8_t *)ft->grads + i * src_row + r * rb, rb);
-  if (N > 1)
+  TRY(scratch(e, FS_GRADS_IN, rows * W * es, &in, err));
+  TRY(e->ops->copy_in(e->be, in, ft->grads, rows * W * es, err));
+  TRY(scratch(e, FS_SEND, N * block, &send, err));
+  for (uint32_t r = 0; r < N && rows > 0; r++) /* block r: rank r's columns of this rank's rows */
+    TRY(e->ops->copy2d(e->be, send + r * block, w * es, in + r * w * es, W * es, w * es, rows,
+                       err));
+  recv = send;
+  if (N > 1) {
+    TRY(scratch(e, FS_RECV, N * block, &recv, err));
     TRY(embps_comm_all_to_all(e->comm, send, block, recv, err));
+  }
   for (uint32_t r = 0; r < N; r++) {
-    const size_t n = count(g, r, f);
-    const int64_t *ids = g->ids + r * g->M + start(g, r, f);
-    const uint8_t *from = (N > 1 ? recv : send) + r * block;
-    memcpy(tokens + at[r], ids, n * sizeof(int64_t));
-    bag_offsets(g, r, f, offsets);
+    const size_t n = count(g, r, f), from = start(g, r, f);
+    if (n == 0)
+      continue;
+    TRY(e->ops->copy2d(e->be, tokens + at[r], sizeof(int64_t), g->ids + from, sizeof(int64_t),
+                       sizeof(int64_t), n, err));
     if (pooled)
-      embps_expand_bags_cpu(
-          (const float *)from, w, ids,
-          ft->pooling == EMBPS_POOLING_WEIGHTED_SUM ? g->weights + r * g->M + start(g, r, f) : NULL,
-          offsets, S, ft->pooling == EMBPS_POOLING_MEAN, c->dtype, grads + at[r] * w * ds);
+      TRY(e->ops->expand_bags(e->be, t, (const float *)(recv + r * block), g->ids + from,
+                              ft->pooling == EMBPS_POOLING_WEIGHTED_SUM ? g->weights + from : NULL,
+                              offsets_of(g, r, f), S, ft->pooling == EMBPS_POOLING_MEAN,
+                              grads + at[r] * w * ds, err));
     else
-      memcpy(grads + at[r] * w * ds, from, n * w * ds);
+      TRY(e->ops->copy2d(e->be, grads + at[r] * w * ds, w * ds, recv + r * block, w * ds, w * ds, n,
+                         err));
     at[r] += n;
   }
 fail:
-  embps_free(send);
-  embps_free(recv);
-  embps_free(offsets);
   return ret;
 }
 
@@ -320,13 +385,12 @@ static embps_status_t push_table(embps_engine_t *e, embps_op_t *op, const gather
   embps__engine_scratch_t s;
   embps__engine_step_t res;
   size_t T = 0, mine = 0, *at = NULL;
-  int64_t *tokens = NULL;
-  uint8_t *grads = NULL;
+  int64_t *tokens;
+  uint8_t *grads;
   embps_status_t ret = EMBPS_OK;
 
   memset(&sh, 0, sizeof(sh));
-  at = embps_calloc(g->N, sizeof(size_t));
-  CHECK_ALLOC(at);
+  CHECK_ALLOC(at = embps_calloc(g->N, sizeof(size_t)));
   for (uint32_t r = 0; r < g->N; r++) {
     at[r] = T;
     for (size_t f = 0; f < g->F; f++)
@@ -344,9 +408,8 @@ static embps_status_t push_table(embps_engine_t *e, embps_op_t *op, const gather
   sh.ds = embps_dtype_size(c->dtype);
   sh.nb = embps_row_stats_block(sh.w) ? sh.w / embps_row_stats_block(sh.w) : 0;
   sh.hashed = embps_table_hindex(t) != NULL;
-  tokens = embps_malloc(T * sizeof(int64_t) + 1);
-  grads = embps_malloc(T * sh.w * sh.ds + 1);
-  CHECK_ALLOC(tokens && grads);
+  TRY(scratch(e, FS_TOKENS, T * sizeof(int64_t), &tokens, err));
+  TRY(scratch(e, FS_GRADS, T * sh.w * sh.ds, &grads, err));
   for (size_t f = 0; f < g->F; f++)
     if (op->features[f].table == t)
       TRY(push_feature(e, g, &op->features[f], f, tokens, grads, at, err));
@@ -364,8 +427,6 @@ static embps_status_t push_table(embps_engine_t *e, embps_op_t *op, const gather
   step->num_unique = res.num_unique;
 fail:
   embps_free(at);
-  embps_free(tokens);
-  embps_free(grads);
   return ret;
 }
 
@@ -398,17 +459,17 @@ fail:
 embps_status_t embps__engine_run_features(embps_engine_t *e, embps_op_t *op, embps_error_t *err) {
   gathered_t g;
   embps_status_t ret;
-  if (e->ops->backend != EMBPS_BACKEND_CPU) { /* the service refuses them first */
-    embps_error_set(&op->error, EMBPS_UNIMPLEMENTED,
-                    "feature batches are served by the cpu backend in this build");
-    return EMBPS_OK;
-  }
+  if (!e->ops->scratch || !e->ops->pool_bags || !e->ops->expand_bags)
+    return embps_error_set(err, EMBPS_INTERNAL, "the %s backend serves no feature batches",
+                           embps_backend_name(e->ops->backend));
   if ((ret = gather_shards(e, op, &g, err)) == EMBPS_OK)
     ret = op->kind == EMBPS_OP_LOOKUP ? run_lookup(e, op, &g, err) : run_push(e, op, &g, err);
   gathered_free(&g);
-  if (ret == EMBPS_OK && op->kind == EMBPS_OP_PUSH && op->error.status == EMBPS_OK)
+  if (ret == EMBPS_OK)
     ret = e->ops->finish(e->be, err);
-  if (ret == EMBPS_OK && op->kind == EMBPS_OP_PUSH && op->error.status != EMBPS_OK)
+  else
+    e->ops->abort(e->be);
+  if (op->kind == EMBPS_OP_PUSH && (ret != EMBPS_OK || op->error.status != EMBPS_OK))
     op->applied = 0;
   return ret;
 }

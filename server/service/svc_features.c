@@ -175,11 +175,6 @@ static embps_status_t check_features(embps_service_t *svc, const fview_t *v, int
     if ((ret = check_feature(svc, f, *samples, push, &features[i], err)) != EMBPS_OK)
       return ret;
   }
-  if (embps_group_backend(svc->group) != EMBPS_BACKEND_CPU)
-    return embps_error_set(err, EMBPS_UNIMPLEMENTED,
-                           "feature batches are served by the cpu backend in this build: run the "
-                           "group with --device cpu, or send one Lookup or PushGradients per "
-                           "table");
   return EMBPS_OK;
 }
 
