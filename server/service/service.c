@@ -42,7 +42,6 @@ const embps__svc_method_t embps__svc_methods[] = {
     {SERVICE_PREFIX "Lookup", EMBPS_AUTH_READER, embps__svc_lookup},
     {SERVICE_PREFIX "PushFeatures", EMBPS_AUTH_WORKER, embps__svc_push_features},
     {SERVICE_PREFIX "LookupFeatures", EMBPS_AUTH_READER, embps__svc_lookup_features},
-    {SERVICE_PREFIX "Assign", EMBPS_AUTH_WORKER, NULL}, /* known, not yet served */
     {SERVICE_PREFIX "ListTables", EMBPS_AUTH_READER, embps__svc_list_tables},
     {SERVICE_PREFIX "GetStats", EMBPS_AUTH_READER, embps__svc_stats},
     {SERVICE_PREFIX "ListCheckpoints", EMBPS_AUTH_READER, embps__svc_list_checkpoints},
