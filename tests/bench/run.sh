@@ -148,7 +148,7 @@ run_features() {
         fvals[${op}_${mode}_sps]+="$(jget samples_per_s <<<"$out") "
         fvals[${op}_${mode}_bytes]+="$(awk '{print $1}' <<<"$d") "
         fvals[${op}_${mode}_peer]+="$(awk '{print $2}' <<<"$d") "
-        echo "features ${pre}${op} ${mode}: $(jget samples_per_s <<<"$out") samples/s, client bytes/sample, peer bytes/step, steps: $d"
+        echo "features ${pre}${op} ${mode}: $(jget samples_per_s <<<"$out") samples/s; $(awk '{printf "client bytes/sample %s, peer bytes/step %s, steps counted %s", $1, $2, $3}' <<<"$d")"
       done
     done
   done
