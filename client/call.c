@@ -115,6 +115,7 @@ void embps__call_free(embps_call_t *call) {
     call->next->prev = call->prev;
   embps_free(call->req);
   embps_free(call->batch.table);
+  embps__feat_req_free(call->feat);
   embps_free(call);
 }
 

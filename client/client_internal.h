@@ -6,6 +6,8 @@
  *             a batch's attempts (the rules of retry.c)
  *   batch.c   lookups and pushes: a batch split into one token shard per rank, its digest, and
  *             the requests of each attempt
+ *   features.c  feature batches: a batch of samples of many features split into one sample
+ *             shard per rank, its digest, each attempt's requests, and the replies joined
  *   admin.c   the unary admin calls (tables, stats, health, checkpoint) */
 #ifndef EMBPS_CLIENT_INTERNAL_H
 #define EMBPS_CLIENT_INTERNAL_H
@@ -68,6 +70,9 @@ typedef struct embps__batch_req {
   uint64_t digest;
 } embps__batch_req_t;
 
+/** A feature batch's request (features.c), owned by its call. */
+typedef struct embps__feat_req embps__feat_req_t;
+
 struct embps_call {
   embps_client_t *client;
   uint64_t batch_id;
@@ -88,6 +93,7 @@ struct embps_call {
    * On failure the shards it sent are withdrawn and call->failed says why. */
   embps_status_t (*send)(embps_call_t *call);
   embps__batch_req_t batch;
+  embps__feat_req_t *feat; /* a feature batch's (features.c); NULL for every other call */
   /* Run by embps_call_wait once every shard succeeded, to join the ranks' replies (a push's
    * result); NULL when there is nothing to join. */
   embps_status_t (*join)(embps_call_t *call);
@@ -148,6 +154,11 @@ ProtobufCMessage *embps__reply_unpack(embps_client_t *c, const ProtobufCMessageD
 
 /** Frees a message from embps__reply_unpack(). */
 void embps__reply_free(ProtobufCMessage *m);
+
+/* ---- features.c ---- */
+
+/** Frees a feature batch's request (the caller's arrays it borrows stay). NULL is a no-op. */
+void embps__feat_req_free(embps__feat_req_t *r);
 
 /* ---- admin.c ---- */
 

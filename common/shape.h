@@ -11,6 +11,11 @@
 embps_status_t embps_shape_check_tokens_per_batch(uint64_t tokens_per_batch, uint32_t group_size,
                                                   embps_error_t *err);
 
+/** A feature batch's batch_size (samples) must split into group_size equal sample shards
+ * (docs/design.md, "Feature batches"). INVALID_ARGUMENT if not, in the server's words. */
+embps_status_t embps_shape_check_batch_size(uint64_t batch_size, uint32_t group_size,
+                                            embps_error_t *err);
+
 /** emb_width must split into group_size equal column slices. INVALID_ARGUMENT if not. */
 embps_status_t embps_shape_check_emb_width(uint64_t emb_width, uint32_t group_size,
                                            embps_error_t *err);

@@ -7,7 +7,7 @@ EMBPS_PACKAGES=(
   build-essential cmake pkg-config git
   clang libclang-rt-14-dev
   libuv1-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libisal-dev
-  libmicrohttpd-dev libxxhash-dev xxhash python3-xxhash
+  libmicrohttpd-dev libxxhash-dev xxhash python3-xxhash libjansson-dev
   libssl-dev openssl
   python3 python3-grpcio python3-grpc-tools python3-numpy python3-protobuf protobuf-compiler
   python3-torch

@@ -2,8 +2,8 @@
  *
  * Reads the flags into embps_bench_opts_t, checks that every named table exists and has rows to
  * draw from (a dense table's rows hold --key-space; a hash-keyed table takes any), and hands the
- * tables' specs to the load generator (bench.c), whose threads open their own connections (this one
- * is closed first). */
+ * tables' specs to the load generator (bench.c, or bench_features.c with --features), whose threads
+ * open their own connections (this one is closed first). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +15,8 @@
 #include "embps/embps.h"
 
 embps_cli_flag_t embps_cli_bench_flags[] = {
-    {"--batch", "T", "tokens per op (this or --mix is required)", NULL},
+    {"--batch", "T", "tokens per op (this or --mix is required); with --features, samples per step",
+     NULL},
     {"--mix", "T:W,...", "batch sizes with weights, e.g. 1024:3,4096:1 (a size alone weighs 1)",
      NULL},
     {"--tables", "NAME,...", "more tables to spread the ops over, evenly", NULL},
@@ -46,6 +47,15 @@ embps_cli_flag_t embps_cli_bench_flags[] = {
     {"--output", "FORMAT",
      "text (default), json (today's keys, ghz's and the client's CPU time) or csv", NULL},
     {"--json", NULL, "the same as --output json", NULL},
+    {"--features", "SPEC",
+     "load a feature set instead: each step one batch of --batch samples of COUNTxBAG[:POOLING] "
+     "features (e.g. 26x1,1x100:sum,3x8:mean; pooling none, sum (default), mean or "
+     "weighted_sum), feature i on table i mod the tables named, in one call per rank",
+     NULL},
+    {"--per-table", NULL,
+     "with --features: the same steps as one lookup or push per table, pooled (and gradients "
+     "expanded) by the client, the baseline feature batches replace",
+     NULL},
     {NULL, NULL, NULL, NULL}};
 
 /* Adds the comma-separated names in list to names (no copies: the pointers point into list's
@@ -74,6 +84,8 @@ static int split_names(const char *cmd, const char *list, char **buf, const char
 
 int embps_cli_cmd_bench(const char *cmd, embps_cli_flag_t *f, const char *name) {
   embps_bench_opts_t o;
+  embps_bench_features_t fo;
+  embps_bench_feature_group_t *groups = NULL;
   uint64_t conc, pipe, one_batch = 0, *mix = NULL;
   double *weights = NULL;
   embps_table_spec_t *tables = NULL;
@@ -86,8 +98,16 @@ int embps_cli_cmd_bench(const char *cmd, embps_cli_flag_t *f, const char *name) 
   int rc;
 
   memset(&o, 0, sizeof(o));
+  memset(&fo, 0, sizeof(fo));
   if (!embps_cli_flag(f, "--batch") == !embps_cli_flag(f, "--mix"))
     return embps_cli_usage_error(cmd, "exactly one of --batch and --mix is required");
+  if (embps_cli_flag(f, "--per-table") && !embps_cli_flag(f, "--features"))
+    return embps_cli_usage_error(cmd, "--per-table runs a --features bench: give --features too");
+  if (embps_cli_flag(f, "--features") &&
+      (embps_cli_flag(f, "--mix") || embps_cli_flag(f, "--rate") ||
+       (out && strcmp(out, "csv") == 0)))
+    return embps_cli_usage_error(cmd, "--features takes --batch (samples per step) and runs "
+                                      "closed loop only (no --mix, no --rate), text or json");
   if ((rc = embps_cli_flag_double(cmd, f, "--duration", 0.001, 1e7, 10.0, &o.duration_s)) ||
       (rc = embps_cli_flag_double(cmd, f, "--warmup", 0.0, 1e7, 1.0, &o.warmup_s)) ||
       (rc = embps_cli_flag_u64(cmd, f, "--concurrency", 1, 4096, 1, &conc)) ||
@@ -116,6 +136,14 @@ int embps_cli_cmd_bench(const char *cmd, embps_cli_flag_t *f, const char *name) 
     o.batches = mix;
     o.weights = weights;
   }
+  if (embps_cli_flag(f, "--features")) { /* --mix was refused: nothing to free yet */
+    if (embps_bench_parse_features(embps_cli_flag(f, "--features"), &groups, &fo.ngroups, err,
+                                   sizeof(err)) != 0)
+      return embps_cli_usage_error(cmd, err);
+    fo.spec = embps_cli_flag(f, "--features");
+    fo.groups = groups;
+    fo.per_table = embps_cli_flag(f, "--per-table") != NULL;
+  }
   o.concurrency = (uint32_t)conc;
   o.pipeline = (uint32_t)pipe;
   o.async_push = embps_cli_flag(f, "--async") != NULL;
@@ -127,6 +155,7 @@ int embps_cli_cmd_bench(const char *cmd, embps_cli_flag_t *f, const char *name) 
   else if (out && strcmp(out, "text") != 0) {
     free(mix);
     free(weights);
+    free(groups);
     return embps_cli_usage_error(cmd, "--output must be text, json or csv");
   }
   rc = 1;
@@ -170,7 +199,8 @@ int embps_cli_cmd_bench(const char *cmd, embps_cli_flag_t *f, const char *name) 
     embps_client_options_t wo = embps_cli_options();
     wo.group_size = embps_client_group_size(c);
     embps_cli_disconnect();
-    rc = embps_cli_bench(embps_cli_servers(), &wo, chosen, nnames, &o);
+    rc = fo.groups ? embps_cli_bench_features(embps_cli_servers(), &wo, chosen, nnames, &o, &fo)
+                   : embps_cli_bench(embps_cli_servers(), &wo, chosen, nnames, &o);
   }
 exit:
   embps_tables_free(tables, nt);
@@ -180,5 +210,6 @@ exit:
   free(names_buf[1]);
   free(mix);
   free(weights);
+  free(groups);
   return rc;
 }

@@ -10,7 +10,8 @@
 # Prints one table at the end. Repeats each measurement REPEAT times and quotes medians.
 #
 #   tests/bench/run.sh [--duration S] [--repeat N] [--rows R] [--tokens uniform|zipf] [--perf]
-#                      [--no-hash]
+#                      [--no-hash] [--features | --features-only] [--feature-rows R]
+#                      [--feature-tables N] [--feature-batch B]
 # --tokens: how the bench draws token ids over the table (embps bench --tokens): uniform, the
 #   default, touches every row alike, so batches reach memory (the hard case); zipf (exponent
 #   1.05) repeats hot rows, which then sit in cache and dedup shrinks the push.
@@ -30,6 +31,19 @@
 # batches its stats counted) and the bench client (its client_cpu_s over its calls), and from
 # them the most push rows/s this machine's cores allow with client and server on it: when both
 # share the cores, a push cannot go faster than all of them busy on it, whatever overlaps.
+# --features adds, at the end, feature batches (issue 32) on a DLRM-DCNv2-shaped feature set: the
+#   26 features of MLPerf's multi-hot sizes (3,2,1,2,6,1,1,1,1,7,3,8,1,6,9,5,1,1,1,12,100,27,10,3,
+#   1,1 ids per sample, 214 in all, sum-pooled), 128-wide f32, batch 2048 samples (--feature-batch),
+#   feature i on table i mod N of --feature-tables N (default 26) tables of --feature-rows rows
+#   (default 100000; rowwise Adagrad). On one server, then on a 2-rank group, REPEAT rounds each
+#   run, interleaved, `embps bench --features` (one LookupFeatures/PushFeatures per rank and
+#   step, pooled on the servers) and the same steps with --per-table (one Lookup/PushGradients
+#   per table and step, pooled and expanded by the client, as before feature batches), lookups and
+#   pushes apart, and prints the medians: samples/s, the client<->server bytes per sample (every
+#   rank's GetStats bytes_in + bytes_out over the run, warm-up included, over the steps the servers
+#   counted) and, on the group, the peer bytes per step (the most any rank sent, GetStats
+#   peer_bytes_sent), with the issue's targets (bytes at least 6x fewer, samples/s at least 4x).
+#   --features-only runs this section alone.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -39,15 +53,24 @@ rows=1000000
 perf=0
 tokens=uniform
 hash=1
+features=0
+feature_rows=100000
+feature_tables=26
+feature_batch=2048
 while [ $# -gt 0 ]; do
   case $1 in
+    --features) features=1; shift ;;
+    --features-only) features=2; shift ;;
+    --feature-rows) feature_rows=$2; shift 2 ;;
+    --feature-tables) feature_tables=$2; shift 2 ;;
+    --feature-batch) feature_batch=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --perf) perf=1; shift ;;
     --no-hash) hash=0; shift ;;
     --tokens) tokens=$2; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -72,6 +95,120 @@ server_ticks() {
   for p in $SERVER_PIDS; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
   echo "$t"
 }
+
+# ---- 5. feature batches (issue 32) ---------------------------------------------------------------
+# The DLRM-DCNv2 feature set: MLPerf's multi-hot sizes, one feature each, sum-pooled.
+DLRM_SIZES="3 2 1 2 6 1 1 1 1 7 3 8 1 6 9 5 1 1 1 12 100 27 10 3 1 1"
+feature_spec=$(for b in $DLRM_SIZES; do printf '1x%s:sum,' "$b"; done)
+feature_spec=${feature_spec%,}
+# fstats_delta BEFORE AFTER TABLE COUNTER K BATCH: prints "client_bytes_per_sample
+# peer_bytes_per_step steps" from two `embps stats --json`: the steps are rank 0's delta of
+# TABLE's COUNTER over K (a feature lookup counts once per feature of the table), the client bytes
+# every rank's bytes_in + bytes_out, the peer bytes the most any rank sent.
+fstats_delta() {
+  /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+before, after = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+table, counter, k, batch = sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])
+def tab(r):
+    return next(t for t in r["tables"] if t["name"] == table)
+steps = (tab(after[0])[counter] - tab(before[0])[counter]) // k
+client = sum(a["bytes_in"] - b["bytes_in"] + a["bytes_out"] - b["bytes_out"]
+             for a, b in zip(after, before))
+peer = max(a["peer_bytes_sent"] - b["peer_bytes_sent"] for a, b in zip(after, before))
+print("%.1f %.1f %d" % (client / max(steps * batch, 1), peer / max(steps, 1), steps))
+PY
+}
+# run_features PREFIX (E and NRANKS set): creates the tables, then REPEAT rounds of the four runs,
+# interleaved; stores fres[PREFIX{lookup,push}_{features,per_table}_{sps,bytes,peer}] (medians).
+declare -A fres
+run_features() {
+  local pre=$1 names="" t k0
+  for t in $(seq 0 $((feature_tables - 1))); do
+    $E create-table "ft$t" --rows "$feature_rows" --emb-width 128 --dtype f32 \
+      --optimizer rowwise_adagrad >/dev/null
+    names+="ft$t,"
+  done
+  names=${names%,}
+  k0=$(( (26 + feature_tables - 1) / feature_tables )) # features on ft0
+  declare -A fvals
+  for _ in $(seq "$repeat"); do
+    for op in lookup push; do
+      for mode in features per_table; do
+        local ratio=0 counter=lookups k=$k0 before after out d
+        [ "$op" = push ] && { ratio=1; counter=pushes; k=1; }
+        [ "$mode" = per_table ] && k=1
+        before=$($E stats --json)
+        # shellcheck disable=SC2046 # the flag is empty or one word
+        out=$($E bench "$names" --features "$feature_spec" --batch "$feature_batch" \
+                 --duration "$duration" --warmup 1 --push-ratio "$ratio" --json \
+                 $([ "$mode" = per_table ] && echo --per-table))
+        after=$($E stats --json)
+        d=$(fstats_delta "$before" "$after" ft0 "$counter" "$k" "$feature_batch")
+        fvals[${op}_${mode}_sps]+="$(jget samples_per_s <<<"$out") "
+        fvals[${op}_${mode}_bytes]+="$(awk '{print $1}' <<<"$d") "
+        fvals[${op}_${mode}_peer]+="$(awk '{print $2}' <<<"$d") "
+        echo "features ${pre}${op} ${mode}: $(jget samples_per_s <<<"$out") samples/s; $(awk '{printf "client bytes/sample %s, peer bytes/step %s, steps counted %s", $1, $2, $3}' <<<"$d")"
+      done
+    done
+  done
+  for key in "${!fvals[@]}"; do
+    fres[${pre}${key}]=$(tr ' ' '\n' <<<"${fvals[$key]}" | grep . | median)
+  done
+}
+features_section() {
+  local fpid p0 p1 off up r
+  echo "---- feature batches: $feature_spec over $feature_tables tables of $feature_rows rows, batch $feature_batch ----"
+  build/bin/embps-server --listen 127.0.0.1:0 >"$work/fserver.log" 2>&1 &
+  fpid=$!
+  pids+=("$fpid")
+  for _ in $(seq 100); do
+    addr=$(grep -o 'listening on [0-9.]*:[0-9]*' "$work/fserver.log" | awk '{print $3}') && [ -n "$addr" ] && break
+    sleep 0.1
+  done
+  E="build/bin/embps --servers $addr"
+  run_features f1_
+  kill "$fpid" 2>/dev/null || true; wait "$fpid" 2>/dev/null || true
+  read -r p0 p1 off < <(/usr/bin/python3 deploy/group_ports.py)
+  local fg=()
+  for r in 0 1; do
+    build/bin/embps-server --rank "$r" --peers "127.0.0.1:$p0,127.0.0.1:$p1" \
+      --peer-port-offset "$off" >"$work/fgroup$r.log" 2>&1 &
+    pids+=($!)
+    fg+=($!)
+  done
+  E="build/bin/embps --servers 127.0.0.1:$p0,127.0.0.1:$p1"
+  up=0
+  for _ in $(seq 100); do
+    $E --connect-timeout-ms 1000 --deadline-ms 2000 health >/dev/null 2>&1 && { up=1; break; }
+    sleep 0.3
+  done
+  [ $up = 1 ] || { cat "$work"/fgroup*.log; echo "the 2-rank group did not become healthy" >&2; exit 1; }
+  run_features f2_
+  for r in "${fg[@]}"; do kill "$r" 2>/dev/null || true; wait "$r" 2>/dev/null || true; done
+  printf "\n%-40s %12s %12s %9s %12s %12s %9s\n" \
+    "feature batches (median of $repeat)" "1r features" "1r table" "ratio" "2r features" "2r table" "ratio"
+  frow() { # LABEL OP FIELD INVERT TARGET
+    awk -v l="$1" -v a="${fres[f1_${2}_features_$3]}" -v b="${fres[f1_${2}_per_table_$3]}" \
+        -v c="${fres[f2_${2}_features_$3]}" -v d="${fres[f2_${2}_per_table_$3]}" -v inv="$4" \
+        -v tgt="$5" 'BEGIN {
+      r1 = inv ? (a > 0 ? b / a : 0) : (b > 0 ? a / b : 0)
+      r2 = inv ? (c > 0 ? d / c : 0) : (d > 0 ? c / d : 0)
+      printf "%-40s %12.0f %12.0f %8.2fx %12.0f %12.0f %8.2fx  %s\n", l, a, b, r1, c, d, r2, tgt }'
+  }
+  frow "lookup samples/s" lookup sps 0 "(target >= 4x)"
+  frow "lookup client bytes/sample (fewer: x)" lookup bytes 1 "(target >= 6x fewer)"
+  frow "push samples/s" push sps 0 "(target >= 4x)"
+  frow "push client bytes/sample (fewer: x)" push bytes 1 "(target >= 6x fewer)"
+  frow "lookup peer bytes/step (fewer: x)" lookup peer 1 "(2 ranks)"
+  frow "push peer bytes/step (fewer: x)" push peer 1 "(2 ranks)"
+  echo "(1r: one server; 2r: a 2-rank group; features: one LookupFeatures/PushFeatures per rank and step, pooled on the servers; table: one Lookup/PushGradients per table and step, pooled and expanded by the client)"
+}
+
+if [ "$features" = 2 ]; then
+  features_section
+  exit 0
+fi
 
 # ---- 1. iperf3 --------------------------------------------------------------------------------
 iport=$(free_port)
@@ -417,4 +554,8 @@ if [ "$hash" = 1 ]; then
     hash_row "lookup 65536x128" lookup65536 "$dist"
     hash_row "push 65536x128" push65536 "$dist"
   done
+fi
+
+if [ "$features" = 1 ]; then
+  features_section
 fi

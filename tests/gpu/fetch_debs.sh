@@ -6,8 +6,8 @@
 #   tests/gpu/fetch_debs.sh [DIR]      DIR: default $EMBPS_GPU_DEBS, else .gpu-debs/ in the repo
 #
 # The set: the dev packages the build needs (libuv, nghttp2, protobuf-c with protoc-c, cmocka,
-# ISA-L, libmicrohttpd, OpenSSL, xxHash (the batch digest's header),
-# pkg-config) and the closure of their Depends/Pre-Depends computed with apt-cache depends,
+# ISA-L, libmicrohttpd, OpenSSL, xxHash (the batch digest's header), jansson (the CLI's JSON
+# input), pkg-config) and the closure of their Depends/Pre-Depends computed with apt-cache depends,
 # stopping at BASE, the packages any machine with a CUDA toolkit has (the C/C++ runtime).
 # It then checks the set standalone: everything is unpacked into an empty prefix and
 # protoc-c --version and pkg-config for every module must work from there alone.
@@ -16,12 +16,12 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DIR=${1:-${EMBPS_GPU_DEBS:-$ROOT/.gpu-debs}}
-ROOTS=(libuv1-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libisal-dev libmicrohttpd-dev libssl-dev libxxhash-dev pkgconf)
+ROOTS=(libuv1-dev libnghttp2-dev libprotobuf-c-dev protobuf-c-compiler libcmocka-dev libisal-dev libmicrohttpd-dev libssl-dev libxxhash-dev libjansson-dev pkgconf)
 # The C library's own headers (libc6-dev and what it pulls in) are the toolchain's: unpacked
 # under the prefix, whose include directory comes first, Debian's glibc 2.36 stdio.h met another
 # glibc's bits/ on the H200 machine and the build stopped (L_tmpnam undeclared).
 BASE=" libc6 libgcc-s1 libstdc++6 zlib1g libcrypt1 gcc-12-base debconf libc6-dev libc-dev-bin linux-libc-dev libcrypt-dev "
-MODULES=(libuv libnghttp2 libprotobuf-c cmocka libisal libmicrohttpd openssl libxxhash)
+MODULES=(libuv libnghttp2 libprotobuf-c cmocka libisal libmicrohttpd openssl libxxhash jansson)
 
 # shellcheck source=tests/gpu/debs_env.sh
 . "$ROOT/tests/gpu/debs_env.sh"

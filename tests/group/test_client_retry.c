@@ -21,6 +21,10 @@
  *     none past the call's deadline), says how many attempts it made, and the group served
  *     about that many (rank 1's lookup counter).
  *
+ *   - The same for feature batches (embps_push_features, embps_lookup_features): a feature push
+ *     through the cut is retried whole and answered replayed, its table bitwise its twin's; a
+ *     feature lookup through the cut answers what one without it does.
+ *
  * The twins are created with the same spec and seed, so they start equal (checked). Every wait
  * is bounded: a 30 s client deadline, 60 s to start the group, 20 s to stop it. */
 #define _DEFAULT_SOURCE
@@ -317,8 +321,86 @@ static void test_attempt_timeout_retries_within_one_deadline(void **state) {
   embps_client_free(c);
 }
 
+/* A feature batch of g_tokens as two bags per sample (BATCH / 2 samples): a sum feature whose
+ * pooled gradients are g_grads' first rows, and a feature of pooling none with g_grads per id. */
+static void feature_batch(const char *table, embps_feature_t f[2], uint32_t lengths[BATCH / 2],
+                          void *out0, void *out1) {
+  for (int s = 0; s < BATCH / 2; s++)
+    lengths[s] = 2;
+  memset(f, 0, 2 * sizeof(*f));
+  f[0].name = "pooled";
+  f[0].pooling = EMBPS_POOLING_SUM;
+  f[0].grad_bytes = f[0].out_bytes = BATCH / 2 * WIDTH * sizeof(float);
+  f[1].name = "raw";
+  f[1].pooling = EMBPS_POOLING_NONE;
+  f[1].grad_bytes = f[1].out_bytes = BATCH * WIDTH * sizeof(float);
+  for (int k = 0; k < 2; k++) {
+    f[k].table = table;
+    f[k].ids = g_tokens;
+    f[k].num_ids = BATCH;
+    f[k].lengths = lengths;
+    f[k].grads = g_grads;
+  }
+  f[0].out = out0;
+  f[1].out = out1;
+}
+
+/* A feature push whose reply was cut is sent again whole (same batch id, digest and client id,
+ * the next attempt) and answered replayed: applied exactly once, as its twin without a cut. */
+static void test_feature_push_retried_after_lost_reply_applies_once(void **state) {
+  embps_feature_t f[2];
+  uint32_t lengths[BATCH / 2];
+  embps_feature_step_t twin[2], cut[2];
+  size_t n = 0;
+  int cuts = cut_proxy_cuts(&g_proxy);
+  (void)state;
+  create_table("feat_cut");
+  create_table("feat_twin");
+  feature_batch("feat_twin", f, lengths, NULL, NULL);
+  assert_int_equal(embps_push_features(g_client, f, 2, BATCH / 2, EMBPS_PUSH_SYNC, twin, &n),
+                   EMBPS_OK);
+  assert_int_equal(n, 1);
+  assert_int_equal(twin[0].result.replayed, 0);
+  feature_batch("feat_cut", f, lengths, NULL, NULL);
+  cut_proxy_arm(&g_proxy);
+  embps_status_t st = embps_push_features(g_client, f, 2, BATCH / 2, EMBPS_PUSH_SYNC, cut, &n);
+  if (st != EMBPS_OK)
+    fail_msg("feature push through the cut: %s: %s", embps_status_string(st),
+             embps_client_last_error(g_client));
+  assert_int_equal(cut_proxy_cuts(&g_proxy), cuts + 1);
+  assert_int_equal(n, 1);
+  assert_string_equal(cut[0].table, "feat_cut");
+  assert_int_equal(cut[0].result.replayed, 1);
+  assert_tables_equal("feat_cut", "feat_twin"); /* applied once, bitwise */
+  create_table("feat_fresh");
+  assert_tables_differ("feat_cut", "feat_fresh"); /* and applied */
+}
+
+/* A feature lookup through the cut answers what one without it does. */
+static void test_feature_lookup_retried_after_lost_reply(void **state) {
+  static float w0[BATCH / 2 * WIDTH], w1[BATCH * WIDTH], g0[BATCH / 2 * WIDTH], g1[BATCH * WIDTH];
+  embps_feature_t f[2];
+  uint32_t lengths[BATCH / 2];
+  int cuts = cut_proxy_cuts(&g_proxy);
+  (void)state;
+  create_table("feat_look");
+  feature_batch("feat_look", f, lengths, w0, w1);
+  assert_int_equal(embps_lookup_features(g_client, f, 2, BATCH / 2), EMBPS_OK);
+  feature_batch("feat_look", f, lengths, g0, g1);
+  cut_proxy_arm(&g_proxy);
+  embps_status_t st = embps_lookup_features(g_client, f, 2, BATCH / 2);
+  if (st != EMBPS_OK)
+    fail_msg("feature lookup through the cut: %s: %s", embps_status_string(st),
+             embps_client_last_error(g_client));
+  assert_int_equal(cut_proxy_cuts(&g_proxy), cuts + 1);
+  assert_memory_equal(g0, w0, sizeof(w0));
+  assert_memory_equal(g1, w1, sizeof(w1));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_feature_push_retried_after_lost_reply_applies_once),
+      cmocka_unit_test(test_feature_lookup_retried_after_lost_reply),
       cmocka_unit_test(test_push_retried_after_lost_reply_applies_once),
       cmocka_unit_test(test_push_retried_after_lost_request_applies_once),
       cmocka_unit_test(test_lookup_retried_after_lost_reply),

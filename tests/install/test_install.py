@@ -102,7 +102,7 @@ class InstalledLibraryTest(unittest.TestCase):
     def test_layout(self):
         self.assertEqual(self.libdir, os.path.join(self.prefix, "lib"))
         self.assertEqual(self.includedir, os.path.join(self.prefix, "include"))
-        for name in ["embps.h", "status.h", "dtype.h", "optimizer.h", "eviction.h"]:
+        for name in ["embps.h", "status.h", "dtype.h", "optimizer.h", "eviction.h", "pooling.h"]:
             self.assertTrue(os.path.isfile(os.path.join(self.includedir, "embps", name)), name)
         real = "libembps.so." + VERSION
         self.assertTrue(os.path.isfile(os.path.join(self.libdir, real)))

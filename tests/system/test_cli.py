@@ -41,13 +41,14 @@ COMMANDS = {
     "tables": ["--json"],
     "lookup": ["--tokens"],
     "push": ["--tokens", "--grads", "--grad-value", "--async"],
+    "lookup-features": ["--json"],
     "stats": ["--json"],
     "health": ["--service"],
     "checkpoint": ["--table"],
     "checkpoints": [],
     "bench": ["--batch", "--mix", "--tables", "--duration", "--warmup", "--concurrency",
               "--pipeline", "--rate", "--tokens", "--key-space", "--zipf", "--push-ratio", "--async", "--seed", "--output",
-              "--json"],
+              "--json", "--features", "--per-table"],
 }
 
 SERVER_FLAGS = ["listen", "rank", "peers", "peer-port-offset", "mesh", "table-axis", "data-axis",

@@ -5,7 +5,8 @@
  * flags.
  *
  * A client holds one HTTP/2 (gRPC, cleartext) connection to every server of a shard group and
- * splits each batch of tokens into one contiguous token shard per rank. Calls are unary gRPC
+ * splits each batch of tokens into one contiguous token shard per rank (a feature batch, many
+ * features of a batch of samples, into one contiguous sample shard per rank). Calls are unary gRPC
  * calls; the *_start variants return a call handle so that many calls can be in flight on the
  * same connections (pipelining), and embps_call_wait() finishes one.
  *
@@ -31,6 +32,7 @@
 #include "embps/dtype.h"     /* embps_dtype_t: EMBPS_DTYPE_F32, EMBPS_DTYPE_BF16 */
 #include "embps/eviction.h"  /* embps_eviction_t: EMBPS_EVICTION_DEFAULT, _LRU, _LFU, _TTL */
 #include "embps/optimizer.h" /* embps_optimizer_t: EMBPS_OPTIMIZER_DEFAULT, _SGD, ... */
+#include "embps/pooling.h"   /* embps_pooling_t: EMBPS_POOLING_NONE, _SUM, _MEAN, _WEIGHTED_SUM */
 #include "embps/status.h"    /* embps_status_t, embps_error_t: EMBPS_OK, ... */
 
 #ifdef __cplusplus
@@ -330,6 +332,90 @@ EMBPS_EXPORT embps_status_t embps_push_start(embps_client_t *client, const char 
                                              size_t grad_bytes, embps_dtype_t dtype,
                                              embps_push_mode_t mode, embps_push_result_t *result,
                                              embps_call_t **call);
+
+/** One feature of a feature batch (docs/design.md, "Feature batches"): for each of the batch's
+ * batch_size samples a bag of ids of one table, as a jagged list, and how its rows are pooled.
+ * Every pointer is the caller's, read (or, for out, written) during the call; a *_start variant
+ * borrows them until embps_call_wait() returns. Zero-fill it and set what the call needs. */
+typedef struct embps_feature {
+  const char *name;        /* unique within the batch; names the feature in errors */
+  const char *table;       /* several features may share one */
+  embps_pooling_t pooling; /* EMBPS_POOLING_NONE (0, a zero-filled struct) keeps a row per id */
+  const int64_t *ids;      /* num_ids ids, every bag's, bag after bag (sample 0's first) */
+  size_t num_ids;
+  const uint32_t *lengths; /* batch_size entries: the ids of each sample's bag (0: empty) */
+  const float *weights;    /* num_ids, with EMBPS_POOLING_WEIGHTED_SUM only; else NULL */
+  /* Lookup: the caller's buffer of out_bytes, which receives a pooled feature's batch_size rows
+   * of f32 (out_bytes = batch_size x emb_width x 4), or with pooling none one row per id in the
+   * table's dtype (num_ids x emb_width x dtype size), as embps_lookup(). */
+  void *out;
+  size_t out_bytes;
+  /* Push: grad_bytes of gradients, read during the call: a pooled feature's one f32 row per
+   * sample (batch_size x emb_width x 4), which the servers expand to the bag's ids (times the
+   * weight, over the bag's nonzero ids for mean); pooling none one row per id in the table's
+   * dtype, as embps_push(). */
+  const void *grads;
+  size_t grad_bytes;
+} embps_feature_t;
+
+/** The step a feature batch's push took on one table: every feature of the table contributed
+ * to one dedup, segment sum, non-finite gate and optimizer update. */
+typedef struct embps_feature_step {
+  const char *table; /* the table's name: the caller's string (features[k].table of the first
+                        feature naming it), valid while that is */
+  /* applied, skipped, grad_norm and num_unique of the table's step (sync); ordered (async); and
+   * replayed, when a retry found the whole push applied already: nothing was applied again, and
+   * the servers keep no per-table answer for it, so the other fields are then 0. */
+  embps_push_result_t result;
+} embps_feature_step_t;
+
+/** Looks up a batch of batch_size samples of n features in one call per rank (LookupFeatures),
+ * pooling on the servers, blocking until every rank has answered, retried as embps_lookup() is.
+ *
+ * The batch is split by samples: rank r of N gets samples [r B/N, (r+1) B/N) of every feature.
+ * batch_size must be a multiple of N, or, when the client pads (pad_batches), it is padded up to
+ * one with empty bags whose rows are dropped. Each feature's rows land in its out buffer (see
+ * embps_feature_t). Returns EMBPS_OK; EMBPS_INVALID_ARGUMENT (no features, a name missing or used
+ * twice, lengths that do not add up to num_ids, weights with a pooling other than weighted sum or
+ * missing with it, a buffer that does not hold whole rows, batch_size 0, over 2^32-1 or not
+ * splitting without padding: checked here before anything is sent; or the server's checks: an id
+ * outside a dense table, a buffer that does not fit the table's rows), the message naming the
+ * feature; EMBPS_NOT_FOUND (a feature's table does not exist); EMBPS_UNAVAILABLE;
+ * EMBPS_DEADLINE_EXCEEDED; EMBPS_INTERNAL (malformed reply); EMBPS_RESOURCE_EXHAUSTED; or
+ * another status the server returns (EMBPS_UNIMPLEMENTED from a cuda group). On failure no
+ * feature's out holds a complete answer. */
+EMBPS_EXPORT embps_status_t embps_lookup_features(embps_client_t *client,
+                                                  const embps_feature_t *features, size_t n,
+                                                  size_t batch_size);
+
+/** Starts a feature lookup without waiting (see embps_lookup_features()). features (the array
+ * and everything it points to) must stay valid and untouched until embps_call_wait() returns
+ * for *call, which writes the out buffers. On failure *call is untouched. */
+EMBPS_EXPORT embps_status_t embps_lookup_features_start(embps_client_t *client,
+                                                        const embps_feature_t *features, size_t n,
+                                                        size_t batch_size, embps_call_t **call);
+
+/** Pushes one gradient per bag (per id for pooling none) of a batch of batch_size samples of n
+ * features in one call per rank (PushFeatures), blocking until the reply; split, padded (padded
+ * samples push nothing) and retried as embps_lookup_features(), and like embps_push() applied at
+ * most once. steps, when not NULL, has room for n entries and receives one per table the batch
+ * names, in the order the features first name them; *num_steps (may be NULL) their count.
+ * Returns embps_lookup_features()'s statuses (gradients of the wrong size for the table, in the
+ * server's words) and, like embps_push(), EMBPS_UNAVAILABLE or EMBPS_DEADLINE_EXCEEDED from the
+ * last attempt, when the update may or may not have been applied. */
+EMBPS_EXPORT embps_status_t embps_push_features(embps_client_t *client,
+                                                const embps_feature_t *features, size_t n,
+                                                size_t batch_size, embps_push_mode_t mode,
+                                                embps_feature_step_t *steps, size_t *num_steps);
+
+/** Starts a feature push without waiting (see embps_push_features()). features, steps and
+ * num_steps must stay valid until embps_call_wait() returns for *call; the steps are written
+ * then. On failure *call is untouched. */
+EMBPS_EXPORT embps_status_t embps_push_features_start(embps_client_t *client,
+                                                      const embps_feature_t *features, size_t n,
+                                                      size_t batch_size, embps_push_mode_t mode,
+                                                      embps_feature_step_t *steps,
+                                                      size_t *num_steps, embps_call_t **call);
 
 /** Waits for a call to finish, moving I/O for every connection of its client meanwhile and
  * sending the call's retries, and frees the handle. Returns the call's status (EMBPS_OK or any

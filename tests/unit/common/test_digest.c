@@ -5,7 +5,9 @@
  * reference implementation's tool) prints for it. Also: a constant for an empty batch (so the
  * definition cannot drift even where xxhsum is missing), the padded variant equal to the digest
  * of the padded array, and sensitivity to every input. Without xxhsum the other tests run and
- * the program exits 77 (skipped) after them, saying why. */
+ * the program exits 77 (skipped) after them, saying why. The feature batch's digest
+ * (embps_features_digest) is held to its definition the same way: its bytes laid out here,
+ * padded samples' lengths as zeros, weights for weighted sum only. */
 #define _DEFAULT_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -148,12 +150,143 @@ static void test_sensitivity(void **state) {
   assert_true(d == embps_batch_digest("t", 4, a)); /* deterministic */
 }
 
+/* ---- feature batches (docs/design.md, "Feature batches", the digest) ---- */
+
+/* Appends v as n little-endian bytes. */
+static size_t put_le(uint8_t *out, uint64_t v, int n) {
+  for (int i = 0; i < n; i++)
+    out[i] = (uint8_t)(v >> (8 * i));
+  return (size_t)n;
+}
+
+/* The defined input bytes of a feature batch, laid out here byte by byte: the lengths padded to
+ * B with zeros, the weights only for weighted sum (pooling 3). */
+static size_t defined_feature_bytes(uint8_t *out, uint32_t B, const embps_digest_feature_t *f,
+                                    uint32_t n) {
+  size_t at = 0;
+  memcpy(out, "embps-features-v1", 17);
+  at = 17;
+  at += put_le(out + at, B, 4);
+  at += put_le(out + at, n, 4);
+  for (uint32_t k = 0; k < n; k++) {
+    size_t nl = strlen(f[k].name), tl = strlen(f[k].table);
+    at += put_le(out + at, nl, 4);
+    memcpy(out + at, f[k].name, nl);
+    at += nl;
+    at += put_le(out + at, tl, 4);
+    memcpy(out + at, f[k].table, tl);
+    at += tl;
+    at += put_le(out + at, f[k].pooling, 4);
+    at += put_le(out + at, f[k].num_ids, 8);
+    for (uint64_t i = 0; i < f[k].num_ids; i++)
+      at += put_le(out + at, (uint64_t)f[k].ids[i], 8);
+    for (uint32_t b = 0; b < B; b++)
+      at += put_le(out + at, b < f[k].num_lengths ? f[k].lengths[b] : 0, 4);
+    if (f[k].pooling == 3)
+      for (uint64_t i = 0; i < f[k].num_ids; i++) {
+        uint32_t w;
+        memcpy(&w, &f[k].weights[i], 4);
+        at += put_le(out + at, w, 4);
+      }
+  }
+  return at;
+}
+
+/* Three features (sum, weighted sum, none; two on one table) of B samples, the last `pad` of them
+ * padding: their lengths are not given (num_lengths = B - pad), and must hash as empty bags. */
+static void test_features_against_xxhsum(void **state) {
+  static const uint32_t Bs[] = {1, 4, 12, 300};
+  int64_t *ids = malloc(8 * 4000);
+  uint32_t *lengths = malloc(4 * 3 * 300);
+  float *weights = malloc(4 * 4000);
+  uint8_t *bytes = malloc(200 + 3 * (4 * 300 + 12 * 4000));
+  (void)state;
+  if (!g_have_xxhsum)
+    skip();
+  assert_non_null(ids);
+  assert_non_null(lengths);
+  assert_non_null(weights);
+  assert_non_null(bytes);
+  for (size_t bi = 0; bi < sizeof(Bs) / sizeof(Bs[0]); bi++)
+    for (uint32_t pad = 0; pad < 3 && pad < Bs[bi]; pad++) {
+      uint32_t B = Bs[bi];
+      embps_digest_feature_t f[3] = {{"clicks", "dense", 1, NULL, 0, NULL, 0, NULL},
+                                     {"cats", "half", 3, NULL, 0, NULL, 0, NULL},
+                                     {"raw", "dense", 0, NULL, 0, NULL, 0, NULL}};
+      uint64_t at = 0;
+      for (int k = 0; k < 3; k++) {
+        uint32_t *len = lengths + k * 300;
+        uint64_t n = 0;
+        for (uint32_t b = 0; b < B - pad; b++)
+          n += len[b] = (uint32_t)(rnd_token() & 7) * (b % 5 != 3); /* empty bags too */
+        for (uint64_t i = 0; i < n; i++) {
+          ids[at + i] = i % 4 == 0 ? 0 : rnd_token(); /* padding ids, negative keys */
+          weights[at + i] = (float)(rnd_token() % 1000) / 7.0f;
+        }
+        f[k].ids = ids + at;
+        f[k].num_ids = n;
+        f[k].lengths = len;
+        f[k].num_lengths = B - pad;
+        f[k].weights = f[k].pooling == 3 ? weights + at : NULL;
+        at += n;
+      }
+      size_t nb = defined_feature_bytes(bytes, B, f, 3);
+      uint64_t want = xxhsum(bytes, nb);
+      if (want == 0)
+        want = 1;
+      if (embps_features_digest(B, f, 3) != want)
+        fail_msg("B=%u pad=%u: the feature digest differs from xxhsum -H3", B, pad);
+    }
+  free(ids);
+  free(lengths);
+  free(weights);
+  free(bytes);
+}
+
+/* Every input moves the feature digest; weights count for weighted sum only; lengths past the
+ * given ones are zeros (the same as giving them). */
+static void test_features_sensitivity(void **state) {
+  int64_t ids[4] = {5, 0, 7, 9}, ids2[4] = {5, 0, 9, 7};
+  uint32_t len[3] = {2, 0, 2}, len2[3] = {1, 1, 2}, len0[4] = {2, 0, 2, 0};
+  float w[4] = {1, 2, 3, 4}, w2[4] = {1, 2, 3, 5};
+  embps_digest_feature_t f = {"f", "t", 3, ids, 4, len, 3, w}, g;
+  uint64_t d = embps_features_digest(3, &f, 1);
+  (void)state;
+  assert_true(d != 0 && d == embps_features_digest(3, &f, 1));
+  g = f, g.name = "g";
+  assert_true(d != embps_features_digest(3, &g, 1));
+  g = f, g.table = "u";
+  assert_true(d != embps_features_digest(3, &g, 1));
+  g = f, g.ids = ids2;
+  assert_true(d != embps_features_digest(3, &g, 1));
+  g = f, g.lengths = len2;
+  assert_true(d != embps_features_digest(3, &g, 1));
+  g = f, g.weights = w2;
+  assert_true(d != embps_features_digest(3, &g, 1));
+  g = f, g.pooling = 1;
+  assert_true(d != embps_features_digest(3, &g, 1));
+  {
+    uint64_t sum = embps_features_digest(3, &g, 1);
+    g.weights = w2;
+    assert_true(sum == embps_features_digest(3, &g, 1)); /* sum: weights unread */
+  }
+  assert_true(d != embps_features_digest(4, &f, 1)); /* B */
+  g = f, g.lengths = len0, g.num_lengths = 4;
+  assert_true(embps_features_digest(4, &f, 1) == embps_features_digest(4, &g, 1));
+  assert_true(d != embps_features_digest(3, &f, 0));
+  g = f, g.name = "ft", g.table = "";
+  f.table = "tt";
+  assert_true(embps_features_digest(3, &f, 1) != embps_features_digest(3, &g, 1));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_empty_batch_constant),
       cmocka_unit_test(test_against_xxhsum),
       cmocka_unit_test(test_padded_equals_padded_array),
       cmocka_unit_test(test_sensitivity),
+      cmocka_unit_test(test_features_against_xxhsum),
+      cmocka_unit_test(test_features_sensitivity),
   };
   int rc;
   g_have_xxhsum = system("xxhsum --version >/dev/null 2>&1") == 0;

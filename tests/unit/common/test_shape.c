@@ -32,10 +32,23 @@ static void test_emb_width(void **state) {
       strstr(err.message, "emb_width=130 does not shard evenly over the 4-rank communicator"));
 }
 
+static void test_batch_size(void **state) {
+  embps_error_t err;
+  (void)state;
+  embps_error_clear(&err);
+  assert_int_equal(embps_shape_check_batch_size(2048, 4, &err), EMBPS_OK);
+  assert_int_equal(embps_shape_check_batch_size(7, 1, &err), EMBPS_OK);
+  assert_int_equal(embps_shape_check_batch_size(10, 4, &err), EMBPS_INVALID_ARGUMENT);
+  assert_string_equal(err.message,
+                      "batch_size=10 does not shard evenly over the 4-rank communicator: pad the "
+                      "batch to 12 samples (a multiple of 4) with empty bags");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tokens_per_batch),
       cmocka_unit_test(test_emb_width),
+      cmocka_unit_test(test_batch_size),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
