@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "common/backend.h"
+#include "embps/pooling.h"
 #include "common/op_kind.h"
 #include "common/status.h"
 #include "server/comm/comm.h"
@@ -23,13 +24,8 @@
 
 typedef struct embps_op embps_op_t;
 
-/** How a feature's bags become rows (the wire's Pooling, same values). */
-typedef enum embps_pooling {
-  EMBPS_POOLING_NONE = 0,        /* one row per id, in the table's dtype */
-  EMBPS_POOLING_SUM = 1,         /* one f32 row per bag: the sum of its rows */
-  EMBPS_POOLING_MEAN = 2,        /* the sum over the bag's nonzero ids */
-  EMBPS_POOLING_WEIGHTED_SUM = 3 /* the sum of each row times its id's weight */
-} embps_pooling_t;
+/* How a feature's bags become rows: embps_pooling_t, declared once for the client library and
+ * the server in <embps/pooling.h> (the wire's Pooling values). */
 
 /** One feature of a feature batch, as this rank's shard holds it (validated by the service:
  * lengths add up to num_ids, weights only for weighted sum, the sizes of grads and rows_out).

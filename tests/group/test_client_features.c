@@ -603,13 +603,10 @@ static void test_bad_input(void **state) {
   expect(c, st, EMBPS_INVALID_ARGUMENT, "size out as batch_size x emb_width x 4", "width");
 }
 
-/* A weighted-sum feature whose shard on one rank holds no ids (a valid batch) must be served like
- * any other. The servers built from commit ff0bf18 break the group on it instead: each rank
- * decides from its own shard whether to all-gather weights (server/engine/features.c, `weighted
- * |= op->features[f].weights != NULL`, NULL for a shard without ids), so the rank without ids
- * skips a collective the others make ("rank 3 sent all_to_all of ... where this rank expected
- * all_gather"). Deciding by the pooling mode fixes it. Until the server is fixed this test skips
- * (it would leave its group broken) unless EMBPS_TEST_WEIGHTED_EMPTY_SHARD=1 asks for it. */
+/* A weighted-sum feature whose shard on one rank holds no ids (a valid batch) is served like any
+ * other. Servers that decided from each rank's own shard whether to all-gather weights broke the
+ * group on it (the rank without ids skipped a collective the others made); every rank decides by
+ * the pooling mode now. */
 static void test_weighted_shard_without_ids(void **state) {
   static const int64_t ids[3] = {4, 9, 4};
   static const uint32_t lengths[4] = {2, 1, 0, 0}; /* rank 1 of 2: samples 2 and 3, no ids */
@@ -618,12 +615,6 @@ static void test_weighted_shard_without_ids(void **state) {
   embps_client_t *c = g_clients[1];
   embps_feature_t f;
   (void)state;
-  if (!getenv("EMBPS_TEST_WEIGHTED_EMPTY_SHARD")) {
-    fprintf(stderr, "skipped: a weighted-sum shard without ids breaks the group on the servers "
-                    "of commit ff0bf18 (server/engine/features.c); set "
-                    "EMBPS_TEST_WEIGHTED_EMPTY_SHARD=1 to run it\n");
-    skip();
-  }
   memset(&f, 0, sizeof(f));
   f.name = "w";
   f.table = "dense";
