@@ -2,10 +2,11 @@
  * memory, copies between it and the host on the group's stream, and the bag kernels
  * (kernels/cuda/pool.cu).
  *
- * copy_in takes host memory that is not pinned (the engine's own small arrays: counts, offsets,
- * a hash-keyed table's slots, and the request's gradients when the pool could not pin them): the
- * runtime stages such a copy and returns once the host bytes are taken, so the caller may reuse
- * them at once, and the copy is ordered on the stream after the work before it. */
+ * copy_in takes host memory that may not be pinned (the engine's own small arrays: counts,
+ * offsets, a hash-keyed table's slots; the request's gradients). CUDA does not promise when a
+ * copy from pageable memory reads it, and the caller reuses or frees its array once copy_in
+ * returns, so copy_in waits for the copy (a few synchronizations per feature batch, against the
+ * batch's all-gathers and all-to-alls). */
 #include <string.h>
 
 #include "common/cuda_check.h"
@@ -33,9 +34,11 @@ exit:
 embps_status_t embps__cuda_copy_in(embps__engine_backend_t *c, void *dst, const void *host,
                                    size_t bytes, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
-  if (bytes > 0)
+  if (bytes > 0) {
     EMBPS_CUDA_CHECK_GOTO(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, c->stream), err,
                           exit);
+    EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), err, exit);
+  }
 exit:
   return ret;
 }
