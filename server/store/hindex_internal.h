@@ -15,7 +15,8 @@ struct embps_hindex {
   uint64_t hseed; /* the key hash's seed */
   uint64_t sseed[EMBPS_HINDEX_SKETCH_DEPTH]; /* the sketch rows' seeds */
   /* the arena (one zeroed mapping of arena_bytes), carved into: */
-  uint64_t *buckets; /* mask + 1: (tag << 32) | (slot + 1), 0 empty; tag = hash >> 32 */
+  uint64_t *buckets; /* mask + 1: (tag << 32) | (slot + 1), 0 empty; tag = hash >> 32, whose
+                        low bits are the home bucket (hindex.c: home) */
   uint64_t *key;     /* capacity: the key at a slot, 0 for a free slot */
   uint64_t *score;   /* capacity: the key's score (policy's; least goes first) */
   /* The victim order of the stored keys, ascending (score, key). LFU: a binary min-heap of
@@ -32,6 +33,10 @@ struct embps_hindex {
   uint8_t *sketch; /* DEPTH x sketch_width saturating counters */
   void *arena;
   size_t arena_bytes;
+  /* A step's scratch, grown to the largest step's need and freed with the index. Not state:
+   * neither encoded nor counted in embps_hindex_bytes (hindex.h). */
+  void *scratch;
+  size_t scratch_bytes;
   uint64_t nheap, nfree; /* keys in the victim order (heap or queue); free slots */
   uint32_t head, tail;   /* LRU, TTL: the queue's ends (least first), EMBPS__HIX_NONE if empty */
   uint64_t base;         /* LFU: scores are in units of 2^(base - epoch) of a push at epoch */
