@@ -120,7 +120,12 @@ void embps_hindex_find(const embps_hindex_t *ix, const uint64_t *keys, size_t n,
  * slots[i] (n entries, caller's) gets keys[i]'s slot after the step, or -1 when its gradient is
  * to be dropped (key 0, not admitted, refused). fresh (caller's, room for n entries; NULL when
  * n == 0) gets the slots assigned in this step in ascending key order, *nfresh their number.
- * Errors: EMBPS_RESOURCE_EXHAUSTED when the step's scratch (O(n)) cannot be allocated,
+ * Keys that already ascend strictly (a 0 only first), as a push's dedup gives them, are taken
+ * as they are: no sort, and each key's slot comes from the step itself instead of a second
+ * lookup (the result is the same as for any order of them).
+ * The step's scratch (24 bytes per key) stays with ix, grown to the largest step's n, until
+ * embps_hindex_free; it is not part of embps_hindex_bytes.
+ * Errors: EMBPS_RESOURCE_EXHAUSTED when the scratch cannot be grown to n keys,
  * EMBPS_FAILED_PRECONDITION when the clock is at its end; either way ix is unchanged.
  */
 embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_t n, int64_t *slots,

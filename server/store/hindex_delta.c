@@ -249,7 +249,7 @@ static int cmp_placed(const void *a, const void *b) {
 /* Frees stored slot s: its key out of the map and the victim order. */
 static void free_slot(embps_hindex_t *ix, uint32_t s) {
   embps__hindex_order_remove(ix, s);
-  embps__hindex_map_remove(ix, ix->key[s]);
+  embps__hindex_map_remove(ix, s);
   ix->key[s] = 0;
 }
 

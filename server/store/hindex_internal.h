@@ -18,7 +18,8 @@ struct embps_hindex {
   uint64_t hseed; /* the key hash's seed */
   uint64_t sseed[EMBPS_HINDEX_SKETCH_DEPTH]; /* the sketch rows' seeds */
   /* the arena (one zeroed mapping of arena_bytes), carved into: */
-  uint64_t *buckets; /* mask + 1: (tag << 32) | (slot + 1), 0 empty; tag = hash >> 32 */
+  uint64_t *buckets; /* mask + 1: (tag << 32) | (slot + 1), 0 empty; tag = hash >> 32, whose
+                        low bits are the home bucket (hindex.c: home) */
   uint64_t *key;     /* capacity: the key at a slot, 0 for a free slot */
   uint64_t *score;   /* capacity: the key's score (policy's; least goes first) */
   /* The victim order of the stored keys, ascending (score, key). LFU: a binary min-heap of
@@ -46,6 +47,10 @@ struct embps_hindex {
   uint64_t cap_base;
   void *arena;
   size_t arena_bytes;
+  /* A step's scratch, grown to the largest step's need and freed with the index. Not state:
+   * neither encoded nor counted in embps_hindex_bytes (hindex.h). */
+  void *scratch;
+  size_t scratch_bytes;
   uint64_t nheap, nfree; /* keys in the victim order (heap or queue); free slots */
   uint32_t head, tail;   /* LRU, TTL: the queue's ends (least first), EMBPS__HIX_NONE if empty */
   uint64_t base;         /* LFU: scores are in units of 2^(base - epoch) of a push at epoch */
@@ -102,8 +107,9 @@ void embps__hindex_heap_build(struct embps_hindex *ix);
 /** Builds the victim order (heap or queue) of every stored slot after decode. Errors:
  * EMBPS_RESOURCE_EXHAUSTED (the queue's sort scratch, 4 bytes per key, cannot be had). */
 embps_status_t embps__hindex_order_build(struct embps_hindex *ix);
-/** Removes key (stored) from the map; its slot's key array entry is left to the caller. */
-void embps__hindex_map_remove(struct embps_hindex *ix, uint64_t key);
+/** Removes the key stored at slot (still in ix->key) from the map; the key array entry is left
+ * to the caller. */
+void embps__hindex_map_remove(struct embps_hindex *ix, uint32_t slot);
 /** Takes stored slot s out of the victim order (heap or queue). */
 void embps__hindex_order_remove(struct embps_hindex *ix, uint32_t s);
 /** Puts stored slot s into the victim order: LFU's heap anywhere; LRU's and TTL's queue at the

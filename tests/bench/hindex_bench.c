@@ -7,11 +7,13 @@
  *   step  keys/s of embps_hindex_step (LRU, admit_after 1) over batches of --batch keys of the
  *         distribution: sort and deduplication, touches, and an insertion for every absent key,
  *         into a free slot at load 0.5 (the run stops before the table passes 0.6) or evicting
- *         at 1.0; and the share of keys that were new.
+ *         at 1.0; and the share of keys that were new. With --sorted, each step gets its batch's
+ *         distinct keys in ascending order, as the server's push passes them (its dedup sorts
+ *         them), and keys/s counts those distinct keys (the sort and dedup are not timed).
  * Keys are 64-bit values scattered from the ranks by a bijective mix. Not a test: it asserts
  * nothing about speed; with --check it checks every found slot holds its key (the ctest smoke run).
  *
- *   hindex_bench [--capacity C[,C...]] [--batch B] [--queries Q] [--check] */
+ *   hindex_bench [--capacity C[,C...]] [--batch B] [--queries Q] [--sorted] [--check] */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -44,13 +46,29 @@ static uint64_t draw(int zipf, uint64_t range) {
   return r < range ? r : range - 1;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+  const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Sorts keys[0..n) ascending and drops repeats; returns how many are left. */
+static size_t sort_distinct(uint64_t *keys, size_t n) {
+  size_t m = 0;
+  qsort(keys, n, sizeof(*keys), cmp_u64);
+  for (size_t i = 0; i < n; i++)
+    if (m == 0 || keys[i] != keys[m - 1])
+      keys[m++] = keys[i];
+  return m;
+}
+
 static double now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int run(uint64_t capacity, int zipf, double load, size_t batch, size_t queries, int check) {
+static int run(uint64_t capacity, int zipf, double load, size_t batch, size_t queries, int sorted,
+               int check) {
   embps_hindex_config_t c = {
       .capacity = capacity, .policy = EMBPS_HINDEX_LRU, .admit_after = 1, .seed = 7};
   embps_hindex_t *ix = NULL;
@@ -71,6 +89,8 @@ static int run(uint64_t capacity, int zipf, double load, size_t batch, size_t qu
     size_t n = 0;
     for (; n < batch && r < fill; n++, r++)
       keys[n] = key_of(r);
+    if (sorted)
+      n = sort_distinct(keys, n);
     embps_hindex_step(ix, keys, n, slots, fresh, &nfresh);
   }
   for (size_t done = 0; done < queries; done += batch) {
@@ -95,18 +115,21 @@ static int run(uint64_t capacity, int zipf, double load, size_t batch, size_t qu
     embps_hindex_stats(ix, &st);
     if (load < 1.0 && st.size + batch > (uint64_t)(0.6 * (double)capacity) && done)
       break;
+    size_t n = batch;
     for (size_t i = 0; i < batch; i++)
       keys[i] = key_of(draw(zipf, range));
+    if (sorted)
+      n = sort_distinct(keys, batch);
     t = now();
-    if (embps_hindex_step(ix, keys, batch, slots, fresh, &nfresh) != EMBPS_OK) {
+    if (embps_hindex_step(ix, keys, n, slots, fresh, &nfresh) != EMBPS_OK) {
       fprintf(stderr, "hindex_bench: a step failed\n");
       return 1;
     }
     t_step += now() - t;
-    stepped += batch;
+    stepped += n;
     fresh_keys += nfresh;
     if (check)
-      for (size_t i = 0; i < batch; i++)
+      for (size_t i = 0; i < n; i++)
         if (slots[i] < 0) {
           fprintf(stderr, "hindex_bench: a key was not given a slot\n");
           return 1;
@@ -129,7 +152,7 @@ static int run(uint64_t capacity, int zipf, double load, size_t batch, size_t qu
 int main(int argc, char **argv) {
   const char *caps = "1048576,16777216";
   size_t batch = 65536, queries = 1u << 24;
-  int check = 0;
+  int check = 0, sorted = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--capacity") && i + 1 < argc)
       caps = argv[++i];
@@ -139,9 +162,11 @@ int main(int argc, char **argv) {
       queries = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--check"))
       check = 1;
+    else if (!strcmp(argv[i], "--sorted"))
+      sorted = 1;
     else {
       fprintf(stderr, "usage: hindex_bench [--capacity C[,C...]] [--batch B] [--queries Q] "
-                      "[--check]\n");
+                      "[--sorted] [--check]\n");
       return 2;
     }
   }
@@ -150,8 +175,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   queries = queries / batch * batch;
-  printf("  capacity  keys     load  (one core, batches of %zu keys, %zu keys per figure)\n", batch,
-         queries);
+  printf("  capacity  keys     load  (one core, batches of %zu keys, %zu keys per figure%s)\n",
+         batch, queries, sorted ? "; steps on each batch's distinct keys, ascending" : "");
   for (const char *p = caps; *p;) {
     char *end;
     uint64_t cap = strtoull(p, &end, 10);
@@ -161,7 +186,7 @@ int main(int argc, char **argv) {
     }
     for (int zipf = 0; zipf < 2; zipf++)
       for (int l = 0; l < 2; l++)
-        if (run(cap, zipf, l ? 1.0 : 0.5, batch, queries, check))
+        if (run(cap, zipf, l ? 1.0 : 0.5, batch, queries, sorted, check))
           return 1;
     p = *end == ',' ? end + 1 : end;
   }

@@ -1,6 +1,8 @@
 /* The initializer: deterministic, row 0 zero, values in [-scale, scale) and spread over it,
  * different seeds give different tables, and a table split by columns over 1, 2, 3 or 4 ranks
- * (and at row offsets) equals the unsplit one bit for bit, in f32 and bf16. */
+ * (and at row offsets) equals the unsplit one bit for bit, in f32 and bf16; a key's row
+ * (embps_init_key_row_cpu, vectorised for the CPU it runs on) is embps_init_value bit for bit at
+ * every width, column offset and output alignment. */
 #include <math.h>
 
 #include "kernel_test_util.h"
@@ -111,11 +113,51 @@ static void test_row_zero_in_table(void **state) {
   }
 }
 
+/* embps_init_key_row_cpu against embps_init_value, element by element: widths across the vector
+ * lengths and their tails, column offsets, keys 0 (zeros), small and above 2^63, outputs at every
+ * byte alignment, and not a byte written outside the row. */
+static void test_key_row(void **state) {
+  (void)state;
+  const uint64_t keys[] = {0, 1, 2, 977, UINT64_C(0x8000000000000001), UINT64_MAX};
+  const size_t widths[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 128, 130, 257};
+  const uint64_t cols[] = {0, 5, 1000};
+  unsigned char buf[8 + 257 * 4 + 8];
+  for (int dt = 0; dt < 2; dt++) {
+    const embps_dtype_t dtype = dt ? EMBPS_DTYPE_BF16 : EMBPS_DTYPE_F32;
+    const size_t es = embps_dtype_size(dtype);
+    for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++)
+      for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++)
+        for (size_t ci = 0; ci < sizeof(cols) / sizeof(cols[0]); ci++)
+          for (size_t off = 0; off < 4; off++) {
+            const size_t w = widths[wi];
+            memset(buf, 0xa5, sizeof(buf));
+            embps_init_key_row_cpu(buf + off, dtype, w, keys[k], cols[ci], 42, 0.25f);
+            for (size_t j = 0; j < w; j++) {
+              const float want = embps_init_value(42, keys[k], cols[ci] + j, 0.25f);
+              float got;
+              if (dt) {
+                uint16_t b;
+                memcpy(&b, buf + off + j * es, es);
+                got = embps_bf16_to_f32(b);
+                assert_true(got == kt_bf16_round(want));
+              } else {
+                memcpy(&got, buf + off + j * es, es);
+                assert_memory_equal(&got, &want, sizeof(got)); /* the bits, -0 and all */
+              }
+            }
+            for (size_t b = 0; b < sizeof(buf); b++)
+              if (b < off || b >= off + w * es)
+                assert_int_equal(buf[b], 0xa5);
+          }
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_value_properties),
       cmocka_unit_test(test_column_split),
       cmocka_unit_test(test_row_zero_in_table),
+      cmocka_unit_test(test_key_row),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

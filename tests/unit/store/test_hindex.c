@@ -375,6 +375,96 @@ static void test_tiny_tables(void **state) {
   run_against_model(EMBPS_HINDEX_LRU, 3, 7);
 }
 
+/* The same sequence given twice: to one index as drawn (any order, repeats, padding), to another
+ * as the engine's push gives it, its distinct nonzero keys ascending (with the padding key 0
+ * first at random): the fast path (no sort, no second lookup) gives the same slot to every key,
+ * the same fresh list and counters, and the same state (equal encodings, the invariants hold);
+ * and both agree with the reference model. */
+static void run_sorted_against_unsorted(embps_hindex_policy_t policy, uint32_t k,
+                                        uint64_t capacity) {
+  embps_hindex_config_t c = config(capacity, policy, k);
+  embps_hindex_t *a = NULL, *b = NULL;
+  embps_hindex_stats_t sa, sb;
+  model_t *md = calloc(1, sizeof(*md));
+  uint64_t rng = c.seed ^ 0xabcdef, range = 10 * capacity, keys[MAXN], sorted[MAXN + 1];
+  int64_t slots[MAXN], sslots[MAXN + 1], want[MAXN];
+  embps_hindex_fresh_t fresh[MAXN], sfresh[MAXN + 1], wfresh[MAXN];
+  size_t nfresh, nsfresh, nwant;
+  assert_non_null(md);
+  model_init(md, &c);
+  assert_int_equal(embps_hindex_new(&a, &c, NULL), EMBPS_OK);
+  assert_int_equal(embps_hindex_new(&b, &c, NULL), EMBPS_OK);
+  for (uint64_t step = 0; step < 4000; step++) {
+    uint64_t r = rng_next(&rng);
+    size_t n = r % 8 == 0 ? (size_t)(rng_next(&rng) % MAXN) : (size_t)(rng_next(&rng) % 24);
+    size_t m = 0, nu, z = rng_next(&rng) % 3 == 0;
+    for (size_t i = 0; i < n; i++) {
+      uint64_t d = rng_next(&rng);
+      if (d % 20 == 0)
+        keys[i] = 0;
+      else if (i > 0 && d % 7 == 0)
+        keys[i] = keys[rng_next(&rng) % i];
+      else
+        keys[i] = key_of(zipf_rank(&rng, range));
+    }
+    sorted[0] = 0;
+    for (size_t i = 0; i < n; i++)
+      if (keys[i])
+        sorted[z + m++] = keys[i];
+    qsort(sorted + z, m, sizeof(*sorted), cmp_u64);
+    nu = 0;
+    for (size_t i = 0; i < m; i++)
+      if (nu == 0 || sorted[z + nu - 1] != sorted[z + i])
+        sorted[z + nu++] = sorted[z + i];
+    m = nu;
+    assert_true(strictly_ascending(sorted, z + m));
+    model_step(md, a, keys, n, want, wfresh, &nwant);
+    assert_int_equal(embps_hindex_step(a, keys, n, slots, fresh, &nfresh), EMBPS_OK);
+    assert_int_equal(embps_hindex_step(b, sorted, z + m, sslots, sfresh, &nsfresh), EMBPS_OK);
+    assert_memory_equal(slots, want, n * sizeof(*slots));
+    assert_int_equal(nfresh, nwant);
+    if (z)
+      assert_int_equal(sslots[0], -1);
+    for (size_t i = 0; i < n; i++) { /* keys[i]'s slot, found in the sorted list */
+      const uint64_t *at =
+          keys[i] ? bsearch(&keys[i], sorted + z, m, sizeof(*sorted), cmp_u64) : NULL;
+      assert_true(keys[i] == 0 || at != NULL);
+      assert_int_equal(slots[i], at ? sslots[at - sorted] : -1);
+    }
+    assert_int_equal(nfresh, nsfresh);
+    for (size_t i = 0; i < nfresh; i++)
+      assert_true(fresh[i].key == sfresh[i].key && fresh[i].evicted == sfresh[i].evicted &&
+                  fresh[i].slot == sfresh[i].slot);
+    embps_hindex_stats(a, &sa);
+    embps_hindex_stats(b, &sb);
+    assert_stats_equal(&sa, &sb);
+    assert_stats_equal(&sb, &md->st);
+    if (step % 200 == 0 || step == 3999) {
+      size_t la, lb;
+      uint8_t *pa = encode(a, &la), *pb = encode(b, &lb);
+      check_invariants(b);
+      assert_int_equal(la, lb);
+      assert_memory_equal(pa, pb, la);
+      free(pa);
+      free(pb);
+    }
+  }
+  embps_hindex_stats(b, &sb);
+  assert_true(sb.evicted > 0 && sb.refused > 0); /* full tables, and steps bigger than them */
+  embps_hindex_free(a);
+  embps_hindex_free(b);
+  free(md);
+}
+
+static void test_sorted_input_fast_path(void **state) {
+  (void)state;
+  for (int p = EMBPS_HINDEX_LRU; p <= EMBPS_HINDEX_TTL; p++) {
+    run_sorted_against_unsorted((embps_hindex_policy_t)p, 1, 61);
+    run_sorted_against_unsorted((embps_hindex_policy_t)p, 3, 61);
+  }
+  run_sorted_against_unsorted(EMBPS_HINDEX_LRU, 1, 1);
+}
+
 /* ---- targeted cases -------------------------------------------------------------------------- */
 
 static void test_find_changes_nothing_and_key0(void **state) {
@@ -445,6 +535,38 @@ static void test_step_bigger_than_capacity(void **state) {
   }
   assert_int_equal(ix->st.evicted, 8);
   assert_int_equal(ix->st.refused, 24);
+  check_invariants(ix);
+  embps_hindex_free(ix);
+}
+
+/* Evictions cut the LRU queue after its victims in one piece: the key left at its head is then
+ * touched (taken out of the queue from its head) and the next eviction takes the next oldest. */
+static void test_evict_then_touch_head(void **state) {
+  embps_hindex_config_t c = config(4, EMBPS_HINDEX_LRU, 1);
+  embps_hindex_t *ix = NULL;
+  int64_t slots[4];
+  embps_hindex_fresh_t fresh[4];
+  size_t nfresh;
+  (void)state;
+  assert_int_equal(embps_hindex_new(&ix, &c, NULL), EMBPS_OK);
+  assert_int_equal(embps_hindex_step(ix, (uint64_t[]){1, 2, 3, 4}, 4, slots, fresh, &nfresh),
+                   EMBPS_OK); /* the queue: 1 2 3 4 */
+  assert_int_equal(embps_hindex_step(ix, (uint64_t[]){5}, 1, slots, fresh, &nfresh), EMBPS_OK);
+  assert_int_equal(fresh[0].evicted, 1); /* 2 3 4 5 */
+  check_invariants(ix);
+  assert_int_equal(embps_hindex_step(ix, (uint64_t[]){2}, 1, slots, fresh, &nfresh), EMBPS_OK);
+  assert_int_equal(nfresh, 0); /* 3 4 5 2 */
+  check_invariants(ix);
+  assert_int_equal(embps_hindex_step(ix, (uint64_t[]){6, 7}, 2, slots, fresh, &nfresh), EMBPS_OK);
+  assert_int_equal(nfresh, 2);
+  assert_int_equal(fresh[0].evicted, 3);
+  assert_int_equal(fresh[1].evicted, 4); /* 5 2 6 7 */
+  check_invariants(ix);
+  assert_int_equal(embps_hindex_step(ix, (uint64_t[]){8, 9, 10, 11}, 4, slots, fresh, &nfresh),
+                   EMBPS_OK); /* every key evicted: the queue emptied, then refilled */
+  assert_int_equal(fresh[0].evicted, 5);
+  assert_int_equal(fresh[1].evicted, 2);
+  assert_int_equal(fresh[3].evicted, 7);
   check_invariants(ix);
   embps_hindex_free(ix);
 }
@@ -613,8 +735,10 @@ int main(void) {
       cmocka_unit_test(test_ttl_k1),
       cmocka_unit_test(test_ttl_k3),
       cmocka_unit_test(test_tiny_tables),
+      cmocka_unit_test(test_sorted_input_fast_path),
       cmocka_unit_test(test_find_changes_nothing_and_key0),
       cmocka_unit_test(test_step_bigger_than_capacity),
+      cmocka_unit_test(test_evict_then_touch_head),
       cmocka_unit_test(test_bytes_and_alloc_failures),
       cmocka_unit_test(test_config_refusals),
       cmocka_unit_test(test_decode_refusals),
