@@ -6,7 +6,8 @@
  * ranks [1, key space] mapped to 64-bit keys by embps_key_mix (a hash-keyed one, whose default
  * key space, 10 x capacity, makes a full table evict: --key-space sets it). Tokens come from a pool
  * per table drawn before the clock starts (at least 16 of the largest batch or 2^20 tokens per
- * thread), and each op points into it at a random offset: drawing 4096 Zipf samples per op
+ * thread; for a hash-keyed table 4 x its capacity, up to 2^24, so that a full table keeps
+ * evicting), and each op points into it at a random offset: drawing 4096 Zipf samples per op
  * would cost ~0.2 ms, a large share of a 2 MiB lookup's time on loopback, and would measure
  * the sampler instead of the server.
  *
@@ -72,7 +73,8 @@ typedef struct table_state {
   const embps_table_spec_t *spec;
   size_t row_bytes;
   int64_t *pool; /* pool_n tokens */
-  void *grads;   /* max_batch rows of 1e-4 in the table's dtype */
+  size_t pool_n;
+  void *grads; /* max_batch rows of 1e-4 in the table's dtype */
 } table_state_t;
 
 typedef struct slot {
@@ -238,7 +240,7 @@ static void *worker_main(void *arg) {
   worker_t *w = arg;
   const embps_bench_opts_t *o = w->o;
   size_t batch_max = max_batch(o), out_bytes = 0;
-  size_t pool_n = batch_max * 16 > (1u << 20) ? batch_max * 16 : (1u << 20);
+  const size_t pool_min = batch_max * 16 > (1u << 20) ? batch_max * 16 : (1u << 20);
   int open_loop = o->rate > 0;
   double interval = open_loop ? (double)o->concurrency / o->rate : 0;
   double next_due;
@@ -263,12 +265,17 @@ static void *worker_main(void *arg) {
     ts[t].row_bytes = (size_t)spec->emb_width * embps_dtype_size(spec->dtype);
     if (ts[t].row_bytes * batch_max > out_bytes)
       out_bytes = ts[t].row_bytes * batch_max;
-    ts[t].pool = malloc(pool_n * sizeof(*ts[t].pool));
+    /* A hash-keyed table's pool holds 4 x capacity draws (up to 2^24): a pool of fewer distinct
+     * keys than the capacity would fill the table once and never evict again. */
+    ts[t].pool_n = pool_min;
+    if (spec->capacity && spec->capacity * 4 > ts[t].pool_n)
+      ts[t].pool_n = spec->capacity * 4 < (1u << 24) ? (size_t)spec->capacity * 4 : (1u << 24);
+    ts[t].pool = malloc(ts[t].pool_n * sizeof(*ts[t].pool));
     ts[t].grads = malloc(batch_max * ts[t].row_bytes);
     if (!ts[t].pool || !ts[t].grads)
       goto oom;
     embps_zipf_init(&z, embps_bench_key_space(spec->rows, spec->capacity, o->key_space), o->zipf);
-    for (size_t i = 0; i < pool_n; i++) {
+    for (size_t i = 0; i < ts[t].pool_n; i++) {
       uint64_t rank = embps_zipf_sample(&z, &rng);
       ts[t].pool[i] = (int64_t)(spec->capacity ? embps_key_mix(rank) : rank);
     }
@@ -306,7 +313,7 @@ static void *worker_main(void *arg) {
       while (s->call)
         s++;
       batch = pick_batch(o, &rng);
-      off = (size_t)(embps_rng_next(&rng) % (pool_n - batch + 1));
+      off = (size_t)(embps_rng_next(&rng) % (tab->pool_n - batch + 1));
       s->is_push = o->push_ratio > 0 && embps_rng_uniform(&rng) < o->push_ratio;
       s->batch = batch;
       s->row_bytes = tab->row_bytes;
