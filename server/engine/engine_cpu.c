@@ -394,21 +394,36 @@ static embps_status_t cpu_hash_gather(embps__engine_backend_t *be, embps_table_t
   return EMBPS_OK;
 }
 
+/* The fresh slots [lo, hi) of a hash reset: slots are distinct, so shares write disjoint rows. */
+typedef struct reset_job {
+  embps_table_t *t;
+  const int64_t *slots, *keys;
+} reset_job_t;
+
+static void reset_share(void *arg, size_t lo, size_t hi) {
+  const reset_job_t *j = arg;
+  const embps_table_config_t *c = embps_table_config(j->t);
+  const embps_table_arrays_t a = embps_table_arrays(j->t);
+  const size_t w = embps_table_shard_width(j->t);
+  size_t s0, s1;
+  float v0;
+  embps_table_initial_state(j->t, &v0, &s0, &s1);
+  embps_hash_reset_cpu(a.data, c->dtype, w, a.state0,
+                       s0 ? (embps_optimizer_info(c->optimizer)->state_per_row ? 1 : w) : 0,
+                       s1 ? a.state1 : NULL, v0, j->slots + lo, j->keys + lo, hi - lo,
+                       embps_table_col_begin(j->t), c->seed, c->init_scale);
+}
+
+/* Each fresh slot's initial row is a hash per element (kernels/init.c) written to a random row:
+ * the push's engine thread waited on it alone (13-17% of an evicting push's CPU, perf), so the
+ * workers share it as they share the update. */
 static embps_status_t cpu_hash_reset(embps__engine_backend_t *be, embps_table_t *t,
                                      const int64_t *slots, const int64_t *keys, size_t n,
                                      embps_error_t *err) {
-  const embps_table_config_t *c = embps_table_config(t);
-  const embps_table_arrays_t a = embps_table_arrays(t);
-  const size_t w = embps_table_shard_width(t);
-  size_t s0, s1;
-  float v0;
-  (void)be, (void)err;
-  embps_table_initial_state(t, &v0, &s0, &s1);
+  reset_job_t j = {t, slots, keys};
+  (void)err;
   embps_table_before_write(t, slots, n); /* an open checkpoint snapshot copies them first */
-  embps_hash_reset_cpu(a.data, c->dtype, w, a.state0,
-                       s0 ? (embps_optimizer_info(c->optimizer)->state_per_row ? 1 : w) : 0,
-                       s1 ? a.state1 : NULL, v0, slots, keys, n, embps_table_col_begin(t), c->seed,
-                       c->init_scale);
+  embps_workers_run(be->workers, n, MIN_SHARE_ROWS, reset_share, &j);
   return EMBPS_OK;
 }
 
