@@ -6,15 +6,17 @@
  * each command's --help from its flag table), connect.c holds the global settings and the
  * connection, cmd_tables.c, cmd_data.c, cmd_features.c, cmd_stats.c, cmd_checkpoint.c and
  * cmd_bench.c run the command families, bench.c and bench_features.c are the load generators. The
- * tool uses only the public libembps API, with common/'s helpers over its types. Failures print
- * "embps: COMMAND: STATUS: message" with the server's message on stderr and exit 1; usage errors
- * exit 2. */
+ * tool uses only the public libembps API, with common/'s helpers over its types, except `export`
+ * (cmd_export.c, offline.h), which reads checkpoint files with the store layer's reader and talks
+ * to no server. Failures print "embps: COMMAND: STATUS: message" with the server's message on
+ * stderr and exit 1; usage errors exit 2. */
 #include <malloc.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "client/cli/args.h"
 #include "client/cli/cli.h"
+#include "client/cli/offline.h"
 #include "embps/embps.h"
 
 static const embps_cli_command_t commands[] = {
@@ -47,6 +49,11 @@ static const embps_cli_command_t commands[] = {
      embps_cli_cmd_checkpoint, embps_cli_checkpoint_flags},
     {"checkpoints", NULL, "List the complete checkpoints: round, time, ranks, bytes, tables.",
      embps_cli_cmd_checkpoints, embps_cli_checkpoints_flags},
+    {"export", "CHECKPOINT",
+     "Write a table of a complete checkpoint as numpy .npy files (rows, a hash-keyed table's "
+     "keys, optionally the optimizer state), offline: no server; any group size, full or "
+     "incremental.",
+     embps_cli_cmd_export, embps_cli_export_flags},
     {"bench", "NAME[,NAME...]",
      "Load test: C threads keep K lookups/pushes of T random tokens (uniform or Zipf) in flight "
      "(closed loop) or send R batches/s on a schedule (--rate), and report batches/s, rows/s, "

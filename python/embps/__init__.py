@@ -14,10 +14,14 @@
 
 Pure Python over stock grpcio, numpy and protobuf: the message classes are built at first import
 from proto/ (see embps/_stubs.py for where the .proto files and the cache are looked for).
+embps.checkpoint reads a checkpoint's tables as numpy arrays, offline (no server):
+embps.checkpoint.open("/data/ckpt")["items"].rows[:1000].
+
 Errors: embps.Error (a failed call: .code, a grpc.StatusCode, and the server's message) and
 embps.ShapeError (an Error and a ValueError: a batch or table that does not split over the
 group, refused before anything is sent, with the same words as the C client and the servers).
 """
+from . import checkpoint
 from ._features import Feature
 from .client import BatchFuture, Client, parse_servers
 from .errors import Error, ShapeError
@@ -26,5 +30,5 @@ from .values import (CheckpointInfo, Health, PushFeaturesResult, PushResult, Ran
 
 __all__ = ["Client", "BatchFuture", "Error", "ShapeError", "TableSpec", "PushResult",
            "RankStats", "TableStats", "Health", "CheckpointInfo", "parse_servers", "Feature",
-           "PushFeaturesResult", "TableStep"]
+           "PushFeaturesResult", "TableStep", "checkpoint"]
 __version__ = "0.1.0"

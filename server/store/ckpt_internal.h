@@ -7,6 +7,7 @@
  *   ckpt_manifest.c  the MANIFEST that makes a checkpoint exist
  *   ckpt_dir.c       the checkpoint directory: names, listing, pruning, its check and lock
  *   ckpt_restore.c   a table's columns through a chain of checkpoints, and which one to restore
+ *   ckpt_stream.c    a table's whole rows in order through the chain, offline (ckpt_stream.h)
  * Arrows point up this list: a module uses only those above it. */
 #ifndef EMBPS_STORE_CKPT_INTERNAL_H
 #define EMBPS_STORE_CKPT_INTERNAL_H
@@ -173,11 +174,57 @@ embps_status_t embps__ckpt_in_open(embps__ckpt_in_t *f, const char *path, uint64
                                    embps_error_t *err);
 void embps__ckpt_in_close(embps__ckpt_in_t *f);
 
+/** Reads block b of f at off, whose first row must be at least min_row and whose payload holds
+ * per_row bytes a row, into *payload (grown as needed: *cap bytes; the caller frees it), and
+ * verifies its crc32. *blk gets its header. Returns EMBPS_OK, EMBPS_DATA_LOSS naming the file
+ * and the block (its rows and checksums when its crc32 fails), EMBPS_RESOURCE_EXHAUSTED,
+ * EMBPS_INTERNAL. */
+embps_status_t embps__ckpt_read_block(const embps__ckpt_in_t *f, size_t per_row, uint64_t b,
+                                      uint64_t off, uint64_t min_row, embps__ckpt_block_t *blk,
+                                      uint8_t **payload, size_t *cap, embps_error_t *err);
+
+/** Reads f's trailer at off (after its last block) and checks it against what the blocks read
+ * gave: blocks_crc (the crc32 of their crc32s) and rows (their rows summed); the file must end
+ * there. Returns EMBPS_OK, EMBPS_DATA_LOSS naming the file, EMBPS_INTERNAL. */
+embps_status_t embps__ckpt_check_trailer(embps__ckpt_in_t *f, uint64_t off, uint32_t blocks_crc,
+                                         uint64_t rows, embps_error_t *err);
+
 /** Reads every block of f (verifying each) and its trailer, scattering the rows into sc's
  * destination; *covered counts the rows the file held. Returns EMBPS_OK, EMBPS_DATA_LOSS naming
  * the file (and a corrupt block's index, rows and checksums), EMBPS_RESOURCE_EXHAUSTED,
  * EMBPS_INTERNAL. */
 embps_status_t embps__ckpt_apply_file(embps__ckpt_in_t *f, const embps__ckpt_scatter_t *sc,
                                       uint64_t *covered, embps_error_t *err);
+
+/* ---- the chain (ckpt_restore.c) ------------------------------------------------------------- */
+
+/** The spec of table t that m lists, or NULL. */
+const embps_table_config_t *embps__ckpt_find_table(const embps_ckpt_manifest_t *m, const char *t);
+
+/** The manifests of m's chain: its base, the base's base, ... back to its full checkpoint, into
+ * *chain (*depth of them, nearest first; none for a full m; free with embps__ckpt_chain_free).
+ * Returns EMBPS_OK; EMBPS_DATA_LOSS for a base round not below the round above it or a base
+ * that is not a complete checkpoint; EMBPS_RESOURCE_EXHAUSTED. */
+embps_status_t embps__ckpt_chain_read(const char *dir, const embps_ckpt_manifest_t *m,
+                                      embps_ckpt_manifest_t **chain, size_t *depth,
+                                      embps_error_t *err);
+void embps__ckpt_chain_free(embps_ckpt_manifest_t *chain, size_t depth);
+
+/** Checks that spec tc of a table, as checkpoint `round` of a chain lists it, is the same table as
+ * cfg, the top checkpoint's (`top`): rows, capacity, width, dtype, optimizer. EMBPS_OK or
+ * EMBPS_DATA_LOSS ("the checkpoint chain is broken"). */
+embps_status_t embps__ckpt_chain_same_table(const embps_table_config_t *tc,
+                                            const embps_table_config_t *cfg, uint64_t round,
+                                            uint64_t top, embps_error_t *err);
+
+/** Opens rank's slice file of table cfg (as checkpoint m lists it) in dir's checkpoint of
+ * m->round, its path into path (cap bytes), and checks its header against the manifest (rank,
+ * group size, columns, round, base round, table spec). Close f whatever this returns. Returns
+ * EMBPS_OK; EMBPS_DATA_LOSS (not listed, missing, of another size, corrupt, or disagreeing with
+ * its manifest), and embps__ckpt_in_open's errors. */
+embps_status_t embps__ckpt_open_slice(const char *dir, const embps_ckpt_manifest_t *m,
+                                      const embps_table_config_t *cfg, uint32_t rank,
+                                      embps__ckpt_in_t *f, char *path, size_t cap,
+                                      embps_error_t *err);
 
 #endif

@@ -53,12 +53,72 @@ static embps_status_t crc_mismatch(embps_error_t *err, const char *path, const c
       path, what, expected, actual);
 }
 
-embps_status_t embps__ckpt_in_open(embps__ckpt_in_t *f, const char *path, uint64_t want_bytes,
-                                   embps_error_t *err) {
-  struct stat st;
+/* Reads and verifies f's header from the start of the file into f->h. */
+static embps_status_t read_header(embps__ckpt_in_t *f, embps_error_t *err) {
   uint8_t pre[EMBPS__CKPT_PREAMBLE], *h = NULL;
   uint32_t hlen, want, got;
   embps_status_t ret;
+
+  f->off = 0;
+  if (lseek(f->fd, 0, SEEK_SET) != 0)
+    return embps_error_set(err, EMBPS_INTERNAL, "cannot seek in %s: %s", f->path, strerror(errno));
+  if ((ret = read_at(f, pre, sizeof(pre), "header", err)) != EMBPS_OK ||
+      (ret = embps__ckpt_check_preamble(pre, EMBPS__CKPT_SLICE_MAGIC, f->path, err)) != EMBPS_OK)
+    return ret;
+  hlen = embps_get_le32(pre + 12);
+  if (hlen < sizeof(pre) + 4 || hlen > EMBPS__CKPT_HEADER_MAX)
+    return embps_error_set(err, EMBPS_DATA_LOSS,
+                           "checkpoint file %s is corrupt: header length %" PRIu32, f->path, hlen);
+  if (!(h = embps_malloc(hlen)))
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory reading %s", f->path);
+  memcpy(h, pre, sizeof(pre));
+  if ((ret = read_at(f, h + sizeof(pre), hlen - sizeof(pre), "header", err)) != EMBPS_OK)
+    goto exit;
+  want = embps_get_le32(h + hlen - 4);
+  if ((got = embps__ckpt_crc(0, h, hlen - 4)) != want) {
+    ret = crc_mismatch(err, f->path, "header", want, got);
+    goto exit;
+  }
+  if (embps__ckpt_header_decode(h, hlen, &f->h) != 0)
+    ret =
+        embps_error_set(err, EMBPS_DATA_LOSS, "checkpoint file %s has a malformed header", f->path);
+exit:
+  embps_free(h);
+  return ret;
+}
+
+/* Says where a file shorter than its manifest says ends, by its header and block headers: " (it
+ * ends in block B, rows A..Z)", " (it ends in its header)" or " (it ends in its trailer)". */
+static void locate_cut(embps__ckpt_in_t *f, char *out, size_t cap) {
+  embps_error_t ignored;
+  uint64_t off;
+  if (read_header(f, &ignored) != EMBPS_OK) {
+    snprintf(out, cap, " (it ends in its header)");
+    return;
+  }
+  off = f->off;
+  for (uint64_t b = 0; b < f->h.blocks; b++) {
+    uint8_t bh[BLOCK_HEADER];
+    embps__ckpt_block_t blk;
+    if (off + sizeof(bh) > f->size || pread(f->fd, bh, sizeof(bh), (off_t)off) != sizeof(bh)) {
+      snprintf(out, cap, " (it ends in block %" PRIu64 ", in its header)", b);
+      return;
+    }
+    embps__ckpt_block_get(bh, &blk);
+    if (off + sizeof(bh) + blk.bytes > f->size) {
+      snprintf(out, cap, " (it ends in block %" PRIu64 ", rows %" PRIu64 "..%" PRIu64 ")", b,
+               blk.first, blk.first + (blk.rows ? blk.rows - 1 : 0));
+      return;
+    }
+    off += sizeof(bh) + blk.bytes;
+  }
+  snprintf(out, cap, " (it ends in its trailer)");
+}
+
+embps_status_t embps__ckpt_in_open(embps__ckpt_in_t *f, const char *path, uint64_t want_bytes,
+                                   embps_error_t *err) {
+  struct stat st;
+  char where[96] = "";
 
   memset(f, 0, sizeof(*f));
   f->path = path;
@@ -70,33 +130,15 @@ embps_status_t embps__ckpt_in_open(embps__ckpt_in_t *f, const char *path, uint64
   if (fstat(f->fd, &st) != 0)
     return embps_error_set(err, EMBPS_INTERNAL, "cannot stat %s: %s", path, strerror(errno));
   f->size = (uint64_t)st.st_size;
-  if (f->size != want_bytes)
+  if (f->size != want_bytes) {
+    if (f->size < want_bytes)
+      locate_cut(f, where, sizeof(where));
     return embps_error_set(err, EMBPS_DATA_LOSS,
                            "checkpoint file %s has %" PRIu64 " bytes, its manifest says %" PRIu64
-                           ": it is truncated or was overwritten",
-                           path, f->size, want_bytes);
-  if ((ret = read_at(f, pre, sizeof(pre), "header", err)) != EMBPS_OK ||
-      (ret = embps__ckpt_check_preamble(pre, EMBPS__CKPT_SLICE_MAGIC, path, err)) != EMBPS_OK)
-    return ret;
-  hlen = embps_get_le32(pre + 12);
-  if (hlen < sizeof(pre) + 4 || hlen > EMBPS__CKPT_HEADER_MAX)
-    return embps_error_set(err, EMBPS_DATA_LOSS,
-                           "checkpoint file %s is corrupt: header length %" PRIu32, path, hlen);
-  if (!(h = embps_malloc(hlen)))
-    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory reading %s", path);
-  memcpy(h, pre, sizeof(pre));
-  if ((ret = read_at(f, h + sizeof(pre), hlen - sizeof(pre), "header", err)) != EMBPS_OK)
-    goto exit;
-  want = embps_get_le32(h + hlen - 4);
-  if ((got = embps__ckpt_crc(0, h, hlen - 4)) != want) {
-    ret = crc_mismatch(err, path, "header", want, got);
-    goto exit;
+                           ": it is truncated%s or was overwritten",
+                           path, f->size, want_bytes, where);
   }
-  if (embps__ckpt_header_decode(h, hlen, &f->h) != 0)
-    ret = embps_error_set(err, EMBPS_DATA_LOSS, "checkpoint file %s has a malformed header", path);
-exit:
-  embps_free(h);
-  return ret;
+  return read_header(f, err);
 }
 
 void embps__ckpt_in_close(embps__ckpt_in_t *f) {
@@ -180,6 +222,42 @@ static embps_status_t block_crc_mismatch(embps_error_t *err, const embps__ckpt_i
                          f->path, b, first, first + n - 1, want, got);
 }
 
+embps_status_t embps__ckpt_read_block(const embps__ckpt_in_t *f, size_t per_row, uint64_t b,
+                                      uint64_t off, uint64_t min_row, embps__ckpt_block_t *blk,
+                                      uint8_t **payload, size_t *cap, embps_error_t *err) {
+  const uint64_t rows = embps_table_config_rows(&f->h.config);
+  uint8_t bh[BLOCK_HEADER];
+  uint32_t got;
+  embps_status_t ret;
+  char what[48];
+
+  snprintf(what, sizeof(what), "block %" PRIu64, b);
+  if ((ret = pread_exact(f, bh, sizeof(bh), off, what, err)) != EMBPS_OK)
+    return ret;
+  embps__ckpt_block_get(bh, blk);
+  if (!blk->rows || blk->first < min_row || blk->first > rows || blk->rows > rows - blk->first ||
+      (uint64_t)blk->bytes != (uint64_t)blk->rows * per_row ||
+      blk->bytes > f->size - off - sizeof(bh))
+    return embps_error_set(err, EMBPS_DATA_LOSS,
+                           "checkpoint file %s is corrupt: block %" PRIu64 " claims rows %" PRIu64
+                           "+%" PRIu32 " in %" PRIu32 " bytes (crc32 %08" PRIx32
+                           "), which the table cannot hold",
+                           f->path, b, blk->first, blk->rows, blk->bytes, blk->crc);
+  if (blk->bytes > *cap) {
+    uint8_t *p = embps_realloc(*payload, blk->bytes);
+    if (!p)
+      return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory reading %s", f->path);
+    *payload = p;
+    *cap = blk->bytes;
+  }
+  if ((ret = pread_exact(f, *payload, blk->bytes, off + sizeof(bh), what, err)) != EMBPS_OK)
+    return ret;
+  got = embps__ckpt_crc(embps__ckpt_crc(0, bh, 16), *payload, blk->bytes);
+  if (got != blk->crc)
+    return block_crc_mismatch(err, f, b, blk->first, blk->rows, blk->crc, got);
+  return EMBPS_OK;
+}
+
 /* One reader of blocks: its payload buffer, reused from block to block. */
 typedef struct reader {
   const embps__ckpt_in_t *f;
@@ -194,39 +272,12 @@ typedef struct reader {
 static embps_status_t read_block(reader_t *rd, uint64_t b, uint64_t off, uint64_t min_row,
                                  uint32_t *crc_out, uint64_t *first_out, uint32_t *n_out,
                                  uint32_t *len_out, embps_error_t *err) {
-  const embps__ckpt_in_t *f = rd->f;
-  const uint64_t rows = embps_table_config_rows(&f->h.config);
-  uint8_t bh[BLOCK_HEADER];
   embps__ckpt_block_t blk;
-  uint32_t got;
-  embps_status_t ret;
-  char what[48];
-
-  snprintf(what, sizeof(what), "block %" PRIu64, b);
-  if ((ret = pread_exact(f, bh, sizeof(bh), off, what, err)) != EMBPS_OK)
+  embps_status_t ret = embps__ckpt_read_block(rd->f, rd->per_row, b, off, min_row, &blk,
+                                              &rd->payload, &rd->cap, err);
+  if (ret != EMBPS_OK)
     return ret;
-  embps__ckpt_block_get(bh, &blk);
-  if (!blk.rows || blk.first < min_row || blk.first > rows || blk.rows > rows - blk.first ||
-      (uint64_t)blk.bytes != (uint64_t)blk.rows * rd->per_row ||
-      blk.bytes > f->size - off - sizeof(bh))
-    return embps_error_set(err, EMBPS_DATA_LOSS,
-                           "checkpoint file %s is corrupt: block %" PRIu64 " claims rows %" PRIu64
-                           "+%" PRIu32 " in %" PRIu32 " bytes (crc32 %08" PRIx32
-                           "), which the table cannot hold",
-                           f->path, b, blk.first, blk.rows, blk.bytes, blk.crc);
-  if (blk.bytes > rd->cap) {
-    uint8_t *p = embps_realloc(rd->payload, blk.bytes);
-    if (!p)
-      return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED, "out of memory reading %s", f->path);
-    rd->payload = p;
-    rd->cap = blk.bytes;
-  }
-  if ((ret = pread_exact(f, rd->payload, blk.bytes, off + sizeof(bh), what, err)) != EMBPS_OK)
-    return ret;
-  got = embps__ckpt_crc(embps__ckpt_crc(0, bh, 16), rd->payload, blk.bytes);
-  if (got != blk.crc)
-    return block_crc_mismatch(err, f, b, blk.first, blk.rows, blk.crc, got);
-  scatter_block(rd->sc, f, rd->rb, rd->payload, blk.first, blk.rows);
+  scatter_block(rd->sc, rd->f, rd->rb, rd->payload, blk.first, blk.rows);
   *crc_out = blk.crc;
   *first_out = blk.first;
   *n_out = blk.rows;
@@ -408,14 +459,35 @@ static embps_status_t read_parallel(embps__ckpt_in_t *f, const embps__ckpt_scatt
   return ret;
 }
 
+embps_status_t embps__ckpt_check_trailer(embps__ckpt_in_t *f, uint64_t off, uint32_t blocks_crc,
+                                         uint64_t rows, embps_error_t *err) {
+  const embps__ckpt_header_t *h = &f->h;
+  uint8_t tr[EMBPS__CKPT_TRAILER_BYTES];
+  embps__ckpt_trailer_t t;
+  embps_status_t ret;
+
+  if ((ret = pread_exact(f, tr, sizeof(tr), off, "trailer", err)) != EMBPS_OK)
+    return ret;
+  f->off = off + sizeof(tr);
+  embps__ckpt_trailer_get(tr, &t);
+  if (t.crc_actual != t.crc)
+    return crc_mismatch(err, f->path, "trailer", t.crc, t.crc_actual);
+  if (!t.magic_ok || t.blocks != h->blocks || t.rows != rows || rows != h->rows_written ||
+      t.blocks_crc != blocks_crc || f->off != f->size)
+    return embps_error_set(err, EMBPS_DATA_LOSS,
+                           "checkpoint file %s is corrupt: its trailer does not match its blocks "
+                           "(crc32 of the blocks' crc32s: expected %08" PRIx32 ", actual %08" PRIx32
+                           ")",
+                           f->path, t.blocks_crc, blocks_crc);
+  return EMBPS_OK;
+}
+
 /* ---- a whole file --------------------------------------------------------------------------- */
 
 embps_status_t embps__ckpt_apply_file(embps__ckpt_in_t *f, const embps__ckpt_scatter_t *sc,
                                       uint64_t *covered, embps_error_t *err) {
   const embps__ckpt_header_t *h = &f->h;
   reader_t rd = {.f = f, .sc = sc};
-  uint8_t tr[EMBPS__CKPT_TRAILER_BYTES];
-  embps__ckpt_trailer_t t;
   uint32_t blocks_crc = 0, *crcs = NULL;
   uint64_t rows = 0, next_row = 0, off = f->off;
   embps_status_t ret = EMBPS_OK;
@@ -443,23 +515,8 @@ embps_status_t embps__ckpt_apply_file(embps__ckpt_in_t *f, const embps__ckpt_sca
     next_row = first + n;
     off += BLOCK_HEADER + len;
   }
-  if ((ret = pread_exact(f, tr, sizeof(tr), off, "trailer", err)) != EMBPS_OK)
+  if ((ret = embps__ckpt_check_trailer(f, off, blocks_crc, rows, err)) != EMBPS_OK)
     goto exit;
-  f->off = off + sizeof(tr);
-  embps__ckpt_trailer_get(tr, &t);
-  if (t.crc_actual != t.crc) {
-    ret = crc_mismatch(err, f->path, "trailer", t.crc, t.crc_actual);
-    goto exit;
-  }
-  if (!t.magic_ok || t.blocks != h->blocks || t.rows != rows || rows != h->rows_written ||
-      t.blocks_crc != blocks_crc || f->off != f->size) {
-    ret = embps_error_set(err, EMBPS_DATA_LOSS,
-                          "checkpoint file %s is corrupt: its trailer does not match its blocks "
-                          "(crc32 of the blocks' crc32s: expected %08" PRIx32 ", actual %08" PRIx32
-                          ")",
-                          f->path, t.blocks_crc, blocks_crc);
-    goto exit;
-  }
   *covered = rows;
 exit:
   embps_free(crcs);

@@ -201,6 +201,8 @@ const embps_hindex_config_t *embps_hindex_config(const embps_hindex_t *ix) { ret
 
 void embps_hindex_stats(const embps_hindex_t *ix, embps_hindex_stats_t *st) { *st = ix->st; }
 
+const uint64_t *embps_hindex_slot_keys(const embps_hindex_t *ix) { return ix->key; }
+
 /* ---- the hash map ---------------------------------------------------------------------------- */
 
 static uint64_t key_hash(const embps_hindex_t *ix, uint64_t key) {

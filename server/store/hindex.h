@@ -105,6 +105,11 @@ const embps_hindex_config_t *embps_hindex_config(const embps_hindex_t *ix);
 /** ix's counters into *st. */
 void embps_hindex_stats(const embps_hindex_t *ix, embps_hindex_stats_t *st);
 
+/** The key each slot holds: capacity entries, slot by slot, 0 for a free slot (borrowed from ix:
+ * valid until ix is stepped, applied a delta or freed). What `embps export` writes beside a
+ * checkpoint's rows. */
+const uint64_t *embps_hindex_slot_keys(const embps_hindex_t *ix);
+
 /** Read-only lookup: slots[i] = the slot of keys[i], or -1 for a key not stored (key 0, the
  * padding, is never stored). Changes nothing: no recency, no admission count. */
 void embps_hindex_find(const embps_hindex_t *ix, const uint64_t *keys, size_t n, int64_t *slots);
