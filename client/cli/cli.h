@@ -82,6 +82,12 @@ extern embps_cli_flag_t embps_cli_push_flags[];
 int embps_cli_cmd_lookup(const char *cmd, embps_cli_flag_t *f, const char *name);
 int embps_cli_cmd_push(const char *cmd, embps_cli_flag_t *f, const char *name);
 
+/* cmd_import.c: assign, import (rows written as given; .npy files read by npy.h) */
+extern embps_cli_flag_t embps_cli_assign_flags[];
+extern embps_cli_flag_t embps_cli_import_flags[];
+int embps_cli_cmd_assign(const char *cmd, embps_cli_flag_t *f, const char *name);
+int embps_cli_cmd_import(const char *cmd, embps_cli_flag_t *f, const char *name);
+
 /* cmd_stats.c: stats (text, JSON, Prometheus), health */
 extern embps_cli_flag_t embps_cli_stats_flags[];
 extern embps_cli_flag_t embps_cli_health_flags[];
