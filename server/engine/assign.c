@@ -65,8 +65,9 @@ static embps_status_t host_reserve(embps_engine_t *e, size_t T, int hashed, embp
                                    host_t *h, embps_error_t *err) {
   const size_t i64 = align64(T * sizeof(int64_t)), u32 = align64(T * sizeof(uint32_t));
   const size_t fresh = hashed ? align64(T * sizeof(embps_hindex_fresh_t)) : 0;
+  /* tokens, unique, last, dst (2 arrays); hash-keyed: keys, before, slots */
   const size_t need =
-      i64 * (4 + (hashed ? 3 : 0)) + u32 + fresh + align64(embps_dedup_workspace_bytes(T)) + 64;
+      i64 * (5 + (hashed ? 3 : 0)) + u32 + fresh + align64(embps_dedup_workspace_bytes(T)) + 64;
   uint8_t *p;
   if (need > e->ascratch_cap) {
     embps_free(e->ascratch);
