@@ -238,6 +238,36 @@ class AssignTest(Base):
             self.assertTrue(np.array_equal(bits(c.lookup(name, [2, 3])), bits(after_push)))
         self.each(body)
 
+    def test_forgotten_retry_refused(self):
+        """With --retry-window 2, a client's third assign forgets its first: a retry of the
+        first is refused with design.md's message and writes nothing."""
+        g = gl.Group(1, "--retry-window", "2")
+        try:
+            with embps.Client(g.addresses, timeout=30) as c:
+                c.create_table("t", rows=16, emb_width=W, optimizer="sgd")
+                tok = np.array([1, 2], np.int64)
+                plan = _batch.Plan(2, 1, False)
+                digest = _digest.digest("t", tok, 2)
+                first = None
+                for k in range(3):
+                    bid = c._next_batch_id()
+                    reqs = _batch.assign_requests("t", tok, rng_rows(30 + k, 2), plan, 1, bid,
+                                                  True, c.client_id, digest)
+                    c._calls.results(c._calls.send("assign", reqs, True, 30))
+                    first = first or (bid, reqs)
+                before = c.lookup("t", tok)
+                retry = [embps._wire.with_attempt(q, "assign", 1) for q in first[1]]
+                with self.assertRaises(embps.Error) as cm:
+                    c._calls.results(c._calls.send("assign", retry, True, 30))
+                self.assertEqual(cm.exception.code, SC.FAILED_PRECONDITION)
+                want = gl.design_message("a retried assign the window forgot", B=first[0],
+                                         C="0x%x" % c.client_id, N=2)
+                self.assertEqual(cm.exception.details, want)
+                self.assertTrue(np.array_equal(bits(c.lookup("t", tok)), bits(before)))
+        finally:
+            codes = g.close()
+            self.assertEqual(codes, {0: 0}, g.last_logs)
+
     def test_bad_input_writes_nothing(self):
         def body(c, n, name):
             c.create_table(name, rows=20, emb_width=W, optimizer="sgd")
