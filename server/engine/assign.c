@@ -196,8 +196,8 @@ embps_status_t embps__engine_run_assign(embps_engine_t *e, const embps__engine_s
     TRY(embps_comm_all_to_all(e->comm, send, block, recv, err));
     src = recv; /* T x w: every position's row on this rank's columns */
   }
-  htokens = tokens;
-  if (!ops->host_memory) {
+  htokens = N == 1 ? op->tokens : tokens; /* a group of one has the batch's tokens on the host */
+  if (!ops->host_memory && N > 1) {
     TRY(ops->copy_out(be, h.tokens, tokens, T * sizeof(int64_t), err));
     htokens = h.tokens;
   }
