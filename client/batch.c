@@ -1,4 +1,4 @@
-/* Lookups and pushes: a batch of tokens split into one contiguous token shard per rank
+/* Lookups, pushes and assigns: a batch of tokens split into one contiguous token shard per rank
  * (group.c plans it, padding it when the client pads), every shard sent with the same batch id
  * on its rank's connection as one stream of the call.
  *
@@ -21,9 +21,24 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/digest.h"
+#include "common/wire_fields.h"
 #include "embps/v1/embps.pb-c.h"
 
-enum batch_kind { LOOKUP, PUSH };
+enum batch_kind { LOOKUP, PUSH, ASSIGN };
+
+/* An AssignRequest numbers its fields as a PushGradientsRequest does, rows in place of gradients
+ * and reset_state (a varint) in place of mode, so an assign is sent as a push's frame. */
+_Static_assert(EMBPS_WIRE_ASSIGN_REQUEST_TABLE == EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_TABLE &&
+                   EMBPS_WIRE_ASSIGN_REQUEST_TOKENS == EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_TOKENS &&
+                   EMBPS_WIRE_ASSIGN_REQUEST_DTYPE == EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_DTYPE &&
+                   EMBPS_WIRE_ASSIGN_REQUEST_ROWS == EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_GRADIENTS &&
+                   EMBPS_WIRE_ASSIGN_REQUEST_RESET_STATE ==
+                       EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_MODE &&
+                   EMBPS_WIRE_ASSIGN_REQUEST_CLIENT_ID ==
+                       EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_CLIENT_ID &&
+                   EMBPS_WIRE_ASSIGN_REQUEST_DIGEST == EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_DIGEST &&
+                   EMBPS_WIRE_ASSIGN_REQUEST_ATTEMPT == EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_ATTEMPT,
+               "AssignRequest's fields must be numbered as PushGradientsRequest's");
 
 /* ---- lookup ---- */
 
@@ -87,6 +102,38 @@ static embps_status_t push_join(embps_call_t *call) {
   return EMBPS_OK;
 }
 
+/* Joins the ranks' AssignResponses into call->assign_result. */
+static embps_status_t assign_join(embps_call_t *call) {
+  embps_client_t *c = call->client;
+  embps_assign_result_t res;
+  memset(&res, 0, sizeof(res));
+  for (uint32_t i = 0; i < call->nshards; i++) {
+    embps__stream_t *s = call->shards[i].stream;
+    Embps__V1__AssignResponse *m = (Embps__V1__AssignResponse *)embps__reply_unpack(
+        c, &embps__v1__assign_response__descriptor, s, i);
+    if (!m)
+      return c->last.status;
+    if (m->batch_id != call->batch_id || m->shard_index != i) {
+      embps__reply_free(&m->base);
+      return embps__client_fail(
+          c, EMBPS_INTERNAL,
+          "assign reply from rank %u is for batch %llu shard %u, the request was batch "
+          "%llu shard %u",
+          i, (unsigned long long)m->batch_id, m->shard_index, (unsigned long long)call->batch_id,
+          i);
+    }
+    res.replayed |= m->replayed != 0;
+    if (i == 0) {
+      res.num_assigned = m->num_assigned;
+      res.num_refused = m->num_refused;
+    }
+    embps__reply_free(&m->base);
+  }
+  if (call->assign_result)
+    *call->assign_result = res;
+  return EMBPS_OK;
+}
+
 /* Checks a batch's common arguments and plans it. */
 static embps_status_t batch_check(embps_client_t *c, const char *what, const char *table,
                                   const int64_t *tokens, size_t n, const void *buf, size_t bytes,
@@ -114,7 +161,9 @@ static embps_status_t batch_check(embps_client_t *c, const char *what, const cha
 static embps_status_t batch_send(embps_call_t *call) {
   embps_client_t *c = call->client;
   const embps__batch_req_t *b = &call->batch;
-  const char *path = b->is_push ? EMBPS__PATH_PREFIX "PushGradients" : EMBPS__PATH_PREFIX "Lookup";
+  const char *path = b->is_assign ? EMBPS__PATH_PREFIX "Assign"
+                     : b->is_push ? EMBPS__PATH_PREFIX "PushGradients"
+                                  : EMBPS__PATH_PREFIX "Lookup";
   embps_error_t err;
   embps_status_t st;
 
@@ -187,8 +236,8 @@ static embps_status_t batch_send(embps_call_t *call) {
 static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const char *table,
                                   const int64_t *tokens, size_t n, void *out, const void *grads,
                                   size_t bytes, int dtype, int mode, embps_push_result_t *result,
-                                  embps_call_t **out_call) {
-  const char *what = kind == LOOKUP ? "lookup" : "push";
+                                  embps_assign_result_t *assigned, embps_call_t **out_call) {
+  const char *what = kind == LOOKUP ? "lookup" : kind == PUSH ? "push" : "assign";
   embps__batch_plan_t plan;
   uint64_t row_bytes = 0;
   embps_status_t st;
@@ -199,14 +248,14 @@ static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const
                    &row_bytes);
   if (st != EMBPS_OK)
     return st;
-  if (kind == PUSH && embps_dtype_size(dtype) == 0)
-    return embps__client_fail(c, EMBPS_INVALID_ARGUMENT, "push: dtype %d is neither f32 nor bf16",
-                              dtype);
-  if (kind == PUSH && row_bytes % embps_dtype_size(dtype) != 0)
-    return embps__client_fail(
-        c, EMBPS_INVALID_ARGUMENT,
-        "push: %llu gradient bytes per token is not a whole number of %s values",
-        (unsigned long long)row_bytes, embps_dtype_name(dtype));
+  if (kind != LOOKUP && embps_dtype_size(dtype) == 0)
+    return embps__client_fail(c, EMBPS_INVALID_ARGUMENT, "%s: dtype %d is neither f32 nor bf16",
+                              what, dtype);
+  if (kind != LOOKUP && row_bytes % embps_dtype_size(dtype) != 0)
+    return embps__client_fail(c, EMBPS_INVALID_ARGUMENT,
+                              "%s: %llu %s bytes per token is not a whole number of %s values",
+                              what, (unsigned long long)row_bytes,
+                              kind == PUSH ? "gradient" : "row", embps_dtype_name(dtype));
   call = embps__call_new(c, c->group_size);
   if (!call || !(call->batch.table = embps_strdup(table))) {
     if (call)
@@ -215,8 +264,11 @@ static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const
   }
   call->batch_id = c->next_batch_id++;
   call->push_result = result;
+  call->assign_result = assigned;
   if (kind == PUSH)
     call->join = push_join;
+  else if (kind == ASSIGN)
+    call->join = assign_join;
   call->send = batch_send;
   call->max_attempts = c->max_attempts;
   call->attempt_timeout_ms = c->attempt_timeout_ms;
@@ -224,14 +276,15 @@ static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const
    * advance of the call ends it. */
   embps__attempt_bounds((int64_t)embps_now_ms(), call->deadline, call->attempt_timeout_ms,
                         &call->attempt_deadline, &call->attempt_timeout);
-  call->batch.is_push = kind == PUSH;
+  call->batch.is_push = kind != LOOKUP;
+  call->batch.is_assign = kind == ASSIGN;
   call->batch.tokens = tokens;
   call->batch.out = out;
   call->batch.grads = grads;
   call->batch.row_bytes = row_bytes;
   call->batch.plan = plan;
-  call->batch.dtype = kind == PUSH ? dtype : 0;
-  call->batch.mode = kind == PUSH ? mode : 0;
+  call->batch.dtype = kind != LOOKUP ? dtype : 0;
+  call->batch.mode = kind != LOOKUP ? mode : 0; /* an assign's reset_state */
   call->batch.digest = embps_batch_digest_padded(table, (uint32_t)plan.tokens_per_batch, tokens, n);
   st = batch_send(call);
   embps__verdict_add(&v, st);
@@ -245,7 +298,8 @@ static embps_status_t batch_start(embps_client_t *c, enum batch_kind kind, const
 
 embps_status_t embps_lookup_start(embps_client_t *client, const char *table, const int64_t *tokens,
                                   size_t n, void *out, size_t out_bytes, embps_call_t **call) {
-  return batch_start(client, LOOKUP, table, tokens, n, out, NULL, out_bytes, 0, 0, NULL, call);
+  return batch_start(client, LOOKUP, table, tokens, n, out, NULL, out_bytes, 0, 0, NULL, NULL,
+                     call);
 }
 
 embps_status_t embps_push_start(embps_client_t *client, const char *table, const int64_t *tokens,
@@ -256,7 +310,24 @@ embps_status_t embps_push_start(embps_client_t *client, const char *table, const
     return embps__client_fail(client, EMBPS_INVALID_ARGUMENT,
                               "push: mode %d is neither sync nor async", (int)mode);
   return batch_start(client, PUSH, table, tokens, n, NULL, grads, grad_bytes, (int)dtype, (int)mode,
-                     result, call);
+                     result, NULL, call);
+}
+
+embps_status_t embps_assign_start(embps_client_t *client, const char *table, const int64_t *tokens,
+                                  size_t n, const void *rows, size_t rows_bytes,
+                                  embps_dtype_t dtype, int reset_state,
+                                  embps_assign_result_t *result, embps_call_t **call) {
+  return batch_start(client, ASSIGN, table, tokens, n, NULL, rows, rows_bytes, (int)dtype,
+                     reset_state != 0, NULL, result, call);
+}
+
+embps_status_t embps_assign(embps_client_t *client, const char *table, const int64_t *tokens,
+                            size_t n, const void *rows, size_t rows_bytes, embps_dtype_t dtype,
+                            int reset_state, embps_assign_result_t *result) {
+  embps_call_t *call;
+  embps_status_t st = embps_assign_start(client, table, tokens, n, rows, rows_bytes, dtype,
+                                         reset_state, result, &call);
+  return st != EMBPS_OK ? st : embps_call_wait(call);
 }
 
 embps_status_t embps_lookup(embps_client_t *client, const char *table, const int64_t *tokens,

@@ -4,8 +4,8 @@
  *   client.c  the client object: connect, free, options, the last error
  *   call.c    calls in flight: one stream per shard, pipelining, waiting, decoding replies, and
  *             a batch's attempts (the rules of retry.c)
- *   batch.c   lookups and pushes: a batch split into one token shard per rank, its digest, and
- *             the requests of each attempt
+ *   batch.c   lookups, pushes and assigns: a batch split into one token shard per rank, its
+ *             digest, and the requests of each attempt
  *   features.c  feature batches: a batch of samples of many features split into one sample
  *             shard per rank, its digest, each attempt's requests, and the replies joined
  *   admin.c   the unary admin calls (tables, stats, health, checkpoint) */
@@ -58,7 +58,8 @@ typedef struct embps__shard {
 /** What a lookup or push needs to send (and send again) its requests: the caller's arrays,
  * borrowed until the call is waited for, and the batch's plan and identity. */
 typedef struct embps__batch_req {
-  int is_push;
+  int is_push;           /* a push, or an assign (sent as a push's fields: see batch.c) */
+  int is_assign;         /* an assign: rows in grads, reset_state in mode */
   char *table;           /* a copy, owned by the call: every attempt encodes it */
   const int64_t *tokens; /* the caller's n tokens */
   void *out;             /* lookup: the caller's buffer of rows */
@@ -89,6 +90,7 @@ struct embps_call {
   uint32_t pending; /* streams of the current attempt still running */
   uint8_t *req;     /* a unary request, shared by the shards */
   embps_push_result_t *push_result;
+  embps_assign_result_t *assign_result;
   /* (Re)sends every shard of a batch for call->attempt; NULL for calls that are not retried.
    * On failure the shards it sent are withdrawn and call->failed says why. */
   embps_status_t (*send)(embps_call_t *call);

@@ -14,9 +14,11 @@
   X(PUSH, 2, "push")                                                                               \
   X(CREATE_TABLE, 3, "create")                                                                     \
   X(CHECKPOINT, 4, "checkpoint")                                                                   \
-  X(DROP_TABLE, 5, "drop")
+  X(DROP_TABLE, 5, "drop")                                                                         \
+  X(ASSIGN, 6, "assign")
 
-/** A kind of op: EMBPS_OP_LOOKUP, EMBPS_OP_PUSH (a batch's shards, one on every rank),
+/** A kind of op: EMBPS_OP_LOOKUP, EMBPS_OP_PUSH, EMBPS_OP_ASSIGN (a batch's shards, one on every
+ * rank; an assign writes rows as given and is ordered, deduplicated and retried like a push),
  * EMBPS_OP_CREATE_TABLE, EMBPS_OP_DROP_TABLE (the table named; asked of the leader, run on every
  * rank), EMBPS_OP_CHECKPOINT (ordered by the leader itself, run by the group, not the engine). */
 typedef enum embps_op_kind {
@@ -25,8 +27,8 @@ typedef enum embps_op_kind {
 #undef EMBPS_OP_KIND_ENUM
 } embps_op_kind_t;
 
-/** The kind's name ("lookup", "push", "create", "checkpoint", "drop"); "unknown" for a value
- * that is none. Static string. */
+/** The kind's name ("lookup", "push", "create", "checkpoint", "drop", "assign"); "unknown" for a
+ * value that is none. Static string. */
 static inline const char *embps_op_kind_name(embps_op_kind_t kind) {
   switch (kind) {
 #define EMBPS_OP_KIND_NAME(NAME, value, name)                                                      \

@@ -68,6 +68,22 @@
     "embps.v1.PushGradientsRequest", "digest", 11, EMBPS_WIRE_I64)                                 \
   X(PUSH_GRADIENTS_REQUEST_ATTEMPT, embps__v1__push_gradients_request,                             \
     "embps.v1.PushGradientsRequest", "attempt", 12, EMBPS_WIRE_VARINT)                             \
+  X(ASSIGN_REQUEST_TABLE, embps__v1__assign_request, "embps.v1.AssignRequest", "table", 1,         \
+    EMBPS_WIRE_LEN)                                                                                \
+  X(ASSIGN_REQUEST_TOKENS, embps__v1__assign_request, "embps.v1.AssignRequest", "tokens", 6,       \
+    EMBPS_WIRE_LEN)                                                                                \
+  X(ASSIGN_REQUEST_DTYPE, embps__v1__assign_request, "embps.v1.AssignRequest", "dtype", 7,         \
+    EMBPS_WIRE_VARINT)                                                                             \
+  X(ASSIGN_REQUEST_ROWS, embps__v1__assign_request, "embps.v1.AssignRequest", "rows", 8,           \
+    EMBPS_WIRE_LEN)                                                                                \
+  X(ASSIGN_REQUEST_RESET_STATE, embps__v1__assign_request, "embps.v1.AssignRequest",               \
+    "reset_state", 9, EMBPS_WIRE_VARINT)                                                           \
+  X(ASSIGN_REQUEST_CLIENT_ID, embps__v1__assign_request, "embps.v1.AssignRequest", "client_id",    \
+    10, EMBPS_WIRE_VARINT)                                                                         \
+  X(ASSIGN_REQUEST_DIGEST, embps__v1__assign_request, "embps.v1.AssignRequest", "digest", 11,      \
+    EMBPS_WIRE_I64)                                                                                \
+  X(ASSIGN_REQUEST_ATTEMPT, embps__v1__assign_request, "embps.v1.AssignRequest", "attempt", 12,    \
+    EMBPS_WIRE_VARINT)                                                                             \
   X(PUSH_GRADIENTS_RESPONSE_REPLAYED, embps__v1__push_gradients_response,                          \
     "embps.v1.PushGradientsResponse", "replayed", 8, EMBPS_WIRE_VARINT)                            \
   X(LOOKUP_RESPONSE_BATCH_ID, embps__v1__lookup_response, "embps.v1.LookupResponse", "batch_id",   \

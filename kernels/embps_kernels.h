@@ -309,4 +309,18 @@ void embps_hash_reset_cpu(void *table, embps_dtype_t dtype, size_t width, float 
                           const int64_t *slots, const int64_t *keys, size_t n, uint64_t col_begin,
                           uint64_t seed, float scale);
 
+/* ---- rows written as given (kernels/assign.c) --------------------------------------------- */
+
+/**
+ * Writes rows as given (an Assign): for i in [0, n), row rows[i] of `table` (width elements of
+ * dtype) becomes row src_rows[i] of src (rows of width elements of dtype, back to back), bit for
+ * bit. rows are distinct and >= 0 (every element has one writer); src_rows may repeat. With
+ * state0_width (0: no state0; 1: one per row; width: one per element) the rows' state0 become
+ * state0_value, and with state1 (NULL: none) their width floats of state1 become 0: the
+ * optimizer's initial state, as embps_hash_reset_cpu leaves it. src needs no alignment.
+ */
+void embps_assign_rows_cpu(void *table, embps_dtype_t dtype, size_t width, const int64_t *rows,
+                           const int64_t *src_rows, size_t n, const void *src, float *state0,
+                           size_t state0_width, float *state1, float state0_value);
+
 #endif

@@ -280,9 +280,16 @@ void embps_cli_json_string(FILE *f, const char *s) {
 
 /* ---- flags and commands ---- */
 
+/* A flag-table entry that is a further positional argument (its name is not an option's). */
+static int is_positional(const embps_cli_flag_t *fl) { return fl->name[0] != '-'; }
+
 void embps_cli_usage_command(FILE *f, const embps_cli_command_t *c) {
-  fprintf(f, "usage: embps [GLOBAL OPTIONS] %s%s%s [OPTIONS]\n\n%s\n\noptions:\n", c->name,
-          c->positional ? " " : "", c->positional ? c->positional : "", c->summary);
+  fprintf(f, "usage: embps [GLOBAL OPTIONS] %s%s%s", c->name, c->positional ? " " : "",
+          c->positional ? c->positional : "");
+  for (const embps_cli_flag_t *fl = c->flags; fl && fl->name; fl++)
+    if (is_positional(fl))
+      fprintf(f, " %s", fl->name);
+  fprintf(f, " [OPTIONS]\n\n%s\n\noptions:\n", c->summary);
   for (const embps_cli_flag_t *fl = c->flags; fl && fl->name; fl++) {
     char left[64];
     snprintf(left, sizeof(left), "%s%s%s", fl->name, fl->arg ? " " : "", fl->arg ? fl->arg : "");
@@ -338,6 +345,16 @@ int embps_cli_parse_flags(const embps_cli_command_t *c, int argc, char **argv, c
       *pos = a;
       continue;
     }
+    if (c->positional) { /* a further positional: the next one the flag table declares */
+      embps_cli_flag_t *fl;
+      for (fl = c->flags; fl && fl->name; fl++)
+        if (is_positional(fl) && !fl->value)
+          break;
+      if (fl && fl->name) {
+        fl->value = a;
+        continue;
+      }
+    }
     fprintf(stderr, "embps: %s: unexpected argument '%s' (see embps %s --help)\n", c->name, a,
             c->name);
     return EMBPS_CLI_EXIT_USAGE;
@@ -347,6 +364,11 @@ int embps_cli_parse_flags(const embps_cli_command_t *c, int argc, char **argv, c
             c->name);
     return EMBPS_CLI_EXIT_USAGE;
   }
+  for (const embps_cli_flag_t *fl = c->flags; fl && fl->name; fl++)
+    if (is_positional(fl) && !fl->value) {
+      fprintf(stderr, "embps: %s: missing %s (see embps %s --help)\n", c->name, fl->name, c->name);
+      return EMBPS_CLI_EXIT_USAGE;
+    }
   return 0;
 }
 

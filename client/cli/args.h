@@ -46,7 +46,9 @@ void embps_cli_json_string(FILE *f, const char *s);
 #define EMBPS_CLI_EXIT_USAGE 2
 
 /** One flag of a command, in a table ended by an all-NULL entry. The table parses argv
- * (embps_cli_parse_flags) and prints the command's --help (embps_cli_usage_command). */
+ * (embps_cli_parse_flags) and prints the command's --help (embps_cli_usage_command). An entry
+ * whose name does not start with '-' ("FILE.npy", arg NULL) is a further positional argument,
+ * required, after the command's own: its value is the argument's text. */
 typedef struct embps_cli_flag {
   const char *name;  /* "--rows" */
   const char *arg;   /* the value's placeholder ("R"); NULL for a switch */
@@ -72,11 +74,11 @@ typedef struct embps_cli_command {
 /** Prints c's usage: its synopsis, summary and one line per flag, then --help. */
 void embps_cli_usage_command(FILE *f, const embps_cli_command_t *c);
 
-/** Parses argc/argv (what follows the command's name) into c->flags' values and at most one
- * positional (*pos; NULL when none). Accepts "--flag VALUE", "--flag=VALUE" and switches.
- * Returns 0; -1 after printing the usage for --help or -h; or EMBPS_CLI_EXIT_USAGE after
- * printing to stderr what is wrong (an unknown option, a missing value or positional, an
- * extra argument). */
+/** Parses argc/argv (what follows the command's name) into c->flags' values, the first
+ * positional (*pos; NULL when none) and the further positionals the flag table declares. Accepts
+ * "--flag VALUE", "--flag=VALUE" and switches. Returns 0; -1 after printing the usage for --help or
+ * -h; or EMBPS_CLI_EXIT_USAGE after printing to stderr what is wrong (an unknown option, a missing
+ * value or positional, an extra argument). */
 int embps_cli_parse_flags(const embps_cli_command_t *c, int argc, char **argv, const char **pos);
 
 /** The value of the flag called name in flags (NULL when not given or not declared). */

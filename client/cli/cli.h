@@ -85,6 +85,11 @@ int embps_cli_cmd_push(const char *cmd, embps_cli_flag_t *f, const char *name);
 /* cmd_features.c: lookup-features (a feature batch read from a JSON file) */
 extern embps_cli_flag_t embps_cli_lookup_features_flags[];
 int embps_cli_cmd_lookup_features(const char *cmd, embps_cli_flag_t *f, const char *file);
+/* cmd_import.c: assign, import (rows written as given; .npy files read by npy.h) */
+extern embps_cli_flag_t embps_cli_assign_flags[];
+extern embps_cli_flag_t embps_cli_import_flags[];
+int embps_cli_cmd_assign(const char *cmd, embps_cli_flag_t *f, const char *name);
+int embps_cli_cmd_import(const char *cmd, embps_cli_flag_t *f, const char *name);
 
 /* cmd_stats.c: stats (text, JSON, Prometheus), health */
 extern embps_cli_flag_t embps_cli_stats_flags[];

@@ -4,12 +4,12 @@
  * argument, its summary, its handler and its flag table, and the same table prints
  * `embps --help`. The rest lives by concern: args.c parses every flag and value (and prints
  * each command's --help from its flag table), connect.c holds the global settings and the
- * connection, cmd_tables.c, cmd_data.c, cmd_features.c, cmd_stats.c, cmd_checkpoint.c and
- * cmd_bench.c run the command families, bench.c and bench_features.c are the load generators. The
- * tool uses only the public libembps API, with common/'s helpers over its types, except `export`
- * (cmd_export.c, offline.h), which reads checkpoint files with the store layer's reader and talks
- * to no server. Failures print "embps: COMMAND: STATUS: message" with the server's message on
- * stderr and exit 1; usage errors exit 2. */
+ * connection, cmd_tables.c, cmd_data.c, cmd_features.c, cmd_import.c, cmd_stats.c,
+ * cmd_checkpoint.c and cmd_bench.c run the command families, bench.c and bench_features.c are the
+ * load generators. The tool uses only the public libembps API, with common/'s helpers over its
+ * types, except `export` (cmd_export.c, offline.h), which reads checkpoint files with the store
+ * layer's reader and talks to no server. Failures print "embps: COMMAND: STATUS: message" with the
+ * server's message on stderr and exit 1; usage errors exit 2. */
 #include <malloc.h>
 #include <stdio.h>
 #include <string.h>
@@ -39,6 +39,14 @@ static const embps_cli_command_t commands[] = {
      "Look up a feature batch read from a JSON file (- for stdin), pooled on the servers; prints "
      "one line per row: the feature, the sample (and the id), then the values.",
      embps_cli_cmd_lookup_features, embps_cli_lookup_features_flags},
+    {"assign", "NAME",
+     "Set rows to values given (--rows or a .npy), resetting their optimizer state unless "
+     "--keep-state; prints assigned, refused.",
+     embps_cli_cmd_assign, embps_cli_assign_flags},
+    {"import", "NAME",
+     "Stream a .npy array of (rows, emb_width) into a table in batches (creating it with the "
+     "array's shape if absent); resumable with --start.",
+     embps_cli_cmd_import, embps_cli_import_flags},
     {"stats", NULL, "Print every rank's statistics and per-table counters.", embps_cli_cmd_stats,
      embps_cli_stats_flags},
     {"health", NULL,

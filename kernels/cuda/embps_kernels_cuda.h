@@ -229,6 +229,16 @@ embps_status_t embps_hash_reset_cuda(void *table, embps_dtype_t dtype, size_t wi
 embps_status_t embps_hash_order_cuda(const int64_t *in, size_t n, int64_t *out,
                                      cudaStream_t stream);
 
+/* ---- rows written as given ---------------------------------------------------------------- */
+
+/** embps_assign_rows_cpu on the device (every array device memory; rows distinct): the same
+ * bits, each row copied as raw bytes. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (dtype, NULL
+ * arrays, a state0_width other than 0, 1 or width, n beyond the grid), EMBPS_INTERNAL. */
+embps_status_t embps_assign_rows_cuda(void *table, embps_dtype_t dtype, size_t width,
+                                      const int64_t *rows, const int64_t *src_rows, size_t n,
+                                      const void *src, float *state0, size_t state0_width,
+                                      float *state1, float state0_value, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

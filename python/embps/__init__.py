@@ -11,6 +11,8 @@
         feats = {"hist": embps.Feature("items", ids, lengths, pooling="mean")}
         pooled = c.lookup_features(feats)["hist"]     # (samples, 128), pooled on the servers
         c.push_features(feats, {"hist": grad})        # one step per table
+        c.assign("items", tokens, rows)                # rows written as given
+        c.import_array("items", np.load("items.npy", mmap_mode="r"))  # a warm start
 
 Pure Python over stock grpcio, numpy and protobuf: the message classes are built at first import
 from proto/ (see embps/_stubs.py for where the .proto files and the cache are looked for).
@@ -25,10 +27,10 @@ from . import checkpoint
 from ._features import Feature
 from .client import BatchFuture, Client, parse_servers
 from .errors import Error, ShapeError
-from .values import (CheckpointInfo, Health, PushFeaturesResult, PushResult, RankStats,
-                     TableSpec, TableStats, TableStep)
+from .values import (AssignResult, CheckpointInfo, Health, ImportResult, PushFeaturesResult,
+                     PushResult, RankStats, TableSpec, TableStats, TableStep)
 
 __all__ = ["Client", "BatchFuture", "Error", "ShapeError", "TableSpec", "PushResult",
            "RankStats", "TableStats", "Health", "CheckpointInfo", "parse_servers", "Feature",
-           "PushFeaturesResult", "TableStep", "checkpoint"]
+           "PushFeaturesResult", "TableStep", "AssignResult", "ImportResult", "checkpoint"]
 __version__ = "0.1.0"

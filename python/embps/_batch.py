@@ -19,7 +19,7 @@ import numpy as np
 from . import _arrays, _wire
 from ._names import BF16, F32, ITEMSIZE, NP_DTYPE
 from .errors import ShapeError, batch_too_large_error, tokens_per_batch_error
-from .values import DTYPES, PushResult
+from .values import AssignResult, DTYPES, PushResult
 
 _MAX_TOKENS_PER_BATCH = 4294967295
 
@@ -181,3 +181,54 @@ def join_push(bid, replies, internal, attempts=1):
     return PushResult(applied=applied, skipped=skipped, ordered=ordered,
                       grad_norm=m0.grad_norm, num_unique=m0.num_unique, batch_id=bid,
                       replayed=replayed, attempts=attempts)
+
+
+# ---- assigns ----------------------------------------------------------------------------------
+
+def fit_rows(rows, table, info, what="assign"):
+    """rows (f32 or bf16-bits rows) checked against the table's (dtype, emb_width) info, when
+    known, and converted to the table's dtype: f32 rounded to bf16 (nearest even) for a bf16
+    table, bf16 bits widened exactly for an f32 one."""
+    if info is None:
+        return rows
+    tdtype, width = info
+    if rows.shape[1] != width:
+        raise ShapeError("%s: rows has %d columns, but table '%s' has emb_width=%d"
+                         % (what, rows.shape[1], table, width),
+                         "pass one row of emb_width values per token")
+    if tdtype == BF16 and rows.dtype != np.uint16:
+        rows = _arrays.f32_to_bf16(rows)
+    elif tdtype == F32 and rows.dtype == np.uint16:
+        rows = _arrays.bf16_to_f32(rows)
+    return rows
+
+
+def assign_requests(table, tok, rows, plan, group_size, batch_id, reset_state, client_id,
+                    digest=0):
+    """Every rank's AssignRequest (bytes) for tokens tok and rows (f32, or bf16 bits as uint16),
+    in rank order; digest as for lookup_requests (an assign's is a batch's: table, T, tokens)."""
+    dtype = BF16 if rows.dtype == np.uint16 else F32
+    row_bytes = rows.shape[1] * rows.dtype.itemsize
+    tf = _wire.table_field(table)
+    reqs = []
+    for r in range(group_size):
+        first, real, pad = plan.shard(r)
+        reqs.append(_wire.assign_request(tf, batch_id, r, group_size, plan.tokens_per_batch,
+                                         tok[first:first + real], pad, rows[first:first + real],
+                                         row_bytes, dtype, reset_state, client_id, digest))
+    return reqs
+
+
+def join_assign(bid, replies, internal, attempts=1):
+    """The ranks' AssignResponses joined as client/batch.c's assign_join does: every rank counts
+    the same; replayed when any rank answered from the group's retry window."""
+    replayed = False
+    for r, m in enumerate(replies):
+        if m.batch_id != bid or m.shard_index != r:
+            raise internal(r, "assign reply from rank %d is for batch %d shard %d, the "
+                              "request was batch %d shard %d"
+                           % (r, m.batch_id, m.shard_index, bid, r))
+        replayed = replayed or m.replayed
+    m0 = replies[0]
+    return AssignResult(num_assigned=m0.num_assigned, num_refused=m0.num_refused, batch_id=bid,
+                        replayed=replayed, attempts=attempts)

@@ -185,6 +185,8 @@ class _Rank:
         self.lookup = ch.unary_unary(_SERVICE + "Lookup")
         self.push = ch.unary_unary(_SERVICE + "PushGradients",
                                    response_deserializer=pb.PushGradientsResponse.FromString)
+        self.assign = ch.unary_unary(_SERVICE + "Assign",
+                                     response_deserializer=pb.AssignResponse.FromString)
         self.lookup_features = ch.unary_unary(_SERVICE + "LookupFeatures")
         self.push_features = ch.unary_unary(
             _SERVICE + "PushFeatures", response_deserializer=pb.PushFeaturesResponse.FromString)

@@ -105,7 +105,7 @@ class Attempts:
     def give_up(self, error, what, push=False, batch_id=None):
         """error, the last attempt's, annotated as the call's outcome (batch_id, attempts and,
         when it was sent more than once, a message that says so and what it means). what names
-        the call ("push batch 12"); push: whether a push's fate rides on it."""
+        the call ("push batch 12"); push: whether a push's (or an assign's) fate rides on it."""
         error.batch_id = batch_id
         error.attempts = self.attempt + 1
         if error.attempts > 1:
@@ -117,16 +117,17 @@ class Attempts:
             tail = ("%s failed after %d attempts in %.2f s (%s); the last attempt's status is "
                     "shown" % (what, error.attempts, elapsed, why))
             if push and error.code in RETRYABLE:
-                tail += (": whether the push was applied is unknown (at most once: every attempt "
+                tail += (": whether the %s was applied is unknown (at most once: every attempt "
                          "carried the same batch id and digest); a larger timeout or max_attempts "
-                         "gives it more tries")
+                         "gives it more tries"
+                         % ("assign" if what.startswith("assign") else "push"))
             error.message = "%s (%s)" % (error.message, tail)
             error.args = (error.message,)
         return error
 
 
 _KIND_WORDS = {"lookup": "lookup", "push": "push", "lookup_features": "lookup features",
-               "push_features": "push features"}
+               "push_features": "push features", "assign": "assign"}
 
 
 class Batch:
@@ -154,4 +155,5 @@ class Batch:
     def give_up(self, error):
         return self.schedule.give_up(error, "%s batch %d" % (_KIND_WORDS[self.kind],
                                                             self.batch_id),
-                                     self.kind.startswith("push"), self.batch_id)
+                                     self.kind.startswith("push") or self.kind == "assign",
+                                     self.batch_id)

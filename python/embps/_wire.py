@@ -1,5 +1,5 @@
-"""The two bulk messages, LookupRequest/LookupResponse and PushGradientsRequest, encoded and
-decoded by hand; every other message goes through the protobuf classes of _stubs.
+"""The bulk messages, LookupRequest/LookupResponse, PushGradientsRequest and AssignRequest, encoded
+and decoded by hand; every other message goes through the protobuf classes of _stubs.
 
 Why by hand: a 4096 x 128 f32 batch is 2 MiB of rows, and the protobuf classes copy a bytes
 field on every step (into the message when parsing, out again on each attribute read, into the
@@ -61,6 +61,8 @@ _BATCH_FIELDS = {"table": _T_STRING, "batch_id": _T_UINT64, "shard_index": _T_UI
 _LQ = _fields("embps.v1.LookupRequest", _BATCH_FIELDS)
 _PQ = _fields("embps.v1.PushGradientsRequest",
               dict(_BATCH_FIELDS, gradients=_T_BYTES, mode=_T_ENUM))
+_AQ = _fields("embps.v1.AssignRequest",
+              dict(_BATCH_FIELDS, rows=_T_BYTES, reset_state=_T_BOOL))
 _LR = _fields("embps.v1.LookupResponse", {"batch_id": _T_UINT64, "shard_index": _T_UINT32,
                                           "emb_width": _T_UINT32, "dtype": _T_ENUM,
                                           "rows": _T_BYTES})
@@ -81,10 +83,14 @@ class _Keys:
         if "gradients" in numbers:
             self.gradients = _key(numbers["gradients"], _LEN)
             self.mode = _key(numbers["mode"], _VARINT)
+        if "rows" in numbers:
+            self.rows = _key(numbers["rows"], _LEN)
+            self.reset_state = _key(numbers["reset_state"], _VARINT)
 
 
 _LOOKUP_KEYS = _Keys(_LQ)
 _PUSH_KEYS = _Keys(_PQ)
+_ASSIGN_KEYS = _Keys(_AQ)
 
 # ---- feature batches (LookupFeatures, PushFeatures) ----
 
@@ -109,7 +115,8 @@ if any(_LFQ[f] != _PFQ[f] for f in _LFQ):
 
 _ATTEMPT_KEYS = {"lookup": _key(_LQ["attempt"], _VARINT), "push": _key(_PQ["attempt"], _VARINT),
                  "lookup_features": _key(_LFQ["attempt"], _VARINT),
-                 "push_features": _key(_PFQ["attempt"], _VARINT)}
+                 "push_features": _key(_PFQ["attempt"], _VARINT),
+                 "assign": _key(_AQ["attempt"], _VARINT)}
 
 
 def _len_field(number, nbytes):
@@ -221,12 +228,38 @@ def push_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_bat
     return b"".join(parts)
 
 
+def assign_request(table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, tokens,
+                   pad_tokens, rows, row_bytes, dtype, reset_state, client_id=0, digest=0):
+    """An AssignRequest's bytes: push_request's layout with the rows to write in place of
+    gradients and reset_state (bool) in place of mode. Padding tokens (0) carry zero rows, which
+    the servers skip."""
+    k = _ASSIGN_KEYS
+    tb = memoryview(tokens).nbytes + pad_tokens * 8
+    rb = memoryview(rows).nbytes + pad_tokens * row_bytes
+    parts = [_head(k, table_bytes, batch_id, shard_index, shard_count, tokens_per_batch, tb),
+             tokens]
+    if pad_tokens:
+        parts.append(bytes(pad_tokens * 8))
+    parts.append(k.dtype + varint(dtype) + k.rows + varint(rb))
+    parts.append(rows)
+    if pad_tokens:
+        parts.append(bytes(pad_tokens * row_bytes))
+    if reset_state:
+        parts.append(k.reset_state + varint(1))
+    if client_id:
+        parts.append(k.client_id + varint(client_id))
+    if digest:
+        parts.append(k.digest + _FIXED64_LE.pack(digest))
+    return b"".join(parts)
+
+
 def with_attempt(request, kind, attempt):
     """request (a LookupRequest's, PushGradientsRequest's, LookupFeaturesRequest's or
     PushFeaturesRequest's bytes from the functions here, which never send an attempt) as
     attempt number `attempt` of the same batch: the field is appended (protobuf reads fields in
     any order), so everything else, the batch id and the digest included, stays byte for byte
-    the first attempt's. kind: "lookup", "push", "lookup_features" or "push_features"."""
+    the first attempt's. kind: "lookup", "push", "lookup_features", "push_features" or
+    "assign"."""
     if not attempt:
         return request
     key = _ATTEMPT_KEYS[kind]

@@ -307,6 +307,85 @@ class Client(TableAdmin):
         as this returns (the requests hold copies)."""
         return self._future(self._push_batch(table, tokens, grads, mode))
 
+    # -- rows written directly --
+
+    def _assign_batch(self, table, tokens, rows, reset_state):
+        what = "assign"
+        if not isinstance(table, str) or not table:
+            raise ValueError("assign: no table name")
+        tok = _arrays.as_tokens(tokens, what, lambda: self._is_keyed(table))
+        n = len(tok)
+        r = _arrays.as_grads(rows, n, what)
+        groups = self.group_size
+        plan = _batch.Plan(n, groups, self.padding)
+        sched = self._schedule()
+        info = self._push_table_info(table, sched)
+        if info is not None and r.shape[1] != info[1]:  # the table may have been made anew
+            self._tables.pop(table, None)
+            info = self._push_table_info(table, sched)
+        r = _batch.fit_rows(r, table, info)
+        bid = self._next_batch_id()
+        digest = _digest.digest(table, tok, plan.tokens_per_batch)
+        reqs = _batch.assign_requests(table, tok, r, plan, groups, bid, bool(reset_state),
+                                      self.client_id, digest)
+
+        def join(calls, attempts):
+            try:
+                replies = self._calls.results(calls)
+            except Error as e:
+                if not e.retryable:  # the table may have changed: ask again next time
+                    self._tables.pop(table, None)
+                raise
+            return _batch.join_assign(bid, replies, self._calls.internal, attempts)
+        return _retry.Batch("assign", bid, reqs, join, sched)
+
+    def assign(self, table, tokens, rows, reset_state=True):
+        """Sets the rows of tokens in table to rows, as given; returns an AssignResult.
+
+        rows: one row per token, shape (len(tokens), emb_width): float arrays are sent as f32
+        (rounded to bf16, to nearest even, for a bf16 table); uint16 arrays are taken as bf16
+        bits (widened exactly for an f32 table). A table stores them bit for bit: a lookup then
+        reads exactly these rows (lookup(dtype="bf16") the bits of a bf16 table). A token given
+        twice takes its last row; token 0 (padding) is skipped. Of a hash-keyed table, a key
+        without a slot is inserted (no admission count; the table's eviction rule frees a slot
+        when it is full; keys left without one are counted in num_refused). reset_state: the
+        rows' optimizer state goes back to its initial value too (else it is kept; a key given a
+        new slot starts from the initial state either way).
+
+        Ordered like a push (a lookup made after it sees it) and retried like one, with the same
+        batch id and digest: written at most once (AssignResult.replayed). Needs the worker or
+        admin role. Raises ShapeError, TypeError, ValueError, embps.Error (NOT_FOUND,
+        INVALID_ARGUMENT for a token outside a dense table's rows, PERMISSION_DENIED, ...); a
+        refused assign writes nothing."""
+        return self._run(self._assign_batch(table, tokens, rows, reset_state))
+
+    def assign_async(self, table, tokens, rows, reset_state=True):
+        """assign() started without waiting: returns a BatchFuture whose result() is the
+        AssignResult. Argument errors are raised here, before anything is sent; tokens and rows
+        may be reused as soon as this returns (the requests hold copies)."""
+        return self._future(self._assign_batch(table, tokens, rows, reset_state))
+
+    def import_array(self, table, array, ids=None, start=0, *, batch_rows=None,
+                     reset_state=True, progress=None):
+        """Streams a (rows, emb_width) array into table in batches of assigns; returns an
+        ImportResult. See docs/python.md, "Importing an array" (embps/_import.py).
+
+        array: float32 (rounded to bf16 for a bf16 table), or uint16 holding bf16 bits (a bf16
+        table's exact bits; widened exactly for an f32 table); any array-like numpy can view
+        without a copy, such as np.load(path, mmap_mode="r"), so a large file is read as it is
+        sent. ids: None (array row i is table row i; a dense table's row 0 is the padding row and
+        is not written) or one int64 id per row (a dense table's row number, or a hash-keyed
+        table's key). start: the first row of the array to send (resume an import that stopped:
+        its error says where). A table the group lacks is created with the array's shape: dense
+        with rows = len(array) without ids, hash-keyed with capacity = len(array) with ids, in
+        the array's dtype (uint16: bf16), the optimizer's defaults. batch_rows: rows per assign
+        (None: about 8 MiB of rows); progress: print a progress line to stderr (None: when it is
+        a terminal). Everything is checked before the first batch is sent (width, dtype, ids'
+        length and range): an array that does not fit writes nothing."""
+        from . import _import
+        return _import.import_array(self, table, array, ids, start, batch_rows, reset_state,
+                                    progress)
+
     # -- feature batches --
 
     def _features_batch(self, features, what):

@@ -1,5 +1,5 @@
-"""The plain values that embps.Client returns: tables, push results, statistics, health and
-checkpoints. All are frozen dataclasses built from the servers' replies; names follow the proto
+"""The plain values that embps.Client returns: tables, push and assign results, statistics,
+health and checkpoints. All are frozen dataclasses built from the servers' replies; names follow the proto
 (proto/embps/v1/embps.proto) and the C client (client/embps.h)."""
 import dataclasses
 from typing import Tuple
@@ -75,6 +75,36 @@ class PushResult:
     batch_id: int
     replayed: bool = False
     attempts: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class AssignResult:
+    """An assign's reply, joined over the ranks (every rank reports the same).
+
+    num_assigned: distinct nonzero tokens whose rows were written (a token given twice took its
+    last row). num_refused: of a hash-keyed table, distinct keys given no slot (every slot was
+    held by a key of this batch); their rows were not written. replayed: an earlier attempt of
+    this batch had been applied; nothing was written again, and the counts are its. batch_id,
+    attempts: as PushResult's."""
+    num_assigned: int
+    num_refused: int
+    batch_id: int
+    replayed: bool = False
+    attempts: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportResult:
+    """What import_array wrote: rows, the array's rows sent (from start on, padding row 0 of a
+    table without ids left out); num_assigned and num_refused, summed over the batches' assigns
+    (AssignResult's); created: the table did not exist and was created with the array's shape;
+    next_start: the start that resumes after the last row written (the array's length when
+    complete)."""
+    rows: int
+    num_assigned: int
+    num_refused: int
+    created: bool
+    next_start: int
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,6 +72,7 @@ void embps_engine_free(embps_engine_t *e) {
   embps_free(e->hfkey);
   embps_free(e->hkeys);
   embps_free(e->hfresh);
+  embps_free(e->ascratch);
   embps_free(e);
 }
 
@@ -597,12 +598,12 @@ embps_status_t embps_engine_run(embps_engine_t *e, embps_op_t *op, embps_error_t
   embps_error_clear(err);
   op->applied = op->skipped = 0;
   op->grad_norm = 0.0;
-  op->num_unique = 0;
+  op->num_unique = op->num_refused = 0;
   if (op->kind == EMBPS_OP_CREATE_TABLE)
     return run_create(e, op, err);
   if (op->kind == EMBPS_OP_DROP_TABLE)
     return run_drop(e, op, err);
-  if (op->kind != EMBPS_OP_LOOKUP && op->kind != EMBPS_OP_PUSH)
+  if (op->kind != EMBPS_OP_LOOKUP && op->kind != EMBPS_OP_PUSH && op->kind != EMBPS_OP_ASSIGN)
     return embps_error_set(err, EMBPS_INTERNAL, "unknown op kind %d", (int)op->kind);
   for (size_t f = 0; f < op->num_features; f++) /* a feature batch: each of its tables */
     if (embps_table_dropped(op->features[f].table)) {
@@ -631,6 +632,8 @@ embps_status_t embps_engine_run(embps_engine_t *e, embps_op_t *op, embps_error_t
   sh.W = embps_table_config(op->table)->emb_width;
   sh.ds = embps_dtype_size(embps_table_config(op->table)->dtype);
   sh.hashed = embps_table_hindex(op->table) != NULL;
+  if (sh.kind == EMBPS_OP_ASSIGN)
+    return embps__engine_run_assign(e, &sh, op, err);
   if (sh.kind == EMBPS_OP_PUSH) {
     size_t block = embps_row_stats_block(sh.w);
     sh.nb = block ? sh.w / block : 0;

@@ -57,8 +57,9 @@ typedef struct embps_table_step {
  * batch, queues it and answers it. The caller owns the op and everything it points to.
  */
 struct embps_op {
-  embps_op_kind_t kind;        /* LOOKUP, PUSH, CREATE_TABLE or DROP_TABLE (common/op_kind.h) */
-  embps_table_t *table;        /* lookup, push: validated, registered table (a batch whose
+  embps_op_kind_t kind;        /* LOOKUP, PUSH, ASSIGN, CREATE_TABLE or DROP_TABLE
+                                  (common/op_kind.h) */
+  embps_table_t *table;        /* lookup, push, assign: validated, registered table (a batch whose
                                   table is dropped before it runs fails with NOT_FOUND);
                                   drop: set to the table dropped */
   embps_table_config_t create; /* create: the resolved config; drop: name alone */
@@ -68,6 +69,11 @@ struct embps_op {
   size_t num_tokens;           /* the batch's tokens_per_batch / group_size */
   const void *grads;           /* push: num_tokens x emb_width of the table's dtype */
   void *rows_out;              /* lookup: num_tokens x emb_width of the table's dtype */
+  const void *rows_in;         /* assign: num_tokens x emb_width of the table's dtype, the rows
+                                  the tokens' rows become (the last one for a repeated token) */
+  int reset_state;             /* assign: the rows' optimizer state goes back to its initial
+                                  value too (else it stays; a key given a new slot starts from
+                                  the initial state whatever this says) */
   /* A feature batch (LookupFeatures, PushFeatures) when num_features > 0: then table is its
    * first feature's, and tokens, num_tokens, grads and rows_out are unused. */
   const embps_feature_t *features;
@@ -82,7 +88,10 @@ struct embps_op {
   int applied;            /* push: the update was applied */
   int skipped;            /* push: a non-finite gradient gated the step */
   double grad_norm;       /* push: L2 norm of the summed gradients of non-padding rows */
-  uint64_t num_unique;    /* push: distinct non-padding tokens in the batch */
+  uint64_t num_unique;    /* push: distinct non-padding tokens in the batch; assign: those
+                             whose rows were written */
+  uint64_t num_refused;   /* assign, hash-keyed: distinct keys given no slot (every slot was
+                             held by a key of the batch) */
   embps_table_t *created; /* create: the registered table */
 
   /** Lookup: the rows of rows_out [0, rows_ready) are final; the engine stores it (release)
@@ -119,8 +128,8 @@ void embps_engine_free(embps_engine_t *engine);
 unsigned embps_engine_set_threads(embps_engine_t *engine, unsigned threads);
 
 /**
- * Runs op (lookup, push, create or drop) collectively: every rank must call this for the same
- * batches in the same order. Results go into op; a failure of the op itself (e.g. out of
+ * Runs op (lookup, push, assign, create or drop) collectively: every rank must call this for the
+ * same batches in the same order. Results go into op; a failure of the op itself (e.g. out of
  * memory on some rank, agreed on by every rank) is op->error. A create first checks the table
  * against every rank's budget (embps_store_set_budget) and is refused with
  * EMBPS_RESOURCE_EXHAUSTED, before any rank allocates, if one rank's would be exceeded. A drop

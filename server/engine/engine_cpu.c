@@ -493,6 +493,45 @@ static embps_status_t cpu_hash_keep(embps__engine_backend_t *be, int64_t *slots,
   return EMBPS_OK;
 }
 
+typedef struct assign_job {
+  const embps_table_config_t *c;
+  embps_table_arrays_t a;
+  size_t w, s0w;
+  const int64_t *rows, *src_rows;
+  const void *src;
+  float v0;
+  int reset;
+} assign_job_t;
+
+/* The rows [lo, hi): rows are distinct, so shares write disjoint table rows and state. */
+static void assign_share(void *arg, size_t lo, size_t hi) {
+  const assign_job_t *j = arg;
+  embps_assign_rows_cpu(j->a.data, j->c->dtype, j->w, j->rows + lo, j->src_rows + lo, hi - lo,
+                        j->src, j->reset ? j->a.state0 : NULL, j->reset ? j->s0w : 0,
+                        j->reset ? j->a.state1 : NULL, j->v0);
+}
+
+static embps_status_t cpu_assign_rows(embps__engine_backend_t *be, embps_table_t *t,
+                                      const int64_t *rows, const int64_t *src_rows, size_t n,
+                                      const void *src, int reset, embps_error_t *err) {
+  assign_job_t j = {.c = embps_table_config(t),
+                    .a = embps_table_arrays(t),
+                    .w = embps_table_shard_width(t),
+                    .rows = rows,
+                    .src_rows = src_rows,
+                    .src = src,
+                    .reset = reset};
+  size_t s0, s1;
+  (void)err;
+  embps_table_initial_state(t, &j.v0, &s0, &s1);
+  j.s0w = s0 ? (embps_optimizer_info(j.c->optimizer)->state_per_row ? 1 : j.w) : 0;
+  if (!s1)
+    j.a.state1 = NULL;
+  embps_table_before_write(t, rows, n); /* an open checkpoint snapshot copies them first */
+  embps_workers_run(be->workers, n, MIN_SHARE_ROWS, assign_share, &j);
+  return EMBPS_OK;
+}
+
 static embps_status_t cpu_mark_dirty(embps__engine_backend_t *be, embps_table_t *t,
                                      const int64_t *rows, size_t m, embps_error_t *err) {
   (void)be, (void)err;
@@ -566,6 +605,7 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .pool_bags = cpu_pool_bags,
     .expand_bags = cpu_expand_bags,
     .host_memory = 1,
+    .assign_rows = cpu_assign_rows,
     .mark_dirty = cpu_mark_dirty,
     .table_copy = cpu_table_copy,
     .output_begin = cpu_output_begin,

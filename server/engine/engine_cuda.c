@@ -534,6 +534,29 @@ exit:
   return ret;
 }
 
+/* An assign's rows, written as given (kernels/cuda/assign.cu); with reset, their optimizer state
+ * goes back to its initial value too. */
+static embps_status_t cuda_assign_rows(embps__engine_backend_t *c, embps_table_t *t,
+                                       const int64_t *rows, const int64_t *src_rows, size_t n,
+                                       const void *src, int reset, embps_error_t *err) {
+  const embps_table_config_t *cfg = embps_table_config(t);
+  const embps_table_arrays_t a = embps_table_arrays(t);
+  const size_t w = embps_table_shard_width(t);
+  size_t s0, s1;
+  float v0;
+  embps_status_t ret;
+  embps_table_initial_state(t, &v0, &s0, &s1);
+  if (!reset)
+    s0 = s1 = 0;
+  ret =
+      embps_assign_rows_cuda(a.data, cfg->dtype, w, rows, src_rows, n, src, s0 ? a.state0 : NULL,
+                             s0 ? (embps_optimizer_info(cfg->optimizer)->state_per_row ? 1 : w) : 0,
+                             s1 ? a.state1 : NULL, v0, c->stream);
+  if (ret != EMBPS_OK)
+    embps_error_set(err, ret, "writing the %zu rows of an assign failed", n);
+  return ret;
+}
+
 /* A checkpoint's capture and a restore: whole arrays between GPU and host memory. A capture also
  * takes the rows marked on the device since the last one (after every push before it: the same
  * stream) and ORs them into the host bitmap that the checkpointer reads. */
@@ -662,6 +685,7 @@ const embps__engine_ops_t embps__engine_cuda_ops = {
     .copy_out = embps__cuda_copy_out,
     .pool_bags = embps__cuda_pool_bags,
     .expand_bags = embps__cuda_expand_bags,
+    .assign_rows = cuda_assign_rows,
     .mark_dirty = cuda_mark_dirty,
     .table_copy = cuda_table_copy,
     .output_begin = cuda_output_begin,

@@ -183,6 +183,14 @@ typedef struct embps__engine_ops {
                                 const int64_t *ids, const float *weights, const int64_t *offsets,
                                 size_t num_bags, int mean, void *out, embps_error_t *err);
 
+  /** embps_assign_rows_cpu on the table's slice: the n rows `rows` (distinct) become the rows
+   * src_rows of src (rows of the slice's width and the table's dtype), and with reset set their
+   * optimizer state becomes the initial state (embps_table_initial_state); an open snapshot
+   * copies the rows first. */
+  embps_status_t (*assign_rows)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
+                                const int64_t *src_rows, size_t n, const void *src, int reset,
+                                embps_error_t *err);
+
   /** Marks rows[0..m) dirty, for incremental checkpoints; called only for tables that track
    * them. In the host bitmap (embps_table_mark_dirty), or in one where the table lives
    * (embps_table_device_dirty), without waiting: table_copy to the host then folds those marks
@@ -229,6 +237,9 @@ struct embps_engine {
   uint64_t *hkeys;
   embps_hindex_fresh_t *hfresh;
   size_t hcap;
+  /* An assign's host scratch (assign.c), grown as the batches grow. */
+  void *ascratch;
+  size_t ascratch_cap;
 };
 
 /** One push step's results on one table. */
@@ -255,6 +266,10 @@ embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_s
                                         embps_table_t *t, const embps__engine_scratch_t *s,
                                         const void *grads, embps__engine_step_t *res,
                                         embps_error_t *err);
+
+/** Runs an assign (op->kind == EMBPS_OP_ASSIGN; assign.c) of the shape sh. */
+embps_status_t embps__engine_run_assign(embps_engine_t *e, const embps__engine_shape_t *sh,
+                                        embps_op_t *op, embps_error_t *err);
 
 /** Runs a feature batch (op->num_features > 0; features.c). */
 embps_status_t embps__engine_run_features(embps_engine_t *e, embps_op_t *op, embps_error_t *err);

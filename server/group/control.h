@@ -149,8 +149,9 @@ typedef enum embps__frame_type {
  * the release version stays. 2: NOTICE carries the caller's deadline; LEAVING. 3: NOTICE carries
  * the batch's digest and attempt, round entries their attempt; WITHDRAW. 4: a CREATE entry's
  * table settings carry the hash-keyed ones (capacity, admit_after, eviction, half_life_steps,
- * ttl_steps, sketch_width; common/table_fields.h). */
-#define EMBPS__CONTROL_VERSION 4
+ * ttl_steps, sketch_width; common/table_fields.h). 5: the op kind ASSIGN (6) in NOTICE and
+ * round entries. */
+#define EMBPS__CONTROL_VERSION 5
 
 /** Bytes of a frame's header (length and type). */
 #define EMBPS__FRAME_HEADER_LEN 5

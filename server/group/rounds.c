@@ -335,11 +335,13 @@ static void record_round(embps_group_t *g, uint64_t start_ns, uint64_t oldest_ns
 
 /* ---- the retry window ------------------------------------------------------------------------ */
 
-/* Whether the retry window rules on call: a push with a client id and a digest. Every rank holds
- * its shard of the same batch, with the same client id and digest (the leader joined only equal
- * digests), so every rank answers the same. */
+/* Whether the retry window rules on call: a push or an assign (which writes rows, and so must
+ * not be applied twice either) with a client id and a digest. Every rank holds its shard of the
+ * same batch, with the same client id and digest (the leader joined only equal digests), so
+ * every rank answers the same. */
 static int windowed(const embps_group_t *g, const embps_group_call_t *call) {
-  return g->dedup && call && call->op.kind == EMBPS_OP_PUSH && call->client_id && call->digest;
+  return g->dedup && call && (call->op.kind == EMBPS_OP_PUSH || call->op.kind == EMBPS_OP_ASSIGN) &&
+         call->client_id && call->digest;
 }
 
 /* Before running windowed push call: what the window says. Returns 1 when that answers it (the
@@ -357,6 +359,8 @@ static int answered_by_window(embps_group_t *g, embps_group_call_t *call) {
     call->op.skipped = res.skipped;
     call->op.grad_norm = res.grad_norm;
     call->op.num_unique = res.num_unique;
+    /* an assign's refused keys are kept where a push keeps its norm (remember_push) */
+    call->op.num_refused = call->op.kind == EMBPS_OP_ASSIGN ? (uint64_t)res.grad_norm : 0;
     call->replayed = 1;
     embps_error_clear(&call->error);
     atomic_fetch_add_explicit(&g->metrics.retries_deduplicated, 1, memory_order_relaxed);
@@ -372,11 +376,11 @@ static int answered_by_window(embps_group_t *g, embps_group_call_t *call) {
     return 1;
   case EMBPS_DEDUP_FORGOTTEN:
     snprintf(msg, sizeof(msg),
-             "push batch %llu of client 0x%llx is older than the retry window remembers (the last "
+             "%s batch %llu of client 0x%llx is older than the retry window remembers (the last "
              "%u pushes of each client, --retry-window): whether its first attempt was applied is "
              "unknown, and it was not applied again",
-             (unsigned long long)call->batch_id, (unsigned long long)call->client_id,
-             embps_dedup_window(g->dedup));
+             embps_op_kind_name(call->op.kind), (unsigned long long)call->batch_id,
+             (unsigned long long)call->client_id, embps_dedup_window(g->dedup));
     embps__group_fail_call(g, call, EMBPS_FAILED_PRECONDITION, msg);
     return 1;
   default:
@@ -396,14 +400,17 @@ static int runs_fresh(const embps_group_t *g, const embps_group_call_t *call,
          EMBPS_DEDUP_NEW;
 }
 
-/* After windowed push call ran without error (applied, or skipped by the gate): the window
- * remembers its answer. Returns EMBPS_OK, or EMBPS_RESOURCE_EXHAUSTED when it could not, which
- * breaks the group (the caller): the ranks' windows must never differ. */
+/* After windowed push or assign call ran without error (applied, or skipped by the gate): the
+ * window remembers its answer. An assign has no norm: its num_refused goes in grad_norm's place
+ * (a count below 2^53, exact as a double), so the window's entries and their checkpoint bytes
+ * stay one format. Returns EMBPS_OK, or EMBPS_RESOURCE_EXHAUSTED when it could not, which breaks
+ * the group (the caller): the ranks' windows must never differ. */
 static embps_status_t remember_push(embps_group_t *g, const embps_group_call_t *call) {
   const embps_op_t *op = &call->op;
   embps_dedup_result_t res = {.applied = (uint8_t)(op->applied != 0),
                               .skipped = (uint8_t)(op->skipped != 0),
-                              .grad_norm = op->grad_norm,
+                              .grad_norm = op->kind == EMBPS_OP_ASSIGN ? (double)op->num_refused
+                                                                       : op->grad_norm,
                               .num_unique = op->num_unique};
   return embps_dedup_record(g->dedup, call->client_id, call->batch_id, call->digest,
                             embps_table_config(op->table)->name, g->round_no, &res);
@@ -431,7 +438,8 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
       announce_ordered(g, call);
       told[i] = 1;
     }
-    if (call && (call->op.kind == EMBPS_OP_LOOKUP || call->op.kind == EMBPS_OP_PUSH)) {
+    if (call && (call->op.kind == EMBPS_OP_LOOKUP || call->op.kind == EMBPS_OP_PUSH ||
+                 call->op.kind == EMBPS_OP_ASSIGN)) {
       batches++;
       if (!oldest_ns || call->submitted_ns < oldest_ns)
         oldest_ns = call->submitted_ns;

@@ -39,6 +39,7 @@ const embps__svc_method_t embps__svc_methods[] = {
     {SERVICE_PREFIX "DropTable", EMBPS_AUTH_ADMIN, embps__svc_drop_table},
     {SERVICE_PREFIX "Checkpoint", EMBPS_AUTH_ADMIN, embps__svc_checkpoint},
     {SERVICE_PREFIX "PushGradients", EMBPS_AUTH_WORKER, embps__svc_push},
+    {SERVICE_PREFIX "Assign", EMBPS_AUTH_WORKER, embps__svc_assign},
     {SERVICE_PREFIX "Lookup", EMBPS_AUTH_READER, embps__svc_lookup},
     {SERVICE_PREFIX "PushFeatures", EMBPS_AUTH_WORKER, embps__svc_push_features},
     {SERVICE_PREFIX "LookupFeatures", EMBPS_AUTH_READER, embps__svc_lookup_features},

@@ -1,9 +1,10 @@
 /* What the service's modules share: the service itself, the request that carries a call to the
  * group and back, the method table, and the helpers every method uses. The modules are
  * service.c (construction, the method table and dispatch, completion), svc_tables.c
- * (CreateTable, DropTable, ListTables), svc_batch.c (Lookup, PushGradients), svc_checkpoint.c
- * (Checkpoint, ListCheckpoints), svc_stats.c (GetStats, Health) and svc_wire.c (the walkers of
- * a request's own bytes and the LookupResponse header). Internal to the service layer. */
+ * (CreateTable, DropTable, ListTables), svc_batch.c (Lookup, PushGradients, Assign),
+ * svc_checkpoint.c (Checkpoint, ListCheckpoints), svc_stats.c (GetStats, Health) and svc_wire.c
+ * (the walkers of a request's own bytes and the LookupResponse header). Internal to the service
+ * layer. */
 #ifndef EMBPS_SERVICE_INTERNAL_H
 #define EMBPS_SERVICE_INTERNAL_H
 
@@ -121,6 +122,8 @@ void embps__svc_lookup(embps_service_t *svc, embps_net_call_t *call, const uint8
                        uint8_t **owned);
 void embps__svc_push(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg, size_t len,
                      uint8_t **owned);
+void embps__svc_assign(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg, size_t len,
+                       uint8_t **owned);
 void embps__svc_lookup_features(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,
                                 size_t len, uint8_t **owned);
 void embps__svc_push_features(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg,

@@ -1,4 +1,5 @@
-/* Lookup and PushGradients: the batch-shaped calls, which carry one token shard of a batch.
+/* Lookup, PushGradients and Assign: the batch-shaped calls, which carry one token shard of a
+ * batch (Assign is shaped as PushGradients, with rows in place of gradients).
  *
  * Both are validated in one place (validate_batch, and validate_lookup for the reply's size)
  * before anything is queued, so a rejected request has changed nothing; set_batch then makes the
@@ -268,6 +269,26 @@ static void push_done(embps__svc_request_t *r) {
   embps__svc_reply(r->call, &resp.base);
 }
 
+/* On a backend that computes on host memory: the message msg[0..len) without its one bulk bytes
+ * field `field`, in a new allocation (*rest_len bytes; the caller frees it), with *bulk pointing
+ * at the field's bytes inside msg. NULL elsewhere, or when the field is not found once (the
+ * caller then unpacks the whole message, which rules on it), or out of memory. */
+static uint8_t *strip_bulk(embps_service_t *svc, const uint8_t *msg, size_t len, uint32_t field,
+                           ProtobufCBinaryData *bulk, size_t *rest_len) {
+  size_t at, data, n;
+  uint8_t *rest;
+  if (embps_group_host_device(svc->group) >= 0 ||
+      !embps__svc_find_bytes_field(msg, len, field, &at, &data, &n) ||
+      (rest = embps_malloc(len - n - (data - at))) == NULL)
+    return NULL;
+  memcpy(rest, msg, at);
+  memcpy(rest + at, msg + data + n, len - data - n);
+  *rest_len = len - n - (data - at);
+  bulk->data = (uint8_t *)msg + data;
+  bulk->len = n;
+  return rest;
+}
+
 /* Unpacks a PushGradientsRequest. On a backend that computes on host memory the gradients are
  * not copied out of the request: the message is unpacked without them (the bytes before and
  * after the field, a few hundred KiB of tokens at most) and *grads points into msg, which the
@@ -280,23 +301,15 @@ static Embps__V1__PushGradientsRequest *unpack_push(embps_service_t *svc, const 
                                                     size_t len, ProtobufCBinaryData *grads,
                                                     int *in_place) {
   Embps__V1__PushGradientsRequest *req;
-  size_t at, data, n;
+  size_t rest_len;
   uint8_t *rest;
 
   *in_place = 0;
-  if (embps_group_host_device(svc->group) < 0 &&
-      embps__svc_find_bytes_field(msg, len, EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_GRADIENTS, &at, &data,
-                                  &n) &&
-      (rest = embps_malloc(len - n - (data - at))) != NULL) {
-    memcpy(rest, msg, at);
-    memcpy(rest + at, msg + data + n, len - data - n);
-    req = embps__v1__push_gradients_request__unpack(&svc->pb, len - n - (data - at), rest);
+  if ((rest = strip_bulk(svc, msg, len, EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_GRADIENTS, grads,
+                         &rest_len)) != NULL) {
+    req = embps__v1__push_gradients_request__unpack(&svc->pb, rest_len, rest);
     embps_free(rest);
-    if (req) {
-      grads->data = (uint8_t *)msg + data;
-      grads->len = n;
-      *in_place = 1;
-    }
+    *in_place = req != NULL;
     return req;
   }
   req = embps__v1__push_gradients_request__unpack(&svc->pb, len, msg);
@@ -365,4 +378,93 @@ void embps__svc_push(embps_service_t *svc, embps_net_call_t *call, const uint8_t
 fail:
   embps__svc_fail(call, &err);
   embps__v1__push_gradients_request__free_unpacked(req, &svc->pb);
+}
+
+/* ---- Assign ---- */
+
+static void assign_done(embps__svc_request_t *r) {
+  Embps__V1__AssignResponse resp = EMBPS__V1__ASSIGN_RESPONSE__INIT;
+  if (embps__svc_answer_failure(r))
+    return;
+  resp.batch_id = r->group_call.batch_id;
+  resp.shard_index = r->shard_index;
+  resp.num_assigned = r->group_call.op.num_unique;
+  resp.num_refused = r->group_call.op.num_refused;
+  resp.replayed = r->group_call.replayed != 0;
+  embps__svc_reply(r->call, &resp.base);
+}
+
+/* Unpacks an AssignRequest, its rows read in place where the backend computes on host memory, as
+ * unpack_push reads a push's gradients. */
+static Embps__V1__AssignRequest *unpack_assign(embps_service_t *svc, const uint8_t *msg, size_t len,
+                                               ProtobufCBinaryData *rows, int *in_place) {
+  Embps__V1__AssignRequest *req;
+  size_t rest_len;
+  uint8_t *rest;
+
+  *in_place = 0;
+  if ((rest = strip_bulk(svc, msg, len, EMBPS_WIRE_ASSIGN_REQUEST_ROWS, rows, &rest_len)) != NULL) {
+    req = embps__v1__assign_request__unpack(&svc->pb, rest_len, rest);
+    embps_free(rest);
+    *in_place = req != NULL;
+    return req;
+  }
+  req = embps__v1__assign_request__unpack(&svc->pb, len, msg);
+  if (req)
+    *rows = req->rows;
+  return req;
+}
+
+/* Assign: PushGradients' shape and checks (the token range of a dense table, the dtype, the
+ * rows' size), answered once the rows are written on every rank; ordered, deduplicated and
+ * retried as a push (server/group/rounds.c). */
+void embps__svc_assign(embps_service_t *svc, embps_net_call_t *call, const uint8_t *msg, size_t len,
+                       uint8_t **owned) {
+  static const uint32_t name_path[] = {EMBPS_WIRE_ASSIGN_REQUEST_TABLE};
+  ProtobufCBinaryData rows = {0, NULL};
+  int in_place;
+  Embps__V1__AssignRequest *req = unpack_assign(svc, msg, len, &rows, &in_place);
+  embps_error_t err;
+  embps_table_t *t;
+  embps__svc_request_t *r;
+  size_t n, want;
+
+  if (!req) {
+    embps__svc_fail_unpack(svc, call, "AssignRequest");
+    return;
+  }
+  if (embps__svc_check_names(msg, len, name_path, 1, &err) != EMBPS_OK ||
+      validate_batch(svc, req->table, req->shard_index, req->shard_count, req->tokens_per_batch,
+                     &req->tokens, req->dtype, &t, &err) != EMBPS_OK)
+    goto fail;
+  n = req->tokens.len / sizeof(int64_t);
+  want = n * embps_table_config(t)->emb_width * embps_dtype_size(embps_table_config(t)->dtype);
+  if (rows.len != want) {
+    embps_error_set(&err, EMBPS_INVALID_ARGUMENT,
+                    "rows hold %zu bytes, but %zu tokens of emb_width=%u %s need %zu", rows.len, n,
+                    embps_table_config(t)->emb_width,
+                    embps_dtype_name(embps_table_config(t)->dtype), want);
+    goto fail;
+  }
+  r = embps__svc_request_new(svc, call, &req->base, assign_done);
+  if (!r) {
+    embps_error_set(&err, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+    goto fail;
+  }
+  set_batch(
+      r, EMBPS_OP_ASSIGN,
+      &(batch_name_t){req->client_id, req->batch_id, req->digest, req->attempt, req->shard_index},
+      t, &req->tokens);
+  r->group_call.op.rows_in = rows.data;
+  r->group_call.op.reset_state = req->reset_state != 0;
+  if (in_place) { /* msg is *owned: in_place found a field, so the message is not empty */
+    r->wire = *owned;
+    *owned = NULL;
+  }
+  embps_net_call_on_cancel(call, on_call_cancel, r);
+  embps__svc_submit(r);
+  return;
+fail:
+  embps__svc_fail(call, &err);
+  embps__v1__assign_request__free_unpacked(req, &svc->pb);
 }

@@ -639,7 +639,8 @@ embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_
       order_remove(ix, s);
       ix->score[s] = weight ? ix->score[s] + weight : ix->st.clock;
       embps__hix_mark(ix, s);
-    } else if (ix->cfg.admit_after == 1 || sketch_count(ix, u[i]) >= ix->cfg.admit_after) {
+    } else if (ix->admit_all || ix->cfg.admit_after == 1 ||
+               sketch_count(ix, u[i]) >= ix->cfg.admit_after) {
       cand[nc++] = i;
     } else {
       ix->st.not_admitted++;
@@ -748,4 +749,15 @@ void embps__hindex_order_add(embps_hindex_t *ix, uint32_t s) {
     heap_push(ix, s);
   else
     queue_append(ix, s);
+}
+
+/* ---- an assign ------------------------------------------------------------------------------- */
+
+embps_status_t embps_hindex_assign(embps_hindex_t *ix, const uint64_t *keys, size_t n,
+                                   int64_t *slots, embps_hindex_fresh_t *fresh, size_t *nfresh) {
+  embps_status_t ret;
+  ix->admit_all = 1;
+  ret = embps_hindex_step(ix, keys, n, slots, fresh, nfresh);
+  ix->admit_all = 0;
+  return ret;
 }

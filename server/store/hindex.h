@@ -136,6 +136,17 @@ void embps_hindex_find(const embps_hindex_t *ix, const uint64_t *keys, size_t n,
 embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_t n, int64_t *slots,
                                  embps_hindex_fresh_t *fresh, size_t *nfresh);
 
+/**
+ * One assign step of the table (an Assign RPC writing rows directly): embps_hindex_step's step,
+ * with the clock, expiry, scores, eviction and refusal alike, except that every absent key is
+ * given a slot at once, whatever admit_after says, and nothing is counted in the admission
+ * sketch (not_admitted stays). So an assign is ordered with the pushes as one more step of the
+ * same state machine, and every rank fed the same rounds still holds the same index. slots,
+ * fresh and *nfresh as embps_hindex_step; errors alike, ix unchanged on error.
+ */
+embps_status_t embps_hindex_assign(embps_hindex_t *ix, const uint64_t *keys, size_t n,
+                                   int64_t *slots, embps_hindex_fresh_t *fresh, size_t *nfresh);
+
 /** The exact length embps_hindex_encode writes for ix. */
 size_t embps_hindex_encoded_bytes(const embps_hindex_t *ix);
 

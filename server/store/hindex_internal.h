@@ -56,6 +56,7 @@ struct embps_hindex {
   uint64_t base;         /* LFU: scores are in units of 2^(base - epoch) of a push at epoch */
   uint32_t dmax;         /* LFU: the largest epoch - base kept before renormalising */
   embps_hindex_stats_t st;
+  int admit_all; /* set by embps_hindex_assign for its step: every absent key is admitted */
 };
 
 /** The key hash: a seeded bijection of 64-bit keys. */

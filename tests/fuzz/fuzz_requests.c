@@ -32,6 +32,7 @@ static const char *const methods[] = {
     "/grpc.health.v1.Health/Check",
     "/embps.v1.EmbeddingService/Nope",
     "/fuzz.Other/Call",
+    "/embps.v1.EmbeddingService/Assign",
 };
 
 static embps_store_t *store;

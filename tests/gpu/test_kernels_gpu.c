@@ -480,6 +480,43 @@ static void check_hash(const config_t *c, rng_t *r) {
     dev_free(dt);
   }
 
+  /* Rows written as given (an Assign): the m distinct rows from random source rows (repeated),
+   * with and without the optimizer state's reset. */
+  if (m > 0) {
+    void *src = xmalloc(n * row_bytes);
+    int64_t *src_rows = xmalloc(m * sizeof(int64_t));
+    fill_values(src, c->dtype, n * w, r, -1.0f, 1.0f);
+    for (size_t i = 0; i < m; i++)
+      src_rows[i] = (int64_t)(next_u64(r) % n);
+    void *d_src = dev_upload(src, n * row_bytes);
+    int64_t *d_src_rows = dev_upload(src_rows, m * sizeof(int64_t));
+    for (int reset = 0; reset <= 1; reset++) {
+      const size_t s_bytes = (size_t)NUM_ROWS * w * sizeof(float);
+      const char *what = reset ? "assign rows (state reset)" : "assign rows";
+      float *s0 = xmalloc(s_bytes), *s1 = xmalloc(s_bytes);
+      fill_values(s0, EMBPS_DTYPE_F32, s_bytes / sizeof(float), r, 0.0f, 1.0f);
+      fill_values(s1, EMBPS_DTYPE_F32, s_bytes / sizeof(float), r, -1.0f, 1.0f);
+      void *h_table = host_copy(table, table_bytes);
+      float *h_s0 = host_copy(s0, s_bytes), *h_s1 = host_copy(s1, s_bytes);
+      void *dt = dev_upload(table, table_bytes);
+      float *d_s0 = dev_upload(s0, s_bytes), *d_s1 = dev_upload(s1, s_bytes);
+      embps_assign_rows_cpu(h_table, c->dtype, w, perm, src_rows, m, src, reset ? h_s0 : NULL,
+                            reset ? w : 0, reset ? h_s1 : NULL, 0.5f);
+      STATUS_OK(embps_assign_rows_cuda(dt, c->dtype, w, d_rslots, d_src_rows, m, d_src,
+                                       reset ? d_s0 : NULL, reset ? w : 0, reset ? d_s1 : NULL,
+                                       0.5f, stream));
+      void *g_table = dev_download(dt, table_bytes);
+      float *g0 = dev_download(d_s0, s_bytes), *g1 = dev_download(d_s1, s_bytes);
+      same_bits(what, c->name, h_table, g_table, table_bytes, es);
+      same_bits(what, c->name, h_s0, g0, s_bytes, sizeof(float));
+      same_bits(what, c->name, h_s1, g1, s_bytes, sizeof(float));
+      free(g_table), free(g0), free(g1), free(h_table), free(h_s0), free(h_s1), free(s0), free(s1);
+      dev_free(dt), dev_free(d_s0), dev_free(d_s1);
+    }
+    free(src), free(src_rows);
+    dev_free(d_src), dev_free(d_src_rows);
+  }
+
   /* Key order: top bit flipped, out of place (one guard element) and in place. */
   int64_t *want = host_poisoned((n + 1) * sizeof(int64_t));
   for (size_t i = 0; i < n; i++)

@@ -162,6 +162,32 @@ class RawClient:
         return [f.result() for f in futs]
 
 
+    def assign_async(self, table, tokens, rows, reset_state=True, batch_id=None, order=None,
+                     timeout=CALL_TIMEOUT, digest=0, attempt=0):
+        """An Assign (rows written as given), split as push_async splits a push; rows of uint16
+        travel as bf16 bits, anything else as f32."""
+        tok = np.asarray(tokens, dtype="<i8")
+        bf16 = getattr(rows, "dtype", None) == np.uint16
+        v = np.asarray(rows, dtype="<u2" if bf16 else "<f4")
+        T = len(tok)
+        assert T % self.n == 0 and v.shape[0] == T
+        s = T // self.n
+        bid = next_batch_id() if batch_id is None else batch_id
+        futs = [None] * self.n
+        for r in self._order(order):
+            futs[r] = self.stubs[r].Assign.future(pb.AssignRequest(
+                table=table, batch_id=bid, shard_index=r, shard_count=self.n,
+                tokens_per_batch=T, tokens=tok[r * s:(r + 1) * s].tobytes(),
+                dtype=pb.DTYPE_BF16 if bf16 else pb.DTYPE_F32,
+                rows=v[r * s:(r + 1) * s].tobytes(), reset_state=reset_state,
+                client_id=self.client_id, digest=digest, attempt=attempt), timeout=timeout)
+        return bid, futs
+
+    def assign(self, table, tokens, rows, reset_state=True, order=None):
+        _, futs = self.assign_async(table, tokens, rows, reset_state, order=order)
+        return [f.result() for f in futs]
+
+
 def rpc_error(fn):
     """Runs fn; returns the grpc.RpcError it raised (None when it succeeded)."""
     try:

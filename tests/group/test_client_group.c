@@ -11,6 +11,7 @@
  *     are checked bit for bit (f32 math done here) and whose padding row 0 stays zero;
  *   - 16 interleaved lookups and pushes in flight at once, replayed one call at a time on a
  *     twin table with the same seed: every result identical bit for bit;
+ *   - assigns (rows read back bitwise, ordered between pipelined pushes, refusals);
  *   - the group's statistics (two ready ranks, mesh "shard=2", collective traffic).
  * The last test stops both ranks with SIGTERM and requires exit status 0 from each (under
  * AddressSanitizer a leak makes it non-zero). Every wait is bounded: a 30 s client deadline,
@@ -420,6 +421,84 @@ static void test_pipelined_calls_rowwise_adagrad(void **state) {
   run_pipeline("pipe_rwa", EMBPS_OPTIMIZER_ROWWISE_ADAGRAD, 0.1f);
 }
 
+/* embps_assign and embps_assign_start: rows read back bit for bit (the last of a repeated token,
+ * padding 0 skipped), an assign pipelined between pushes applied in order, a bf16 table's bits
+ * kept, and rows of the wrong dtype or a token out of range refused with nothing written. */
+static void test_assign(void **state) {
+  (void)state;
+  embps_client_t *c = g_client;
+  const int64_t tok[4] = {3, 9, 3, 0}, two[2] = {3, 9};
+  float rows[4 * WIDTH], got[4 * WIDTH], g[2 * WIDTH], before[2 * WIDTH];
+  uint16_t bf[4 * WIDTH], gotbf[4 * WIDTH];
+  embps_assign_result_t res;
+  embps_push_result_t pres;
+  embps_call_t *calls[3];
+  embps_table_spec_t s;
+
+  create_table(c, "assign_sgd", WIDTH, EMBPS_OPTIMIZER_SGD, 0.5f, 3);
+  for (int i = 0; i < 4 * WIDTH; i++)
+    rows[i] = (float)i * 0.25f - 3.0f;
+  memset(&res, 0xff, sizeof(res));
+  assert_int_equal(
+      embps_assign(c, "assign_sgd", tok, 4, rows, sizeof(rows), EMBPS_DTYPE_F32, 1, &res),
+      EMBPS_OK);
+  assert_int_equal(res.num_assigned, 2);
+  assert_int_equal(res.num_refused, 0);
+  assert_int_equal(res.replayed, 0);
+  assert_int_equal(embps_lookup(c, "assign_sgd", two, 2, got, 2 * WIDTH * sizeof(float)), EMBPS_OK);
+  assert_memory_equal(got, rows + 2 * WIDTH, WIDTH * sizeof(float)); /* 3: the last row */
+  assert_memory_equal(got + WIDTH, rows + WIDTH, WIDTH * sizeof(float));
+
+  /* push, assign, push pipelined: the rows end as the assign's minus one SGD step */
+  for (int i = 0; i < 2 * WIDTH; i++)
+    g[i] = 1.0f;
+  assert_int_equal(embps_push_start(c, "assign_sgd", two, 2, g, sizeof(g), EMBPS_DTYPE_F32,
+                                    EMBPS_PUSH_SYNC, &pres, &calls[0]),
+                   EMBPS_OK);
+  assert_int_equal(embps_assign_start(c, "assign_sgd", two, 2, rows, 2 * WIDTH * sizeof(float),
+                                      EMBPS_DTYPE_F32, 0, &res, &calls[1]),
+                   EMBPS_OK);
+  assert_int_equal(embps_push_start(c, "assign_sgd", two, 2, g, sizeof(g), EMBPS_DTYPE_F32,
+                                    EMBPS_PUSH_SYNC, &pres, &calls[2]),
+                   EMBPS_OK);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(embps_call_wait(calls[i]), EMBPS_OK);
+  assert_int_equal(embps_lookup(c, "assign_sgd", two, 2, got, 2 * WIDTH * sizeof(float)), EMBPS_OK);
+  for (int i = 0; i < 2 * WIDTH; i++)
+    assert_true(got[i] == rows[i] - 0.5f);
+
+  /* refused: bf16 rows into an f32 table, a token past the rows; nothing written */
+  memcpy(before, got, sizeof(before));
+  assert_int_equal(embps_assign(c, "assign_sgd", two, 2, bf, 2 * WIDTH * sizeof(uint16_t),
+                                EMBPS_DTYPE_BF16, 1, NULL),
+                   EMBPS_INVALID_ARGUMENT);
+  assert_non_null(strstr(embps_client_last_error(c), "dtype mismatch"));
+  {
+    const int64_t far[2] = {ROWS, ROWS + 1}; /* every rank refuses its shard at once */
+    assert_int_equal(embps_assign(c, "assign_sgd", far, 2, rows, 2 * WIDTH * sizeof(float),
+                                  EMBPS_DTYPE_F32, 1, NULL),
+                     EMBPS_INVALID_ARGUMENT);
+  }
+  assert_int_equal(embps_lookup(c, "assign_sgd", two, 2, got, 2 * WIDTH * sizeof(float)), EMBPS_OK);
+  assert_memory_equal(got, before, sizeof(before));
+
+  /* a bf16 table keeps the bits given */
+  embps_table_spec_init(&s);
+  s.name = "assign_bf16";
+  s.rows = ROWS;
+  s.emb_width = WIDTH;
+  s.dtype = EMBPS_DTYPE_BF16;
+  assert_int_equal(embps_create_table(c, &s), EMBPS_OK);
+  for (int i = 0; i < 4 * WIDTH; i++)
+    bf[i] = (uint16_t)(0x3f80 + i * 37);
+  assert_int_equal(
+      embps_assign(c, "assign_bf16", tok, 4, bf, sizeof(bf), EMBPS_DTYPE_BF16, 1, &res), EMBPS_OK);
+  assert_int_equal(embps_lookup(c, "assign_bf16", two, 2, gotbf, 2 * WIDTH * sizeof(uint16_t)),
+                   EMBPS_OK);
+  assert_memory_equal(gotbf, bf + 2 * WIDTH, WIDTH * sizeof(uint16_t));
+  assert_memory_equal(gotbf + WIDTH, bf + WIDTH, WIDTH * sizeof(uint16_t));
+}
+
 static void test_stats(void **state) {
   (void)state;
   embps_client_t *c = g_client;
@@ -480,6 +559,7 @@ int main(void) {
       cmocka_unit_test(test_uneven_batch_and_padding),
       cmocka_unit_test(test_pipelined_calls_sgd),
       cmocka_unit_test(test_pipelined_calls_rowwise_adagrad),
+      cmocka_unit_test(test_assign),
       cmocka_unit_test(test_stats),
       cmocka_unit_test(test_clean_exit),
   };

@@ -655,6 +655,64 @@ class FeaturesTest(unittest.TestCase):
                     n, i, (": %r against %r" % (a, b)) if isinstance(a, list) else ""))
 
 
+class AssignTest(unittest.TestCase):
+    """Assign on the cuda backend (the rows' exchange, the last-wins choice, the assign kernel,
+    a hash-keyed table's inserts, evictions and refusals, the state reset seen by the next
+    Adagrad and Adam steps) answers and leaves the tables bitwise as a CPU group of the same
+    size."""
+    W = 24
+
+    def run_group(self, n, kind):
+        if kind == "cpu":
+            group = gl.Group(n, "--device", "cpu")
+        else:
+            group = gl.Group(n, "--device", "cuda", binary=SIM, env=sim_env(n))
+        client = gl.RawClient(group.addresses)
+        rng = np.random.default_rng(7)
+        W, out = self.W, []
+
+        def rows(k):
+            return rng.standard_normal((k, W)).astype(np.float32)
+
+        def bf(k):  # bf16 rows (any bits: truncated f32) for the bf16 table
+            return (rows(k).view(np.uint32) >> 16).astype(np.uint16)
+
+        def answer(reps):
+            return [(m.num_assigned, m.num_refused, m.replayed) for m in reps]
+        try:
+            client.create("d", 66, W, "adagrad", init_acc=0.1, dtype=pb.DTYPE_BF16)
+            spec = gl.table_spec("h", 0, W, "adam", b1=0.9, b2=0.99)
+            spec.capacity = 8
+            client.stubs[0].CreateTable(pb.CreateTableRequest(spec=spec), timeout=gl.CALL_TIMEOUT)
+            client.push("d", np.arange(1, 13), bf(12))
+            out.append(answer(client.assign("d", [3, 5, 3, 0, 40, 7], bf(6), True)))
+            out.append(answer(client.assign("d", [1, 2, 9, 10, 11, 12], bf(6), False)))
+            client.push("d", np.arange(1, 13), bf(12))
+            out.append(client.lookup_bytes("d", np.arange(66)))
+            keys = (np.arange(1, 13, dtype=np.int64) * 0x9E3779B97F4A7C1) ^ (1 << 62)
+            out.append(answer(client.assign("h", keys, rows(12))))  # 8 stored, 4 refused
+            client.push("h", keys[:6], rows(6))
+            out.append(answer(client.assign("h", np.array([5, 6, 7, 8, 9, 10]), rows(6),
+                                            False)))  # evictions
+            client.push("h", np.array([5, 6, 7, 8, 9, 10]), rows(6))
+            out.append(client.lookup_bytes("h", np.concatenate([keys, np.arange(5, 11)])))
+        except Exception as e:
+            raise RuntimeError("%d-rank %s group: %r\n%s" % (n, kind, e, group.logs())) from e
+        finally:
+            client.close()
+            codes = group.close()
+        self.assertEqual(codes, {r: 0 for r in range(n)}, group.last_logs)
+        return out
+
+    def test_cuda_groups_equal_cpu_groups_bitwise(self):
+        for n in (1, 2, 3):
+            cpu, cuda = self.run_group(n, "cpu"), self.run_group(n, "cuda")
+            self.assertEqual(cpu[0], [(4, 0, False)] * n)
+            self.assertEqual(cpu[2 + 1], [(8, 4, False)] * n)
+            for i, (a, b) in enumerate(zip(cuda, cpu)):
+                self.assertTrue(a == b, "%d ranks: part %d differs" % (n, i))
+
+
 class IncrementalCheckpointTest(unittest.TestCase):
     ROWS, WIDTH = 200, 128  # four words of dirty bits; 64 columns per rank
     FLAGS = ("--checkpoint-full-every", "100")

@@ -69,6 +69,13 @@ class ClientAuthTest(unittest.TestCase):
             self.assertEqual(cm.exception.code, SC.PERMISSION_DENIED)
             self.assertIn("role 'reader' may not call PushGradients (needs 'worker')",
                           str(cm.exception))
+            # Assign: a worker's (and an admin's), like a push
+            with self.assertRaises(embps.Error) as cm:
+                reader.assign("t", tokens, grads)
+            self.assertEqual(cm.exception.code, SC.PERMISSION_DENIED)
+            self.assertIn("role 'reader' may not call Assign (needs 'worker')", str(cm.exception))
+            np.testing.assert_array_equal(reader.lookup("t", tokens),
+                                          (before - np.float32(0.5)) - np.float32(0.5))
             np.testing.assert_array_equal(reader.lookup("t", tokens), (before - np.float32(0.5)) - np.float32(0.5))
             self.assertEqual(len(reader.stats()), 2)
             self.assertTrue(reader.health().serving)

@@ -9,7 +9,7 @@ made with push_async, whose future retries on its own. Each cut push must come b
 second attempt with replayed=True and the first attempt's grad_norm and num_unique, and at the
 end the two tables must be equal bit for bit: every push applied exactly once. A lookup cut
 the same way is retried transparently and returns the rows a direct lookup returns. The same for
-push_features and lookup_features (feature batches).
+push_features and lookup_features (feature batches), and for assign (rows written directly).
 
 Needs the servers' retry window (server/group/rounds.c answering a retried push from it).
 """
@@ -109,6 +109,31 @@ class CutGroupTest(unittest.TestCase):
                         "a cut push was applied other than once: %d of %d rows differ"
                         % (int(np.any(bits(ref) != bits(cut), axis=1).sum()), ROWS))
         self.assertEqual(sum(p.cuts for p in self.proxies) - cuts0, len(CUT_AT))
+
+    def test_assign_applied_once(self):
+        """An assign whose reply is cut (sync, and async through its future) is retried with the
+        same batch id and digest and answered from the retry window (replayed, attempts 2, the
+        first answer's counts), and the table ends bitwise as the direct client's."""
+        self.make("aref")
+        self.make("acut")
+        self.cut.lookup("acut", np.array([1, 2]))  # the cut client knows the table
+        tok = np.array([4, 5, 6, 4] + [0] * 4)
+        rows = np.random.default_rng(77).standard_normal((8, WIDTH)).astype(np.float32)
+        want = self.direct.assign("aref", tok, rows)
+        self.assertEqual((want.num_assigned, want.replayed, want.attempts), (3, False, 1))
+        for rank, how in ((1, "sync"), (0, "async")):
+            p = self.proxies[rank]
+            cuts = p.cuts
+            p.cut_next_reply()
+            if how == "async":
+                got = self.cut.assign_async("acut", tok, rows).result(timeout=60)
+            else:
+                got = self.cut.assign("acut", tok, rows)
+            self.assertEqual(p.cuts, cuts + 1)
+            self.assertEqual((got.num_assigned, got.replayed, got.attempts), (3, True, 2), how)
+        all_tokens = np.arange(ROWS)
+        self.assertTrue(np.array_equal(bits(self.direct.lookup("aref", all_tokens)),
+                                       bits(self.direct.lookup("acut", all_tokens))))
 
     def test_lookup_retried(self):
         self.make("look")

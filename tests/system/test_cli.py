@@ -44,6 +44,8 @@ COMMANDS = {
     "lookup-features": ["--json"],
     "stats": ["--json"],
     "health": ["--service"],
+    "assign": ["--tokens", "--rows", "--rows-file", "--keep-state"],
+    "import": ["FILE.npy", "--ids", "--start", "--batch-rows", "--keep-state", "--no-progress"],
     "checkpoint": ["--table"],
     "checkpoints": [],
     "bench": ["--batch", "--mix", "--tables", "--duration", "--warmup", "--concurrency",
@@ -430,6 +432,162 @@ class TestLookupPush(CliTestCase):
             self.fails(1, ["UNAVAILABLE", dead], *args, servers=dead)
         # The table is as it was.
         self.assertEqual(self.table_stats("cli_err")["pushes"], 0)
+
+
+def write_npy(path, descr, shape, data, fortran=False, cut=0):
+    """A .npy as numpy.save writes it (version 1.0), standard library only: descr ('<f4',
+    '<u2', '<i8', ...), shape, data the packed bytes; cut drops that many bytes at the end."""
+    dims = "(%s)" % "".join("%d, " % d for d in shape) if len(shape) != 1 else "(%d,)" % shape[0]
+    if len(shape) == 2:
+        dims = "(%d, %d)" % shape
+    head = "{'descr': '%s', 'fortran_order': %s, 'shape': %s, }" % (descr, fortran, dims)
+    pad = 64 - (10 + len(head) + 1) % 64
+    head = head + " " * (pad % 64) + "\n"
+    blob = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head.encode() + data
+    with open(path, "wb") as f:
+        f.write(blob[:len(blob) - cut] if cut else blob)
+    return path
+
+
+def f32_rows(rows, width, seed):
+    """rows x width f32 values (exact in f32), row 0 zeros, and their bytes."""
+    vals = [[0.0] * width] + [[f32(((r * 31 + c * 7 + seed) % 97 - 48) / 8.0 + 0.001 * seed)
+                               for c in range(width)] for r in range(1, rows)]
+    return vals, b"".join(struct.pack("<%df" % width, *v) for v in vals)
+
+
+class TestImport(CliTestCase):
+    def setUp(self):
+        import tempfile
+        self.dir = tempfile.mkdtemp(prefix="embps-cli-import-")
+
+    def tearDown(self):
+        import shutil
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def listed(self, name):
+        return any(t["name"] == name for t in json.loads(self.ok("tables", "--json").stdout))
+
+    def test_import_creates_and_reads_back(self):
+        vals, data = f32_rows(37, 4, 1)
+        f = write_npy(self.path("a.npy"), "<f4", (37, 4), data)
+        r = self.ok("import", "imp_f32", f, "--batch-rows", "5", "--no-progress")
+        self.assertIn("created table imp_f32: rows 37, emb_width 4, dtype f32", r.stdout)
+        self.assertIn("imported 37 rows of %s into imp_f32: assigned=36 refused=0" % f, r.stdout)
+        self.assertEqual(r.stderr, "")  # no progress line off a terminal
+        self.assertEqual([v for _, v in self.lookup("imp_f32", range(37))], vals)
+        # bf16 bits: a bf16 table, every bit kept
+        bits = [(r * 257 + c * 3) & 0x7F7F for r in range(9) for c in range(4)]
+        bits[:4] = [0] * 4
+        fb = write_npy(self.path("b.npy"), "<u2", (9, 4), struct.pack("<36H", *bits))
+        self.ok("import", "imp_bf16", fb, "--no-progress")
+        self.assertEqual(self.table_json("imp_bf16")["dtype"], "bf16")
+        got = self.lookup("imp_bf16", range(9))
+        want = [struct.unpack("<f", struct.pack("<I", b << 16))[0] for b in bits]
+        self.assertEqual([x for _, v in got for x in v], want)
+        # hash-keyed with ids (64-bit, negative among them): capacity = the rows
+        ids = [7, -5, 2**62 + 3, 11, 12, 13, 14, 15, 16]
+        fi = write_npy(self.path("ids.npy"), "<i8", (9,), struct.pack("<9q", *ids))
+        vals9, data9 = f32_rows(9, 4, 2)
+        fr = write_npy(self.path("r9.npy"), "<f4", (9, 4), data9)
+        r = self.ok("import", "imp_hash", fr, "--ids", fi, "--no-progress")
+        self.assertIn("created table imp_hash: capacity 9", r.stdout)
+        self.assertIn("assigned=9 refused=0", r.stdout)
+        self.assertEqual([v for _, v in self.lookup("imp_hash", ids)], vals9)
+
+    def test_start_resumes_and_progress(self):
+        vals, data = f32_rows(20, 4, 3)
+        self.ok("import", "imp_resume", write_npy(self.path("a.npy"), "<f4", (20, 4), data),
+                "--no-progress")
+        vals2, data2 = f32_rows(20, 4, 4)
+        f2 = write_npy(self.path("b.npy"), "<f4", (20, 4), data2)
+        r = self.ok("import", "imp_resume", f2, "--start", "15", "--batch-rows", "2",
+                    "--no-progress")
+        self.assertIn("imported 5 rows", r.stdout)
+        got = [v for _, v in self.lookup("imp_resume", range(20))]
+        self.assertEqual(got[:15], vals[:15])
+        self.assertEqual(got[15:], vals2[15:])
+        # on a terminal (a pty for stderr), a progress line
+        import pty
+        master, slave = pty.openpty()
+        try:
+            p = subprocess.run([CLI_BIN, "--servers", SERVER.address, "import", "imp_resume",
+                                f2], stdout=subprocess.PIPE, stderr=slave, timeout=CMD_TIMEOUT)
+            os.close(slave)
+            slave = -1
+            out = b""
+            while True:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out += chunk
+        finally:
+            if slave >= 0:
+                os.close(slave)
+            os.close(master)
+        self.assertEqual(p.returncode, 0)
+        self.assertIn(b"import imp_resume: 20/20 rows (100.0%)", out)
+
+    def test_bad_files_write_nothing(self):
+        vals, data = f32_rows(10, 4, 5)
+        good = write_npy(self.path("good.npy"), "<f4", (10, 4), data)
+        cases = [
+            (write_npy(self.path("t.npy"), "<f4", (10, 4), data, cut=3), "is cut short"),
+            (write_npy(self.path("f.npy"), "<f4", (10, 4), data, fortran=True),
+             "is in Fortran order"),
+            (write_npy(self.path("d.npy"), "<f8", (5, 4), data[:160]),
+             "holds dtype '<f8' (float64), which embps does not read"),
+            (write_npy(self.path("one.npy"), "<f4", (40,), data), "rows must be a 2-D"),
+        ]
+        with open(self.path("not.npy"), "wb") as fh:
+            fh.write(b"PK\x03\x04 a zip, not a .npy")
+        cases.append((self.path("not.npy"), "is not a .npy file"))
+        cases.append((self.path("missing.npy"), "cannot be opened"))
+        for f, frag in cases:
+            self.fails(2, [f, frag], "import", "imp_bad", f, "--no-progress")
+            self.assertFalse(self.listed("imp_bad"), f)
+        self.fails(2, ["missing FILE.npy"], "import", "imp_bad")
+        # into an existing table: the width, the rows, the ids; nothing written
+        self.create("imp_into", "--rows", "10", "--emb-width", "8")
+        before = self.lookup("imp_into", range(10))
+        self.fails(2, ["holds rows of 4 values, but table imp_into has emb_width=8"],
+                   "import", "imp_into", good)
+        self.create("imp_small", "--rows", "5", "--emb-width", "4")
+        self.fails(2, ["has 10 rows, but table imp_small has rows=5"], "import", "imp_small",
+                   good)
+        ids = write_npy(self.path("ids.npy"), "<i8", (10,),
+                        struct.pack("<10q", *([1, 2, 3, 4, 5, 6, 7, 8, 9] + [5])))
+        self.fails(2, ["id 5 at position 4 is outside [0, 5) of table imp_small: nothing was "
+                       "written"], "import", "imp_small", good, "--ids", ids)
+        short = write_npy(self.path("ids3.npy"), "<i8", (3,), struct.pack("<3q", 1, 2, 3))
+        self.fails(2, ["ids must be a 1-D integer array", "of one id per row"], "import",
+                   "imp_small", good, "--ids", short)
+        self.assertEqual(self.lookup("imp_into", range(10)), before)
+        self.fails(2, ["--start"], "import", "imp_into", good, "--start", "11")
+
+    def test_assign(self):
+        self.create("asg", "--rows", "8", "--emb-width", "2", "--optimizer", "sgd", "--lr", "1")
+        r = self.ok("assign", "asg", "--tokens", "3,4,3,0", "--rows", "1,2|3,4|5,6|7,8")
+        self.assertEqual(r.stdout.strip(), "assigned=2 refused=0")
+        self.assertEqual(self.lookup("asg", [3, 4, 0]), [(3, [5.0, 6.0]), (4, [3.0, 4.0]),
+                                                        (0, [0.0, 0.0])])
+        f = write_npy(self.path("r.npy"), "<f4", (2, 2), struct.pack("<4f", 0.5, 1.5, 2.5, 3.5))
+        self.ok("assign", "asg", "--tokens", "5,6", "--rows-file", f, "--keep-state")
+        self.assertEqual(self.lookup("asg", [5, 6]), [(5, [0.5, 1.5]), (6, [2.5, 3.5])])
+        self.fails(2, ["give exactly one of --rows and --rows-file"], "assign", "asg",
+                   "--tokens", "1")
+        self.fails(2, ["--rows has 1 rows of 3 values; table asg needs 1 rows (one per token) of "
+                       "2 values (emb_width)"], "assign", "asg", "--tokens", "1", "--rows",
+                   "1,2,3")
+        self.fails(1, ["INVALID_ARGUMENT", "token 9 at position 0 is outside [0, 8)"], "assign",
+                   "asg", "--tokens", "9", "--rows", "1,2")
+        self.assertEqual(self.lookup("asg", [5, 6]), [(5, [0.5, 1.5]), (6, [2.5, 3.5])])
 
 
 class TestAdmin(CliTestCase):

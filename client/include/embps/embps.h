@@ -17,7 +17,7 @@
  * Ordering: calls on one client are sent in the order they were started, with increasing
  * batch ids, and each request's body is sent whole before the next one's starts, so a server
  * sees them in that order on every connection. A retried lookup or push (see max_attempts) is
- * sent again, whole, when its backoff ends, after the calls started since.
+ * sent again, whole, when its backoff ends, after the calls started since (an assign too).
  *
  * Errors: every function that can fail returns an embps_status_t (values are gRPC status
  * codes). The message of the last failure, including the server's grpc-message, is kept by
@@ -151,6 +151,15 @@ typedef struct embps_push_result {
   double grad_norm;    /* L2 norm of the summed gradients (sync only) */
   uint64_t num_unique; /* distinct non-padding tokens in the batch (sync only) */
 } embps_push_result_t;
+
+/** The reply to an assign, joined over the group's ranks (every rank reports the same). */
+typedef struct embps_assign_result {
+  uint64_t num_assigned; /* distinct nonzero tokens whose rows were written */
+  uint64_t num_refused;  /* hash-keyed: distinct keys given no slot (every slot was held by a key
+                            of this batch); their rows were not written */
+  int replayed;          /* 1: a retry of an assign the group had applied already: nothing was
+                            written again, and the counts are the first attempt's */
+} embps_assign_result_t;
 
 /** One table's counters on one rank. */
 typedef struct embps_table_stats {
@@ -416,6 +425,36 @@ EMBPS_EXPORT embps_status_t embps_push_features_start(embps_client_t *client,
                                                       size_t batch_size, embps_push_mode_t mode,
                                                       embps_feature_step_t *steps,
                                                       size_t *num_steps, embps_call_t **call);
+/** Sets the rows of n tokens of table to the rows given, blocking until every rank has written
+ * them (the Assign RPC: warm starts, imports, rows fixed by hand).
+ *
+ * rows: n full-width rows of dtype, which must be the table's (rows_bytes = n * emb_width *
+ * dtype size bytes), read during the call; each is written bit for bit. A token given twice
+ * takes its last row; token 0 (padding) is skipped. On a hash-keyed table a key without a slot
+ * is inserted (no admission count; the table's eviction rule frees a slot when it is full); keys
+ * left without one are counted in result->num_refused. reset_state non-zero: the rows' optimizer
+ * state goes back to its initial value too (an accumulator to initial_accumulator, Adam's
+ * moments to 0); zero: it stays (a key given a new slot starts from the initial state either
+ * way). The assign is ordered like a push: a lookup started after it sees it. It is retried
+ * like a push (options.max_attempts) with the same batch id and digest and written at most once
+ * (result->replayed). result may be NULL. Returns EMBPS_OK; EMBPS_INVALID_ARGUMENT (shape,
+ * dtype, a token outside a dense table's rows; nothing written); EMBPS_NOT_FOUND;
+ * EMBPS_PERMISSION_DENIED (a reader's token: assign needs the worker or admin role);
+ * EMBPS_UNAVAILABLE or EMBPS_DEADLINE_EXCEEDED (the last attempt's: see embps_push());
+ * EMBPS_INTERNAL; or another status the server returns. */
+EMBPS_EXPORT embps_status_t embps_assign(embps_client_t *client, const char *table,
+                                         const int64_t *tokens, size_t n, const void *rows,
+                                         size_t rows_bytes, embps_dtype_t dtype, int reset_state,
+                                         embps_assign_result_t *result);
+
+/** Starts an assign without waiting (see embps_assign()). tokens, rows and result must stay
+ * valid until embps_call_wait() returns for *call; result is written then. On failure *call is
+ * untouched. Retries happen as for embps_lookup_start(). */
+EMBPS_EXPORT embps_status_t embps_assign_start(embps_client_t *client, const char *table,
+                                               const int64_t *tokens, size_t n, const void *rows,
+                                               size_t rows_bytes, embps_dtype_t dtype,
+                                               int reset_state, embps_assign_result_t *result,
+                                               embps_call_t **call);
 
 /** Waits for a call to finish, moving I/O for every connection of its client meanwhile and
  * sending the call's retries, and frees the handle. Returns the call's status (EMBPS_OK or any

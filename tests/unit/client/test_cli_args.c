@@ -230,6 +230,35 @@ static void test_flags(void **state) {
   assert_int_equal(parse("--rows 3 -h", &pos), -1);
 }
 
+/* A further positional declared in the flag table (FILE): required, filled in order after the
+ * command's own, anywhere among the flags, and shown in the usage line. */
+static void test_further_positional(void **state) {
+  static embps_cli_flag_t flags[] = {
+      {"FILE", NULL, "the file", NULL}, {"--start", "N", "start", NULL}, {NULL, NULL, NULL, NULL}};
+  static const embps_cli_command_t two = {"two", "NAME", "Two positionals.", run_ok, flags};
+  char a0[] = "t", a1[] = "--start", a2[] = "5", a3[] = "f.npy", a4[] = "extra";
+  char *argv[] = {a0, a1, a2, a3, a4};
+  const char *pos = NULL;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f;
+  (void)state;
+  assert_int_equal(embps_cli_parse_flags(&two, 4, argv, &pos), 0);
+  assert_string_equal(pos, "t");
+  assert_string_equal(embps_cli_flag(flags, "FILE"), "f.npy");
+  assert_string_equal(embps_cli_flag(flags, "--start"), "5");
+  flags[0].value = flags[1].value = NULL;
+  assert_int_equal(embps_cli_parse_flags(&two, 5, argv, &pos), EMBPS_CLI_EXIT_USAGE); /* extra */
+  flags[0].value = flags[1].value = NULL;
+  assert_int_equal(embps_cli_parse_flags(&two, 3, argv, &pos), EMBPS_CLI_EXIT_USAGE); /* no FILE */
+  f = open_memstream(&text, &len);
+  embps_cli_usage_command(f, &two);
+  fclose(f);
+  assert_non_null(strstr(text, "usage: embps [GLOBAL OPTIONS] two NAME FILE [OPTIONS]"));
+  assert_non_null(strstr(text, "\n  FILE "));
+  free(text);
+}
+
 static void test_usage_command(void **state) {
   char *text = NULL;
   size_t len = 0;
@@ -295,10 +324,15 @@ static void test_settings(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_u64),           cmocka_unit_test(test_double),
-      cmocka_unit_test(test_i64_list),      cmocka_unit_test(test_f32_rows),
-      cmocka_unit_test(test_mix),           cmocka_unit_test(test_flags),
-      cmocka_unit_test(test_usage_command), cmocka_unit_test(test_settings),
+      cmocka_unit_test(test_u64),
+      cmocka_unit_test(test_double),
+      cmocka_unit_test(test_i64_list),
+      cmocka_unit_test(test_f32_rows),
+      cmocka_unit_test(test_mix),
+      cmocka_unit_test(test_flags),
+      cmocka_unit_test(test_usage_command),
+      cmocka_unit_test(test_settings),
+      cmocka_unit_test(test_further_positional),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

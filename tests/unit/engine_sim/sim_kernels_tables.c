@@ -1,8 +1,8 @@
-/* The simulated launchers of the hash-keyed tables and of the feature batches' bags
- * (kernels/cuda/hash.cu and pool.cu), in sim_kernels.c's way (see its header): the real
- * launchers' argument checks and statuses, the device arrays of known size checked against the
- * simulator's registry when enqueued, what depends on device data (slots, a bag's offsets and
- * rows) checked when the closure runs, then the CPU reference. */
+/* The simulated launchers of the hash-keyed tables, of the feature batches' bags and of the
+ * rows an Assign writes (kernels/cuda/hash.cu, pool.cu and assign.cu), in sim_kernels.c's way (see
+ * its header): the real launchers' argument checks and statuses, the device arrays of known size
+ * checked against the simulator's registry when enqueued, what depends on device data (slots, a
+ * bag's offsets and rows) checked when the closure runs, then the CPU reference. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -323,5 +323,81 @@ embps_status_t embps_expand_bags_cuda(const float *g, size_t width, const int64_
   a.mean = mean;
   a.out = out;
   sim_cuda_enqueue(stream, run_expand_bags, &a, sizeof(a), "expand bags");
+  return EMBPS_OK;
+}
+
+/* ---- rows written as given --------------------------------------------------------------- */
+
+typedef struct assign_args {
+  void *table;
+  embps_dtype_t dtype;
+  size_t width, n, state0_width;
+  const int64_t *rows, *src_rows;
+  const void *src;
+  float *state0, *state1, state0_value;
+} assign_args_t;
+
+static void run_assign_rows(void *p) {
+  const assign_args_t *a = p;
+  const size_t row_bytes = a->width * embps_dtype_size(a->dtype);
+  check_distinct_rows("assign rows", a->rows, a->n);
+  if (row_bytes) {
+    check_rows("assign rows", a->rows, a->n, a->table, row_bytes, "the table");
+    check_rows("assign rows", a->src_rows, a->n, a->src, row_bytes, "src");
+  }
+  if (a->state0_width)
+    check_rows("assign rows", a->rows, a->n, a->state0, a->state0_width * sizeof(float), "state0");
+  if (a->state1 && a->width)
+    check_rows("assign rows", a->rows, a->n, a->state1, a->width * sizeof(float), "state1");
+  embps_assign_rows_cpu(a->table, a->dtype, a->width, a->rows, a->src_rows, a->n, a->src, a->state0,
+                        a->state0_width, a->state1, a->state0_value);
+}
+
+embps_status_t embps_assign_rows_cuda(void *table, embps_dtype_t dtype, size_t width,
+                                      const int64_t *rows, const int64_t *src_rows, size_t n,
+                                      const void *src, float *state0, size_t state0_width,
+                                      float *state1, float state0_value, cudaStream_t stream) {
+  assign_args_t a;
+  const size_t es = embps_dtype_size(dtype);
+  if (bad_dtype("assign rows", dtype))
+    return EMBPS_INVALID_ARGUMENT;
+  if (state0_width != 0 && state0_width != 1 && state0_width != width) {
+    EMBPS_ERROR("assign rows: state0 of %zu floats per row (0, 1 or the width %zu)", state0_width,
+                width);
+    return EMBPS_INVALID_ARGUMENT;
+  }
+  if (n == 0 || (width == 0 && state0_width == 0))
+    return EMBPS_OK;
+  if (!rows || !src_rows || (width && (!table || !src)) || (state0_width && !state0)) {
+    EMBPS_ERROR("assign rows: NULL %s", !rows       ? "rows"
+                                        : !src_rows ? "src_rows"
+                                        : !table    ? "table"
+                                        : !src      ? "src"
+                                                    : "state0");
+    return EMBPS_INVALID_ARGUMENT;
+  }
+  if (width) {
+    sim_cuda_check_device(stream, table, width * es, "assign rows: table");
+    sim_cuda_check_device(stream, src, width * es, "assign rows: src");
+  }
+  if (state0_width)
+    sim_cuda_check_device(stream, state0, state0_width * sizeof(float), "assign rows: state0");
+  if (state1 && width)
+    sim_cuda_check_device(stream, state1, width * sizeof(float), "assign rows: state1");
+  sim_cuda_check_device(stream, rows, n * sizeof(int64_t), "assign rows: rows");
+  sim_cuda_check_device(stream, src_rows, n * sizeof(int64_t), "assign rows: src_rows");
+  memset(&a, 0, sizeof(a));
+  a.table = table;
+  a.dtype = dtype;
+  a.width = width;
+  a.n = n;
+  a.state0_width = state0_width;
+  a.rows = rows;
+  a.src_rows = src_rows;
+  a.src = src;
+  a.state0 = state0;
+  a.state1 = state1;
+  a.state0_value = state0_value;
+  sim_cuda_enqueue(stream, run_assign_rows, &a, sizeof(a), "assign rows");
   return EMBPS_OK;
 }

@@ -273,14 +273,17 @@ static void run_create(embps_op_t *op, embps_table_t **dropped) {
   op->created = t;
 }
 
+/* A push's gradients, or an assign's rows: every byte read (a length that passed validation
+ * wrongly trips AddressSanitizer) and kept. */
 static void run_push(embps_op_t *op) {
   const embps_table_config_t *c = embps_table_config(op->table);
   const size_t bytes = op->num_tokens * c->emb_width * embps_dtype_size(c->dtype);
-  fake.pushed_grads = op->grads;
+  const void *in = op->kind == EMBPS_OP_ASSIGN ? op->rows_in : op->grads;
+  fake.pushed_grads = in;
   free(fake.pushed_copy);
   fake.pushed_copy = malloc(bytes ? bytes : 1);
   if (bytes)
-    memcpy(fake.pushed_copy, op->grads, bytes);
+    memcpy(fake.pushed_copy, in, bytes);
   op->applied = 1;
   op->num_unique = op->num_tokens;
 }
@@ -307,7 +310,7 @@ void fake_run_engine(void) {
       embps_gather_cpu(embps_table_arrays(op->table).data, embps_table_config(op->table)->dtype,
                        embps_table_shard_width(op->table), op->tokens, op->num_tokens,
                        op->rows_out);
-    } else if (op->kind == EMBPS_OP_PUSH) {
+    } else if (op->kind == EMBPS_OP_PUSH || op->kind == EMBPS_OP_ASSIGN) {
       run_push(op);
     } else {
       FAKE_CHECK(op->kind == EMBPS_OP_DROP_TABLE);

@@ -70,7 +70,7 @@ typedef struct fake_world {
   int withdrawn;
   embps_group_call_t *last_withdrawn;
   /* the last push the engine ran: where its gradients were, and a copy of them (malloc'd) */
-  const void *pushed_grads;
+  const void *pushed_grads; /* the last push's gradients, or assign's rows */
   uint8_t *pushed_copy;
 } fake_world_t;
 

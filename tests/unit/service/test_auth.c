@@ -136,6 +136,7 @@ static void test_method_roles(void **state) {
                    EMBPS_AUTH_ADMIN);
   assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/PushGradients"),
                    EMBPS_AUTH_WORKER);
+  assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/Assign"), EMBPS_AUTH_WORKER);
   assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/Lookup"), EMBPS_AUTH_READER);
   assert_int_equal(embps__svc_method_role("/embps.v1.EmbeddingService/ListTables"),
                    EMBPS_AUTH_READER);

@@ -512,6 +512,75 @@ static void test_push_gradients_in_place(void **state) {
 /* Every optimizer has a fused table update on every backend, so the service refuses no async push
  * for its optimizer: an async push of each optimizer's table, on each backend, is ordered and
  * applied. */
+/* Assign: PushGradients' checks and in-place read, its rows and reset_state reach the engine,
+ * and the answer carries the engine's counts; rows of the wrong size, a token out of range and
+ * a dtype other than the table's are refused with nothing queued. */
+static void test_assign(void **state) {
+  embps_net_call_t c;
+  Embps__V1__AssignRequest req = EMBPS__V1__ASSIGN_REQUEST__INIT;
+  Embps__V1__AssignResponse *resp;
+  int64_t tokens[] = {3, 1, 3}, far[] = {3, 10, 1};
+  float rows[12];
+  (void)state;
+  for (int i = 0; i < 12; i++)
+    rows[i] = (float)i * 0.5f;
+  create(&c, "assigned", 10, 4);
+  fake_call_release(&c);
+  req.table = "assigned";
+  req.batch_id = 77;
+  req.tokens.data = (uint8_t *)tokens;
+  req.tokens.len = sizeof(tokens);
+  req.rows.data = (uint8_t *)rows;
+  req.rows.len = sizeof(rows);
+  req.reset_state = 1;
+  for (int device = -1; device <= 0; device++) {
+    const uint8_t *bytes;
+    size_t len = protobuf_c_message_get_packed_size(&req.base);
+    fake.host_device = device;
+    call(&c, "/embps.v1.EmbeddingService/Assign", &req.base);
+    bytes = called_bytes;
+    assert_int_equal(fake.num_queued, 1);
+    assert_int_equal(fake.queued[0]->op.kind, EMBPS_OP_ASSIGN);
+    assert_int_equal(fake.queued[0]->op.reset_state, 1);
+    assert_int_equal(fake.queued[0]->batch_id, 77);
+    fake_run_engine();
+    assert_int_equal(c.status, EMBPS_OK);
+    assert_memory_equal(fake.pushed_copy, rows, sizeof(rows));
+    if (device < 0) /* in place: inside the request's bytes */
+      assert_true((const uint8_t *)fake.pushed_grads > bytes &&
+                  (const uint8_t *)fake.pushed_grads + sizeof(rows) <= bytes + len);
+    resp = embps__v1__assign_response__unpack(NULL, c.len, c.body);
+    assert_non_null(resp);
+    assert_int_equal(resp->batch_id, 77);
+    assert_int_equal(resp->num_assigned, 3); /* the fake's count: every token */
+    embps__v1__assign_response__free_unpacked(resp, NULL);
+    fake_call_release(&c);
+    assert_int_equal(embps_service_inflight(svc), 0);
+  }
+  fake.host_device = -1;
+
+  req.rows.len = sizeof(rows) - 4;
+  call(&c, "/embps.v1.EmbeddingService/Assign", &req.base);
+  assert_int_equal(fake.num_queued, 0);
+  assert_int_equal(c.status, EMBPS_INVALID_ARGUMENT);
+  assert_string_equal(c.message, "rows hold 44 bytes, but 3 tokens of emb_width=4 f32 need 48");
+  fake_call_release(&c);
+  req.rows.len = sizeof(rows);
+  req.tokens.data = (uint8_t *)far;
+  call(&c, "/embps.v1.EmbeddingService/Assign", &req.base);
+  assert_int_equal(fake.num_queued, 0);
+  assert_non_null(strstr(c.message, "token 10 at position 1 is outside [0, 10)"));
+  fake_call_release(&c);
+  req.tokens.data = (uint8_t *)tokens;
+  req.dtype = EMBPS__V1__DTYPE__DTYPE_BF16;
+  call(&c, "/embps.v1.EmbeddingService/Assign", &req.base);
+  assert_int_equal(fake.num_queued, 0);
+  assert_non_null(strstr(c.message, "dtype mismatch"));
+  fake_call_release(&c);
+  free(fake.pushed_copy);
+  fake.pushed_copy = NULL;
+}
+
 static void test_async_push_every_optimizer(void **state) {
 #define OPTIMIZER_KIND(kind, ...) EMBPS_OPTIMIZER_##kind,
   static const embps_optimizer_t kinds[] = {EMBPS_OPTIMIZERS(OPTIMIZER_KIND)};
@@ -733,6 +802,7 @@ int main(void) {
       cmocka_unit_test(test_deadline_reaches_the_group),
       cmocka_unit_test(test_digest_attempt_and_withdrawal),
       cmocka_unit_test(test_push_gradients_in_place),
+      cmocka_unit_test(test_assign),
       cmocka_unit_test(test_async_push_every_optimizer),
       cmocka_unit_test(test_allocation_failures),
       cmocka_unit_test(test_method_table),
