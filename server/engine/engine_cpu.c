@@ -461,13 +461,31 @@ static embps_status_t cpu_pool_bags(embps__engine_backend_t *be, embps_table_t *
   return EMBPS_OK;
 }
 
+/* The bags [lo, hi) of an expansion: each bag writes its own ids' rows, so shares are disjoint. */
+typedef struct expand_job {
+  embps_table_t *t;
+  const float *g, *weights;
+  const int64_t *ids, *offsets;
+  int mean;
+  void *out;
+} expand_job_t;
+
+static void expand_share(void *arg, size_t lo, size_t hi) {
+  const expand_job_t *j = arg;
+  const size_t w = embps_table_shard_width(j->t);
+  embps_expand_bags_cpu(j->g + lo * w, w, j->ids, j->weights, j->offsets + lo, hi - lo, j->mean,
+                        embps_table_config(j->t)->dtype, j->out);
+}
+
+/* A feature push writes one gradient row per id (a batch of 2048 samples of 214 ids at 128 f32:
+ * 224 MB), shared by the workers as the update is. */
 static embps_status_t cpu_expand_bags(embps__engine_backend_t *be, embps_table_t *t, const float *g,
                                       const int64_t *ids, const float *weights,
                                       const int64_t *offsets, size_t num_bags, int mean, void *out,
                                       embps_error_t *err) {
-  (void)be, (void)err;
-  embps_expand_bags_cpu(g, embps_table_shard_width(t), ids, weights, offsets, num_bags, mean,
-                        embps_table_config(t)->dtype, out);
+  expand_job_t j = {t, g, weights, ids, offsets, mean, out};
+  (void)err;
+  embps_workers_run(be->workers, num_bags, 64, expand_share, &j);
   return EMBPS_OK;
 }
 

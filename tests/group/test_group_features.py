@@ -318,6 +318,19 @@ class PushTest(unittest.TestCase):
             group.close()
         return steps_f, steps_g, rows_f, rows_g
 
+    def test_large_batches_equal_expanded_pushes_bitwise(self):
+        """512 samples: a rank's bags are expanded by the cpu backend's worker threads in shares
+        (64 bags or more each), which must give the one thread's bits."""
+        global B
+        saved, B = B, 512
+        try:
+            steps_f, steps_g, rows_f, rows_g = self.run_both(2)
+        finally:
+            B = saved
+        self.assertEqual(steps_f, steps_g)
+        for table in TABLES:
+            self.assertEqual(rows_f[table], rows_g[table], table)
+
     def test_pooled_pushes_equal_expanded_pushes_bitwise(self):
         for n in (1, 2):
             steps_f, steps_g, rows_f, rows_g = self.run_both(n)
