@@ -9,6 +9,7 @@
  *
  * Scratch arrays only grow, since batch sizes repeat from step to step; an array whose growth
  * failed is released with capacity zero, so the next call tries again from scratch. */
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -445,19 +446,44 @@ static embps_status_t cpu_copy(embps__engine_backend_t *be, void *dst, const voi
   return EMBPS_OK;
 }
 
+/* The bags [lo, hi) of a pooling: each bag writes its own output row; each share has its own
+ * scratch row. */
+typedef struct pool_job {
+  embps_table_t *t;
+  const int64_t *ids, *rows, *offsets;
+  const float *weights;
+  int mean;
+  atomic_int failed; /* a share could not have its scratch row */
+  float *out;
+} pool_job_t;
+
+static void pool_share(void *arg, size_t lo, size_t hi) {
+  pool_job_t *j = arg;
+  const embps_table_config_t *c = embps_table_config(j->t);
+  const size_t w = embps_table_shard_width(j->t);
+  float *tmp = embps_malloc(2 * w * sizeof(float) + 1);
+  if (!tmp) {
+    atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
+    return;
+  }
+  embps_pool_bags_cpu(embps_table_arrays(j->t).data, c->dtype, w, j->ids, j->rows, j->weights,
+                      j->offsets + lo, hi - lo, j->mean, j->out + lo * w, tmp,
+                      embps_table_col_begin(j->t), c->seed, c->init_scale);
+  embps_free(tmp);
+}
+
+/* A lookup's bags read their rows at random across the tables, so the workers share them as they
+ * share a push's update. */
 static embps_status_t cpu_pool_bags(embps__engine_backend_t *be, embps_table_t *t,
                                     const int64_t *ids, const int64_t *rows, const float *weights,
                                     const int64_t *offsets, size_t num_bags, int mean, float *out,
                                     embps_error_t *err) {
-  const embps_table_config_t *c = embps_table_config(t);
-  const size_t w = embps_table_shard_width(t);
-  float *tmp = NULL;
-  embps_status_t ret = cpu_scratch(be, EMBPS__ENGINE_FEATURE_SLOTS - 1, 2 * w * sizeof(float) + 1,
-                                   (void **)&tmp, err);
-  if (ret != EMBPS_OK)
-    return ret;
-  embps_pool_bags_cpu(embps_table_arrays(t).data, c->dtype, w, ids, rows, weights, offsets,
-                      num_bags, mean, out, tmp, embps_table_col_begin(t), c->seed, c->init_scale);
+  pool_job_t j = {t, ids, rows, offsets, weights, mean, 0, out};
+  embps_workers_run(be->workers, num_bags, 64, pool_share, &j);
+  if (atomic_load_explicit(&j.failed, memory_order_relaxed))
+    return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
+                           "out of memory for a pooling's scratch row of table '%s'",
+                           embps_table_config(t)->name);
   return EMBPS_OK;
 }
 

@@ -210,6 +210,34 @@ class LookupTest(unittest.TestCase):
                     ids = self.batch[name][2]
                     self.assertEqual(got[name], raw[name][:len(ids) * rb], (n, name))
 
+    def test_large_batches_pool_alike_on_worker_threads(self):
+        """512 samples: the cpu backend's worker threads pool a rank's bags in shares (64 bags or
+        more each): the rows match the reference and are the same bits on 1 and 2 ranks."""
+        global B
+        saved, B = B, 512
+        got = {}
+        try:
+            batch = make_batch(4)
+            for n in (1, 2):
+                group = gl.Group(n)
+                client = gl.RawClient(group.addresses)
+                try:
+                    create_tables(client)
+                    got[n] = lookup_answers(call(client, batch))
+                    if n == 1:
+                        ref = reference(client, batch)
+                finally:
+                    client.close()
+                    group.close()
+            for name, table, pooling in FEATURES:
+                self.assertEqual(got[2][name], got[1][name], name)
+                if pooling != "none":
+                    rows = np.frombuffer(got[1][name], dtype="<f4").reshape(B, TABLES[table][1])
+                    np.testing.assert_allclose(rows, ref[name], rtol=1e-5, atol=1e-6,
+                                               err_msg=name)
+        finally:
+            B = saved
+
     def test_every_group_size_answers_the_same_bits(self):
         for n in (2, 4):
             for name, *_ in FEATURES:
