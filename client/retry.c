@@ -9,6 +9,8 @@
  * at the deadline is not made. */
 #include "client/retry.h"
 
+#include "common/mix64.h"
+
 int64_t embps__backoff_ms(uint32_t retry, uint64_t r) {
   int64_t d = EMBPS__BACKOFF_BASE_MS;
   int64_t half;
@@ -58,9 +60,4 @@ int64_t embps__retry_at(int64_t now, int64_t call_deadline, uint32_t attempts,
   return at;
 }
 
-uint64_t embps__splitmix64(uint64_t *state) {
-  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+uint64_t embps__splitmix64(uint64_t *state) { return embps_splitmix64(state); }

@@ -21,23 +21,18 @@
  * arithmetic, an exact int-to-float conversion (below 2^24) and one rounded multiply per
  * element, with no contraction (-ffp-contract=off): every variant gives the same bits. */
 #include "kernels/embps_kernels.h"
+#include "common/mix64.h"
 
 #include <string.h>
-
-static inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-  return z ^ (z >> 31);
-}
 
 #define GOLDEN UINT64_C(0x9e3779b97f4a7c15)
 
 static inline uint64_t row_hash(uint64_t seed, uint64_t row) {
-  return mix64(mix64(seed + GOLDEN) + row * GOLDEN);
+  return embps_mix64(embps_mix64(seed + GOLDEN) + row * GOLDEN);
 }
 
 static inline float value_of(uint64_t row_h, uint64_t col, float scale) {
-  uint64_t h = mix64(row_h ^ (col * GOLDEN + GOLDEN));
+  uint64_t h = embps_mix64(row_h ^ (col * GOLDEN + GOLDEN));
   /* below 2^24: exact as a float; converted as signed, which SSE and AVX2 convert natively */
   float u = (float)(int32_t)(h >> 40) * 0x1p-23f - 1.0f; /* [-1, 1) */
   return scale * u;

@@ -8,20 +8,14 @@
  * on the measured path. The helper functions keep the formulas accurate when a is near 1,
  * where (1-a) log x is tiny. */
 #include "client/cli/zipf.h"
+#include "common/mix64.h"
 
 #include <math.h>
 #include <string.h>
 
-static uint64_t splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 void embps_rng_seed(embps_rng_t *r, uint64_t seed) {
   for (int i = 0; i < 4; i++)
-    r->s[i] = splitmix64(&seed);
+    r->s[i] = embps_splitmix64(&seed);
 }
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }

@@ -15,18 +15,10 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/mix64.h"
 
 #define SLOT_EMPTY UINT32_MAX
 #define RING_FIRST 8u /* a new client's first ring */
-
-/* splitmix64's finalizer: batch ids are sequential, slots must not be. */
-static uint64_t mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 embps_status_t embps_dedup_new(embps_dedup_t **out, uint32_t window, uint32_t max_clients) {
   embps_dedup_t *d;
@@ -89,7 +81,8 @@ embps__dd_client_t *embps__dedup_client(const embps_dedup_t *d, uint64_t id) {
 /* The ring slot holding batch_id, or SLOT_EMPTY; *slot (if not NULL) gets its index slot, or
  * the empty index slot where it would go. */
 static uint32_t find_batch(const embps__dd_client_t *c, uint64_t batch_id, uint32_t *slot) {
-  uint32_t mask = c->index_cap - 1, i = (uint32_t)(mix(batch_id) & mask);
+  /* splitmix64's finalizer: batch ids are sequential, slots must not be */
+  uint32_t mask = c->index_cap - 1, i = (uint32_t)(embps_mix64(batch_id) & mask);
   while (c->index[i] != SLOT_EMPTY) {
     if (c->ring[c->index[i]].batch_id == batch_id)
       break;
@@ -112,7 +105,7 @@ static void index_remove(embps__dd_client_t *c, uint32_t i) {
     j = (j + 1) & mask;
     if (c->index[j] == SLOT_EMPTY)
       break;
-    uint32_t home = (uint32_t)(mix(c->ring[c->index[j]].batch_id) & mask);
+    uint32_t home = (uint32_t)(embps_mix64(c->ring[c->index[j]].batch_id) & mask);
     /* j's entry may fill the hole at i unless its home lies cyclically in (i, j]. */
     if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
       c->index[i] = c->index[j];

@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "common/mix64.h"
 #include "server/store/hindex.h"
 
 #define EMBPS__HIX_NONE UINT32_MAX
@@ -60,15 +61,7 @@ struct embps_hindex {
 };
 
 /** The key hash: a seeded bijection of 64-bit keys. */
-static inline uint64_t embps__hix_mix(uint64_t x) {
-  /* splitmix64's finalizer */
-  x ^= x >> 30;
-  x *= UINT64_C(0xbf58476d1ce4e5b9);
-  x ^= x >> 27;
-  x *= UINT64_C(0x94d049bb133111eb);
-  x ^= x >> 31;
-  return x;
-}
+static inline uint64_t embps__hix_mix(uint64_t x) { return embps_mix64(x); }
 
 /** The counter of key in sketch row r: its index within the row. */
 static inline uint64_t embps__hix_sketch_col(const struct embps_hindex *ix, uint32_t r,
