@@ -289,6 +289,26 @@ static uint8_t *strip_bulk(embps_service_t *svc, const uint8_t *msg, size_t len,
   return rest;
 }
 
+/* Unpacks msg[0..len) as a message of desc, its one bulk bytes field `field` read in place where
+ * the backend computes on host memory (*in_place set, *bulk pointing into msg, which the caller
+ * must then keep); elsewhere the whole message is unpacked and the caller reads the field from
+ * it. Returns NULL as protobuf-c's unpack does. */
+static ProtobufCMessage *unpack_bulk(embps_service_t *svc, const ProtobufCMessageDescriptor *desc,
+                                     const uint8_t *msg, size_t len, uint32_t field,
+                                     ProtobufCBinaryData *bulk, int *in_place) {
+  ProtobufCMessage *m;
+  size_t rest_len;
+  uint8_t *rest;
+  *in_place = 0;
+  if ((rest = strip_bulk(svc, msg, len, field, bulk, &rest_len)) != NULL) {
+    m = protobuf_c_message_unpack(desc, &svc->pb, rest_len, rest);
+    embps_free(rest);
+    *in_place = m != NULL;
+    return m;
+  }
+  return protobuf_c_message_unpack(desc, &svc->pb, len, msg);
+}
+
 /* Unpacks a PushGradientsRequest. On a backend that computes on host memory the gradients are
  * not copied out of the request: the message is unpacked without them (the bytes before and
  * after the field, a few hundred KiB of tokens at most) and *grads points into msg, which the
@@ -300,20 +320,10 @@ static uint8_t *strip_bulk(embps_service_t *svc, const uint8_t *msg, size_t len,
 static Embps__V1__PushGradientsRequest *unpack_push(embps_service_t *svc, const uint8_t *msg,
                                                     size_t len, ProtobufCBinaryData *grads,
                                                     int *in_place) {
-  Embps__V1__PushGradientsRequest *req;
-  size_t rest_len;
-  uint8_t *rest;
-
-  *in_place = 0;
-  if ((rest = strip_bulk(svc, msg, len, EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_GRADIENTS, grads,
-                         &rest_len)) != NULL) {
-    req = embps__v1__push_gradients_request__unpack(&svc->pb, rest_len, rest);
-    embps_free(rest);
-    *in_place = req != NULL;
-    return req;
-  }
-  req = embps__v1__push_gradients_request__unpack(&svc->pb, len, msg);
-  if (req)
+  Embps__V1__PushGradientsRequest *req = (Embps__V1__PushGradientsRequest *)unpack_bulk(
+      svc, &embps__v1__push_gradients_request__descriptor, msg, len,
+      EMBPS_WIRE_PUSH_GRADIENTS_REQUEST_GRADIENTS, grads, in_place);
+  if (req && !*in_place)
     *grads = req->gradients;
   return req;
 }
@@ -398,19 +408,10 @@ static void assign_done(embps__svc_request_t *r) {
  * unpack_push reads a push's gradients. */
 static Embps__V1__AssignRequest *unpack_assign(embps_service_t *svc, const uint8_t *msg, size_t len,
                                                ProtobufCBinaryData *rows, int *in_place) {
-  Embps__V1__AssignRequest *req;
-  size_t rest_len;
-  uint8_t *rest;
-
-  *in_place = 0;
-  if ((rest = strip_bulk(svc, msg, len, EMBPS_WIRE_ASSIGN_REQUEST_ROWS, rows, &rest_len)) != NULL) {
-    req = embps__v1__assign_request__unpack(&svc->pb, rest_len, rest);
-    embps_free(rest);
-    *in_place = req != NULL;
-    return req;
-  }
-  req = embps__v1__assign_request__unpack(&svc->pb, len, msg);
-  if (req)
+  Embps__V1__AssignRequest *req =
+      (Embps__V1__AssignRequest *)unpack_bulk(svc, &embps__v1__assign_request__descriptor, msg, len,
+                                              EMBPS_WIRE_ASSIGN_REQUEST_ROWS, rows, in_place);
+  if (req && !*in_place)
     *rows = req->rows;
   return req;
 }

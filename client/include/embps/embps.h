@@ -391,8 +391,7 @@ typedef struct embps_feature_step {
  * outside a dense table, a buffer that does not fit the table's rows), the message naming the
  * feature; EMBPS_NOT_FOUND (a feature's table does not exist); EMBPS_UNAVAILABLE;
  * EMBPS_DEADLINE_EXCEEDED; EMBPS_INTERNAL (malformed reply); EMBPS_RESOURCE_EXHAUSTED; or
- * another status the server returns (EMBPS_UNIMPLEMENTED from a cuda group). On failure no
- * feature's out holds a complete answer. */
+ * another status the server returns. On failure no feature's out holds a complete answer. */
 EMBPS_EXPORT embps_status_t embps_lookup_features(embps_client_t *client,
                                                   const embps_feature_t *features, size_t n,
                                                   size_t batch_size);
