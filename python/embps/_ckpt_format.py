@@ -226,7 +226,8 @@ class _Slice:
             raise _loss("checkpoint file %s has a malformed header" % path, path)
         if (self.h_rank != self.rank or self.h_group != manifest.group_size
                 or self.h_col != self.col or self.h_width != self.width
-                or self.h_round != manifest.round or self.h_base != manifest.base_round
+                or self.h_round != manifest.round
+                or self.h_base not in (0, manifest.base_round)
                 or h_spec != spec):
             raise _loss("checkpoint file %s does not match its manifest (rank, group size, "
                         "columns, round or table spec differ)" % path, path)

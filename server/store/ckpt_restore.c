@@ -4,6 +4,8 @@
  * that held every row of a table created since), then applied oldest first so later rows
  * overwrite earlier ones. Each file is checked against its manifest (rank, columns, round, table
  * spec) before its rows are taken, so a file moved into the wrong place is refused, not read.
+ * An incremental checkpoint may hold a full slice (base round 0): a table that could not track
+ * its dirty rows is written whole, and its rows then simply overwrite the chain's below.
  *
  * Also here: which checkpoint a starting rank restores (the --restore setting's policy), since
  * it is a question about what the directory holds. */
@@ -49,7 +51,8 @@ embps_status_t embps__ckpt_open_slice(const char *dir, const embps_ckpt_manifest
   if ((ret = embps__ckpt_in_open(f, path, fe->bytes, err)) != EMBPS_OK)
     return ret;
   if (f->h.rank != rank || f->h.group_size != g || f->h.col_begin != rank * sw ||
-      f->h.shard_width != sw || f->h.round != m->round || f->h.base_round != m->base_round ||
+      f->h.shard_width != sw || f->h.round != m->round ||
+      (f->h.base_round && f->h.base_round != m->base_round) ||
       !embps__ckpt_same_config(&f->h.config, cfg))
     return embps_error_set(err, EMBPS_DATA_LOSS,
                            "checkpoint file %s does not match its manifest (rank, group size, "

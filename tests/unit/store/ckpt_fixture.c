@@ -302,7 +302,7 @@ embps_ckpt_slice_t slice_of(const source_t *s, uint32_t rank, uint32_t g, uint64
   sl.shard_width = sw;
   sl.round = round;
   sl.step = s->step;
-  sl.base_round = base_round;
+  sl.base_round = dirty ? base_round : 0; /* as a rank writes a table it could not track */
   sl.dirty = dirty;
   sl.data = data;
   sl.state0 = s0;

@@ -121,6 +121,55 @@ static void test_incremental_chain(void **state) {
   }
 }
 
+/* A rank that could not track a table's written rows (out of memory) writes the table whole in
+ * an incremental checkpoint: its slice's base round is 0 where the manifest's is not. The chain
+ * still reads back, through it and through increments above it, on any group size. */
+static void test_full_slice_in_increment(void **state) {
+  const fixture_t *fx = *state;
+  static const uint64_t rows30[] = {1, 63, 64, 99};
+  char dir[128];
+  source_t t, u, at20;
+  uint64_t *u20 = dirty_range(100, 10, 19), *d30 = dirty_map(100, rows30, 4);
+  snprintf(dir, sizeof(dir), "%s/whole", fx->dir);
+  assert_int_equal(mkdir(dir, 0755), 0);
+  source_init(&t, "t", 100, 8, EMBPS_DTYPE_F32, EMBPS_OPTIMIZER_ROWWISE_ADAGRAD);
+  source_init(&u, "u", 100, 8, EMBPS_DTYPE_BF16, EMBPS_OPTIMIZER_ADAM);
+  source_fill(&t, 10, NULL);
+  source_fill(&u, 11, NULL);
+  {
+    const source_t *tabs[2] = {&t, &u};
+    write_ckpt(dir, 10, 0, "", 2, tabs, NULL, 2);
+  }
+  /* round 20: t untracked, so whole (every row new); u incremental */
+  source_fill(&t, 20, NULL);
+  source_fill(&u, 21, u20);
+  {
+    const source_t *tabs[2] = {&t, &u};
+    const uint64_t *dirty[2] = {NULL, u20};
+    write_ckpt(dir, 20, 10, "", 2, tabs, dirty, 2);
+  }
+  source_copy(&at20, &t);
+  /* round 30: t tracked again, a few rows */
+  source_fill(&t, 30, d30);
+  {
+    const source_t *tabs[2] = {&t, &u};
+    const uint64_t *dirty[2] = {d30, d30};
+    source_fill(&u, 31, d30);
+    write_ckpt(dir, 30, 20, "", 2, tabs, dirty, 2);
+  }
+  for (uint32_t n = 1; n <= 4; n *= 2)
+    for (uint32_t j = 0; j < n; j++) {
+      expect_range(dir, 20, &at20, j * (8 / n), 8 / n);
+      expect_range(dir, 30, &t, j * (8 / n), 8 / n);
+      expect_range(dir, 30, &u, j * (8 / n), 8 / n);
+    }
+  source_free(&t);
+  source_free(&u);
+  source_free(&at20);
+  free(u20);
+  free(d30);
+}
+
 /* A manifest whose base round is not older than its own round is a broken chain, not a loop. */
 static void test_chain_loop(void **state) {
   const fixture_t *fx = *state;
@@ -220,10 +269,8 @@ static void test_restore_choose(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      T(test_read_refusals),
-      T(test_incremental_chain),
-      T(test_chain_loop),
-      T(test_restore_choose),
+      T(test_read_refusals), T(test_incremental_chain), T(test_full_slice_in_increment),
+      T(test_chain_loop),    T(test_restore_choose),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
