@@ -151,10 +151,14 @@ static void *dev_poisoned(size_t bytes) {
   return d;
 }
 
+/* A device copy of h, complete on return: CUDA does not promise when an async copy from
+ * pageable memory reads it, and callers free h right after. */
 static void *dev_upload(const void *h, size_t bytes) {
   void *d = dev_alloc(bytes);
-  if (bytes)
+  if (bytes) {
     CUDA_OK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+  }
   return d;
 }
 
