@@ -62,6 +62,10 @@ static const embps_cli_command_t commands[] = {
      "keys, optionally the optimizer state), offline: no server; any group size, full or "
      "incremental.",
      embps_cli_cmd_export, embps_cli_export_flags},
+    {"plan", NULL,
+     "Size a group offline: memory per rank, bytes per step on each link, step-time lower "
+     "bounds, checkpoint and restore time, and what binds first (docs/capacity.md).",
+     embps_cli_cmd_plan, embps_cli_plan_flags},
     {"bench", "NAME[,NAME...]",
      "Load test: C threads keep K lookups/pushes of T random tokens (uniform or Zipf) in flight "
      "(closed loop) or send R batches/s on a schedule (--rate), and report batches/s, rows/s, "
