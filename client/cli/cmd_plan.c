@@ -10,7 +10,10 @@
  * resolved by the server's own embps_table_config_resolve, so a spec the group would refuse
  * (emb_width that does not shard over N, say) is refused here with the same message.
  *
- * The step: one lookup and one push of tokens_per_batch tokens per table; per rank T/N tokens.
+ * The step: one lookup and one push of tokens_per_batch tokens per table; per rank T/N tokens. Its
+ * lower bound takes the lookup, then the push (a synchronous trainer's step), each over the busier
+ * direction of the link plus its path's one-way delays; "overlapped" is the bound when enough
+ * steps are in flight that both directions stay busy.
  * Each rank has one full-duplex link (--link-gbit-s, --link-delay-ms one way) that carries its
  * clients' traffic and its peers'; its disk (--disk-mbyte-s) writes its checkpoint files. */
 #include <inttypes.h>
@@ -56,6 +59,10 @@ embps_cli_flag_t embps_cli_plan_flags[] = {
      NULL},
     {"--no-checkpoints", NULL, "no checkpoint snapshot is held", NULL},
     {"--link-gbit-s", "G", "each rank's link, each way, in Gbit/s (default 100)", NULL},
+    {"--link-mtu", "BYTES",
+     "the link's MTU: each packet of MTU - 52 payload bytes (IPv4, TCP with timestamps) costs MTU "
+     "+ 14 (Ethernet) on the wire (default 1500)",
+     NULL},
     {"--link-delay-ms", "MS", "the link's one-way delay in ms (default 0.05)", NULL},
     {"--disk-mbyte-s", "MB", "each rank's disk bandwidth in MB/s (default 2000)", NULL},
     {"--memory-gib", "GIB", "memory per rank in GiB (device memory with cuda; default 80)", NULL},
@@ -75,6 +82,7 @@ typedef struct plan {
   uint32_t N;
   int cuda, checkpoints;
   double unique_fraction, link_bytes_s, delay_s, disk_bytes_s, memory_bytes;
+  double wire_factor; /* wire bytes per payload byte: the packets' headers */
   uint64_t in_flight;
   /* memory */
   uint64_t rows, state, index, sketch, snapshot, scratch, buffers;
@@ -82,9 +90,11 @@ typedef struct plan {
   double rows_fit_fraction;          /* the fraction of the tables' rows that fit the memory */
   /* bytes per step */
   uint64_t client_in_lookup, client_in_push, client_out_lookup, client_out_push;
-  uint64_t peer_lookup, peer_push; /* each way */
-  unsigned delays;                 /* one-way delays of a step's two ops, one after the other */
-  double t_link_in, t_link_out, t_delay, t_step;
+  uint64_t peer_lookup, peer_push;       /* each way */
+  unsigned delays_lookup, delays_push;   /* one-way delays of each op's path */
+  double t_link_in, t_link_out, t_delay; /* the step's bytes each way, its delays */
+  double t_lookup, t_push;               /* each op alone: its busier direction, its delays */
+  double t_step, t_overlapped;           /* lookup then push; steps overlapped (throughput) */
   /* durability */
   uint64_t ckpt_bytes;
   double t_ckpt, t_restore;
@@ -234,12 +244,12 @@ static void compute(plan_t *p, const plan_table_t *tables, int count) {
     sh.kind = EMBPS_OP_LOOKUP;
     scratch = embps_round_scratch_total(&sh);
     p->peer_lookup += embps_round_peer_bytes(&sh, unique, second);
-    p->delays += 2u + (N > 1 ? 2u + embps_round_collectives(&sh, second) : 0u);
+    p->delays_lookup += 2u + (N > 1 ? 2u + embps_round_collectives(&sh, second) : 0u);
     sh.kind = EMBPS_OP_PUSH;
     if (embps_round_scratch_total(&sh) > scratch)
       scratch = embps_round_scratch_total(&sh);
     p->peer_push += embps_round_peer_bytes(&sh, unique, second);
-    p->delays += 2u + (N > 1 ? 2u + embps_round_collectives(&sh, second) : 0u);
+    p->delays_push += 2u + (N > 1 ? 2u + embps_round_collectives(&sh, second) : 0u);
     if (scratch > scratch_max)
       scratch_max = scratch; /* the engine's arrays grow to the largest op */
     /* The messages' payload: tokens (int64), rows or gradients (the table's dtype). */
@@ -267,23 +277,31 @@ static void compute(plan_t *p, const plan_table_t *tables, int count) {
   p->rows_fit_fraction =
       rows_all ? (p->memory_bytes - fixed) / ((double)(p->rows + p->state) * copies) : 0;
 
-  p->t_link_in = (double)(p->client_in_lookup + p->client_in_push + p->peer_lookup + p->peer_push) /
-                 p->link_bytes_s;
-  p->t_link_out =
-      (double)(p->client_out_lookup + p->client_out_push + p->peer_lookup + p->peer_push) /
-      p->link_bytes_s;
-  p->t_delay = p->delays * p->delay_s;
-  p->t_step = p->t_link_in > p->t_link_out ? p->t_link_in : p->t_link_out;
-  if (p->t_delay > p->t_step)
-    p->t_step = p->t_delay;
+  {
+    const double in_l = (double)(p->client_in_lookup + p->peer_lookup),
+                 out_l = (double)(p->client_out_lookup + p->peer_lookup),
+                 in_p = (double)(p->client_in_push + p->peer_push),
+                 out_p = (double)(p->client_out_push + p->peer_push),
+                 bw = p->link_bytes_s / p->wire_factor;
+    p->t_link_in = (in_l + in_p) / bw;
+    p->t_link_out = (out_l + out_p) / bw;
+    p->t_delay = (p->delays_lookup + p->delays_push) * p->delay_s;
+    /* A step as a synchronous trainer takes it: the lookup, then the push, each moving its bytes
+     * over the busier direction of the link and waiting out its path's delays. */
+    p->t_lookup = (in_l > out_l ? in_l : out_l) / bw + p->delays_lookup * p->delay_s;
+    p->t_push = (in_p > out_p ? in_p : out_p) / bw + p->delays_push * p->delay_s;
+    p->t_step = p->t_lookup + p->t_push;
+    /* Steps overlapped (enough batches in flight): only the link's busier direction counts. */
+    p->t_overlapped = p->t_link_in > p->t_link_out ? p->t_link_in : p->t_link_out;
+  }
   p->t_ckpt = (double)p->ckpt_bytes / p->disk_bytes_s;
   p->t_restore = p->t_ckpt;
   if ((double)p->device_total > p->memory_bytes)
     p->binds = "memory";
-  else if (p->t_delay >= p->t_link_in && p->t_delay >= p->t_link_out)
+  else if (p->t_delay >= p->t_step - p->t_delay)
     p->binds = "link delay";
   else
-    p->binds = p->t_link_in >= p->t_link_out ? "link bandwidth in" : "link bandwidth out";
+    p->binds = "link bandwidth";
 }
 
 static double gib(uint64_t b) { return (double)b / (double)(1ull << 30); }
@@ -322,9 +340,12 @@ static void print_text(const plan_t *p, const plan_table_t *t, int count) {
   printf("step time lower bounds\n");
   printf("  %-36s %14.6f s\n", "link in (bandwidth)", p->t_link_in);
   printf("  %-36s %14.6f s\n", "link out (bandwidth)", p->t_link_out);
-  printf("  %-36s %14.6f s (%u one-way delays)\n", "link delay (one step alone)", p->t_delay,
-         p->delays);
-  printf("  %-36s %14.6f s\n", "step", p->t_step);
+  printf("  %-36s %14.6f s (%u one-way delays)\n", "link delay", p->t_delay,
+         p->delays_lookup + p->delays_push);
+  printf("  %-36s %14.6f s\n", "lookup", p->t_lookup);
+  printf("  %-36s %14.6f s\n", "push", p->t_push);
+  printf("  %-36s %14.6f s\n", "step (lookup, then push)", p->t_step);
+  printf("  %-36s %14.6f s\n", "step, steps overlapped", p->t_overlapped);
   printf("durability\n");
   printf("  %-36s %14" PRIu64 " %10.3f\n", "checkpoint bytes per rank", p->ckpt_bytes,
          gib(p->ckpt_bytes));
@@ -357,14 +378,16 @@ static void print_json(const plan_t *p, const plan_table_t *t, int count) {
          p->client_in_lookup, p->client_in_push, p->client_out_lookup, p->client_out_push,
          p->peer_lookup, p->peer_push);
   printf(" \"step_time_s\": {\"link_in\": %.9g, \"link_out\": %.9g, \"link_delay\": %.9g, "
-         "\"one_way_delays\": %u, \"lower_bound\": %.9g},\n",
-         p->t_link_in, p->t_link_out, p->t_delay, p->delays, p->t_step);
+         "\"one_way_delays\": %u, \"lookup\": %.9g, \"push\": %.9g, \"lower_bound\": %.9g, "
+         "\"overlapped\": %.9g},\n",
+         p->t_link_in, p->t_link_out, p->t_delay, p->delays_lookup + p->delays_push, p->t_lookup,
+         p->t_push, p->t_step, p->t_overlapped);
   printf(" \"checkpoint\": {\"bytes_per_rank\": %" PRIu64 ", \"write_s\": %.9g, "
          "\"restore_s\": %.9g},\n",
          p->ckpt_bytes, p->t_ckpt, p->t_restore);
-  printf(" \"hardware\": {\"link_bytes_per_s\": %.0f, \"link_delay_s\": %.9g, "
-         "\"disk_bytes_per_s\": %.0f},\n",
-         p->link_bytes_s, p->delay_s, p->disk_bytes_s);
+  printf(" \"hardware\": {\"link_bytes_per_s\": %.0f, \"link_wire_bytes_per_payload_byte\": "
+         "%.6f, \"link_delay_s\": %.9g, \"disk_bytes_per_s\": %.0f},\n",
+         p->link_bytes_s, p->wire_factor, p->delay_s, p->disk_bytes_s);
   printf(" \"binds_first\": \"%s\"}\n", p->binds);
 }
 
@@ -383,7 +406,7 @@ int embps_cli_cmd_plan(const char *cmd, embps_cli_flag_t *f, const char *pos) {
   static plan_table_t tables[MAX_TABLES];
   char msg[512];
   const char *file = embps_cli_flag(f, "--tables"), *backend = embps_cli_flag(f, "--backend");
-  double x, gbit, delay_ms, disk, mem;
+  double x, gbit, delay_ms, disk, mem, mtu;
   uint64_t N = 0, tokens = 0, k = 1;
   int count = 1, rc;
   plan_t p;
@@ -404,6 +427,7 @@ int embps_cli_cmd_plan(const char *cmd, embps_cli_flag_t *f, const char *pos) {
   if ((rc = num(cmd, f, "--unique-fraction", 0, 1, 1, &p.unique_fraction)) ||
       (rc = num(cmd, f, "--link-gbit-s", 1e-6, 1e6, 100, &gbit)) ||
       (rc = num(cmd, f, "--link-delay-ms", 0, 1e6, 0.05, &delay_ms)) ||
+      (rc = num(cmd, f, "--link-mtu", 576, 65536, 1500, &mtu)) ||
       (rc = num(cmd, f, "--disk-mbyte-s", 1e-3, 1e9, 2000, &disk)) ||
       (rc = num(cmd, f, "--memory-gib", 1e-6, 1e9, 80, &mem)))
     return rc;
@@ -415,6 +439,7 @@ int embps_cli_cmd_plan(const char *cmd, embps_cli_flag_t *f, const char *pos) {
   p.in_flight = k;
   p.link_bytes_s = gbit * 1e9 / 8;
   p.delay_s = delay_ms / 1e3;
+  p.wire_factor = (mtu + 14) / (mtu - 52);
   p.disk_bytes_s = disk * 1e6;
   p.memory_bytes = mem * (double)(1ull << 30);
 
