@@ -43,6 +43,7 @@ def counters(text, table):
             "client_out": get("embps_message_sent_bytes_total"),
             "peer_sent": get("embps_group_peer_sent_bytes_total"),
             "peer_received": get("embps_group_peer_received_bytes_total"),
+            "ckpt_written": get("embps_checkpoint_written_bytes_total"),
             "lookups": get("embps_table_lookups_total", table=table),
             "pushes": get("embps_table_pushes_total", table=table)}
 

@@ -1,11 +1,14 @@
 """`embps plan`'s predictions against real groups of 1, 2 and 4 ranks on loopback (issue 34):
 each rank's resident memory grows by the plan's rows and optimizer state when the table is
-created, and the bytes each rank takes from and gives to its clients and sends to its peers over
+created and by its checkpoint snapshot at the first checkpoint, which writes the plan's checkpoint
+bytes on each rank, and the bytes each rank takes from and gives to its clients and sends to its peers over
 a load of lookups and pushes are the plan's per-op figures times the ops counted, all within
 20%. A plan whose constants were wrong (a row's bytes, a round's peer payload) fails here.
 
 Run with /usr/bin/python3; EMBPS_SERVER_BIN and EMBPS_CLI_BIN name the binaries."""
+import shutil
 import sys
+import tempfile
 import unittest
 
 import planlib
@@ -21,7 +24,8 @@ class PlanLoopback(unittest.TestCase):
     def check_group(self, n):
         p = planlib.plan("--group-size", str(n), "--rows", str(ROWS), "--emb-width", str(WIDTH),
                          "--optimizer", OPTIMIZER, "--tokens-per-batch", str(TOKENS))
-        g, urls = ml.metrics_group(n)
+        ckpt = tempfile.mkdtemp(prefix="embps-plan-ckpt.")
+        g, urls = ml.metrics_group(n, "--checkpoint-dir", ckpt)
         try:
             before = [planlib.rss_bytes(proc.pid) for proc in g.procs]
             ml.cli(g.servers, "create-table", "t", "--rows", str(ROWS), "--emb-width",
@@ -54,8 +58,27 @@ class PlanLoopback(unittest.TestCase):
                                     "rank %d of %d: %s measured %d bytes, the plan says %d" %
                                     (r, n, k, d[k], pred[k]))
                 self.assertEqual(d["peer_received"], d["peer_sent"])
+
+            # A checkpoint: each rank writes the plan's bytes, and holds a snapshot of rows and
+            # state (the cpu backend's copy-on-write buffers) from then on.
+            before = [planlib.rss_bytes(proc.pid) for proc in g.procs]
+            ml.cli(g.servers, "checkpoint")
+            after = [planlib.rss_bytes(proc.pid) for proc in g.procs]
+            c2 = [planlib.counters(ml.scrape(u), "t") for u in urls]
+            for r in range(n):
+                for what, got, want in (
+                        ("checkpoint bytes written", c2[r]["ckpt_written"] - c1[r]["ckpt_written"],
+                         p["checkpoint"]["bytes_per_rank"]),
+                        ("RSS growth at the checkpoint", after[r] - before[r],
+                         p["memory"]["checkpoint_snapshot"])):
+                    print("[plan] %d ranks, rank %d: %s %d, plan %d (%.3f)" %
+                          (n, r, what, got, want, got / want))
+                    self.assertTrue(planlib.within(got, want),
+                                    "rank %d of %d: %s %d, the plan says %d" %
+                                    (r, n, what, got, want))
         finally:
             codes = g.close()
+            shutil.rmtree(ckpt, ignore_errors=True)
         self.assertTrue(all(c == 0 for c in codes.values()), codes)
 
     def test_one_rank(self):
