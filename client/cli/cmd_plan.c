@@ -87,7 +87,8 @@ typedef struct plan {
   /* memory */
   uint64_t rows, state, index, sketch, snapshot, scratch, buffers;
   uint64_t device_total, host_total; /* cpu: host_total 0, all in device_total ("memory") */
-  double rows_fit_fraction;          /* the fraction of the tables' rows that fit the memory */
+  double rows_fit_fraction;          /* the tables' rows that would fit the memory, as a fraction
+                                        of theirs */
   /* bytes per step */
   uint64_t client_in_lookup, client_in_push, client_out_lookup, client_out_push;
   uint64_t peer_lookup, peer_push;       /* each way */
@@ -207,7 +208,6 @@ exit:
 static void compute(plan_t *p, const plan_table_t *tables, int count) {
   uint64_t scratch_max = 0, msg_max = 0, rows_all = 0;
   const uint32_t N = p->N;
-  const int copies = !p->cuda && p->checkpoints ? 2 : 1; /* rows and state, and a snapshot */
   double fixed;
 
   for (int i = 0; i < count; i++) {
@@ -273,9 +273,11 @@ static void compute(plan_t *p, const plan_table_t *tables, int count) {
   } else
     p->device_total =
         p->rows + p->state + p->index + p->sketch + p->snapshot + p->scratch + p->buffers;
-  fixed = (double)(p->device_total - (p->rows + p->state) * copies);
+  /* Everything but the round's scratch and the buffers grows with the rows (the index and the
+   * sketch with the capacity), so this fraction of the rows fits the memory. */
+  fixed = (double)(p->scratch + p->buffers);
   p->rows_fit_fraction =
-      rows_all ? (p->memory_bytes - fixed) / ((double)(p->rows + p->state) * copies) : 0;
+      rows_all ? (p->memory_bytes - fixed) / ((double)p->device_total - fixed) : 0;
 
   {
     const double in_l = (double)(p->client_in_lookup + p->peer_lookup),
