@@ -13,8 +13,8 @@ and tc's netem (rate and delay) or, on a kernel without sch_netem, tbf (the rate
 then given no delay); without them prints "SKIP: ..." and exits 77.
 
 Run with /usr/bin/python3; EMBPS_SERVER_BIN and EMBPS_CLI_BIN name the binaries;
-PLAN_NETNS_SIZES (default "1 2") the group sizes (at 4 ranks on a shared 2-core machine a step
-took 1.24-1.30 times the bound: docs/capacity.md)."""
+PLAN_NETNS_SIZES (default "1 2") the group sizes (at 4 ranks a step took 1.24-1.30 times the bound
+at 200 Mbit/s, a gap not in the plan: docs/capacity.md)."""
 import json
 import os
 import shutil
@@ -213,8 +213,10 @@ def main():
     finally:
         sh("ip", "netns", "del", probe, check=False)
     sizes = [int(x) for x in os.environ.get("PLAN_NETNS_SIZES", "1 2").split()]
-    # Each size gets a second try: the machine's other load can only slow a step, and once.
-    ok = all([check_group(n, False) or check_group(n, True) for n in sizes])
+    # Each size gets three tries: the shared machine's other load can only slow a step, never
+    # bring it under the bound (which the 0.95 floor checks on every try).
+    ok = all([check_group(n, False) or check_group(n, False) or check_group(n, True)
+              for n in sizes])
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
