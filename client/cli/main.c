@@ -7,8 +7,9 @@
  * connection, cmd_tables.c, cmd_data.c, cmd_features.c, cmd_import.c, cmd_stats.c,
  * cmd_checkpoint.c and cmd_bench.c run the command families, bench.c and bench_features.c are the
  * load generators. The tool uses only the public libembps API, with common/'s helpers over its
- * types, except `export` (cmd_export.c, offline.h), which reads checkpoint files with the store
- * layer's reader and talks to no server. Failures print "embps: COMMAND: STATUS: message" with the
+ * types, except `export` and `plan` (cmd_export.c, cmd_plan.c, offline.h), which read checkpoint
+ * files with the store layer's reader or size a group from the store's and the round's arithmetic,
+ * and talk to no server. Failures print "embps: COMMAND: STATUS: message" with the
  * server's message on stderr and exit 1; usage errors exit 2. */
 #include <malloc.h>
 #include <stdio.h>
@@ -62,6 +63,10 @@ static const embps_cli_command_t commands[] = {
      "keys, optionally the optimizer state), offline: no server; any group size, full or "
      "incremental.",
      embps_cli_cmd_export, embps_cli_export_flags},
+    {"plan", NULL,
+     "Size a group offline: memory per rank, bytes per step on each link, step-time lower "
+     "bounds, checkpoint and restore time, and what binds first (docs/capacity.md).",
+     embps_cli_cmd_plan, embps_cli_plan_flags},
     {"bench", "NAME[,NAME...]",
      "Load test: C threads keep K lookups/pushes of T random tokens (uniform or Zipf) in flight "
      "(closed loop) or send R batches/s on a schedule (--rate), and report batches/s, rows/s, "

@@ -16,6 +16,7 @@
 #include "common/alloc.h"
 #include "common/cpus.h"
 #include "server/engine/engine_ops.h"
+#include "server/engine/round_cost.h"
 #include "server/engine/workers.h"
 
 /* A lookup's rows are published to the reply in chunks, so the loop writes chunk k while chunk
@@ -109,24 +110,31 @@ static int grow(buf_t *b, size_t bytes) {
 
 static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engine_shape_t *sh,
                                   embps__engine_scratch_t *s, embps_error_t *err) {
-  const int push = sh->kind == EMBPS_OP_PUSH, exchange = sh->group_size > 1;
-  const size_t T = sh->T, exchange_bytes = T * sh->w * sh->ds;
+  /* The sizes are round_cost.c's, which `embps plan` reads too (round_cost.h). */
+  const embps_round_shape_t rs = {.kind = sh->kind,
+                                  .group_size = sh->group_size,
+                                  .T = sh->T,
+                                  .w = sh->w,
+                                  .W = sh->W,
+                                  .ds = sh->ds,
+                                  .hashed = sh->hashed};
+  const int push = sh->kind == EMBPS_OP_PUSH;
+  const size_t T = sh->T;
+  size_t b[EMBPS_ROUND_SCRATCH_COUNT];
+  buf_t *arrays[EMBPS_ROUND_SCRATCH_COUNT] = {
+      [EMBPS_ROUND_UNIQUE] = &be->unique,     [EMBPS_ROUND_SEGMENT_IDS] = &be->segment_ids,
+      [EMBPS_ROUND_DEDUP_WS] = &be->dedup_ws, [EMBPS_ROUND_ALL_TOKENS] = &be->all_tokens,
+      [EMBPS_ROUND_SEND] = &be->send,         [EMBPS_ROUND_RECV] = &be->recv,
+      [EMBPS_ROUND_ROWS] = &be->rows,         [EMBPS_ROUND_KEYS] = &be->keys,
+      [EMBPS_ROUND_SUMMED] = &be->summed,     [EMBPS_ROUND_ROW_SUMSQ] = &be->row_sumsq,
+      [EMBPS_ROUND_PARTIALS] = &be->partials, [EMBPS_ROUND_SEGMENT_COUNTS] = &be->segment_counts,
+      [EMBPS_ROUND_GATHERED] = &be->gathered};
   int ok = 1;
 
   memset(s, 0, sizeof(*s));
-  if (push || exchange)
-    ok = grow(&be->unique, T * sizeof(int64_t)) && grow(&be->segment_ids, T * sizeof(uint32_t)) &&
-         grow(&be->dedup_ws, embps_dedup_workspace_bytes(T));
-  if (ok && exchange)
-    ok = grow(&be->all_tokens, T * sizeof(int64_t)) && grow(&be->send, exchange_bytes) &&
-         grow(&be->recv, exchange_bytes) && (push || grow(&be->rows, exchange_bytes));
-  if (ok && push && sh->hashed)
-    ok = grow(&be->keys, T * sizeof(int64_t));
-  if (ok && push)
-    ok = grow(&be->summed, T * sh->w * sizeof(float)) && grow(&be->row_sumsq, T * sizeof(float)) &&
-         grow(&be->partials, T * sh->nb * sizeof(float)) &&
-         grow(&be->segment_counts, embps_segment_sum_stats_workspace_bytes(T)) &&
-         (!exchange || grow(&be->gathered, sh->group_size * T * sh->nb * sizeof(float)));
+  embps_round_scratch_bytes(&rs, b);
+  for (int i = 0; i < EMBPS_ROUND_SCRATCH_COUNT && ok; i++)
+    ok = b[i] == 0 || grow(arrays[i], b[i]);
   if (!ok)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
                            "out of memory for the scratch of a %zu-token %s", T,

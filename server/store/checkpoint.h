@@ -67,6 +67,16 @@ void embps_ckpt_slice_name(char *out, size_t cap, uint32_t rank, const char *tab
 void embps_ckpt_path(char *out, size_t cap, const char *dir, uint64_t round);
 
 /**
+ * The size of the file a full checkpoint writes for one rank's slice of a table of cfg
+ * (resolved) on a group of group_size (embps_ckpt_write_slice's: its header, every block's
+ * header and rows, data and optimizer state, and its trailer), the same on every rank. A
+ * hash-keyed table's index file (INDEX-*) is not counted. 0 when cfg does not make a slice (no
+ * rows, an unknown optimizer or dtype, or out of memory encoding the header). `embps plan` sizes
+ * checkpoints and restores by it.
+ */
+uint64_t embps_ckpt_slice_bytes(const embps_table_config_t *cfg, uint32_t group_size);
+
+/**
  * Writes slice s to `path` durably: to path + ".tmp", fsync, rename onto path. *bytes (may be
  * NULL) gets the file's size. The caller fsyncs the directory afterwards (embps_ckpt_sync_dir).
  * Returns EMBPS_OK; EMBPS_RESOURCE_EXHAUSTED when the disk or quota is full (ENOSPC, EDQUOT),

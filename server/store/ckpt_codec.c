@@ -67,6 +67,33 @@ uint64_t embps__ckpt_rows_per_block(size_t per_row) {
   return per_row >= EMBPS__CKPT_BLOCK_TARGET ? 1 : EMBPS__CKPT_BLOCK_TARGET / per_row;
 }
 
+uint64_t embps_ckpt_slice_bytes(const embps_table_config_t *cfg, uint32_t group_size) {
+  const uint64_t rows = embps_table_config_rows(cfg);
+  const uint32_t shard_width = group_size ? cfg->emb_width / group_size : 0;
+  embps__ckpt_header_t h;
+  uint8_t *head = NULL;
+  size_t rb[3], per_row, head_len = 0;
+  uint64_t per_block;
+
+  embps__ckpt_row_bytes(cfg, shard_width, rb);
+  per_row = rb[0] + rb[1] + rb[2];
+  if (!rows || !rb[0] || !embps_optimizer_info(cfg->optimizer))
+    return 0;
+  per_block = embps__ckpt_rows_per_block(per_row);
+  /* The header's length is the encoder's (a name and the table's settings vary it). */
+  memset(&h, 0, sizeof(h));
+  h.group_size = group_size;
+  h.shard_width = shard_width;
+  h.blocks = (rows + per_block - 1) / per_block;
+  h.rows_written = rows;
+  h.config = *cfg;
+  if (embps__ckpt_header_encode(&h, &head, &head_len) != 0)
+    return 0;
+  embps_free(head);
+  return head_len + h.blocks * EMBPS__CKPT_BLOCK_HEADER + rows * per_row +
+         EMBPS__CKPT_TRAILER_BYTES;
+}
+
 /* ---- building and parsing byte strings ------------------------------------------------------ */
 
 typedef struct wbuf {

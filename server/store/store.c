@@ -38,17 +38,23 @@ struct embps_store {
   atomic_uint_fast64_t budget_max, budget_copies;
 };
 
-uint64_t embps_table_config_bytes(const embps_table_config_t *cfg, uint32_t group_size) {
+void embps_table_config_row_bytes(const embps_table_config_t *cfg, uint32_t group_size,
+                                  uint64_t *data_bytes, uint64_t *state_bytes) {
   const embps_optimizer_info_t *info = embps_optimizer_info(cfg->optimizer);
   uint64_t shard_width = cfg->emb_width / (group_size ? group_size : 1);
-  uint64_t per_row = shard_width * embps_dtype_size(cfg->dtype);
+  *data_bytes = shard_width * embps_dtype_size(cfg->dtype);
+  *state_bytes =
+      info ? (uint64_t)info->state_per_element * shard_width * 4 + info->state_per_row * 4u : 0;
+}
+
+uint64_t embps_table_config_bytes(const embps_table_config_t *cfg, uint32_t group_size) {
+  uint64_t data, state;
   embps_hindex_config_t hc;
-  if (info)
-    per_row += (uint64_t)info->state_per_element * shard_width * 4 + info->state_per_row * 4u;
+  embps_table_config_row_bytes(cfg, group_size, &data, &state);
   if (!embps_table_config_hashed(cfg))
-    return cfg->rows * per_row;
+    return cfg->rows * (data + state);
   embps_table_config_hindex(cfg, &hc);
-  return cfg->capacity * per_row + (uint64_t)embps_hindex_bytes(&hc);
+  return cfg->capacity * (data + state) + (uint64_t)embps_hindex_bytes(&hc);
 }
 
 static int finite_nonneg(float x) { return isfinite(x) && x >= 0.0f; }

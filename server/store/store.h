@@ -88,6 +88,14 @@ embps_status_t embps_table_name_check(const char *name, size_t len, embps_error_
 embps_status_t embps_table_config_resolve(embps_table_config_t *cfg, uint32_t group_size,
                                           uint64_t max_bytes, embps_error_t *err);
 
+/** Bytes one row (a hash-keyed table's slot) of a table of cfg takes on one rank of a group of
+ * group_size: *data_bytes for its values (shard_width elements of its dtype), *state_bytes for
+ * its optimizer state (the optimizer registry's floats per element and per row). What
+ * embps_table_config_bytes, and so the memory budget (--max-memory-bytes), counts per row, and
+ * what `embps plan` multiplies by rows. cfg resolved; both outputs are the caller's. */
+void embps_table_config_row_bytes(const embps_table_config_t *cfg, uint32_t group_size,
+                                  uint64_t *data_bytes, uint64_t *state_bytes);
+
 /** Bytes a table of cfg holds on one rank of a group of group_size: data and state of its rows
  * (a hash-keyed table's capacity slots), and a hash-keyed table's index (embps_hindex_bytes of
  * embps_table_config_hindex, replicated on every rank). cfg resolved. */

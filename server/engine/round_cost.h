@@ -1,0 +1,68 @@
+/* What one round of a lookup or a push costs a rank, as the engine runs it (engine.c): the
+ * scratch it reserves, the collectives it calls and the payload they move to the peers. The
+ * engine's cpu backend sizes its scratch by embps_round_scratch, and `embps plan` (the CLI's
+ * offline library, which may not see the engine itself) predicts memory, peer bytes and round
+ * trips from the same functions, so a change in the round's layout changes the plan; the
+ * checked-predictions test (tests/plan) holds both against a running group's counters.
+ *
+ * Pure arithmetic over a shape: no I/O, no state. */
+#ifndef EMBPS_ROUND_COST_H
+#define EMBPS_ROUND_COST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/op_kind.h"
+
+/** One op's shape on one rank: a batch of T tokens (T / group_size per shard; a feature batch's
+ * ids), this rank's slice of w columns out of W, elements of ds bytes, a hash-keyed table or
+ * not. */
+typedef struct embps_round_shape {
+  embps_op_kind_t kind; /* EMBPS_OP_LOOKUP or EMBPS_OP_PUSH */
+  uint32_t group_size;
+  size_t T, w, W, ds;
+  int hashed;
+} embps_round_shape_t;
+
+/** The engine's scratch arrays of one op (cpu backend), each grown to the largest op so far. */
+typedef enum embps_round_scratch {
+  EMBPS_ROUND_UNIQUE = 0,     /* T int64: the unique tokens */
+  EMBPS_ROUND_SEGMENT_IDS,    /* T uint32: each position's unique index */
+  EMBPS_ROUND_DEDUP_WS,       /* the dedup's workspace */
+  EMBPS_ROUND_ALL_TOKENS,     /* T int64: the all-gathered tokens (group_size > 1) */
+  EMBPS_ROUND_SEND,           /* T x w x ds: the all-to-all's send blocks (group_size > 1) */
+  EMBPS_ROUND_RECV,           /* T x w x ds: its receive blocks (group_size > 1) */
+  EMBPS_ROUND_ROWS,           /* T x w x ds: a lookup's unique rows (group_size > 1) */
+  EMBPS_ROUND_KEYS,           /* T int64: a hash-keyed push's keys in hash order */
+  EMBPS_ROUND_SUMMED,         /* T x w f32: a push's summed gradients */
+  EMBPS_ROUND_ROW_SUMSQ,      /* T f32: each unique row's sum of squares */
+  EMBPS_ROUND_PARTIALS,       /* T x nb f32: this rank's row-statistics partials */
+  EMBPS_ROUND_SEGMENT_COUNTS, /* the fused segment sum's workspace */
+  EMBPS_ROUND_GATHERED,       /* group_size x T x nb f32: every rank's partials (group_size > 1) */
+  EMBPS_ROUND_SCRATCH_COUNT
+} embps_round_scratch_t;
+
+/** The row-statistics partials per row of a push on a slice w wide (kernels/row_stats.c's
+ * column blocks): w / embps_row_stats_block(w), 0 for w == 0. */
+size_t embps_round_partials_per_row(size_t w);
+
+/** bytes[i] = what scratch array i needs for an op of shape sh (0 where its path does not use
+ * it). bytes is the caller's, EMBPS_ROUND_SCRATCH_COUNT entries. */
+void embps_round_scratch_bytes(const embps_round_shape_t *sh,
+                               size_t bytes[EMBPS_ROUND_SCRATCH_COUNT]);
+
+/** The sum of embps_round_scratch_bytes over the arrays. */
+size_t embps_round_scratch_total(const embps_round_shape_t *sh);
+
+/** The collective payload this rank sends to its peers in one op of shape sh, equal to what it
+ * receives (comm.c counts (group_size - 1) x payload per call): the tokens' all-gather, the
+ * rows' (lookup) or gradients' (push) all-to-all, and a push's row statistics for its `unique`
+ * distinct non-padding tokens (twice when weight_decay is on and the optimizer is rowwise). 0 on
+ * a group of one. */
+uint64_t embps_round_peer_bytes(const embps_round_shape_t *sh, uint64_t unique, int second_stats);
+
+/** The collectives one op of shape sh calls, one after the other (each at least one peer round
+ * trip): 0 on a group of one. */
+unsigned embps_round_collectives(const embps_round_shape_t *sh, int second_stats);
+
+#endif

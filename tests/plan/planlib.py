@@ -1,0 +1,67 @@
+"""Helpers for the checked-predictions tests of `embps plan` (docs/capacity.md): the plan as
+JSON, a rank's resident memory, the counters of a /metrics scrape, and the 20% check."""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "metrics"))
+
+import metricslib  # noqa: E402,F401
+from embps_servers import cli_binary  # noqa: E402
+
+TOLERANCE = 0.20  # the issue's bound: measured within 20% of the plan
+
+
+def plan(*args):
+    """`embps plan ARGS --json`, parsed."""
+    r = subprocess.run([cli_binary(), "plan", *args, "--json"], capture_output=True, text=True,
+                       timeout=60)
+    if r.returncode != 0:
+        raise AssertionError("embps plan %s failed (%d): %s%s" % (" ".join(args), r.returncode,
+                                                                 r.stdout, r.stderr))
+    return json.loads(r.stdout)
+
+
+def rss_bytes(pid):
+    """VmRSS of pid, in bytes."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS for pid %d" % pid)
+
+
+def counters(text, table):
+    """The counters these tests read from one rank's /metrics text."""
+    samples, _ = metricslib.parse(text)
+
+    def get(name, **labels):
+        return samples.get((name, frozenset(labels.items())), 0.0)
+    return {"client_in": get("embps_message_received_bytes_total"),
+            "client_out": get("embps_message_sent_bytes_total"),
+            "peer_sent": get("embps_group_peer_sent_bytes_total"),
+            "peer_received": get("embps_group_peer_received_bytes_total"),
+            "ckpt_written": get("embps_checkpoint_written_bytes_total"),
+            "lookups": get("embps_table_lookups_total", table=table),
+            "pushes": get("embps_table_pushes_total", table=table)}
+
+
+def delta(after, before):
+    return {k: after[k] - before[k] for k in after}
+
+
+def within(measured, predicted, tolerance=TOLERANCE):
+    """Whether measured lies within tolerance of predicted (exactly 0 when 0 is predicted)."""
+    if predicted == 0:
+        return measured == 0
+    return abs(measured - predicted) <= tolerance * predicted
+
+
+def ops_bytes(p, lookups, pushes):
+    """What the plan p predicts for `lookups` lookups and `pushes` pushes on one rank."""
+    b = p["bytes_per_step"]
+    return {"client_in": lookups * b["client_to_server_lookup"] + pushes * b["client_to_server_push"],
+            "client_out": lookups * b["server_to_client_lookup"] + pushes * b["server_to_client_push"],
+            "peer_sent": lookups * b["peer_lookup"] + pushes * b["peer_push"]}
