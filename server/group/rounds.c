@@ -416,6 +416,48 @@ static embps_status_t remember_push(embps_group_t *g, const embps_group_call_t *
                             embps_table_config(op->table)->name, g->round_no, &res);
 }
 
+/* Runs round entry i, lookup `first` (unlinked from parked), together with the lookups of the
+ * entries right after it that the engine fuses with it (lookups.c): every rank holds the same
+ * entries and tables, so every rank fuses the same run. Answers them all; returns how many
+ * entries it ran, or 0 when the group broke. */
+static size_t run_lookups(embps_group_t *g, const embps_round_entry_t *e, size_t n, size_t i,
+                          embps_group_call_t *first) {
+  embps_group_call_t *calls[EMBPS__ROUND_MAX];
+  embps_op_t *ops[EMBPS__ROUND_MAX];
+  size_t k = 0, tokens = 0;
+  embps_error_t err;
+  calls[k] = first;
+  ops[k++] = &first->op;
+  tokens = first->op.num_tokens;
+  while (i + k < n && e[i + k].action == EMBPS_ROUND_RUN && e[i + k].kind == EMBPS_OP_LOOKUP) {
+    const embps_round_entry_t *x = &e[i + k];
+    embps_group_call_t *c = embps__group_find_parked(g, x->client_id, x->batch_id, x->attempt, 0);
+    if (!c || !embps_engine_lookups_fuse(g->engine, &first->op, &c->op, tokens))
+      break;
+    embps__group_find_parked(g, x->client_id, x->batch_id, x->attempt, 1);
+    if (c->progress) {
+      c->op.publish = publish_progress;
+      c->op.publish_arg = g;
+    }
+    g->round_no++; /* each entry is a round of its own, fused or not */
+    calls[k] = c;
+    ops[k++] = &c->op;
+    tokens += c->op.num_tokens;
+  }
+  embps_error_clear(&err);
+  if (embps_engine_run_lookups(g->engine, ops, k, &err) != EMBPS_OK) {
+    for (size_t j = 0; j < k; j++)
+      embps__group_fail_call(g, calls[j], EMBPS_UNAVAILABLE, err.message);
+    embps__group_break(g, err.message);
+    return 0;
+  }
+  for (size_t j = 0; j < k; j++) {
+    calls[j]->error = calls[j]->op.error;
+    embps__group_complete(g, calls[j]);
+  }
+  return k;
+}
+
 void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n,
                               const embps_table_config_t *configs,
                               const embps__ckpt_order_t *ckpts) {
@@ -488,6 +530,13 @@ void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, si
     if (call && call->progress) {
       op->publish = publish_progress;
       op->publish_arg = g;
+    }
+    if (call && embps_engine_lookups_fuse(g->engine, op, NULL, 0)) {
+      size_t k = run_lookups(g, e, n, i, call);
+      if (k == 0)
+        return; /* the group broke */
+      i += k - 1;
+      continue;
     }
     if (embps_engine_run(g->engine, op, &err) != EMBPS_OK) {
       if (call)
