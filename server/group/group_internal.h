@@ -87,6 +87,11 @@ struct embps_group {
   int *control_fds; /* size entries, -1 for self (and for everyone on non-leaders but 0) */
   embps__frame_reader_t *readers; /* size entries: frames arriving on control_fds */
   embps__buf_t out;               /* the frame being sent */
+  /* A follower's notices admitted in this wake-up, sent to the leader in one write once the
+   * wake-up's calls are admitted, or before any other frame to it (issue 34: one send per
+   * notice cost a syscall per batch on every follower and a receive per batch per peer on the
+   * leader). */
+  embps__buf_t notices;
   /* The round being sent or applied, and the configs of the creates it runs. */
   embps_round_entry_t round[EMBPS__ROUND_MAX];
   embps_table_config_t round_configs[EMBPS__ROUND_MAX];

@@ -218,19 +218,30 @@ embps_group_state_t embps_group_state(embps_group_t *g, char *message, size_t ca
 
 /* ---- control frames -------------------------------------------------------------------------- */
 
-/* Sends the frame in g->out to peer. Frames are small and the peer reads them as they come,
- * so this waits as long as the socket needs (a dead peer fails it). */
+/* Follower: sends the notices queued since the last flush to the leader, in one write. */
+static embps_status_t flush_notices(embps_group_t *g) {
+  embps__io_t io;
+  if (g->notices.len == 0)
+    return EMBPS_OK;
+  io = embps__send_all(g->control_fds[0], g->notices.data, g->notices.len, UINT64_MAX);
+  g->notices.len = 0;
+  return io == EMBPS__IO_OK ? EMBPS_OK : EMBPS_UNAVAILABLE;
+}
+
+/* Sends the frame in g->out to peer (after the notices still queued for it, which came first).
+ * Frames are small and the peer reads them as they come, so this waits as long as the socket
+ * needs (a dead peer fails it). */
 embps_status_t embps__group_send_out(embps_group_t *g, uint32_t peer) {
+  if (peer == 0 && flush_notices(g) != EMBPS_OK)
+    return EMBPS_UNAVAILABLE;
   embps__io_t io = embps__send_all(g->control_fds[peer], g->out.data, g->out.len, UINT64_MAX);
   return io == EMBPS__IO_OK ? EMBPS_OK : EMBPS_UNAVAILABLE;
 }
 
+/* Queues a notice for the leader (flush_notices sends it); EMBPS_RESOURCE_EXHAUSTED leaves
+ * nothing queued. */
 static embps_status_t send_notice(embps_group_t *g, const embps_batch_desc_t *d) {
-  embps_status_t ret;
-  g->out.len = 0;
-  if ((ret = embps__frame_notice(&g->out, d, NULL)) != EMBPS_OK)
-    return ret;
-  return embps__group_send_out(g, 0);
+  return embps__frame_notice(&g->notices, d, NULL);
 }
 
 embps_group_call_t *embps__group_find_parked(embps_group_t *g, uint64_t client_id,
@@ -767,21 +778,24 @@ static void drain_incoming(embps_group_t *g, int *stopping) {
     g->admitted++;
     admit(g, call);
   }
+  if (g->notices.len && flush_notices(g) != EMBPS_OK)
+    embps__group_break(g, "this rank lost its connection to the leader (rank 0)");
 }
 
 void *embps__group_main(void *arg) {
   embps_group_t *g = arg;
   const uint32_t N = g->cfg.size;
   struct pollfd *pfds = embps_calloc(N + 2, sizeof(*pfds));
+  uint32_t *pfd_peer = embps_calloc(N + 2, sizeof(*pfd_peer)); /* the peer of each pfds entry */
   embps_error_t err;
   int stopping = 0;
 
   embps_error_clear(&err);
-  if (!pfds || embps__group_start(g, &err) != EMBPS_OK) {
+  if (!pfds || !pfd_peer || embps__group_start(g, &err) != EMBPS_OK) {
     char msg[400];
     snprintf(msg, sizeof(msg), "rank %u could not join the group: %.300s", g->cfg.rank,
-             pfds ? err.message : "out of memory");
-    g->fatal_status = pfds ? err.status : EMBPS_RESOURCE_EXHAUSTED;
+             pfds && pfd_peer ? err.message : "out of memory");
+    g->fatal_status = pfds && pfd_peer ? err.status : EMBPS_RESOURCE_EXHAUSTED;
     set_state(g, EMBPS_GROUP_BROKEN, msg);
     atomic_store(&g->fatal_pending, 1);
     uv_async_send(&g->async);
@@ -799,8 +813,10 @@ void *embps__group_main(void *arg) {
       pfds[n++] = (struct pollfd){.fd = g->ckpt_fd, .events = POLLIN};
     if (g->control_fds && atomic_load(&g->state) == EMBPS_GROUP_READY)
       for (uint32_t r = 0; r < N; r++)
-        if (g->control_fds[r] >= 0)
+        if (g->control_fds[r] >= 0) {
+          pfd_peer[n] = r;
           pfds[n++] = (struct pollfd){.fd = g->control_fds[r], .events = POLLIN};
+        }
     if (g->seq && embps__group_is_leader(g)) {
       uint64_t left = embps_sequencer_next_deadline(g->seq, embps_now_ms());
       if (left < (uint64_t)timeout)
@@ -817,13 +833,9 @@ void *embps__group_main(void *arg) {
     if (atomic_load(&g->state) != EMBPS_GROUP_READY)
       continue;
     for (nfds_t i = 1; i < n; i++) {
-      uint32_t peer = 0;
       if (pfds[i].fd == g->ckpt_fd || !(pfds[i].revents & (POLLIN | POLLHUP | POLLERR)))
         continue;
-      for (uint32_t r = 0; r < N; r++)
-        if (g->control_fds[r] == pfds[i].fd)
-          peer = r;
-      if (read_frames(g, peer, on_frame, &err) != EMBPS_OK) {
+      if (read_frames(g, pfd_peer[i], on_frame, &err) != EMBPS_OK) {
         embps__group_break(g, err.message);
         break;
       }
@@ -837,5 +849,6 @@ void *embps__group_main(void *arg) {
     announce_leave(g);
   fail_all(g, "this server is shutting down");
   embps_free(pfds);
+  embps_free(pfd_peer);
   return NULL;
 }
