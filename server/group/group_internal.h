@@ -143,6 +143,14 @@ void embps__group_on_async(uv_async_t *handle);
 /** Answers call on the loop thread (call->done), as it is (any thread). */
 void embps__group_complete(embps_group_t *g, embps_group_call_t *call);
 
+/** Tells the loop that call's batch is ordered (call->ordered runs there, before call->done);
+ * nothing when the call has no ordered callback. */
+void embps__group_announce_ordered(embps_group_t *g, embps_group_call_t *call);
+
+/** An engine op's publish callback (embps_op_t.publish, arg: the group): the engine made more of
+ * a lookup's rows final, and the loop runs the call's progress (engine thread). */
+void embps__group_publish_progress(embps_op_t *op, void *arg);
+
 /** Answers call with status and msg (any thread). */
 void embps__group_fail_call(embps_group_t *g, embps_group_call_t *call, embps_status_t status,
                             const char *msg);
