@@ -12,6 +12,11 @@
 #                             SECONDS over a copy of its corpus (FUZZ_TARGETS="fuzz_h2conn ..."
 #                             picks some); prints execs, coverage and crashes per target and
 #                             fails on any crash, keeping the input (tests/fuzz/README.md)
+#   tests/run.sh --scale [N...]
+#                             release build (build/), then the scale tests (ctest label scale,
+#                             left out of every other mode): groups of N ranks on loopback
+#                             (16 and 32 by default; .ci/run runs 16), printing formation time,
+#                             rounds/s, fds, threads and RSS per rank (test_group_scale.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,7 +33,17 @@ case "${1:-}" in
     case $fuzz_seconds in
       ''|*[!0-9]*) echo "--fuzz needs a number of seconds per target" >&2; exit 2 ;;
     esac ;;
-  -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+  --scale)
+    mode=scale
+    shift
+    scale_ranks=${*:-16 32}
+    for n in $scale_ranks; do
+      case $n in
+        16|32) ;;
+        *) echo "--scale takes group sizes among 16 and 32, not '$n'" >&2; exit 2 ;;
+      esac
+    done ;;
+  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
   *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
 esac
 
@@ -40,7 +55,22 @@ build_and_test() { # DIR CMAKE-ARGS...
   local dir=$1; shift
   cmake -S . -B "$dir" -DEMBPS_WERROR=ON "$@" >/dev/null
   cmake --build "$dir" -j "$jobs"
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs"
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE scale
+}
+
+# The scale tests one at a time (each starts up to 32 ranks and wants the machine to itself);
+# their figures (the "scale N=" lines) are printed again at the end.
+scale_run() {
+  local dir=build names="" n rc=0 log
+  cmake -S . -B "$dir" -DEMBPS_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$dir" -j "$jobs" --target embps-server embps
+  for n in $scale_ranks; do names="$names|scale_$n"; done
+  log=$dir/scale.log
+  ctest --test-dir "$dir" --output-on-failure -V -L scale -R "^(${names#|})\$" >"$log" 2>&1 || rc=$?
+  grep -E 'Test +#|tests passed|tests failed|FAIL|Error' "$log" || true
+  grep -o 'scale N=.*' "$log" || true
+  [ "$rc" -eq 0 ] || { echo "scale tests failed; the whole output is in $log" >&2; tail -60 "$log" >&2; }
+  return $rc
 }
 
 # The suite under ThreadSanitizer, built -O2 -g (RelWithDebInfo) as TSan's documentation
@@ -59,7 +89,7 @@ tsan_pass() {
   rm -rf "$reports"
   mkdir -p "$reports"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$reports/report:suppressions=$PWD/tests/tsan.supp" \
-    ctest --test-dir "$dir" --output-on-failure -j "$jobs" || rc=$?
+    ctest --test-dir "$dir" --output-on-failure -j "$jobs" -LE scale || rc=$?
   if [ -n "$(ls -A "$reports")" ]; then
     for f in "$reports"/*; do
       echo "==== $f"
@@ -136,4 +166,5 @@ case $mode in
     tsan_pass
     format_check ;;
   format) format_check ;;
+  scale) scale_run ;;
 esac

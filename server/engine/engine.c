@@ -73,6 +73,7 @@ void embps_engine_free(embps_engine_t *e) {
   embps_free(e->hkeys);
   embps_free(e->hfresh);
   embps_free(e->ascratch);
+  embps_free(e->ftokens);
   embps_free(e);
 }
 

@@ -127,6 +127,30 @@ void embps_engine_free(embps_engine_t *engine);
  */
 unsigned embps_engine_set_threads(embps_engine_t *engine, unsigned threads);
 
+/** The most bytes of rows (this rank's shards' tokens x emb_width x the dtype's size) that fused
+ * lookups return together; it bounds the scratch that fusing adds. */
+#define EMBPS_ENGINE_FUSE_MAX_BYTES ((size_t)8 << 20)
+
+/**
+ * Whether lookup b may run fused with a run of lookups that starts with a and holds
+ * tokens_so_far of this rank's tokens (b NULL: whether a may start such a run at all): both are
+ * plain lookups (no feature batch) of one dense, undropped table in a group of more than one,
+ * and the run stays under EMBPS_ENGINE_FUSE_MAX_BYTES. Every rank answers alike for the same
+ * round entries. Reads the ops only.
+ */
+int embps_engine_lookups_fuse(const embps_engine_t *engine, const embps_op_t *a,
+                              const embps_op_t *b, size_t tokens_so_far);
+
+/**
+ * Runs ops[0..k) (k >= 1), consecutive lookups of one round that embps_engine_lookups_fuse
+ * accepted one after the other, as one batch: one all-gather and one all-to-all for all of them
+ * (lookups.c). Every rank must call it with the same k for the same entries. Each op gets the
+ * rows embps_engine_run would give it, bit for bit. Returns as embps_engine_run does; a failure
+ * of the communicator fails them all.
+ */
+embps_status_t embps_engine_run_lookups(embps_engine_t *engine, embps_op_t *const *ops, size_t k,
+                                        embps_error_t *err);
+
 /**
  * Runs op (lookup, push, assign, create or drop) collectively: every rank must call this for the
  * same batches in the same order. Results go into op; a failure of the op itself (e.g. out of

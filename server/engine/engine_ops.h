@@ -240,6 +240,9 @@ struct embps_engine {
   /* An assign's host scratch (assign.c), grown as the batches grow. */
   void *ascratch;
   size_t ascratch_cap;
+  /* Fused lookups' tokens, concatenated on the host (lookups.c), grown as the runs grow. */
+  int64_t *ftokens;
+  size_t fcap;
 };
 
 /** One push step's results on one table. */

@@ -134,9 +134,15 @@ embps_status_t embps__frame_reader_fill(embps__frame_reader_t *r, int fd, int *c
       b->data = d;
       b->cap = cap;
     }
-    ssize_t k = recv(fd, b->data + b->len, b->cap - b->len, MSG_DONTWAIT);
+    size_t room = b->cap - b->len;
+    ssize_t k = recv(fd, b->data + b->len, room, MSG_DONTWAIT);
     if (k > 0) {
       b->len += (size_t)k;
+      /* A short read emptied the socket: asking again would only fetch EAGAIN (half the
+       * leader's receives at 16 ranks, issue 34); the caller's poll is level-triggered and
+       * wakes it for anything that comes later, an end of stream included. */
+      if ((size_t)k < room)
+        return EMBPS_OK;
       continue;
     }
     if (k < 0 && errno == EINTR)

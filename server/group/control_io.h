@@ -52,7 +52,8 @@ typedef struct embps__frame_reader {
 } embps__frame_reader_t;
 
 /**
- * Reads everything fd has now without blocking. Sets *closed when the peer closed the
+ * Reads what fd has now without blocking, until a read comes back short (so the caller must poll
+ * fd, level-triggered, before it waits for more). Sets *closed when the peer closed the
  * connection or it failed (frames received before that are still returned by
  * embps__frame_reader_next). Returns EMBPS_OK or EMBPS_RESOURCE_EXHAUSTED.
  */

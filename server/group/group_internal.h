@@ -87,6 +87,11 @@ struct embps_group {
   int *control_fds; /* size entries, -1 for self (and for everyone on non-leaders but 0) */
   embps__frame_reader_t *readers; /* size entries: frames arriving on control_fds */
   embps__buf_t out;               /* the frame being sent */
+  /* A follower's notices admitted in this wake-up, sent to the leader in one write once the
+   * wake-up's calls are admitted, or before any other frame to it (issue 34: one send per
+   * notice cost a syscall per batch on every follower and a receive per batch per peer on the
+   * leader). */
+  embps__buf_t notices;
   /* The round being sent or applied, and the configs of the creates it runs. */
   embps_round_entry_t round[EMBPS__ROUND_MAX];
   embps_table_config_t round_configs[EMBPS__ROUND_MAX];
@@ -137,6 +142,14 @@ void embps__group_on_async(uv_async_t *handle);
 
 /** Answers call on the loop thread (call->done), as it is (any thread). */
 void embps__group_complete(embps_group_t *g, embps_group_call_t *call);
+
+/** Tells the loop that call's batch is ordered (call->ordered runs there, before call->done);
+ * nothing when the call has no ordered callback. */
+void embps__group_announce_ordered(embps_group_t *g, embps_group_call_t *call);
+
+/** An engine op's publish callback (embps_op_t.publish, arg: the group): the engine made more of
+ * a lookup's rows final, and the loop runs the call's progress (engine thread). */
+void embps__group_publish_progress(embps_op_t *op, void *arg);
 
 /** Answers call with status and msg (any thread). */
 void embps__group_fail_call(embps_group_t *g, embps_group_call_t *call, embps_status_t status,

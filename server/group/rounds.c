@@ -76,7 +76,7 @@ static embps_group_call_t *pop(embps_group_call_t **list, size_t link) {
 void embps__group_complete(embps_group_t *g, embps_group_call_t *call) { post(g, &g->done, call); }
 
 /* Tells the loop that call's batch is ordered (call->ordered runs there, before call->done). */
-static void announce_ordered(embps_group_t *g, embps_group_call_t *call) {
+void embps__group_announce_ordered(embps_group_t *g, embps_group_call_t *call) {
   if (call->ordered)
     post(g, &g->ordered, call);
 }
@@ -84,7 +84,7 @@ static void announce_ordered(embps_group_t *g, embps_group_call_t *call) {
 /* The engine made more of a lookup's rows final (engine thread): the loop runs the call's
  * progress. A call is queued once until the loop has taken it, so a fast engine costs one wake
  * per loop turn, not one per chunk. op is the call's own (the engine knows only the op). */
-static void publish_progress(embps_op_t *op, void *arg) {
+void embps__group_publish_progress(embps_op_t *op, void *arg) {
   embps_group_t *g = arg;
   embps_group_call_t *call = (embps_group_call_t *)((char *)op - offsetof(embps_group_call_t, op));
   if (!atomic_exchange_explicit(&call->progress_queued, 1, memory_order_acq_rel))
@@ -218,19 +218,30 @@ embps_group_state_t embps_group_state(embps_group_t *g, char *message, size_t ca
 
 /* ---- control frames -------------------------------------------------------------------------- */
 
-/* Sends the frame in g->out to peer. Frames are small and the peer reads them as they come,
- * so this waits as long as the socket needs (a dead peer fails it). */
+/* Follower: sends the notices queued since the last flush to the leader, in one write. */
+static embps_status_t flush_notices(embps_group_t *g) {
+  embps__io_t io;
+  if (g->notices.len == 0)
+    return EMBPS_OK;
+  io = embps__send_all(g->control_fds[0], g->notices.data, g->notices.len, UINT64_MAX);
+  g->notices.len = 0;
+  return io == EMBPS__IO_OK ? EMBPS_OK : EMBPS_UNAVAILABLE;
+}
+
+/* Sends the frame in g->out to peer (after the notices still queued for it, which came first).
+ * Frames are small and the peer reads them as they come, so this waits as long as the socket
+ * needs (a dead peer fails it). */
 embps_status_t embps__group_send_out(embps_group_t *g, uint32_t peer) {
+  if (peer == 0 && flush_notices(g) != EMBPS_OK)
+    return EMBPS_UNAVAILABLE;
   embps__io_t io = embps__send_all(g->control_fds[peer], g->out.data, g->out.len, UINT64_MAX);
   return io == EMBPS__IO_OK ? EMBPS_OK : EMBPS_UNAVAILABLE;
 }
 
+/* Queues a notice for the leader (flush_notices sends it); EMBPS_RESOURCE_EXHAUSTED leaves
+ * nothing queued. */
 static embps_status_t send_notice(embps_group_t *g, const embps_batch_desc_t *d) {
-  embps_status_t ret;
-  g->out.len = 0;
-  if ((ret = embps__frame_notice(&g->out, d, NULL)) != EMBPS_OK)
-    return ret;
-  return embps__group_send_out(g, 0);
+  return embps__frame_notice(&g->notices, d, NULL);
 }
 
 embps_group_call_t *embps__group_find_parked(embps_group_t *g, uint64_t client_id,
@@ -296,227 +307,6 @@ static embps_status_t read_frames(embps_group_t *g, uint32_t peer, frame_fn hand
     return embps_error_set(err, EMBPS_UNAVAILABLE,
                            "rank %u closed its control connection (it stopped or died)", peer);
   return EMBPS_OK;
-}
-
-/* ---- rounds ---------------------------------------------------------------------------------- */
-
-/* Publishes the communicator's totals for other threads (GetStats on the loop, /metrics on its
- * own thread). The dispatcher counts in g->comm->stats, plain fields that only this thread may
- * touch while it makes collectives; everyone else reads these atomic copies, as of the end of
- * the group's last round (or of forming the group). */
-void embps__group_publish_comm_stats(embps_group_t *g) {
-  embps_group_metrics_t *m = &g->metrics;
-  if (!g->comm)
-    return;
-  atomic_store_explicit(&m->peer_bytes_sent, g->comm->stats.bytes_sent, memory_order_relaxed);
-  atomic_store_explicit(&m->peer_bytes_received, g->comm->stats.bytes_received,
-                        memory_order_relaxed);
-  atomic_store_explicit(&m->collective_calls, g->comm->stats.calls, memory_order_relaxed);
-}
-
-/* A round's figures, once it ran: its time split into phases (see embps_round_phase_t). */
-static void record_round(embps_group_t *g, uint64_t start_ns, uint64_t oldest_ns, size_t batches,
-                         uint64_t comm_ns_before) {
-  embps_group_metrics_t *m = &g->metrics;
-  uint64_t now = embps_now_ns(), total = now - start_ns, coll = 0;
-  if (g->comm)
-    coll = g->comm->stats.ns - comm_ns_before;
-  if (coll > total)
-    coll = total;
-  atomic_fetch_add_explicit(&m->rounds, 1, memory_order_relaxed);
-  atomic_fetch_add_explicit(&m->batches, batches, memory_order_relaxed);
-  embps_hist_observe(&m->batches_per_round, (double)batches);
-  embps_hist_observe_ns(&m->round_seconds, total);
-  embps_hist_observe_ns(&m->phase_seconds[EMBPS_ROUND_PHASE_QUEUE_WAIT],
-                        oldest_ns && oldest_ns < start_ns ? start_ns - oldest_ns : 0);
-  embps_hist_observe_ns(&m->phase_seconds[EMBPS_ROUND_PHASE_COLLECTIVES], coll);
-  embps_hist_observe_ns(&m->phase_seconds[EMBPS_ROUND_PHASE_COMPUTE], total - coll);
-}
-
-/* ---- the retry window ------------------------------------------------------------------------ */
-
-/* Whether the retry window rules on call: a push or an assign (which writes rows, and so must
- * not be applied twice either) with a client id and a digest. Every rank holds its shard of the
- * same batch, with the same client id and digest (the leader joined only equal digests), so
- * every rank answers the same. */
-static int windowed(const embps_group_t *g, const embps_group_call_t *call) {
-  return g->dedup && call && (call->op.kind == EMBPS_OP_PUSH || call->op.kind == EMBPS_OP_ASSIGN) &&
-         call->client_id && call->digest;
-}
-
-/* Before running windowed push call: what the window says. Returns 1 when that answers it (the
- * first attempt's result, replayed; or a refusal) and it must not run, else 0. The window holds
- * the same keys on every rank at every round, so every rank decides alike and none enters a
- * collective another skips. */
-static int answered_by_window(embps_group_t *g, embps_group_call_t *call) {
-  embps_dedup_result_t res;
-  uint64_t first = 0;
-  char msg[400];
-  switch (
-      embps_dedup_check(g->dedup, call->client_id, call->batch_id, call->digest, &res, &first)) {
-  case EMBPS_DEDUP_REPLAY:
-    call->op.applied = res.applied;
-    call->op.skipped = res.skipped;
-    call->op.grad_norm = res.grad_norm;
-    call->op.num_unique = res.num_unique;
-    /* an assign's refused keys are kept where a push keeps its norm (remember_push) */
-    call->op.num_refused = call->op.kind == EMBPS_OP_ASSIGN ? (uint64_t)res.grad_norm : 0;
-    call->replayed = 1;
-    embps_error_clear(&call->error);
-    atomic_fetch_add_explicit(&g->metrics.retries_deduplicated, 1, memory_order_relaxed);
-    embps__group_complete(g, call);
-    return 1;
-  case EMBPS_DEDUP_CONFLICT:
-    snprintf(msg, sizeof(msg),
-             "batch %llu of client 0x%llx was already applied with other content (digest "
-             "0x%016llx then, 0x%016llx now): a retry must send the same batch",
-             (unsigned long long)call->batch_id, (unsigned long long)call->client_id,
-             (unsigned long long)first, (unsigned long long)call->digest);
-    embps__group_fail_call(g, call, EMBPS_INVALID_ARGUMENT, msg);
-    return 1;
-  case EMBPS_DEDUP_FORGOTTEN:
-    snprintf(msg, sizeof(msg),
-             "%s batch %llu of client 0x%llx is older than the retry window remembers (the last "
-             "%u pushes of each client, --retry-window): whether its first attempt was applied is "
-             "unknown, and it was not applied again",
-             embps_op_kind_name(call->op.kind), (unsigned long long)call->batch_id,
-             (unsigned long long)call->client_id, embps_dedup_window(g->dedup));
-    embps__group_fail_call(g, call, EMBPS_FAILED_PRECONDITION, msg);
-    return 1;
-  default:
-    return 0;
-  }
-}
-
-/* Whether windowed push call, entry i of round e, is sure to run: the window has not seen it and
- * no earlier entry of the round is from the same client, whose record could make the window see
- * it (an earlier attempt of the same batch) or forget it (a full window moving its floor). */
-static int runs_fresh(const embps_group_t *g, const embps_group_call_t *call,
-                      const embps_round_entry_t *e, size_t i) {
-  for (size_t j = 0; j < i; j++)
-    if (e[j].client_id == call->client_id)
-      return 0;
-  return embps_dedup_check(g->dedup, call->client_id, call->batch_id, call->digest, NULL, NULL) ==
-         EMBPS_DEDUP_NEW;
-}
-
-/* After windowed push or assign call ran without error (applied, or skipped by the gate): the
- * window remembers its answer. An assign has no norm: its num_refused goes in grad_norm's place
- * (a count below 2^53, exact as a double), so the window's entries and their checkpoint bytes
- * stay one format. Returns EMBPS_OK, or EMBPS_RESOURCE_EXHAUSTED when it could not, which breaks
- * the group (the caller): the ranks' windows must never differ. */
-static embps_status_t remember_push(embps_group_t *g, const embps_group_call_t *call) {
-  const embps_op_t *op = &call->op;
-  embps_dedup_result_t res = {.applied = (uint8_t)(op->applied != 0),
-                              .skipped = (uint8_t)(op->skipped != 0),
-                              .grad_norm = op->kind == EMBPS_OP_ASSIGN ? (double)op->num_refused
-                                                                       : op->grad_norm,
-                              .num_unique = op->num_unique};
-  return embps_dedup_record(g->dedup, call->client_id, call->batch_id, call->digest,
-                            embps_table_config(op->table)->name, g->round_no, &res);
-}
-
-void embps__group_apply_round(embps_group_t *g, const embps_round_entry_t *e, size_t n,
-                              const embps_table_config_t *configs,
-                              const embps__ckpt_order_t *ckpts) {
-  const uint64_t start_ns = embps_now_ns(), comm_ns = g->comm ? g->comm->stats.ns : 0;
-  uint64_t oldest_ns = 0;
-  size_t batches = 0;
-  if (g->comm && !g->comm->call_seconds)
-    embps_comm_set_call_histogram(g->comm, &g->metrics.collective_seconds);
-  uint8_t told[EMBPS__ROUND_MAX] = {0}; /* entry i's async push already said "ordered" */
-  /* The round is ordered: every async push in it may say so before any of it runs. One the retry
-   * window rules on says so now only when the window would run it (a replay or a refusal is no
-   * order), which is known now unless an earlier entry of this round is the same batch; the
-   * others say so once the window has ruled, just before they run. */
-  for (size_t i = 0; i < n; i++) {
-    embps_group_call_t *call =
-        e[i].action == EMBPS_ROUND_RUN
-            ? embps__group_find_parked(g, e[i].client_id, e[i].batch_id, e[i].attempt, 0)
-            : NULL;
-    if (call && (!windowed(g, call) || runs_fresh(g, call, e, i))) {
-      announce_ordered(g, call);
-      told[i] = 1;
-    }
-    if (call && (call->op.kind == EMBPS_OP_LOOKUP || call->op.kind == EMBPS_OP_PUSH ||
-                 call->op.kind == EMBPS_OP_ASSIGN)) {
-      batches++;
-      if (!oldest_ns || call->submitted_ns < oldest_ns)
-        oldest_ns = call->submitted_ns;
-    }
-  }
-  for (size_t i = 0; i < n && atomic_load(&g->state) != EMBPS_GROUP_BROKEN; i++) {
-    embps_group_call_t *call =
-        embps__group_find_parked(g, e[i].client_id, e[i].batch_id, e[i].attempt, 1);
-    embps_op_t *op = call ? &call->op : NULL, tmp;
-    embps_error_t err;
-
-    if (e[i].action == EMBPS_ROUND_FAIL) {
-      if (call)
-        embps__group_fail_call(g, call, e[i].status, e[i].message);
-      continue;
-    }
-    if (e[i].kind == EMBPS_OP_CHECKPOINT) {
-      if (!embps__group_is_leader(g)) /* the leader numbered it when it ordered it */
-        g->round_no = ckpts[i].round;
-      embps__group_ckpt_run_entry(g, &ckpts[i]);
-      continue;
-    }
-    g->round_no++;
-    if (!op && (e[i].kind == EMBPS_OP_CREATE_TABLE || e[i].kind == EMBPS_OP_DROP_TABLE) &&
-        !embps__group_is_leader(g)) {
-      memset(&tmp, 0,
-             sizeof(tmp)); /* creates and drops run on every rank, answered by the leader */
-      tmp.kind = e[i].kind;
-      tmp.create = configs[i];
-      op = &tmp;
-    }
-    if (!op) {
-      char msg[200];
-      snprintf(msg, sizeof(msg), "rank %u was told to run batch %llu, which it does not hold",
-               g->cfg.rank, (unsigned long long)e[i].batch_id);
-      embps__group_break(g, msg);
-      return;
-    }
-    if (windowed(g, call)) {
-      if (answered_by_window(g, call))
-        continue;
-      if (!told[i])
-        announce_ordered(g, call);
-    }
-    embps_error_clear(&err);
-    if (call && call->progress) {
-      op->publish = publish_progress;
-      op->publish_arg = g;
-    }
-    if (embps_engine_run(g->engine, op, &err) != EMBPS_OK) {
-      if (call)
-        embps__group_fail_call(g, call, EMBPS_UNAVAILABLE, err.message);
-      embps__group_break(g, err.message);
-      return;
-    }
-    if (op->kind == EMBPS_OP_CREATE_TABLE || op->kind == EMBPS_OP_DROP_TABLE)
-      embps__group_ckpt_tables_changed(g, op);
-    if (windowed(g, call) && op->error.status == EMBPS_OK && remember_push(g, call) != EMBPS_OK) {
-      char msg[300];
-      snprintf(msg, sizeof(msg),
-               "rank %u could not remember push batch %llu of client 0x%llx in its retry window "
-               "(out of memory), so the ranks' windows would differ",
-               g->cfg.rank, (unsigned long long)call->batch_id,
-               (unsigned long long)call->client_id);
-      call->error = op->error; /* it was applied: its caller hears so before the group breaks */
-      embps__group_complete(g, call);
-      embps__group_break(g, msg);
-      return;
-    }
-    if (call) {
-      call->error = op->error; /* the engine's answer is the call's */
-      embps__group_complete(g, call);
-    }
-  }
-  if (batches && atomic_load(&g->state) != EMBPS_GROUP_BROKEN)
-    record_round(g, start_ns, oldest_ns, batches, comm_ns);
-  embps__group_publish_comm_stats(g);
 }
 
 static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
@@ -718,21 +508,24 @@ static void drain_incoming(embps_group_t *g, int *stopping) {
     g->admitted++;
     admit(g, call);
   }
+  if (g->notices.len && flush_notices(g) != EMBPS_OK)
+    embps__group_break(g, "this rank lost its connection to the leader (rank 0)");
 }
 
 void *embps__group_main(void *arg) {
   embps_group_t *g = arg;
   const uint32_t N = g->cfg.size;
   struct pollfd *pfds = embps_calloc(N + 2, sizeof(*pfds));
+  uint32_t *pfd_peer = embps_calloc(N + 2, sizeof(*pfd_peer)); /* the peer of each pfds entry */
   embps_error_t err;
   int stopping = 0;
 
   embps_error_clear(&err);
-  if (!pfds || embps__group_start(g, &err) != EMBPS_OK) {
+  if (!pfds || !pfd_peer || embps__group_start(g, &err) != EMBPS_OK) {
     char msg[400];
     snprintf(msg, sizeof(msg), "rank %u could not join the group: %.300s", g->cfg.rank,
-             pfds ? err.message : "out of memory");
-    g->fatal_status = pfds ? err.status : EMBPS_RESOURCE_EXHAUSTED;
+             pfds && pfd_peer ? err.message : "out of memory");
+    g->fatal_status = pfds && pfd_peer ? err.status : EMBPS_RESOURCE_EXHAUSTED;
     set_state(g, EMBPS_GROUP_BROKEN, msg);
     atomic_store(&g->fatal_pending, 1);
     uv_async_send(&g->async);
@@ -750,8 +543,10 @@ void *embps__group_main(void *arg) {
       pfds[n++] = (struct pollfd){.fd = g->ckpt_fd, .events = POLLIN};
     if (g->control_fds && atomic_load(&g->state) == EMBPS_GROUP_READY)
       for (uint32_t r = 0; r < N; r++)
-        if (g->control_fds[r] >= 0)
+        if (g->control_fds[r] >= 0) {
+          pfd_peer[n] = r;
           pfds[n++] = (struct pollfd){.fd = g->control_fds[r], .events = POLLIN};
+        }
     if (g->seq && embps__group_is_leader(g)) {
       uint64_t left = embps_sequencer_next_deadline(g->seq, embps_now_ms());
       if (left < (uint64_t)timeout)
@@ -768,13 +563,9 @@ void *embps__group_main(void *arg) {
     if (atomic_load(&g->state) != EMBPS_GROUP_READY)
       continue;
     for (nfds_t i = 1; i < n; i++) {
-      uint32_t peer = 0;
       if (pfds[i].fd == g->ckpt_fd || !(pfds[i].revents & (POLLIN | POLLHUP | POLLERR)))
         continue;
-      for (uint32_t r = 0; r < N; r++)
-        if (g->control_fds[r] == pfds[i].fd)
-          peer = r;
-      if (read_frames(g, peer, on_frame, &err) != EMBPS_OK) {
+      if (read_frames(g, pfd_peer[i], on_frame, &err) != EMBPS_OK) {
         embps__group_break(g, err.message);
         break;
       }
@@ -788,5 +579,6 @@ void *embps__group_main(void *arg) {
     announce_leave(g);
   fail_all(g, "this server is shutting down");
   embps_free(pfds);
+  embps_free(pfd_peer);
   return NULL;
 }

@@ -272,6 +272,7 @@ void embps_group_free(embps_group_t *g) {
       embps__frame_reader_free(&g->readers[r]);
   embps_free(g->readers);
   embps__buf_free(&g->out);
+  embps__buf_free(&g->notices);
   if (g->peer_addrs)
     for (uint32_t r = 0; r < g->cfg.size; r++)
       embps_free(g->peer_addrs[r]);

@@ -259,15 +259,27 @@ class Group:
         self.addresses = ["127.0.0.1:%d" % p for p in self.ports]
         self.peers = ",".join(self.addresses)
         self.procs = []
+        t0 = time.time()
         for r in range(self.n):
             args = ["--rank", str(r), "--peers", self.peers, "--peer-port-offset",
                     str(self.offset), *flags, *rank_flags.get(r, [])]
             self.procs.append(Proc(args, env=self.env, binary=self.binary))
         deadline = time.time() + ready_timeout
-        for r, p in enumerate(self.procs):
-            if p.wait_ready(max(0.0, deadline - time.time()), port=self.ports[r]) is None:
-                raise GroupStartError("rank %d did not get ready (listening, group ready):\n%s"
-                                      % (r, self.logs()))
+        # Every rank is watched at once: a rank that exits (a port lost to another process)
+        # fails the try at once, instead of after the others have waited out the deadline for
+        # it (they never get ready without it).
+        pending = list(range(self.n))
+        while pending:
+            for r in list(pending):
+                p = self.procs[r]
+                if p.wait_ready(0, port=self.ports[r]) is not None:
+                    pending.remove(r)
+                elif not p.alive() or time.time() >= deadline:
+                    raise GroupStartError("rank %d did not get ready (listening, group ready):\n%s"
+                                          % (r, self.logs()))
+            if pending:
+                time.sleep(0.02)
+        self.ready_seconds = time.time() - t0  # from starting the ranks to all ready
 
     def logs(self):
         return "\n".join("---- rank %d (pid %d) ----\n%s" % (r, p.pid, p.text()[-4000:])

@@ -283,6 +283,40 @@ static void *run_rank(void *p) {
     memcpy(a->final + a->rank * per * width * ds, out, per * width * ds);
     free(out);
   }
+  {
+    /* Three lookups of 2, 1 and 3 tokens a rank fused into one (lookups.c), then the same one
+     * by one: every op's rows are the same bytes (issue 34). */
+    enum { K = 3 };
+    const size_t sizes[K] = {2, 1, 3};
+    int64_t tok[K][3];
+    uint8_t *fused[K], *alone[K];
+    embps_op_t ops[K], one;
+    embps_op_t *ptrs[K];
+    size_t so_far = 0;
+    for (int i = 0; i < K; i++) {
+      for (size_t j = 0; j < sizes[i]; j++)
+        tok[i][j] = (int64_t)((a->rank * 7 + (uint32_t)i * 5 + j * 3) % 16); /* 0: padding */
+      fused[i] = calloc(sizes[i] * width, ds);
+      alone[i] = calloc(sizes[i] * width, ds);
+      ops[i] = batch_op(EMBPS_OP_LOOKUP, t, tok[i], sizes[i]);
+      ops[i].rows_out = fused[i];
+      ptrs[i] = &ops[i];
+      if (a->size > 1 && !embps_engine_lookups_fuse(r.engine, &ops[0], i ? &ops[i] : NULL, so_far))
+        a->status = 1; /* lookups of one dense table fuse in a group */
+      so_far += sizes[i];
+    }
+    if (embps_engine_run_lookups(r.engine, ptrs, K, &err) != EMBPS_OK)
+      a->status = 1;
+    for (int i = 0; i < K; i++) {
+      one = batch_op(EMBPS_OP_LOOKUP, t, tok[i], sizes[i]);
+      one.rows_out = alone[i];
+      if (embps_engine_run(r.engine, &one, &err) != EMBPS_OK || ops[i].error.status != EMBPS_OK ||
+          memcmp(fused[i], alone[i], sizes[i] * width * ds) != 0)
+        a->status = 1;
+      free(fused[i]);
+      free(alone[i]);
+    }
+  }
   free(grads);
   rank_fini(&r);
   return NULL;

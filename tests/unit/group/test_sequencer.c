@@ -436,6 +436,48 @@ static void test_withdraw(void **state) {
 
 /* A batch whose shards already disagree keeps its INVALID_ARGUMENT when withdrawn: its callers
  * learn what was wrong, and it is not counted as cancelled. */
+/* The failed batches' ring past its 4096 slots: a late shard of each of the most recent 4096 is
+ * failed at once (its entry found through the ring's hash index, whose chains the overwrites
+ * must keep right), an older one's is pending again, and batches never failed are not found. */
+static void test_failed_ring_wraps(void **state) {
+  enum { FAILS = 4096 * 2 + 123 };
+  embps_sequencer_t *s;
+  embps_round_entry_t e[8];
+  (void)state;
+  assert_int_equal(embps_sequencer_new(&s, 2, 1000), EMBPS_OK);
+  for (uint64_t i = 0; i < FAILS; i++) {
+    embps_batch_desc_t d = desc(i, EMBPS_OP_LOOKUP, 8, "t");
+    d.client_id = i % 7; /* a few clients share batch ids' hash buckets */
+    embps_sequencer_arrive(s, 0, &d, 0);
+    assert_int_equal(embps_sequencer_withdraw(s, 0, d.client_id, i, 0, 0), 1);
+    assert_int_equal(embps_sequencer_next_round(s, 0, e, 8), 1);
+  }
+  for (uint64_t i = FAILS - 4096; i < FAILS; i++) { /* remembered (the reports add nothing) */
+    embps_batch_desc_t d = desc(i, EMBPS_OP_LOOKUP, 8, "t");
+    d.client_id = i % 7;
+    embps_sequencer_arrive(s, 1, &d, 1);
+    assert_int_equal(embps_sequencer_next_round(s, 1, e, 8), 1);
+    assert_int_equal(e[0].status, EMBPS_CANCELLED);
+    assert_true(e[0].batch_id == i && e[0].client_id == i % 7);
+  }
+  for (uint64_t i = 0; i < FAILS - 4096; i += 97) { /* forgotten: pending, as a first shard */
+    embps_batch_desc_t d = desc(i, EMBPS_OP_LOOKUP, 8, "t");
+    d.client_id = i % 7;
+    embps_sequencer_arrive(s, 1, &d, 1);
+    assert_int_equal(embps_sequencer_next_round(s, 1, e, 8), 0);
+    assert_int_equal(embps_sequencer_pending(s), 1);
+    assert_int_equal(embps_sequencer_withdraw(s, 1, d.client_id, i, 0, 1), 1);
+    assert_int_equal(embps_sequencer_next_round(s, 1, e, 8), 1);
+  }
+  {
+    embps_batch_desc_t d = desc(FAILS - 1, EMBPS_OP_LOOKUP, 8, "t");
+    d.client_id = 6; /* never failed under this client */
+    embps_sequencer_arrive(s, 1, &d, 1);
+    assert_int_equal(embps_sequencer_next_round(s, 1, e, 8), 0);
+  }
+  embps_sequencer_free(s);
+}
+
 static void test_withdraw_disagreeing(void **state) {
   embps_sequencer_t *s;
   embps_round_entry_t e[8];
@@ -472,6 +514,7 @@ int main(void) {
       cmocka_unit_test(test_digest_disagreement),
       cmocka_unit_test(test_withdraw),
       cmocka_unit_test(test_withdraw_disagreeing),
+      cmocka_unit_test(test_failed_ring_wraps),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,113 @@
+#!/usr/bin/python3
+"""The fixed cost of a round (issue 34): CPU each rank spends per lookup as the group grows.
+
+For each group size N (--ranks, default 2,8,16,32) and each server binary (--server-bin, may be
+given twice to compare A against B; runs are interleaved A, B, A, B ... in one pass so that both
+see the same machine), starts N ranks on loopback (cpu backend, one engine thread each), creates
+a table of 32 columns per rank, and runs the CLI's load generator (`embps bench --batch 64
+--pipeline 8`, one thread: 8 lookups of 64 tokens in flight) for --duration seconds. Reads every
+rank's utime+stime (/proc/PID/stat) before and after, and the leader's rounds and batches
+(Prometheus), and prints per N and binary:
+
+  cpu/lookup leader   the leader's CPU time per lookup (ms)
+  cpu/lookup follower the median follower's CPU time per lookup (ms)
+  lookups/s, rounds/s and batches per round
+
+Medians over --repeat passes. Example:
+  tests/bench/round_cost.py --server-bin /tmp/before/embps-server \
+      --server-bin build/bin/embps-server
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "lib"))
+from embps_servers import Group, cli_binary, free_ephemeral_port  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+def scrape(port, name):
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=10) as r:
+        m = re.search(r"^%s (\S+)$" % re.escape(name), r.read().decode(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def one_run(binary, n, duration, cli):
+    port = free_ephemeral_port()
+    group = Group(n, "--device", "cpu", "--engine-threads", "1",
+                  rank_flags={0: ["--metrics-listen", "127.0.0.1:%d" % port]}, binary=binary,
+                  ready_timeout=60 + 4 * n)
+    try:
+        def run_cli(*args, timeout=120):
+            r = subprocess.run([cli, "--servers", group.servers, "--deadline-ms", "60000", *args],
+                               capture_output=True, text=True, timeout=timeout)
+            if r.returncode != 0:
+                raise RuntimeError("embps %s: %s%s" % (args[0], r.stderr, r.stdout))
+            return r.stdout
+        run_cli("create-table", "t", "--rows", "100000", "--emb-width", str(32 * n))
+        # Warm up outside the measured window (connections, first rounds).
+        run_cli("bench", "t", "--batch", "64", "--pipeline", "8", "--duration", "0.5",
+                "--warmup", "0")
+        c0 = [cpu_s(p.pid) for p in group.procs]
+        r0, b0 = scrape(port, "embps_rounds_total"), scrape(port, "embps_round_batches_total")
+        out = json.loads(run_cli("bench", "t", "--batch", "64", "--pipeline", "8", "--duration",
+                                 str(duration), "--warmup", "0", "--json", timeout=duration + 120))
+        c1 = [cpu_s(p.pid) for p in group.procs]
+        rounds = scrape(port, "embps_rounds_total") - r0
+        nb = scrape(port, "embps_round_batches_total") - b0
+    finally:
+        codes = group.close()
+    if any(c != 0 for c in codes.values()):
+        raise RuntimeError("a rank exited badly: %s\n%s" % (codes, group.last_logs))
+    lookups = out["lookups"]
+    per = [(b - a) / lookups * 1e3 for a, b in zip(c0, c1)]
+    return {"leader_ms": per[0], "follower_ms": statistics.median(per[1:]),
+            "lookups_s": lookups / duration, "rounds_s": rounds / duration,
+            "per_round": nb / max(rounds, 1)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", default="2,8,16,32")
+    ap.add_argument("--server-bin", action="append")
+    ap.add_argument("--cli-bin", default=cli_binary())
+    ap.add_argument("--duration", type=float, default=4.0)
+    ap.add_argument("--repeat", type=int, default=1)
+    a = ap.parse_args()
+    bins = a.server_bin or [os.environ.get("EMBPS_SERVER_BIN",
+                                           os.path.join(HERE, "..", "..", "build", "bin",
+                                                        "embps-server"))]
+    ranks = [int(x) for x in a.ranks.split(",")]
+    res = {}
+    for n in ranks:
+        for _ in range(a.repeat):
+            for b in bins:
+                res.setdefault((n, b), []).append(one_run(b, n, a.duration, a.cli_bin))
+    print("%-4s %-40s %12s %12s %10s %9s %9s" % ("N", "server", "leader ms", "follower ms",
+                                                  "lookups/s", "rounds/s", "b/round"))
+    for n in ranks:
+        for b in bins:
+            rs = res[(n, b)]
+            med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            print("%-4d %-40s %12.3f %12.3f %10.0f %9.0f %9.2f" % (
+                n, b[-40:], med["leader_ms"], med["follower_ms"], med["lookups_s"],
+                med["rounds_s"], med["per_round"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
