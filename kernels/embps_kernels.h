@@ -156,6 +156,23 @@ void embps_row_partials_at_cpu(const void *row, size_t width, size_t block, floa
 size_t embps_row_combine_cpu(const float *partials, size_t slices, size_t n, size_t nb,
                              float *row_sumsq, double *total_sumsq);
 
+/**
+ * The combine's first half, for n rows of a group's owner: sums[i] (n entries) is row i's double
+ * sum of the partials of `slices` column slices, slice r's row i at partials + (r * stride + i) *
+ * nb (what an all-to-all of blocks of stride rows gives; n <= stride), added slice by slice and
+ * block by block: the sum embps_row_combine_cpu takes, bit for bit.
+ */
+void embps_row_sums_cpu(const float *partials, size_t slices, size_t stride, size_t n, size_t nb,
+                        double *sums);
+
+/**
+ * The combine's second half, on the rows' double sums (n, in row order): row_sumsq[i] (when not
+ * NULL) is sums[i] rounded to f32, the sum of sums in row order is ADDED to *total_sumsq (when
+ * not NULL), and the return value is the number of sums that are not finite. With the sums of
+ * embps_row_sums_cpu, every output is embps_row_combine_cpu's bit for bit.
+ */
+size_t embps_row_finish_cpu(const double *sums, size_t n, float *row_sumsq, double *total_sumsq);
+
 /* ---- fused optimizer updates ---------------------------------------------------------------- */
 
 /* The optimizer kinds are common/optimizer.h's embps_optimizer_t. */

@@ -17,7 +17,12 @@
  * (which is what the group exchanges: half the bytes of a double), saturating at FLT_MAX so
  * that a partial, too, is finite exactly when its elements are. The combine adds a row's
  * partials in double, so a row's sum is finite if and only if the row is: the finite check
- * costs nothing more. The total is the sum of the rows' double sums in row order. */
+ * costs nothing more. The total is the sum of the rows' double sums in row order.
+ *
+ * The combine can run whole on every rank (embps_row_combine_cpu, over every rank's partials) or
+ * split by owner: each rank adds the partials of its own range of rows (embps_row_sums_cpu, the
+ * same additions in the same order), the ranks exchange those double sums, and every rank
+ * finishes in row order (embps_row_finish_cpu). Both give the same bits (engine.c picks one). */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -93,17 +98,47 @@ void embps_row_partials_cpu(const float *g, size_t n, size_t width, size_t block
     embps_row_partials_at_cpu(g + i * width, width, block, partials + i * nb);
 }
 
+/* Row i's sum: its partials in double, slice by slice (row i of slice r at (r * stride + i) * nb)
+ * and block by block. The combine and the owner's sums both add through this, so their orders
+ * are one. */
+static inline double row_sum(const float *partials, size_t slices, size_t stride, size_t i,
+                             size_t nb) {
+  double s = 0.0;
+  for (size_t r = 0; r < slices; r++) {
+    const float *p = partials + (r * stride + i) * nb;
+    for (size_t b = 0; b < nb; b++)
+      s += (double)p[b];
+  }
+  return s;
+}
+
 size_t embps_row_combine_cpu(const float *partials, size_t slices, size_t n, size_t nb,
                              float *row_sumsq, double *total_sumsq) {
   size_t bad = 0;
   double total = 0.0;
   for (size_t i = 0; i < n; i++) {
-    double s = 0.0;
-    for (size_t r = 0; r < slices; r++) {
-      const float *p = partials + (r * n + i) * nb;
-      for (size_t b = 0; b < nb; b++)
-        s += (double)p[b];
-    }
+    double s = row_sum(partials, slices, n, i, nb);
+    bad += !isfinite(s);
+    if (row_sumsq)
+      row_sumsq[i] = (float)s;
+    total += s;
+  }
+  if (total_sumsq)
+    *total_sumsq += total;
+  return bad;
+}
+
+void embps_row_sums_cpu(const float *partials, size_t slices, size_t stride, size_t n, size_t nb,
+                        double *sums) {
+  for (size_t i = 0; i < n; i++)
+    sums[i] = row_sum(partials, slices, stride, i, nb);
+}
+
+size_t embps_row_finish_cpu(const double *sums, size_t n, float *row_sumsq, double *total_sumsq) {
+  size_t bad = 0;
+  double total = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    double s = sums[i];
     bad += !isfinite(s);
     if (row_sumsq)
       row_sumsq[i] = (float)s;

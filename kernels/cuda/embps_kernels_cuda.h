@@ -123,6 +123,22 @@ embps_status_t embps_row_combine_cuda(const float *partials, size_t slices, size
                                       float *row_sumsq, double *total_sumsq, uint64_t *num_bad,
                                       void *workspace, cudaStream_t stream);
 
+/** embps_row_sums_cpu on the device (n <= stride rows; sums n doubles): the combine's own
+ * additions, bit for bit the CPU's. Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (n > stride, grid
+ * too large), EMBPS_INTERNAL. */
+embps_status_t embps_row_sums_cuda(const float *partials, size_t slices, size_t stride, size_t n,
+                                   size_t nb, double *sums, cudaStream_t stream);
+
+/**
+ * embps_row_finish_cpu on the device, with embps_row_combine_cuda's outputs and workspace
+ * (embps_row_combine_cuda_workspace_bytes(n)): on the sums of embps_row_sums_cuda, row_sumsq,
+ * num_bad and the total are embps_row_combine_cuda's bit for bit (the same fixed-shape tree).
+ * Returns EMBPS_OK, EMBPS_INVALID_ARGUMENT (NULL workspace when needed), EMBPS_INTERNAL.
+ */
+embps_status_t embps_row_finish_cuda(const double *sums, size_t n, float *row_sumsq,
+                                     double *total_sumsq, uint64_t *num_bad, void *workspace,
+                                     cudaStream_t stream);
+
 /* ---- fused optimizer updates ---------------------------------------------------------------- */
 /* Same contracts as the _cpu updates: rows distinct, grad n x width f32, state indexed by the
  * table row. p is a host pointer, read before returning. Each returns EMBPS_OK,

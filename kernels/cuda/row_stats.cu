@@ -7,13 +7,15 @@
  * block narrower than 8 columns leaves some lanes at 0.0, as on the CPU.
  *
  * Combine: one thread per row adds the row's partials in column order in double, exactly the
- * CPU's loop, so row_sumsq is the CPU's bit for bit. The total and the count of rows that are
- * not finite cannot follow the CPU's serial order over rows without serializing the GPU, so
- * they are a two-pass reduction of fixed shape: pass 1 reduces each thread block's row sums by
- * a fixed tree into one partial per block; pass 2, one block, sums those in a fixed strided
- * order and a fixed tree. The shape depends on n alone, not on the device, so the total is the
- * same run after run and on every GPU; it differs from the CPU's only in rounding (in double).
- * The count is exact. No atomics anywhere. */
+ * CPU's loop, so row_sumsq is the CPU's bit for bit. Split by owner, sums_kernel is that
+ * thread's loop over the owner's rows and the finish is the combine reading those sums instead
+ * (one kernel, templated over where a row's sum comes from), so both give the same bits. The total
+ * and the count of rows that are not finite cannot follow the CPU's serial order over rows without
+ * serializing the GPU, so they are a two-pass reduction of fixed shape: pass 1 reduces each thread
+ * block's row sums by a fixed tree into one partial per block; pass 2, one block, sums those in a
+ * fixed strided order and a fixed tree. The shape depends on n alone, not on the device, so the
+ * total is the same run after run and on every GPU; it differs from the CPU's only in rounding (in
+ * double). The count is exact. No atomics anywhere. */
 #include <float.h>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -63,8 +65,35 @@ static __device__ void block_tree(double *sums, unsigned long long *bads) {
   }
 }
 
-__global__ void combine_kernel(const float *__restrict__ partials, size_t slices, size_t n,
-                               size_t nb, float *__restrict__ row_sumsq,
+/* Row i's sum, as the CPU's row_sum: slice r's row i at (r * stride + i) * nb, slice by slice and
+ * block by block, in double. */
+static __device__ double row_sum(const float *__restrict__ partials, size_t slices, size_t stride,
+                                 size_t i, size_t nb) {
+  double s = 0.0;
+  for (size_t r = 0; r < slices; r++) {
+    const float *p = partials + (r * stride + i) * nb;
+    for (size_t b = 0; b < nb; b++)
+      s += (double)p[b];
+  }
+  return s;
+}
+
+/* Where a row's double sum comes from: the whole combine adds the row's partials of every
+ * slice; the finish of a combine by owner reads the sum its owner took. Either way the same
+ * double, so the rows, the count and the fixed-shape total below are the same bits. */
+struct from_partials {
+  const float *partials;
+  size_t slices, n, nb;
+  __device__ double operator()(size_t i) const { return row_sum(partials, slices, n, i, nb); }
+};
+
+struct from_sums {
+  const double *sums;
+  __device__ double operator()(size_t i) const { return sums[i]; }
+};
+
+template <typename Sum>
+__global__ void combine_kernel(Sum sum, size_t n, float *__restrict__ row_sumsq,
                                double *__restrict__ part_sum,
                                unsigned long long *__restrict__ part_bad) {
   __shared__ double sums[EMBPS_CUDA_BLOCK];
@@ -72,11 +101,7 @@ __global__ void combine_kernel(const float *__restrict__ partials, size_t slices
   size_t i = (size_t)blockIdx.x * EMBPS_CUDA_BLOCK + threadIdx.x;
   double s = 0.0;
   if (i < n) {
-    for (size_t r = 0; r < slices; r++) {
-      const float *p = partials + (r * n + i) * nb;
-      for (size_t b = 0; b < nb; b++)
-        s += (double)p[b];
-    }
+    s = sum(i);
     if (row_sumsq)
       row_sumsq[i] = __double2float_rn(s);
   }
@@ -89,6 +114,13 @@ __global__ void combine_kernel(const float *__restrict__ partials, size_t slices
     part_sum[blockIdx.x] = sums[0];
     part_bad[blockIdx.x] = bads[0];
   }
+}
+
+__global__ void sums_kernel(const float *__restrict__ partials, size_t slices, size_t stride,
+                            size_t n, size_t nb, double *__restrict__ sums) {
+  size_t i = (size_t)blockIdx.x * EMBPS_CUDA_BLOCK + threadIdx.x;
+  if (i < n)
+    sums[i] = row_sum(partials, slices, stride, i, nb);
 }
 
 __global__ void total_kernel(const double *__restrict__ part_sum,
@@ -138,10 +170,11 @@ fail:
   goto exit;
 }
 
-extern "C" embps_status_t embps_row_combine_cuda(const float *partials, size_t slices, size_t n,
-                                                 size_t nb, float *row_sumsq, double *total_sumsq,
-                                                 uint64_t *num_bad, void *workspace,
-                                                 cudaStream_t stream) {
+/* The combine's rows, count and total for n rows whose sums come from `sum`. */
+template <typename Sum>
+static embps_status_t combine(const char *what, Sum sum, size_t n, float *row_sumsq,
+                              double *total_sumsq, uint64_t *num_bad, void *workspace,
+                              cudaStream_t stream) {
   embps_status_t ret = EMBPS_OK;
   bool reduce = total_sumsq || num_bad;
   size_t blocks = combine_blocks(n);
@@ -149,11 +182,11 @@ extern "C" embps_status_t embps_row_combine_cuda(const float *partials, size_t s
   unsigned long long *part_bad = NULL;
 
   if (reduce && n > 0 && (!workspace || !embps__aligned(workspace, sizeof(double)))) {
-    EMBPS_ERROR("row combine: the total or the count needs an 8-byte aligned workspace");
+    EMBPS_ERROR("%s: the total or the count needs an 8-byte aligned workspace", what);
     return EMBPS_INVALID_ARGUMENT;
   }
   if (blocks > 0x7fffffffu) {
-    EMBPS_ERROR("row combine: %zu rows is beyond the grid limit", n);
+    EMBPS_ERROR("%s: %zu rows is beyond the grid limit", what, n);
     return EMBPS_INVALID_ARGUMENT;
   }
   if (reduce) {
@@ -161,8 +194,8 @@ extern "C" embps_status_t embps_row_combine_cuda(const float *partials, size_t s
     part_bad = (unsigned long long *)(part_sum + blocks);
   }
   if (n > 0 && (row_sumsq || reduce)) {
-    combine_kernel<<<(unsigned)blocks, EMBPS_CUDA_BLOCK, 0, stream>>>(
-        partials, slices, n, nb, row_sumsq, part_sum, part_bad);
+    combine_kernel<<<(unsigned)blocks, EMBPS_CUDA_BLOCK, 0, stream>>>(sum, n, row_sumsq, part_sum,
+                                                                      part_bad);
     EMBPS_CUDA_CHECK_LAUNCH_GOTO(fail);
   }
   if (reduce) {
@@ -175,4 +208,44 @@ exit:
   return ret;
 fail:
   goto exit;
+}
+
+extern "C" embps_status_t embps_row_combine_cuda(const float *partials, size_t slices, size_t n,
+                                                 size_t nb, float *row_sumsq, double *total_sumsq,
+                                                 uint64_t *num_bad, void *workspace,
+                                                 cudaStream_t stream) {
+  from_partials sum = {partials, slices, n, nb};
+  return combine("row combine", sum, n, row_sumsq, total_sumsq, num_bad, workspace, stream);
+}
+
+extern "C" embps_status_t embps_row_sums_cuda(const float *partials, size_t slices, size_t stride,
+                                              size_t n, size_t nb, double *sums,
+                                              cudaStream_t stream) {
+  embps_status_t ret = EMBPS_OK;
+  size_t blocks = combine_blocks(n);
+
+  if (n > stride) {
+    EMBPS_ERROR("row sums: %zu rows do not fit a stride of %zu", n, stride);
+    return EMBPS_INVALID_ARGUMENT;
+  }
+  if (blocks > 0x7fffffffu) {
+    EMBPS_ERROR("row sums: %zu rows is beyond the grid limit", n);
+    return EMBPS_INVALID_ARGUMENT;
+  }
+  if (n > 0) {
+    sums_kernel<<<(unsigned)blocks, EMBPS_CUDA_BLOCK, 0, stream>>>(partials, slices, stride, n, nb,
+                                                                   sums);
+    EMBPS_CUDA_CHECK_LAUNCH_GOTO(fail);
+  }
+exit:
+  return ret;
+fail:
+  goto exit;
+}
+
+extern "C" embps_status_t embps_row_finish_cuda(const double *sums, size_t n, float *row_sumsq,
+                                                double *total_sumsq, uint64_t *num_bad,
+                                                void *workspace, cudaStream_t stream) {
+  from_sums sum = {sums};
+  return combine("row finish", sum, n, row_sumsq, total_sumsq, num_bad, workspace, stream);
 }

@@ -276,6 +276,47 @@ static void check_update(const config_t *c, opt_run_t which, const void *table0,
   dev_free(d_rs);
 }
 
+/* The combine split by owner (engine.c's row_figures on 3 owners) over the device partials
+ * d_parts (slices x rows x nb): each owner's q rows of every slice copied as the all-to-all
+ * would (the rows past the last left poisoned: never added), embps_row_sums_cuda on them,
+ * embps_row_finish_cuda on every row's sum: row_sumsq, the count and the total bit for bit
+ * those of embps_row_combine_cuda on the same partials (want_rs, want_bad; want_total is its
+ * total as added to 1.5). */
+static void check_by_owner(const config_t *c, const char *what, const float *d_parts, size_t slices,
+                           size_t rows, size_t nb, const float *want_rs, double want_total,
+                           uint64_t want_bad) {
+  const size_t owners = 3, q = (rows + owners - 1) / owners;
+  float *d_recv = dev_poisoned((slices * q * nb + 1) * sizeof(float));
+  double *d_sums = dev_poisoned((owners * q + 1) * sizeof(double));
+  float *d_rs = dev_poisoned((rows + 1) * sizeof(float));
+  double *d_total = dev_alloc(sizeof(double));
+  uint64_t *d_bad = dev_poisoned(sizeof(uint64_t));
+  void *d_ws = dev_poisoned(embps_row_combine_cuda_workspace_bytes(rows) + 8);
+  const double start = 1.5;
+  char name[80];
+  CUDA_OK(cudaMemcpyAsync(d_total, &start, sizeof(start), cudaMemcpyHostToDevice, stream));
+  for (size_t j = 0; j < owners; j++) {
+    const size_t first = j * q, owned = rows > first ? (rows - first < q ? rows - first : q) : 0;
+    for (size_t r = 0; r < slices && owned > 0; r++)
+      CUDA_OK(cudaMemcpyAsync(d_recv + r * q * nb, d_parts + (r * rows + first) * nb,
+                              owned * nb * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    STATUS_OK(embps_row_sums_cuda(d_recv, slices, q, owned, nb, d_sums + first, stream));
+  }
+  STATUS_OK(embps_row_finish_cuda(d_sums, rows, d_rs, d_total, d_bad, d_ws, stream));
+  float *g_rs = dev_download(d_rs, rows * sizeof(float));
+  double *g_total = dev_download(d_total, sizeof(double));
+  uint64_t *g_bad = dev_download(d_bad, sizeof(uint64_t));
+  snprintf(name, sizeof(name), "%s by owner: row_sumsq", what);
+  same_bits(name, c->name, want_rs, g_rs, rows * sizeof(float), sizeof(float));
+  CHECK(*g_bad == want_bad, "%s by owner: non-finite rows [%s]: combine %" PRIu64 " owner %" PRIu64,
+        what, c->name, want_bad, *g_bad);
+  CHECK(memcmp(g_total, &want_total, sizeof(double)) == 0 || (isnan(*g_total) && isnan(want_total)),
+        "%s by owner: total [%s]: combine %.17g owner %.17g", what, c->name, want_total, *g_total);
+  free(g_rs), free(g_total), free(g_bad);
+  dev_free(d_recv), dev_free(d_sums), dev_free(d_rs), dev_free(d_total), dev_free(d_bad);
+  dev_free(d_ws);
+}
+
 /* Row statistics of g (u x w) on both sides: the column-block partials bit for bit, then their
  * combine (as two slices when the width splits in two at a block boundary, as a group of two
  * would, else one): per-row sums bit for bit, the count of non-finite rows exact, the total
@@ -341,6 +382,7 @@ static float *check_row_stats(const config_t *c, const char *what, const float *
   }
   CHECK(memcmp(&g_total[0], &g_total[1], sizeof(double)) == 0,
         "%s total not deterministic [%s]: %.17g then %.17g", what, c->name, g_total[0], g_total[1]);
+  check_by_owner(c, what, d_parts, slices, rows, nb, g_rs, g_total[0], *g_bad);
   free(g_parts), free(g_rs), free(g_total), free(g_bad), free(h_parts);
   dev_free(d_g), dev_free(d_parts), dev_free(d_rs), dev_free(d_total), dev_free(d_bad);
   dev_free(d_ws);
@@ -973,6 +1015,13 @@ static void check_invalid(void) {
         "row combine with nothing requested should enqueue nothing");
   CHECK(embps_row_partials_cuda(NULL, 4, 6, 4, NULL, stream) == EMBPS_INVALID_ARGUMENT,
         "row partials accepted a block that does not divide the width");
+  CHECK(embps_row_sums_cuda(NULL, 2, 3, 4, 1, NULL, stream) == EMBPS_INVALID_ARGUMENT,
+        "row sums accepted more rows than its stride");
+  CHECK(embps_row_finish_cuda(NULL, 4, NULL, NULL, NULL, NULL, stream) == EMBPS_OK,
+        "row finish with nothing requested should enqueue nothing");
+  CHECK(embps_row_finish_cuda(NULL, 4, NULL, NULL, (uint64_t *)8, NULL, stream) ==
+            EMBPS_INVALID_ARGUMENT,
+        "row finish accepted a count without a workspace");
   CHECK(embps_mark_rows_cuda(NULL, NULL, 1, stream) == EMBPS_INVALID_ARGUMENT,
         "mark rows accepted a NULL bitmap");
   CHECK(embps_mark_rows_cuda(NULL, NULL, 0, stream) == EMBPS_OK,

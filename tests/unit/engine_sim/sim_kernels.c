@@ -356,6 +356,93 @@ embps_status_t embps_row_combine_cuda(const float *partials, size_t slices, size
   return EMBPS_OK;
 }
 
+typedef struct row_sums_args {
+  const float *partials;
+  size_t slices, stride, n, nb;
+  double *sums;
+} row_sums_args_t;
+
+static void run_row_sums(void *p) {
+  const row_sums_args_t *a = p;
+  embps_row_sums_cpu(a->partials, a->slices, a->stride, a->n, a->nb, a->sums);
+}
+
+embps_status_t embps_row_sums_cuda(const float *partials, size_t slices, size_t stride, size_t n,
+                                   size_t nb, double *sums, cudaStream_t stream) {
+  row_sums_args_t a;
+  if (n > stride) {
+    EMBPS_ERROR("row sums: %zu rows do not fit a stride of %zu", n, stride);
+    return EMBPS_INVALID_ARGUMENT;
+  }
+  if (n == 0)
+    return EMBPS_OK;
+  /* Slice r's rows end at (r * stride + n) * nb: the last slice's, the extent the kernel reads. */
+  if (slices > 0 && nb > 0)
+    sim_cuda_check_device(stream, partials,
+                          bytes3((slices - 1) * stride + n, nb, sizeof(float), "row sums"),
+                          "row sums: partials");
+  sim_cuda_check_device(stream, sums, n * sizeof(double), "row sums: sums");
+  a.partials = partials;
+  a.slices = slices;
+  a.stride = stride;
+  a.n = n;
+  a.nb = nb;
+  a.sums = sums;
+  sim_cuda_enqueue(stream, run_row_sums, &a, sizeof(a), "row sums");
+  return EMBPS_OK;
+}
+
+typedef struct row_finish_args {
+  const double *sums;
+  size_t n;
+  float *row_sumsq;
+  double *total_sumsq;
+  uint64_t *num_bad;
+  void *workspace;
+} row_finish_args_t;
+
+static void run_row_finish(void *p) {
+  const row_finish_args_t *a = p;
+  size_t bad = embps_row_finish_cpu(a->sums, a->n, a->row_sumsq, a->total_sumsq);
+  if (a->num_bad)
+    *a->num_bad = bad;
+  if (a->workspace)
+    sim_cuda_poison(a->workspace, embps_row_combine_cuda_workspace_bytes(a->n));
+}
+
+embps_status_t embps_row_finish_cuda(const double *sums, size_t n, float *row_sumsq,
+                                     double *total_sumsq, uint64_t *num_bad, void *workspace,
+                                     cudaStream_t stream) {
+  row_finish_args_t a;
+  int reduce = total_sumsq || num_bad;
+  if (reduce && n > 0 && (!workspace || ((uintptr_t)workspace & (sizeof(double) - 1)))) {
+    EMBPS_ERROR("row finish: the total or the count needs an 8-byte aligned workspace");
+    return EMBPS_INVALID_ARGUMENT;
+  }
+  if (!(n > 0 && row_sumsq) && !reduce)
+    return EMBPS_OK;
+  if (n > 0) {
+    sim_cuda_check_device(stream, sums, n * sizeof(double), "row finish: sums");
+    if (row_sumsq)
+      sim_cuda_check_device(stream, row_sumsq, n * sizeof(float), "row finish: row_sumsq");
+    if (reduce)
+      sim_cuda_check_device(stream, workspace, embps_row_combine_cuda_workspace_bytes(n),
+                            "row finish: workspace");
+  }
+  if (total_sumsq)
+    sim_cuda_check_device(stream, total_sumsq, sizeof(double), "row finish: total_sumsq");
+  if (num_bad)
+    sim_cuda_check_device(stream, num_bad, sizeof(uint64_t), "row finish: num_bad");
+  a.sums = sums;
+  a.n = n;
+  a.row_sumsq = row_sumsq;
+  a.total_sumsq = total_sumsq;
+  a.num_bad = num_bad;
+  a.workspace = reduce && n > 0 ? workspace : NULL;
+  sim_cuda_enqueue(stream, run_row_finish, &a, sizeof(a), "row finish");
+  return EMBPS_OK;
+}
+
 /* ---- fused optimizer updates ---------------------------------------------------------------- */
 
 typedef enum update_kind { SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM } update_kind_t;

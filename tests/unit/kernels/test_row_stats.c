@@ -3,7 +3,9 @@
  * caller's value, exact counts of rows that are not finite (NaN, +inf, -inf), no false alarms
  * for large finite values whose squares overflow f32; and the property the column blocks exist
  * for: partials taken over column slices of any width that is a multiple of the block, combined
- * slice by slice, give bitwise the row sums and total of the whole width. */
+ * slice by slice, give bitwise the row sums and total of the whole width; and the combine split
+ * by owner (embps_row_sums_cpu on each owner's rows, embps_row_finish_cpu on every row's sum)
+ * gives the combine's bits. */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -197,6 +199,61 @@ static void test_partials_at_any_alignment(void **state) {
   }
 }
 
+/* The combine by owner, as engine.c runs it over `slices` ranks, against embps_row_combine_cpu
+ * on the all-gathered partials: row_sumsq, the count and the total (added to 5.0) bitwise. The
+ * ranks' partials are m x nb each; each rank's send buffer is slices x q rows, the rows past m
+ * poisoned, so that an owner reading a row it does not own shows. */
+static void check_by_owner(kt_rng_t *rng, size_t slices, size_t m, size_t nb) {
+  const size_t q = (m + slices - 1) / slices;
+  float *parts = kt_alloc((slices * m * nb + 1) * sizeof(float));
+  float *send = kt_alloc((slices * slices * q * nb + 1) * sizeof(float));
+  float *recv = kt_alloc((slices * q * nb + 1) * sizeof(float));
+  double *sums = kt_alloc((slices * q + 1) * sizeof(double));
+  float *want = kt_alloc((m + 1) * sizeof(float)), *got = kt_alloc((m + 1) * sizeof(float));
+  const float special[] = {NAN, INFINITY, -INFINITY, FLT_MAX, 0.0f, -0.0f, 3e38f, 1e-40f};
+  double want_total = 5.0, got_total = 5.0;
+  size_t want_bad, got_bad;
+
+  for (size_t k = 0; k < slices * m * nb; k++) /* magnitudes 1e-3 to 1e3, a few specials */
+    parts[k] = kt_below(rng, 40) == 0
+                   ? special[kt_below(rng, 8)]
+                   : kt_uniform(rng, 0.0f, 1.0f) * (float)pow(10.0, (double)kt_below(rng, 7) - 3.0);
+  for (size_t r = 0; r < slices; r++) {
+    float *mine = send + r * slices * q * nb;
+    for (size_t k = 0; k < slices * q * nb; k++)
+      mine[k] = NAN; /* past row m: never added */
+    memcpy(mine, parts + r * m * nb, m * nb * sizeof(float));
+  }
+  for (size_t j = 0; j < slices * q; j++)
+    sums[j] = -1.0;
+  for (size_t j = 0; j < slices; j++) { /* owner j: the all-to-all, then its rows' sums */
+    const size_t first = j * q, owned = m > first ? (m - first < q ? m - first : q) : 0;
+    for (size_t r = 0; r < slices; r++)
+      memcpy(recv + r * q * nb, send + r * slices * q * nb + j * q * nb, q * nb * sizeof(float));
+    embps_row_sums_cpu(recv, slices, q, owned, nb, sums + first);
+  }
+  want_bad = embps_row_combine_cpu(parts, slices, m, nb, want, &want_total);
+  got_bad = embps_row_finish_cpu(sums, m, got, &got_total);
+  assert_int_equal(got_bad, want_bad);
+  assert_memory_equal(got, want, m * sizeof(float));
+  assert_memory_equal(&got_total, &want_total, sizeof(double));
+  /* Optional outputs, as the combine's. */
+  assert_int_equal(embps_row_finish_cpu(sums, m, NULL, NULL), want_bad);
+  free(parts), free(send), free(recv), free(sums), free(want), free(got);
+}
+
+static void test_by_owner(void **state) {
+  const size_t slices[] = {1, 2, 3, 4, 7, 8, 64};
+  const size_t rows[] = {0, 1, 2, 5, 7, 37, 64, 300};
+  const size_t nbs[] = {1, 2, 4};
+  kt_rng_t rng = {77};
+  (void)state;
+  for (size_t a = 0; a < sizeof(slices) / sizeof(slices[0]); a++)
+    for (size_t b = 0; b < sizeof(rows) / sizeof(rows[0]); b++)
+      for (size_t c = 0; c < sizeof(nbs) / sizeof(nbs[0]); c++)
+        check_by_owner(&rng, slices[a], rows[b], nbs[c]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_block),
@@ -206,6 +263,7 @@ int main(void) {
       cmocka_unit_test(test_non_finite),
       cmocka_unit_test(test_large_finite),
       cmocka_unit_test(test_partials_at_any_alignment),
+      cmocka_unit_test(test_by_owner),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
