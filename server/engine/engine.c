@@ -13,7 +13,8 @@
  *
  * Determinism, independent of N: duplicates are summed in position order; the row figures
  * (rowwise Adagrad's mean square, the gradient norm, the finite check) are sums over fixed
- * column blocks, all-gathered and added in column order on every rank (kernels/row_stats.c).
+ * column blocks added in column order, on every rank or by each row's owner (row_figures;
+ * kernels/row_stats.c).
  * So every rank takes bitwise the same decision, and any group whose shard width is a multiple
  * of EMBPS_ROW_STATS_BLOCK leaves bitwise the same table as one rank.
  *
@@ -28,6 +29,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "server/engine/engine_ops.h"
+#include "server/engine/round_cost.h"
 
 /* Every call of the round goes through this: a failure jumps to `fail`, with ret and err
  * set (a callee that failed without a message gets one naming it). */
@@ -405,22 +407,44 @@ fail:
 /* Each unique row's sum of squares over the full width, into s->row_sumsq, from the column-block
  * partials of every rank added in column order; with bad and total, also the number of rows
  * that are not finite and the total sum of squares (host). This rank's partials are those of g,
- * taken here, or `ready` when the segment sum took them already. */
+ * taken here, or `ready` when the segment sum took them already.
+ *
+ * In a group the partials are combined one of two ways (embps_round_stats_by_owner picks, from
+ * the group size and nb alone, so every rank and `embps plan` pick alike), with the same bits:
+ * - whole: every rank all-gathers every rank's m x nb partials and adds them all
+ *   (group_size x m x nb floats received a rank);
+ * - by owner: rank j owns rows [j*q, min(m, (j+1)*q)), q = ceil(m / group_size). An
+ *   all-to-all of blocks of q rows brings each owner its rows' partials from every rank (the
+ *   blocks past row m are read but never added: the scratch is group_size rows longer), the
+ *   owner adds them in rank and column order in double (row_sums: the combine's own additions),
+ *   an all-gather in place of q doubles a rank gives every rank every row's sum in row order,
+ *   and row_finish rounds, counts and totals them exactly as the combine does. About m x (4 nb
+ *   + 8) bytes a rank, whatever the group size. */
 static embps_status_t row_figures(embps_engine_t *e, const embps__engine_shape_t *sh,
                                   const embps__engine_scratch_t *s, const float *g, size_t m,
                                   const float *ready, uint64_t *bad, double *total,
                                   embps_error_t *err) {
+  const uint32_t N = sh->group_size;
   const size_t block = sh->nb ? sh->w / sh->nb : 0;
   const float *parts = ready ? ready : s->partials;
   embps_status_t ret;
 
   if (!ready)
     STEP(e->ops->row_partials(e->be, g, m, sh->w, block, s->partials, err));
-  if (sh->group_size > 1) {
+  if (N > 1 && embps_round_stats_by_owner(N, sh->nb)) {
+    const size_t q = embps_round_stats_owned(N, m), first = (size_t)e->comm->rank * q;
+    const size_t owned = m > first ? (m - first < q ? m - first : q) : 0;
+    STEP(embps_comm_all_to_all(e->comm, parts, q * sh->nb * sizeof(float), s->gathered, err));
+    STEP(e->ops->row_sums(e->be, s->gathered, N, q, owned, sh->nb, s->sums + first, err));
+    STEP(embps_comm_all_gather(e->comm, s->sums + first, q * sizeof(double), s->sums, err));
+    STEP(e->ops->row_finish(e->be, s->sums, m, s->row_sumsq, bad, total, err));
+    return EMBPS_OK;
+  }
+  if (N > 1) {
     STEP(embps_comm_all_gather(e->comm, parts, m * sh->nb * sizeof(float), s->gathered, err));
     parts = s->gathered;
   }
-  STEP(e->ops->row_combine(e->be, parts, sh->group_size, m, sh->nb, s->row_sumsq, bad, total, err));
+  STEP(e->ops->row_combine(e->be, parts, N, m, sh->nb, s->row_sumsq, bad, total, err));
   return EMBPS_OK;
 fail:
   return ret;

@@ -53,7 +53,7 @@ typedef struct buf {
 
 struct embps__engine_backend {
   embps_comm_t *comm;
-  buf_t all_tokens, unique, segment_ids, dedup_ws, row_sumsq, summed, partials, gathered;
+  buf_t all_tokens, unique, segment_ids, dedup_ws, row_sumsq, summed, partials, gathered, sums;
   buf_t segment_counts; /* embps_segment_sum_stats_cpu's workspace */
   buf_t send, recv, rows;
   buf_t keys;                                 /* a hash-keyed push's keys in hash order */
@@ -82,7 +82,7 @@ static void cpu_destroy(embps__engine_backend_t *be) {
   buf_t *bufs[] = {&be->all_tokens, &be->unique, &be->segment_ids, &be->dedup_ws,
                    &be->row_sumsq,  &be->summed, &be->partials,    &be->gathered,
                    &be->send,       &be->recv,   &be->rows,        &be->segment_counts,
-                   &be->keys};
+                   &be->keys,       &be->sums};
   for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
     embps_free(bufs[i]->p);
   for (size_t i = 0; i < EMBPS__ENGINE_FEATURE_SLOTS; i++)
@@ -98,14 +98,14 @@ static unsigned cpu_set_threads(embps__engine_backend_t *be, unsigned threads) {
   return be->workers ? got : 1;
 }
 
-/* Makes b hold at least `bytes`; returns 0 when out of memory. */
+/* Makes b hold at least `bytes`; returns 0 when out of memory, 2 when it allocated anew. */
 static int grow(buf_t *b, size_t bytes) {
   if (bytes <= b->cap && b->p)
     return 1;
   embps_free(b->p);
   b->p = embps_aligned_alloc(bytes ? bytes : 64);
   b->cap = b->p ? bytes : 0;
-  return b->p != NULL;
+  return b->p != NULL ? 2 : 0;
 }
 
 static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engine_shape_t *sh,
@@ -128,13 +128,18 @@ static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engi
       [EMBPS_ROUND_ROWS] = &be->rows,         [EMBPS_ROUND_KEYS] = &be->keys,
       [EMBPS_ROUND_SUMMED] = &be->summed,     [EMBPS_ROUND_ROW_SUMSQ] = &be->row_sumsq,
       [EMBPS_ROUND_PARTIALS] = &be->partials, [EMBPS_ROUND_SEGMENT_COUNTS] = &be->segment_counts,
-      [EMBPS_ROUND_GATHERED] = &be->gathered};
+      [EMBPS_ROUND_GATHERED] = &be->gathered, [EMBPS_ROUND_SUMS] = &be->sums};
   int ok = 1;
 
   memset(s, 0, sizeof(*s));
   embps_round_scratch_bytes(&rs, b);
-  for (int i = 0; i < EMBPS_ROUND_SCRATCH_COUNT && ok; i++)
-    ok = b[i] == 0 || grow(arrays[i], b[i]);
+  for (int i = 0; i < EMBPS_ROUND_SCRATCH_COUNT && ok; i++) {
+    ok = b[i] == 0 ? 1 : grow(arrays[i], b[i]);
+    /* A combine by owner sends the partials past the last row and the sums of rows no rank
+     * owns, which nobody reads: zeroed once, they carry no stale heap bytes to the peers. */
+    if (ok == 2 && (i == EMBPS_ROUND_PARTIALS || i == EMBPS_ROUND_SUMS))
+      memset(arrays[i]->p, 0, arrays[i]->cap);
+  }
   if (!ok)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
                            "out of memory for the scratch of a %zu-token %s", T,
@@ -146,6 +151,7 @@ static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engi
   s->summed = be->summed.p;
   s->partials = be->partials.p;
   s->gathered = be->gathered.p;
+  s->sums = be->sums.p;
   s->row_sumsq = be->row_sumsq.p;
   s->keys = be->keys.p;
   return EMBPS_OK;
@@ -297,6 +303,27 @@ static embps_status_t cpu_row_combine(embps__engine_backend_t *be, const float *
   if (total)
     *total = 0.0;
   n_bad = embps_row_combine_cpu(partials, slices, m, nb, row_sumsq, total);
+  if (bad)
+    *bad = n_bad;
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_row_sums(embps__engine_backend_t *be, const float *partials,
+                                   size_t slices, size_t stride, size_t n, size_t nb, double *sums,
+                                   embps_error_t *err) {
+  (void)be, (void)err;
+  embps_row_sums_cpu(partials, slices, stride, n, nb, sums);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_row_finish(embps__engine_backend_t *be, const double *sums, size_t m,
+                                     float *row_sumsq, uint64_t *bad, double *total,
+                                     embps_error_t *err) {
+  size_t n_bad;
+  (void)be, (void)err;
+  if (total)
+    *total = 0.0;
+  n_bad = embps_row_finish_cpu(sums, m, row_sumsq, total);
   if (bad)
     *bad = n_bad;
   return EMBPS_OK;
@@ -643,6 +670,8 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .segment_sum_stats = cpu_segment_sum_stats,
     .row_partials = cpu_row_partials,
     .row_combine = cpu_row_combine,
+    .row_sums = cpu_row_sums,
+    .row_finish = cpu_row_finish,
     .weight_decay = cpu_weight_decay,
     .update = cpu_update,
     .keys_to_host = cpu_keys_to_host,

@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "kernels/cuda/embps_kernels_cuda.h"
 #include "server/engine/engine_cuda_internal.h"
+#include "server/engine/round_cost.h"
 
 /* ---- devices -------------------------------------------------------------------------------- */
 
@@ -124,7 +125,8 @@ static cudaError_t hgrow(buf_t *b, size_t bytes) {
 static embps_status_t cuda_reserve(embps__engine_backend_t *c, const embps__engine_shape_t *sh,
                                    embps__engine_scratch_t *s, embps_error_t *err) {
   const int push = sh->kind == EMBPS_OP_PUSH, exchange = sh->group_size > 1;
-  const int dedup = push || exchange;
+  const int dedup = push || exchange,
+            owner = push && embps_round_stats_by_owner(sh->group_size, sh->nb);
   const size_t T = sh->T, n = sh->n, w = sh->w, ds = sh->ds;
   size_t dedup_ws = dedup ? embps_dedup_cuda_workspace_bytes(T) : 0;
   embps_status_t ret = EMBPS_OK;
@@ -153,10 +155,18 @@ static embps_status_t cuda_reserve(embps__engine_backend_t *c, const embps__engi
     EMBPS_CUDA_CHECK_GOTO(dgrow(&c->in[EMBPS__IN_GRADS], n * sh->W * ds), err, fail);
     EMBPS_CUDA_CHECK_GOTO(dgrow(&c->summed, T * w * sizeof(float)), err, fail);
     EMBPS_CUDA_CHECK_GOTO(dgrow(&c->row_sumsq, T * sizeof(float)), err, fail);
-    EMBPS_CUDA_CHECK_GOTO(dgrow(&c->partials, T * sh->nb * sizeof(float)), err, fail);
-    if (exchange)
-      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->gathered, sh->group_size * T * sh->nb * sizeof(float)), err,
+    if (owner) { /* round_cost.c's sizes: q rows of every rank (engine.c's row_figures) */
+      const size_t rows = sh->group_size * embps_round_stats_owned(sh->group_size, T);
+      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->partials, (T + sh->group_size) * sh->nb * sizeof(float)), err,
                             fail);
+      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->gathered, rows * sh->nb * sizeof(float)), err, fail);
+      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->sums, rows * sizeof(double)), err, fail);
+    } else {
+      EMBPS_CUDA_CHECK_GOTO(dgrow(&c->partials, T * sh->nb * sizeof(float)), err, fail);
+      if (exchange)
+        EMBPS_CUDA_CHECK_GOTO(dgrow(&c->gathered, sh->group_size * T * sh->nb * sizeof(float)), err,
+                              fail);
+    }
     EMBPS_CUDA_CHECK_GOTO(dgrow(&c->comb_ws, embps_row_combine_cuda_workspace_bytes(T)), err, fail);
   } else {
     EMBPS_CUDA_CHECK_GOTO(dgrow(&c->out, n * sh->W * ds), err, fail);
@@ -186,6 +196,7 @@ static embps_status_t cuda_reserve(embps__engine_backend_t *c, const embps__engi
   s->summed = c->summed.p;
   s->partials = c->partials.p;
   s->gathered = c->gathered.p;
+  s->sums = c->sums.p;
   s->row_sumsq = c->row_sumsq.p;
 fail:
   return ret;
@@ -196,7 +207,8 @@ static void cuda_destroy(embps__engine_backend_t *c) {
                   &c->sorted_pos, &c->seg_off, &c->num_unique, &c->dedup_ws, &c->comb_ws,
                   &c->row_sumsq,  &c->summed,  &c->partials,   &c->gathered, &c->send,
                   &c->recv,       &c->rows,    &c->out,        &c->figures,  &c->keys,
-                  &c->slots,      &c->fresh,   &c->keep,       &c->kept_g,   &c->kept_sumsq};
+                  &c->slots,      &c->fresh,   &c->keep,       &c->kept_g,   &c->kept_sumsq,
+                  &c->sums};
   buf_t *host[] = {&c->h_in[0], &c->h_in[1], &c->h_out,   &c->h_small, &c->h_dirty,
                    &c->h_keys,  &c->h_slots, &c->h_fresh, &c->h_keep};
   for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++)
@@ -452,26 +464,64 @@ static embps_status_t cuda_row_partials(embps__engine_backend_t *c, const float 
   return embps_row_partials_cuda(g, m, w, block, partials, c->stream);
 }
 
-static embps_status_t cuda_row_combine(embps__engine_backend_t *c, const float *partials,
-                                       size_t slices, size_t m, size_t nb, float *row_sumsq,
-                                       uint64_t *bad, double *total, embps_error_t *err) {
+/* The gate's figures on the device: figures[0] (f64) the total sum of squares, figures[1] (u64)
+ * the rows that are not finite. figures_zero clears them before a combine or a finish adds to
+ * them; figures_read brings them to the host once it has (waits). */
+static embps_status_t figures_zero(embps__engine_backend_t *c, embps_error_t *err) {
   embps_status_t ret = EMBPS_OK;
-  uint64_t *small = c->h_small.p, *figures = c->figures.p;
-  if (!bad || !total)
-    return embps_row_combine_cuda(partials, slices, m, nb, row_sumsq, NULL, NULL, NULL, c->stream);
-  /* figures[0] (f64): the total sum of squares; figures[1] (u64): rows that are not finite. */
-  EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(figures, 0, 2 * sizeof(uint64_t), c->stream), err, exit);
-  if ((ret = embps_row_combine_cuda(partials, slices, m, nb, row_sumsq, (double *)figures,
-                                    figures + 1, c->comb_ws.p, c->stream)) != EMBPS_OK)
-    goto exit;
+  EMBPS_CUDA_CHECK_GOTO(cudaMemsetAsync(c->figures.p, 0, 2 * sizeof(uint64_t), c->stream), err,
+                        exit);
+exit:
+  return ret;
+}
+
+static embps_status_t figures_read(embps__engine_backend_t *c, uint64_t *bad, double *total,
+                                   embps_error_t *err) {
+  embps_status_t ret = EMBPS_OK;
+  uint64_t *small = c->h_small.p;
   EMBPS_CUDA_CHECK_GOTO(
-      cudaMemcpyAsync(small, figures, 2 * sizeof(uint64_t), cudaMemcpyDeviceToHost, c->stream), err,
-      exit);
+      cudaMemcpyAsync(small, c->figures.p, 2 * sizeof(uint64_t), cudaMemcpyDeviceToHost, c->stream),
+      err, exit);
   EMBPS_CUDA_CHECK_GOTO(cudaStreamSynchronize(c->stream), err, exit);
   memcpy(total, &small[0], sizeof(*total));
   *bad = small[1];
 exit:
   return ret;
+}
+
+static embps_status_t cuda_row_combine(embps__engine_backend_t *c, const float *partials,
+                                       size_t slices, size_t m, size_t nb, float *row_sumsq,
+                                       uint64_t *bad, double *total, embps_error_t *err) {
+  uint64_t *figures = c->figures.p;
+  embps_status_t ret;
+  if (!bad || !total)
+    return embps_row_combine_cuda(partials, slices, m, nb, row_sumsq, NULL, NULL, NULL, c->stream);
+  if ((ret = figures_zero(c, err)) != EMBPS_OK ||
+      (ret = embps_row_combine_cuda(partials, slices, m, nb, row_sumsq, (double *)figures,
+                                    figures + 1, c->comb_ws.p, c->stream)) != EMBPS_OK)
+    return ret;
+  return figures_read(c, bad, total, err);
+}
+
+static embps_status_t cuda_row_sums(embps__engine_backend_t *c, const float *partials,
+                                    size_t slices, size_t stride, size_t n, size_t nb, double *sums,
+                                    embps_error_t *err) {
+  (void)err;
+  return embps_row_sums_cuda(partials, slices, stride, n, nb, sums, c->stream);
+}
+
+static embps_status_t cuda_row_finish(embps__engine_backend_t *c, const double *sums, size_t m,
+                                      float *row_sumsq, uint64_t *bad, double *total,
+                                      embps_error_t *err) {
+  uint64_t *figures = c->figures.p;
+  embps_status_t ret;
+  if (!bad || !total)
+    return embps_row_finish_cuda(sums, m, row_sumsq, NULL, NULL, NULL, c->stream);
+  if ((ret = figures_zero(c, err)) != EMBPS_OK ||
+      (ret = embps_row_finish_cuda(sums, m, row_sumsq, (double *)figures, figures + 1, c->comb_ws.p,
+                                   c->stream)) != EMBPS_OK)
+    return ret;
+  return figures_read(c, bad, total, err);
 }
 
 static embps_status_t cuda_weight_decay(embps__engine_backend_t *c, embps_table_t *t,
@@ -672,6 +722,8 @@ const embps__engine_ops_t embps__engine_cuda_ops = {
     .segment_sum = cuda_segment_sum,
     .row_partials = cuda_row_partials,
     .row_combine = cuda_row_combine,
+    .row_sums = cuda_row_sums,
+    .row_finish = cuda_row_finish,
     .weight_decay = cuda_weight_decay,
     .update = cuda_update,
     .keys_to_host = embps__cuda_keys_to_host,

@@ -23,7 +23,7 @@ struct embps__engine_backend {
   cudaEvent_t in_done[2], chunk_ready[MAX_CHUNKS];
   /* device scratch */
   buf_t in[2], all_tokens, unique, seg, sorted_pos, seg_off, num_unique, dedup_ws, comb_ws;
-  buf_t row_sumsq, summed, partials, gathered, send, recv, rows, out, figures;
+  buf_t row_sumsq, summed, partials, gathered, sums, send, recv, rows, out, figures;
   /* hash-keyed tables: a push's keys in hash order, the slots of a lookup, a step's fresh slots
    * and their keys (2 x T), the kept rows' slots and places (2 x T), their gradients and figures */
   buf_t keys, slots, fresh, keep, kept_g, kept_sumsq;

@@ -9,10 +9,10 @@
  * unless its comment says host. The backend owns its scratch (embps__engine_scratch_t) and the
  * state of the last dedup (which each backend keeps in its own form: the CPU's segment ids, the
  * GPU's sorted positions and segment offsets). Operations may be asynchronous: only those that
- * hand a number to the host (unique, row_combine with figures, agree_max) and finish wait for
- * the work before them. Each returns EMBPS_OK, or a failure (with err set) that abandons the
- * op: engine.c then calls abort, which waits until nothing enqueued can still touch the
- * request or the reply. */
+ * hand a number to the host (unique, row_combine and row_finish with figures, agree_max) and finish
+ * wait for the work before them. Each returns EMBPS_OK, or a failure (with err set) that abandons
+ * the op: engine.c then calls abort, which waits until nothing enqueued can still touch the request
+ * or the reply. */
 #ifndef EMBPS_ENGINE_OPS_H
 #define EMBPS_ENGINE_OPS_H
 
@@ -38,8 +38,12 @@ typedef struct embps__engine_scratch {
   void *rows;          /* T x w x ds: the unique rows of a lookup (group_size > 1) */
   void *send, *recv;   /* T x w x ds each: the all-to-all's blocks (group_size > 1) */
   float *summed;       /* T x w: a push's gradients summed per unique token */
-  float *partials;     /* T x nb: this rank's row-statistics partials */
-  float *gathered;     /* group_size x T x nb: every rank's partials (group_size > 1) */
+  float *partials;     /* T x nb: this rank's row-statistics partials ((T + group_size) x nb
+                        * when combined by owner: the all-to-all reads group_size x q rows) */
+  float *gathered;     /* group_size x T x nb: every rank's partials (group_size > 1); by owner
+                        * group_size x q x nb, every rank's partials of this rank's q rows */
+  double *sums;        /* group_size x q: every row's double sum (by owner only), q =
+                        * embps_round_stats_owned(group_size, T) */
   float *row_sumsq;    /* T: each unique row's sum of squares over the full width */
   int64_t *keys;       /* T: a hash-keyed push's keys in hash order (hash_order) */
 } embps__engine_scratch_t;
@@ -118,6 +122,17 @@ typedef struct embps__engine_ops {
   embps_status_t (*row_combine)(embps__engine_backend_t *be, const float *partials, size_t slices,
                                 size_t m, size_t nb, float *row_sumsq, uint64_t *bad, double *total,
                                 embps_error_t *err);
+  /** embps_row_sums_cpu's contract: sums[i] (n <= stride of them) = row i's double sum of the
+   * partials of `slices` slices, slice r's row i at (r * stride + i) * nb; the additions of
+   * row_combine, in its order. The first half of a combine by owner (engine.c). */
+  embps_status_t (*row_sums)(embps__engine_backend_t *be, const float *partials, size_t slices,
+                             size_t stride, size_t n, size_t nb, double *sums, embps_error_t *err);
+  /** embps_row_finish_cpu's contract into row_sumsq, from the m rows' double sums in row order;
+   * with `bad` and `total` (host; both or neither), also the number of rows that are not finite
+   * and the total (waits for them). Every output is bitwise what row_combine gives on the
+   * partials the sums came from, this backend's total included. */
+  embps_status_t (*row_finish)(embps__engine_backend_t *be, const double *sums, size_t m,
+                               float *row_sumsq, uint64_t *bad, double *total, embps_error_t *err);
   /** g[i] += weight_decay * w[rows[i]]. */
   embps_status_t (*weight_decay)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *rows,
                                  size_t m, float *g, embps_error_t *err);

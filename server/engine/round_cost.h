@@ -26,25 +26,39 @@ typedef struct embps_round_shape {
 
 /** The engine's scratch arrays of one op (cpu backend), each grown to the largest op so far. */
 typedef enum embps_round_scratch {
-  EMBPS_ROUND_UNIQUE = 0,     /* T int64: the unique tokens */
-  EMBPS_ROUND_SEGMENT_IDS,    /* T uint32: each position's unique index */
-  EMBPS_ROUND_DEDUP_WS,       /* the dedup's workspace */
-  EMBPS_ROUND_ALL_TOKENS,     /* T int64: the all-gathered tokens (group_size > 1) */
-  EMBPS_ROUND_SEND,           /* T x w x ds: the all-to-all's send blocks (group_size > 1) */
-  EMBPS_ROUND_RECV,           /* T x w x ds: its receive blocks (group_size > 1) */
-  EMBPS_ROUND_ROWS,           /* T x w x ds: a lookup's unique rows (group_size > 1) */
-  EMBPS_ROUND_KEYS,           /* T int64: a hash-keyed push's keys in hash order */
-  EMBPS_ROUND_SUMMED,         /* T x w f32: a push's summed gradients */
-  EMBPS_ROUND_ROW_SUMSQ,      /* T f32: each unique row's sum of squares */
-  EMBPS_ROUND_PARTIALS,       /* T x nb f32: this rank's row-statistics partials */
+  EMBPS_ROUND_UNIQUE = 0,  /* T int64: the unique tokens */
+  EMBPS_ROUND_SEGMENT_IDS, /* T uint32: each position's unique index */
+  EMBPS_ROUND_DEDUP_WS,    /* the dedup's workspace */
+  EMBPS_ROUND_ALL_TOKENS,  /* T int64: the all-gathered tokens (group_size > 1) */
+  EMBPS_ROUND_SEND,        /* T x w x ds: the all-to-all's send blocks (group_size > 1) */
+  EMBPS_ROUND_RECV,        /* T x w x ds: its receive blocks (group_size > 1) */
+  EMBPS_ROUND_ROWS,        /* T x w x ds: a lookup's unique rows (group_size > 1) */
+  EMBPS_ROUND_KEYS,        /* T int64: a hash-keyed push's keys in hash order */
+  EMBPS_ROUND_SUMMED,      /* T x w f32: a push's summed gradients */
+  EMBPS_ROUND_ROW_SUMSQ,   /* T f32: each unique row's sum of squares */
+  EMBPS_ROUND_PARTIALS,    /* T x nb f32 ((T + group_size) x nb by owner): this rank's partials */
   EMBPS_ROUND_SEGMENT_COUNTS, /* the fused segment sum's workspace */
-  EMBPS_ROUND_GATHERED,       /* group_size x T x nb f32: every rank's partials (group_size > 1) */
+  EMBPS_ROUND_GATHERED,       /* group_size x T x nb f32: every rank's partials (group_size > 1);
+                               * by owner, group_size x q x nb: its own rows' partials */
+  EMBPS_ROUND_SUMS,           /* group_size x q f64: every row's sum (by owner only) */
   EMBPS_ROUND_SCRATCH_COUNT
 } embps_round_scratch_t;
 
 /** The row-statistics partials per row of a push on a slice w wide (kernels/row_stats.c's
  * column blocks): w / embps_row_stats_block(w), 0 for w == 0. */
 size_t embps_round_partials_per_row(size_t w);
+
+/** Whether a push's row statistics are combined by owner (engine.c): in a group of group_size
+ * ranks with nb partials per row, each rank adds the partials of its own q = ceil(m /
+ * group_size) of the m rows (an all-to-all of q x nb f32 per peer) and the ranks then exchange
+ * those sums (an all-gather of q f64), rather than every rank gathering and adding every
+ * rank's partials (an all-gather of m x nb f32). Chosen when it at least halves the bytes, so
+ * that it pays for its second round trip: group_size x nb x 4 >= 2 x (nb x 4 + 8). Never on a
+ * group of one. */
+int embps_round_stats_by_owner(uint32_t group_size, size_t nb);
+
+/** The rows each rank owns when m rows are combined by owner: ceil(m / group_size). */
+size_t embps_round_stats_owned(uint32_t group_size, size_t m);
 
 /** bytes[i] = what scratch array i needs for an op of shape sh (0 where its path does not use
  * it). bytes is the caller's, EMBPS_ROUND_SCRATCH_COUNT entries. */
@@ -57,12 +71,12 @@ size_t embps_round_scratch_total(const embps_round_shape_t *sh);
 /** The collective payload this rank sends to its peers in one op of shape sh, equal to what it
  * receives (comm.c counts (group_size - 1) x payload per call): the tokens' all-gather, the
  * rows' (lookup) or gradients' (push) all-to-all, and a push's row statistics for its `unique`
- * distinct non-padding tokens (twice when weight_decay is on and the optimizer is rowwise). 0 on
- * a group of one. */
+ * distinct non-padding tokens (twice when weight_decay is on and the optimizer is rowwise), by
+ * owner where embps_round_stats_by_owner says so. 0 on a group of one. */
 uint64_t embps_round_peer_bytes(const embps_round_shape_t *sh, uint64_t unique, int second_stats);
 
 /** The collectives one op of shape sh calls, one after the other (each at least one peer round
- * trip): 0 on a group of one. */
+ * trip; a push's row statistics take two by owner): 0 on a group of one. */
 unsigned embps_round_collectives(const embps_round_shape_t *sh, int second_stats);
 
 #endif

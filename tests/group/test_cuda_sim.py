@@ -15,9 +15,10 @@ OneRankTest: a 1-rank --device cuda server beside a --device cpu embps-server: f
 BackendChoiceTest: main.c's --device choice: auto picks cuda with a device and cpu without;
   cuda:N picks device N; --device cuda without a device and a cuda:N that does not exist are
   refused (exit 2, naming the flag).
-GroupTest: 2- and 3-rank --device cuda groups (each rank its own simulated device: the default
-  rank-modulo choice, and cuda:N) against CPU groups of the same size: bitwise equal, and
-  the f32 tables equal to the numpy reference at 1e-6.
+GroupTest: 2-, 3- and 4-rank --device cuda groups (each rank its own simulated device: the
+  default rank-modulo choice, and cuda:N) against CPU groups of the same size: bitwise equal, and
+  the f32 tables equal to the numpy reference at 1e-6. On 4 ranks the row statistics are
+  combined by owner (round_cost.h: 3 partials a row), on 2 and 3 gathered whole.
 RankDiesTest: a rank of a 3-rank CUDA group dies; the others fail with UNAVAILABLE naming it
   and still exit 0 with nothing left on their devices.
 DeviceClaimTest: two ranks on one host claiming one device are refused with the leader's
@@ -386,8 +387,9 @@ class GroupTest(unittest.TestCase):
               ("bf16_rw", "bf16", "rowwise_adagrad"), ("bf16_adam", "bf16", "adam")]
     ROWS = 300
     BATCHES = (12, 36, 24, 48, 600, 1200)  # divide by 2 and by 3
-    # rank -> device: the default (rank modulo 4) for 2 ranks, --device cuda:N for 3
-    DEVICES = {2: {0: 0, 1: 1}, 3: {0: 3, 1: 0, 2: 2}}
+    # rank -> device: the default (rank modulo 4) for 2 ranks, --device cuda:N for 3 and 4
+    DEVICES = {2: {0: 0, 1: 1}, 3: {0: 3, 1: 0, 2: 2}, 4: {0: 1, 1: 2, 2: 3, 3: 0}}
+    SIZES = (2, 3, 4)
 
     @classmethod
     def run_group(cls, n, backend):
@@ -422,7 +424,7 @@ class GroupTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.res, cls.secs = {}, {}
-        for n in (2, 3):
+        for n in cls.SIZES:
             for backend in ("cuda", "cpu"):
                 t0 = time.time()
                 cls.res[n, backend] = cls.run_group(n, backend)
@@ -431,7 +433,7 @@ class GroupTest(unittest.TestCase):
               ", ".join("%d-rank %s %.1f" % (k[0], k[1], v) for k, v in cls.secs.items()))
 
     def test_cuda_groups_equal_cpu_groups_bitwise(self):
-        for n in (2, 3):
+        for n in self.SIZES:
             cuda, cpu = self.res[n, "cuda"], self.res[n, "cpu"]
             for name, *_ in self.TABLES:
                 self.assertEqual(cuda["initial"][name], cpu["initial"][name], (n, name))
@@ -443,7 +445,7 @@ class GroupTest(unittest.TestCase):
         kw = {"rowwise_adagrad": dict(lr=0.05, half_life=5.0, wd=0.001, init_acc=0.1),
               "adam": dict(lr=0.01, wd=0.01), "sgd": dict(lr=0.05),
               "adagrad": dict(lr=0.05, half_life=10.0, init_acc=0.1)}
-        for n in (2, 3):
+        for n in self.SIZES:
             res = self.res[n, "cuda"]
             for name, dtype, opt in self.TABLES:
                 if dtype != "f32":
@@ -471,7 +473,7 @@ class GroupTest(unittest.TestCase):
                                            ref.rows(np.arange(self.ROWS)), rtol=1e-6, atol=1e-7)
 
     def test_every_rank_on_its_own_device_through_the_simulated_nccl(self):
-        for n in (2, 3):
+        for n in self.SIZES:
             res = self.res[n, "cuda"]
             for r, text in enumerate(res["texts"]):
                 d = self.DEVICES[n][r]
@@ -491,7 +493,7 @@ class GroupTest(unittest.TestCase):
                                  (cpu.peer_bytes_sent, cpu.peer_bytes_received))
 
     def test_clean_exits_and_nothing_left_on_the_devices(self):
-        for n in (2, 3):
+        for n in self.SIZES:
             res = self.res[n, "cuda"]
             self.assertEqual(res["codes"], {r: 0 for r in range(n)}, res["logs"])
             self.assertEqual(self.res[n, "cpu"]["codes"], {r: 0 for r in range(n)})
