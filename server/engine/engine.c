@@ -434,9 +434,10 @@ static embps_status_t row_figures(embps_engine_t *e, const embps__engine_shape_t
   if (N > 1 && embps_round_stats_by_owner(N, sh->nb)) {
     const size_t q = embps_round_stats_owned(N, m), first = (size_t)e->comm->rank * q;
     const size_t owned = m > first ? (m - first < q ? m - first : q) : 0;
+    double *mine = q ? s->sums + first : s->sums; /* no offset on an empty (maybe NULL) array */
     STEP(embps_comm_all_to_all(e->comm, parts, q * sh->nb * sizeof(float), s->gathered, err));
-    STEP(e->ops->row_sums(e->be, s->gathered, N, q, owned, sh->nb, s->sums + first, err));
-    STEP(embps_comm_all_gather(e->comm, s->sums + first, q * sizeof(double), s->sums, err));
+    STEP(e->ops->row_sums(e->be, s->gathered, N, q, owned, sh->nb, mine, err));
+    STEP(embps_comm_all_gather(e->comm, mine, q * sizeof(double), s->sums, err));
     STEP(e->ops->row_finish(e->be, s->sums, m, s->row_sumsq, bad, total, err));
     return EMBPS_OK;
   }

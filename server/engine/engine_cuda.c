@@ -155,7 +155,10 @@ static embps_status_t cuda_reserve(embps__engine_backend_t *c, const embps__engi
     EMBPS_CUDA_CHECK_GOTO(dgrow(&c->in[EMBPS__IN_GRADS], n * sh->W * ds), err, fail);
     EMBPS_CUDA_CHECK_GOTO(dgrow(&c->summed, T * w * sizeof(float)), err, fail);
     EMBPS_CUDA_CHECK_GOTO(dgrow(&c->row_sumsq, T * sizeof(float)), err, fail);
-    if (owner) { /* round_cost.c's sizes: q rows of every rank (engine.c's row_figures) */
+    /* round_cost.c's sizes. By owner, q rows of every rank (engine.c's row_figures); the
+     * partials past row m that the all-to-all carries are never added, so unlike the cpu
+     * backend's they are left as allocated (a memset would need ordering on the stream). */
+    if (owner) {
       const size_t rows = sh->group_size * embps_round_stats_owned(sh->group_size, T);
       EMBPS_CUDA_CHECK_GOTO(dgrow(&c->partials, (T + sh->group_size) * sh->nb * sizeof(float)), err,
                             fail);
