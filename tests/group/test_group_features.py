@@ -8,7 +8,8 @@
 - PushTest: PushFeatures on 1 and 2 ranks against one PushGradients per table whose shard r holds,
   feature after feature, shard r's ids with their gradients expanded by hand (times the weight,
   over the bag's nonzero ids, rounded to bf16 for a bf16 table) and padded with id 0: the same
-  step figures and bitwise the same tables afterwards, features sharing a table included.
+  step figures and bitwise the same tables afterwards, features sharing a table included; and on
+  4 ranks, with the row statistics combined by owner, bitwise what 1 rank holds.
 - BadInputTest: each bad request of the design's list is refused with its status and a message
   naming the feature, and nothing changes on any rank.
 """
@@ -367,6 +368,27 @@ class PushTest(unittest.TestCase):
             self.assertEqual([s[0] for s in steps_f[0]], ["dense", "half", "keys"])
             for table in TABLES:
                 self.assertEqual(rows_f[table], rows_g[table], (n, table))
+
+
+    def test_pushes_by_owner_equal_one_rank_bitwise(self):
+        """A 256-wide rowwise Adagrad table on 4 ranks, whose row statistics are combined by owner
+        (server/engine/round_cost.h: 2 partials a row), and a feature batch whose ids do not
+        split evenly over the ranks: the pooled pushes equal the expanded ones, and their step
+        figures and the table are bitwise those of 1 rank."""
+        global TABLES, FEATURES
+        saved = TABLES, FEATURES
+        TABLES = {"wide": (200, 256, "f32", "rowwise_adagrad")}
+        FEATURES = [("wsum", "wide", "sum"), ("wraw", "wide", "none")]
+        try:
+            res = {n: self.run_both(n) for n in (1, 4)}
+        finally:
+            TABLES, FEATURES = saved
+        for n, (steps_f, steps_g, rows_f, rows_g) in res.items():
+            self.assertEqual(steps_f, steps_g, n)
+            self.assertTrue(all(s[1] for st in steps_f for s in st), steps_f)
+            self.assertEqual(rows_f["wide"], rows_g["wide"], n)
+        self.assertEqual(res[4][0], res[1][0])
+        self.assertEqual(res[4][2]["wide"], res[1][2]["wide"])
 
 
 class BadInputTest(unittest.TestCase):
