@@ -11,10 +11,24 @@
  *
  * The gather's rows may land anywhere in a reply buffer: stored rows are copied with memcpy and
  * initial rows are written byte-wise, so out needs no alignment. Stored rows are prefetched
- * ahead as embps_gather_cpu does; an initial row costs one hash mix per element instead. */
+ * ahead as embps_gather_cpu does; an initial row costs one hash mix per element instead, and a
+ * key that repeats within a call copies the row computed for it before. */
 #include <string.h>
 
 #include "kernels/embps_kernels.h"
+
+/* The absent keys a gather computed, for its repeats: a direct-mapped table of up to 2^SEEN_BITS
+ * entries (the key and the place of its row in out; a colliding key replaces the entry), sized
+ * to twice the call's rows. A lookup's keys repeat (a group of one gathers every token, not the
+ * distinct ones), and an absent key's row costs a hash per element (0.54 ns each: 70 ns for 128
+ * f32) where a copy of the row already written costs a few: Zipf lookups of 4096 tokens on a
+ * full table that held few of their keys spent 37% of the server's CPU on initial rows. */
+#define SEEN_BITS 10
+
+typedef struct seen {
+  uint64_t key; /* 0: empty (key 0's row is zeros, never looked up here) */
+  size_t at;
+} seen_t;
 
 void embps_hash_gather_cpu(const void *table, embps_dtype_t dtype, size_t width,
                            const int64_t *keys, const int64_t *slots, size_t n, void *out,
@@ -22,14 +36,27 @@ void embps_hash_gather_cpu(const void *table, embps_dtype_t dtype, size_t width,
   const size_t row_bytes = width * embps_dtype_size(dtype);
   const unsigned char *src = table;
   unsigned char *dst = out;
+  seen_t seen[1u << SEEN_BITS];
+  unsigned bits = 1;
+  while (bits < SEEN_BITS && ((size_t)1 << bits) < 2 * n)
+    bits++;
+  memset(seen, 0, sizeof(seen[0]) << bits);
   for (size_t i = 0; i < n; i++) {
     if (i + EMBPS_PREFETCH_ROWS < n && slots[i + EMBPS_PREFETCH_ROWS] >= 0)
       embps_prefetch_row(src + (size_t)slots[i + EMBPS_PREFETCH_ROWS] * row_bytes, row_bytes, NULL);
-    if (slots[i] >= 0)
+    if (slots[i] >= 0) {
       memcpy(dst + i * row_bytes, src + (size_t)slots[i] * row_bytes, row_bytes);
-    else
-      embps_init_key_row_cpu(dst + i * row_bytes, dtype, width, (uint64_t)keys[i], col_begin, seed,
-                             scale);
+    } else {
+      const uint64_t key = (uint64_t)keys[i];
+      seen_t *e = &seen[(key * UINT64_C(0x9e3779b97f4a7c15)) >> (64 - bits)];
+      if (key != 0 && e->key == key) { /* its row, as computed for its first place */
+        memcpy(dst + i * row_bytes, dst + e->at * row_bytes, row_bytes);
+        continue;
+      }
+      embps_init_key_row_cpu(dst + i * row_bytes, dtype, width, key, col_begin, seed, scale);
+      if (key != 0)
+        e->key = key, e->at = i;
+    }
   }
 }
 
