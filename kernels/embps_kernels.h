@@ -314,6 +314,38 @@ void embps_hash_gather_cpu(const void *table, embps_dtype_t dtype, size_t width,
                            const int64_t *keys, const int64_t *slots, size_t n, void *out,
                            uint64_t col_begin, uint64_t seed, float scale);
 
+/** Entries of embps_hash_seen_t (a power of two). */
+#define EMBPS_HASH_SEEN_BITS 12
+
+/** One absent key whose initial row a gather wrote, and where (embps_hash_gather_seen_cpu). */
+typedef struct embps_hash_seen_entry {
+  uint64_t key;
+  const void *row;
+  uint32_t gen; /* the run it belongs to: the entry is empty unless it equals the table's gen */
+} embps_hash_seen_entry_t;
+
+/** What a run of gathers remembers of the absent keys it computed: the caller's, zeroed before
+ * its first use; embps_hash_seen_restart starts each run. */
+typedef struct embps_hash_seen {
+  uint32_t gen;
+  embps_hash_seen_entry_t e[1u << EMBPS_HASH_SEEN_BITS];
+} embps_hash_seen_t;
+
+/** Starts a new run of seen: every entry is forgotten (O(1), but for a clear every 2^32 runs). */
+void embps_hash_seen_restart(embps_hash_seen_t *seen);
+
+/**
+ * embps_hash_gather_cpu as one call of a run (embps_hash_seen_restart starts one): a key without
+ * a slot whose row this call or an earlier call of the run wrote gets a copy of that row (the
+ * rows of the run's earlier calls must still be where they were written, unchanged), and every
+ * other such key's row is remembered in seen (a direct-mapped table: a colliding key replaces an
+ * entry). The same bits as embps_hash_gather_cpu.
+ */
+void embps_hash_gather_seen_cpu(const void *table, embps_dtype_t dtype, size_t width,
+                                const int64_t *keys, const int64_t *slots, size_t n, void *out,
+                                uint64_t col_begin, uint64_t seed, float scale,
+                                embps_hash_seen_t *seen);
+
 /**
  * Resets slots[0..n) (distinct, each >= 0) of a hash-keyed table's slice to the initial state of
  * their new keys keys[0..n): row slots[i] of `table` becomes keys[i]'s initial row (as

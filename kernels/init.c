@@ -31,10 +31,21 @@ static inline uint64_t row_hash(uint64_t seed, uint64_t row) {
   return embps_mix64(embps_mix64(seed + GOLDEN) + row * GOLDEN);
 }
 
+/* embps_mix64(z) >> 40: the top 24 bits of the mix, without its last step z ^ (z >> 31), which
+ * leaves bits 40-63 as they are (the shifted term's top 31 bits are zero). One shift and one xor
+ * less per element (2 of the vector loop's 14 operations): a 128-element f32 row with AVX-512
+ * went from 0.60 to 0.54 ns/element (this project's 2-core Xeon VM, best of 15 of 50000 rows,
+ * the two builds alternated 4 times). */
+static inline uint64_t mix64_top24(uint64_t z) {
+  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return z >> 40;
+}
+
 static inline float value_of(uint64_t row_h, uint64_t col, float scale) {
-  uint64_t h = embps_mix64(row_h ^ (col * GOLDEN + GOLDEN));
+  uint64_t h = mix64_top24(row_h ^ (col * GOLDEN + GOLDEN));
   /* below 2^24: exact as a float; converted as signed, which SSE and AVX2 convert natively */
-  float u = (float)(int32_t)(h >> 40) * 0x1p-23f - 1.0f; /* [-1, 1) */
+  float u = (float)(int32_t)h * 0x1p-23f - 1.0f; /* [-1, 1) */
   return scale * u;
 }
 

@@ -364,7 +364,7 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
       const int64_t *host, *slots;
       STEP(ops->keys_to_host(be, unique, U, &host, err));
       STEP(hash_find(e, t, host, U, &slots, err));
-      STEP(ops->hash_gather(be, t, unique, slots, U, s.rows, err));
+      STEP(ops->hash_gather(be, t, unique, slots, U, s.rows, 0, err));
     } else
       STEP(ops->gather(be, t, unique, U, s.rows, err));
     STEP(ops->expand(be, t, s.rows, T, s.send, err));
@@ -380,7 +380,7 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
     const size_t m = n - a < chunk_rows ? n - a : chunk_rows;
     if (N == 1 && hashed) {
       STEP(ops->hash_gather(be, t, (const int64_t *)tokens + a, hslots + a, m, out + a * row_bytes,
-                            err));
+                            a > 0, err));
     } else if (N == 1) {
       STEP(ops->gather(be, t, (const int64_t *)tokens + a, m, out + a * row_bytes, err));
     } else {

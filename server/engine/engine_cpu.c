@@ -61,6 +61,7 @@ struct embps__engine_backend {
   size_t num_unique;                          /* the last dedup's */
   size_t chunk_bytes;                         /* a lookup reply's chunk, from the L2 size */
   embps_workers_t *workers;                   /* NULL: every kernel on the engine's thread */
+  embps_hash_seen_t *seen;                    /* a lookup's absent keys' rows (hash_gather) */
 };
 
 embps_status_t embps__engine_cpu_new(embps__engine_backend_t **out, embps_comm_t *comm) {
@@ -88,6 +89,7 @@ static void cpu_destroy(embps__engine_backend_t *be) {
   for (size_t i = 0; i < EMBPS__ENGINE_FEATURE_SLOTS; i++)
     embps_free(be->feature[i].p);
   embps_workers_free(be->workers);
+  embps_free(be->seen);
   embps_free(be);
 }
 
@@ -420,13 +422,25 @@ static embps_status_t cpu_hash_slots(embps__engine_backend_t *be, const int64_t 
   return EMBPS_OK;
 }
 
+/* A lookup's chunks share one memory of the absent keys' rows written (be->seen, made at the
+ * first gather; without it, each call remembers its own). */
 static embps_status_t cpu_hash_gather(embps__engine_backend_t *be, embps_table_t *t,
                                       const int64_t *keys, const int64_t *slots, size_t n,
-                                      void *out, embps_error_t *err) {
+                                      void *out, int more, embps_error_t *err) {
   const embps_table_config_t *c = embps_table_config(t);
-  (void)be, (void)err;
-  embps_hash_gather_cpu(embps_table_arrays(t).data, c->dtype, embps_table_shard_width(t), keys,
-                        slots, n, out, embps_table_col_begin(t), c->seed, c->init_scale);
+  (void)err;
+  if (!be->seen)
+    be->seen = embps_calloc(1, sizeof(*be->seen));
+  if (!be->seen) {
+    embps_hash_gather_cpu(embps_table_arrays(t).data, c->dtype, embps_table_shard_width(t), keys,
+                          slots, n, out, embps_table_col_begin(t), c->seed, c->init_scale);
+    return EMBPS_OK;
+  }
+  if (!more)
+    embps_hash_seen_restart(be->seen);
+  embps_hash_gather_seen_cpu(embps_table_arrays(t).data, c->dtype, embps_table_shard_width(t), keys,
+                             slots, n, out, embps_table_col_begin(t), c->seed, c->init_scale,
+                             be->seen);
   return EMBPS_OK;
 }
 

@@ -53,9 +53,9 @@ embps_status_t embps__cuda_hash_slots(embps__engine_backend_t *c, const int64_t 
 
 embps_status_t embps__cuda_hash_gather(embps__engine_backend_t *c, embps_table_t *t,
                                        const int64_t *keys, const int64_t *slots, size_t n,
-                                       void *out, embps_error_t *err) {
+                                       void *out, int more, embps_error_t *err) {
   const embps_table_config_t *cfg = embps_table_config(t);
-  (void)err;
+  (void)err, (void)more; /* a thread per element computes its value: nothing to reuse */
   return embps_hash_gather_cuda(embps_table_arrays(t).data, cfg->dtype, embps_table_shard_width(t),
                                 keys, slots, n, out, embps_table_col_begin(t), cfg->seed,
                                 cfg->init_scale, c->stream);

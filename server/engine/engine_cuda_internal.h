@@ -48,7 +48,7 @@ embps_status_t embps__cuda_hash_slots(embps__engine_backend_t *c, const int64_t 
                                       const int64_t **slots, embps_error_t *err);
 embps_status_t embps__cuda_hash_gather(embps__engine_backend_t *c, embps_table_t *t,
                                        const int64_t *keys, const int64_t *slots, size_t n,
-                                       void *out, embps_error_t *err);
+                                       void *out, int more, embps_error_t *err);
 embps_status_t embps__cuda_hash_reset(embps__engine_backend_t *c, embps_table_t *t,
                                       const int64_t *slots, const int64_t *keys, size_t n,
                                       embps_error_t *err);

@@ -159,9 +159,12 @@ typedef struct embps__engine_ops {
   embps_status_t (*hash_slots)(embps__engine_backend_t *be, const int64_t *host, size_t n,
                                const int64_t **slots, embps_error_t *err);
   /** out[i] = the row at slot slots[i] of the table's slice or, where slots[i] is -1, the initial
-   * row of keys[i] over the slice's columns (zeros for key 0): embps_hash_gather_cpu. */
+   * row of keys[i] over the slice's columns (zeros for key 0): embps_hash_gather_cpu. With `more`
+   * the call continues the previous one of the same op and table (a lookup's next chunk), whose
+   * rows stay in place unchanged: the backend may copy a repeated key's initial row from them. */
   embps_status_t (*hash_gather)(embps__engine_backend_t *be, embps_table_t *t, const int64_t *keys,
-                                const int64_t *slots, size_t n, void *out, embps_error_t *err);
+                                const int64_t *slots, size_t n, void *out, int more,
+                                embps_error_t *err);
   /** Sets each slot slots[i] (host; distinct) to the initial row of keys[i] (host) and its
    * optimizer state to the initial state, as a new table's row (an open snapshot copies the old
    * first); n of them, one call per op. */

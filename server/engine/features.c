@@ -293,7 +293,7 @@ static embps_status_t lookup_rows(embps_engine_t *e, const gathered_t *g, const 
     const size_t at = start(g, r, f);
     if (embps_table_hindex(t))
       TRY(e->ops->hash_gather(e->be, t, g->ids + at, rows + at, count(g, r, f),
-                              send + r * most * rb, err));
+                              send + r * most * rb, 0, err));
     else
       TRY(e->ops->gather(e->be, t, g->ids + at, count(g, r, f), send + r * most * rb, err));
   }

@@ -243,6 +243,34 @@ static void test_random_small(void **state) {
   }
 }
 
+/* Hashed 64-bit ids, as a hash-keyed table's pushes carry: the pair of key and position does not
+ * fit in 64 bits, so the kernel sorts on the keys' top bits and then orders each run of equal
+ * top bits by the full keys. Runs here: repeats of one key (Zipf-like draws), and long runs of
+ * keys that differ only in their low bits (a block of consecutive ids far from the others), in
+ * and out of order. */
+static void test_wide_keys(void **state) {
+  (void)state;
+  kt_rng_t rng = {8};
+  const size_t sizes[] = {2, 17, 4096, 65536};
+  for (size_t s = 0; s < 4; s++) {
+    const size_t n = sizes[s];
+    int64_t *t = kt_alloc(n * sizeof(int64_t));
+    for (int shape = 0; shape < 3; shape++) {
+      for (size_t i = 0; i < n; i++) {
+        const double u = kt_unit(&rng);
+        const uint64_t rank = (uint64_t)(1e6 * u * u * u * u);
+        uint64_t k = kt_next(&(kt_rng_t){rank}); /* a hash of the rank */
+        if (shape >= 1 && i % 3 == 0) /* consecutive ids near 2^63, descending or at random */
+          k = (UINT64_C(1) << 63) + (shape == 1 ? n - i : kt_below(&rng, n / 2 + 1));
+        t[i] = i % 11 == 5 ? 0 : (int64_t)k;
+      }
+      t[0] = INT64_MIN, t[n - 1] = INT64_MAX; /* the widest range */
+      check_dedup(t, n);
+    }
+    free(t);
+  }
+}
+
 /* A 1M-token batch with Zipf-like skew (token = floor(V * u^4)), the production shape. */
 static void test_zipf_1m(void **state) {
   (void)state;
@@ -265,6 +293,7 @@ int main(void) {
       cmocka_unit_test(test_heavy_duplication), cmocka_unit_test(test_padding_present),
       cmocka_unit_test(test_large_tokens),      cmocka_unit_test(test_negative_and_extremes),
       cmocka_unit_test(test_random_small),      cmocka_unit_test(test_zipf_1m),
+      cmocka_unit_test(test_wide_keys),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

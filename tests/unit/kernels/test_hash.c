@@ -104,6 +104,86 @@ static void test_gather(void **state) {
     }
 }
 
+/* Keys that repeat within one gather (a lookup's tokens): an absent key's row is computed once
+ * and copied to its later places, so every place must still hold that key's own row, whatever
+ * the repeat table's collisions (many more distinct keys than its entries, stored and absent
+ * places of one key mixed, key 0 among them), at every call size. */
+static void test_gather_repeats(void **state) {
+  (void)state;
+  const size_t sizes[] = {1, 2, 3, 700, 5000};
+  for (size_t d = 0; d < 2; d++)
+    for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++) {
+      const embps_dtype_t dtype = d ? EMBPS_DTYPE_BF16 : EMBPS_DTYPE_F32;
+      const size_t width = 9, n = sizes[z], row_bytes = width * embps_dtype_size(dtype);
+      kt_rng_t r = {77 + z};
+      unsigned char *table = kt_alloc(SLOTS * row_bytes), *out = kt_alloc(n * row_bytes);
+      unsigned char *want = kt_alloc(row_bytes);
+      int64_t *keys = kt_alloc(n * sizeof(*keys)), *slots = kt_alloc(n * sizeof(*slots));
+      for (size_t k = 0; k < SLOTS * width; k++)
+        put_elem(table + k * embps_dtype_size(dtype), dtype, 2.0f + (float)k);
+      for (size_t i = 0; i < n; i++) {
+        const uint64_t u = kt_below(&r, 4);
+        keys[i] = u == 0   ? (int64_t)kt_next(&r)               /* distinct: collisions */
+                  : u == 1 ? (int64_t)kt_below(&r, 5)           /* hot, 0 among them */
+                           : (int64_t)(kt_below(&r, 40) << 50); /* warm, wide */
+        slots[i] = kt_below(&r, 8) == 0 ? (int64_t)kt_below(&r, SLOTS) : -1;
+      }
+      embps_hash_gather_cpu(table, dtype, width, keys, slots, n, out, 5, SEED, SCALE);
+      for (size_t i = 0; i < n; i++) {
+        if (slots[i] >= 0)
+          memcpy(want, table + (size_t)slots[i] * row_bytes, row_bytes);
+        else
+          want_init_row(want, dtype, width, (uint64_t)keys[i], 5);
+        assert_memory_equal(out + i * row_bytes, want, row_bytes);
+      }
+      free(table), free(out), free(want), free(keys), free(slots);
+    }
+}
+
+/* A run of gathers sharing one memory (embps_hash_gather_seen_cpu: a lookup's chunks) copies a
+ * key's row from an earlier call's rows and still gives every place its key's own row; a new run
+ * (embps_hash_seen_restart) forgets the last one's rows, even when they were overwritten since,
+ * and so does a restart that wraps the run counter. */
+static void test_gather_runs(void **state) {
+  (void)state;
+  const size_t width = 16, n = 3000, row_bytes = width * sizeof(float);
+  const size_t chunks[] = {1, 7, 300, 0}; /* 0: the rest */
+  kt_rng_t r = {99};
+  float table[SLOTS * 16];
+  unsigned char *out = kt_alloc(n * row_bytes), *want = kt_alloc(row_bytes);
+  int64_t *keys = kt_alloc(n * sizeof(*keys)), *slots = kt_alloc(n * sizeof(*slots));
+  embps_hash_seen_t *seen = calloc(1, sizeof(*seen));
+  assert_non_null(seen);
+  for (size_t k = 0; k < SLOTS * width; k++)
+    table[k] = 2.0f + (float)k;
+  for (size_t i = 0; i < n; i++) {
+    keys[i] = kt_below(&r, 3) ? (int64_t)kt_below(&r, 50) : (int64_t)kt_next(&r);
+    slots[i] = kt_below(&r, 10) == 0 ? (int64_t)kt_below(&r, SLOTS) : -1;
+  }
+  for (int run = 0; run < 3; run++) {
+    if (run == 2)
+      seen->gen = UINT32_MAX; /* the next restart wraps */
+    embps_hash_seen_restart(seen);
+    for (size_t at = 0, c = 0; at < n; c++) {
+      const size_t m = chunks[c % 4] && chunks[c % 4] < n - at ? chunks[c % 4] : n - at;
+      embps_hash_gather_seen_cpu(table, EMBPS_DTYPE_F32, width, keys + at, slots + at, m,
+                                 out + at * row_bytes, 0, SEED, SCALE, seen);
+      at += m;
+    }
+    for (size_t i = 0; i < n; i++) {
+      if (slots[i] >= 0)
+        memcpy(want, table + (size_t)slots[i] * width, row_bytes);
+      else
+        want_init_row(want, EMBPS_DTYPE_F32, width, (uint64_t)keys[i], 0);
+      assert_memory_equal(out + i * row_bytes, want, row_bytes);
+    }
+    memset(out, 0xab, n * row_bytes); /* the next run must not copy these */
+    for (size_t i = 0; i < n; i++)    /* and gathers its keys in another order */
+      keys[i] = keys[(i * 7 + 3) % n] ^ (run ? 0 : 1);
+  }
+  free(out), free(want), free(keys), free(slots), free(seen);
+}
+
 /* A key's initial row is the dense initializer's row numbered by the key, column slices of it
  * are slices of the whole row, and the row depends on the seed. */
 static void test_key_row_is_dense_row(void **state) {
@@ -202,10 +282,9 @@ static void test_reset_width_zero(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_gather),
-      cmocka_unit_test(test_key_row_is_dense_row),
-      cmocka_unit_test(test_reset),
-      cmocka_unit_test(test_reset_width_zero),
+      cmocka_unit_test(test_gather),      cmocka_unit_test(test_gather_repeats),
+      cmocka_unit_test(test_gather_runs), cmocka_unit_test(test_key_row_is_dense_row),
+      cmocka_unit_test(test_reset),       cmocka_unit_test(test_reset_width_zero),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,9 @@
  * different seeds give different tables, and a table split by columns over 1, 2, 3 or 4 ranks
  * (and at row offsets) equals the unsplit one bit for bit, in f32 and bf16; a key's row
  * (embps_init_key_row_cpu, vectorised for the CPU it runs on) is embps_init_value bit for bit at
- * every width, column offset and output alignment. */
+ * every width, column offset and output alignment; and every value is the formula init.c
+ * documents (the full splitmix64 finalizer, written out here), so that a faster form of the
+ * kernel's arithmetic cannot change a table's bits. */
 #include <math.h>
 
 #include "kernel_test_util.h"
@@ -152,12 +154,47 @@ static void test_key_row(void **state) {
   }
 }
 
+/* init.c's formula as documented, with the whole mix64 (its last xor-shift included). */
+static uint64_t ref_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return z ^ (z >> 31);
+}
+
+static float ref_value(uint64_t seed, uint64_t row, uint64_t col, float scale) {
+  const uint64_t golden = UINT64_C(0x9e3779b97f4a7c15);
+  if (row == 0)
+    return 0.0f;
+  const uint64_t rh = ref_mix(ref_mix(seed + golden) + row * golden);
+  const uint64_t h = ref_mix(rh ^ (col * golden + golden));
+  return scale * ((float)(int32_t)(h >> 40) * 0x1p-23f - 1.0f);
+}
+
+static void test_formula(void **state) {
+  (void)state;
+  kt_rng_t rng = {11};
+  float row[64];
+  for (int i = 0; i < 20000; i++) {
+    const uint64_t seed = kt_next(&rng), key = kt_next(&rng) | 1, col = kt_next(&rng) % 100000;
+    const float scale = i % 2 ? 0.25f : 1.0f / 3.0f;
+    const float want = ref_value(seed, key, col, scale),
+                got = embps_init_value(seed, key, col, scale);
+    assert_memory_equal(&got, &want, sizeof(got));
+    if (i % 100 == 0) { /* and the vectorised row */
+      embps_init_key_row_cpu(row, EMBPS_DTYPE_F32, 64, key, col, seed, scale);
+      for (size_t j = 0; j < 64; j++) {
+        const float w = ref_value(seed, key, col + j, scale);
+        assert_memory_equal(&row[j], &w, sizeof(w));
+      }
+    }
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_value_properties),
-      cmocka_unit_test(test_column_split),
-      cmocka_unit_test(test_row_zero_in_table),
-      cmocka_unit_test(test_key_row),
+      cmocka_unit_test(test_value_properties),  cmocka_unit_test(test_column_split),
+      cmocka_unit_test(test_row_zero_in_table), cmocka_unit_test(test_key_row),
+      cmocka_unit_test(test_formula),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
