@@ -242,6 +242,8 @@ static embps_status_t cpu_segment_sum(embps__engine_backend_t *be, embps_table_t
 typedef struct sum_job {
   embps__engine_backend_t *be;
   const void *grads;
+  const float *bags;                 /* a fused feature push's pooled gradients */
+  const embps_bag_source_t *sources; /* and its positions' sources; else NULL */
   embps_dtype_t dtype;
   size_t width, T, num_unique, block;
   float *out, *partials;
@@ -249,9 +251,14 @@ typedef struct sum_job {
 
 static void sum_share(void *arg, size_t lo, size_t hi) {
   const sum_job_t *j = arg;
-  embps_segment_sum_stats_range_cpu(j->grads, j->dtype, j->width, j->be->segment_ids.p, j->T,
-                                    j->num_unique, j->block, j->out, j->partials,
-                                    j->be->segment_counts.p, lo, hi);
+  if (j->sources)
+    embps_segment_sum_bags_range_cpu(j->grads, j->dtype, j->width, j->bags, j->sources,
+                                     j->be->segment_ids.p, j->T, j->num_unique, j->block, j->out,
+                                     j->partials, j->be->segment_counts.p, lo, hi);
+  else
+    embps_segment_sum_stats_range_cpu(j->grads, j->dtype, j->width, j->be->segment_ids.p, j->T,
+                                      j->num_unique, j->block, j->out, j->partials,
+                                      j->be->segment_counts.p, lo, hi);
 }
 
 /* Split by segments: each thread reads every segment id but sums only its own segments' rows. */
@@ -261,6 +268,29 @@ static embps_status_t cpu_segment_sum_stats(embps__engine_backend_t *be, embps_t
                                             embps_error_t *err) {
   sum_job_t j = {.be = be,
                  .grads = grads,
+                 .dtype = embps_table_config(t)->dtype,
+                 .width = embps_table_shard_width(t),
+                 .T = T,
+                 .num_unique = num_unique,
+                 .block = block,
+                 .out = out,
+                 .partials = partials};
+  (void)err;
+  embps_workers_run(be->workers, num_unique, MIN_SHARE_ROWS, sum_share, &j);
+  return EMBPS_OK;
+}
+
+/* A feature push's sum, fused with the bags' expansion: split by segments as above, each thread
+ * expanding the positions of its own segments as it adds them. */
+static embps_status_t cpu_segment_sum_bags(embps__engine_backend_t *be, embps_table_t *t,
+                                           const void *grads, const float *bags,
+                                           const embps_bag_source_t *sources, size_t T,
+                                           size_t num_unique, size_t block, float *out,
+                                           float *partials, embps_error_t *err) {
+  sum_job_t j = {.be = be,
+                 .grads = grads,
+                 .bags = bags,
+                 .sources = sources,
                  .dtype = embps_table_config(t)->dtype,
                  .width = embps_table_shard_width(t),
                  .T = T,
@@ -515,6 +545,15 @@ static embps_status_t cpu_expand_bags(embps__engine_backend_t *be, embps_table_t
   return EMBPS_OK;
 }
 
+static embps_status_t cpu_bag_sources(embps__engine_backend_t *be, const int64_t *ids,
+                                      const float *weights, const int64_t *offsets, size_t num_bags,
+                                      int mean, uint32_t first_bag, size_t n,
+                                      embps_bag_source_t *out, embps_error_t *err) {
+  (void)be, (void)err;
+  embps_bag_sources_cpu(ids, weights, offsets, num_bags, mean, first_bag, n, out);
+  return EMBPS_OK;
+}
+
 /* The rows of the keys that keep a slot move to the front of g and row_sumsq, in place. */
 static embps_status_t cpu_hash_keep(embps__engine_backend_t *be, int64_t *slots, size_t *m,
                                     size_t w, float **g, float **row_sumsq, const int64_t **rows,
@@ -648,6 +687,8 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .copy_out = cpu_copy,
     .pool_bags = cpu_pool_bags,
     .expand_bags = cpu_expand_bags,
+    .bag_sources = cpu_bag_sources,
+    .segment_sum_bags = cpu_segment_sum_bags,
     .host_memory = 1,
     .assign_rows = cpu_assign_rows,
     .mark_dirty = cpu_mark_dirty,
