@@ -147,12 +147,19 @@ void embps_bag_sources_cpu(const int64_t *ids, const float *weights, const int64
                            size_t num_bags, int mean, uint32_t first_bag, size_t n,
                            embps_bag_source_t *out);
 
+/** Bytes of scratch that embps_segment_sum_bags_range_cpu needs for n positions of num_unique
+ * segments. */
+size_t embps_segment_sum_bags_workspace_bytes(size_t n, size_t num_unique);
+
 /**
  * embps_segment_sum_stats_range_cpu over the gradients that embps_expand_bags_cpu (rounded to
  * dtype) would give position i from sources[i], without writing them: a position whose source
  * is EMBPS_BAG_OWN reads row i of grads (n x width of dtype, any alignment; NULL when no
- * position does), any other one its bag's row of bags (f32, width per row). out and partials
- * are bitwise those of expanding every position first and summing the expanded rows.
+ * position does), any other one its bag's row of bags (f32, width per row, aligned). out and
+ * partials are bitwise those of expanding every position first and summing the expanded rows
+ * with embps_segment_sum_stats_cpu. workspace holds embps_segment_sum_bags_workspace_bytes(n,
+ * num_unique) bytes, aligned for uint32_t; calls over disjoint ranges may share it, out and
+ * partials on other threads at once.
  */
 void embps_segment_sum_bags_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
                                       const float *bags, const embps_bag_source_t *sources,

@@ -28,14 +28,7 @@
  * steps (a 1M x 128 f32 rowwise Adagrad table, 65536 uniform tokens a push, one and two threads
  * alternating, 4 rounds on the 2-core VM): the update went from 4.4-5.7 ms to 2.6-3.4 ms, this
  * sum only from 5.7-6.3 ms to 5.0-6.2 ms (it reads the gradients just received on the loop's
- * core).
- *
- * The bags form (embps_segment_sum_bags_range_cpu) is the same pass over a feature push whose
- * positions were never expanded to rows of their own: each position's row is made from its bag's
- * pooled gradient (embps_bag_source_t) in pieces on the stack, with exactly the arithmetic of
- * embps_expand_bags_cpu (and its one rounding to bf16), just before it is added; from there on
- * it is the f32 path above, so the bits are those of expanding first. The expanded rows were
- * 224 MB a step for 2048 samples of the DLRM feature set at 128 f32, written then read again. */
+ * core). */
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -183,72 +176,10 @@ static void count_positions(const uint32_t *segment_ids, size_t n, uint32_t *cou
       count[segment_ids[i]]++;
 }
 
-/* How a position's row joins its segment's sum. */
-enum { ADD, FIRST, SINGLE };
-
-static inline __attribute__((always_inline)) void take_row(float *restrict acc,
-                                                           const unsigned char *restrict g,
-                                                           int bf16, size_t width, size_t block,
-                                                           float *restrict partials, int how) {
-  if (how == SINGLE)
-    single_row(acc, g, bf16, width, block, partials);
-  else if (bf16 && how == FIRST)
-    first_row_bf16(acc, g, width);
-  else if (bf16)
-    add_row_bf16(acc, g, width);
-  else if (how == FIRST)
-    first_row_f32(acc, g, width);
-  else
-    add_row_f32(acc, g, width);
-}
-
-/* Columns [off, off + len) of the row embps_expand_bags_cpu writes for a position with source
- * src, as f32 (a bf16 table's rounded to bf16 and widened back: the value its sum would read). */
-static void expand_cols(float *restrict tmp, const float *restrict bags,
-                        const embps_bag_source_t *src, size_t width, size_t off, size_t len,
-                        int bf16) {
-  const float *restrict b = bags + (size_t)src->bag * width + off;
-  const float f = src->factor;
-  switch (src->mode) {
-  case EMBPS_BAG_SUM:
-    memcpy(tmp, b, len * sizeof(float));
-    break;
-  case EMBPS_BAG_WEIGHTED:
-    for (size_t j = 0; j < len; j++)
-      tmp[j] = b[j] * f;
-    break;
-  case EMBPS_BAG_MEAN:
-    for (size_t j = 0; j < len; j++)
-      tmp[j] = b[j] / f;
-    break;
-  default: /* padding */
-    memset(tmp, 0, len * sizeof(float));
-    break;
-  }
-  for (size_t j = 0; bf16 && j < len; j++)
-    tmp[j] = embps_bf16_to_f32(embps_f32_to_bf16(tmp[j]));
-}
-
-/* A position's expanded row joins its sum in pieces of STREAM_COLS columns, each expanded on the
- * stack (in L1) just before it is added: the same additions, in the same order, as summing the
- * expanded row (partials by whole blocks: STREAM_COLS is a multiple of every block). */
-static void take_expanded(float *restrict acc, const float *restrict bags,
-                          const embps_bag_source_t *src, int bf16, size_t width, size_t block,
-                          float *restrict partials, int how) {
-  float tmp[STREAM_COLS] __attribute__((aligned(16)));
-  for (size_t off = 0; off < width; off += STREAM_COLS) {
-    const size_t len = width - off < STREAM_COLS ? width - off : STREAM_COLS;
-    expand_cols(tmp, bags, src, width, off, len, bf16);
-    take_row(acc + off, (const unsigned char *)tmp, 0, len, block,
-             block ? partials + off / block : partials, how);
-  }
-}
-
-/* The range sum of both forms: sources NULL reads every position's row from grads. */
-static void sum_range(const void *grads, embps_dtype_t dtype, size_t width, const float *bags,
-                      const embps_bag_source_t *sources, const uint32_t *segment_ids, size_t n,
-                      size_t block, float *out, float *partials, void *workspace, size_t seg_lo,
-                      size_t seg_hi) {
+void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
+                                       const uint32_t *segment_ids, size_t n, size_t num_unique,
+                                       size_t block, float *out, float *partials, void *workspace,
+                                       size_t seg_lo, size_t seg_hi) {
   const int bf16 = dtype == EMBPS_DTYPE_BF16;
   const size_t in_row = width * embps_dtype_size(dtype);
   const size_t nb = block ? width / block : 0;
@@ -258,6 +189,7 @@ static void sum_range(const void *grads, embps_dtype_t dtype, size_t width, cons
   size_t ahead = 0; /* positions before it are prefetched, or not this range's */
   const int stream = streamable(out, width, span); /* rows of one position bypass out's lines */
 
+  (void)num_unique;
   if (span == 0)
     return;
   count_positions(segment_ids, n, count, lo, span);
@@ -275,19 +207,23 @@ static void sum_range(const void *grads, embps_dtype_t dtype, size_t width, cons
       continue;
     float *acc = out + (size_t)s * width;
     uint32_t c = count[s];
-    const int how = stream && c == 1 ? SINGLE : !(c & SEEN) ? FIRST : ADD;
     while (ahead < n && segment_ids[ahead] - lo >= span)
       ahead++;
     if (ahead < n)
       prefetch_sum(out, width, count, segment_ids[ahead++], stream);
-    if (sources && sources[i].mode != EMBPS_BAG_OWN)
-      take_expanded(acc, bags, &sources[i], bf16, width, block, partials + (size_t)s * nb, how);
-    else
-      take_row(acc, g + i * in_row, bf16, width, block, partials + (size_t)s * nb, how);
-    if (how == SINGLE) {
+    if (stream && c == 1) {
+      single_row(acc, g + i * in_row, bf16, width, block, partials + (size_t)s * nb);
       count[s] = SEEN;
       continue;
     }
+    if (bf16 && !(c & SEEN))
+      first_row_bf16(acc, g + i * in_row, width);
+    else if (bf16)
+      add_row_bf16(acc, g + i * in_row, width);
+    else if (!(c & SEEN))
+      first_row_f32(acc, g + i * in_row, width);
+    else
+      add_row_f32(acc, g + i * in_row, width);
     c = (c | SEEN) - 1;
     count[s] = c;
     if (c == SEEN && nb) /* the segment's last position: its row is complete */
@@ -297,25 +233,6 @@ static void sum_range(const void *grads, embps_dtype_t dtype, size_t width, cons
   if (stream)
     _mm_sfence(); /* the streamed rows are in memory before whoever reads out is told */
 #endif
-}
-
-void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
-                                       const uint32_t *segment_ids, size_t n, size_t num_unique,
-                                       size_t block, float *out, float *partials, void *workspace,
-                                       size_t seg_lo, size_t seg_hi) {
-  (void)num_unique;
-  sum_range(grads, dtype, width, NULL, NULL, segment_ids, n, block, out, partials, workspace,
-            seg_lo, seg_hi);
-}
-
-void embps_segment_sum_bags_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
-                                      const float *bags, const embps_bag_source_t *sources,
-                                      const uint32_t *segment_ids, size_t n, size_t num_unique,
-                                      size_t block, float *out, float *partials, void *workspace,
-                                      size_t seg_lo, size_t seg_hi) {
-  (void)num_unique;
-  sum_range(grads, dtype, width, bags, sources, segment_ids, n, block, out, partials, workspace,
-            seg_lo, seg_hi);
 }
 
 void embps_segment_sum_stats_cpu(const void *grads, embps_dtype_t dtype, size_t width,

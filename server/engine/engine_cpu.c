@@ -53,7 +53,7 @@ typedef struct buf {
 struct embps__engine_backend {
   embps_comm_t *comm;
   buf_t all_tokens, unique, segment_ids, dedup_ws, row_sumsq, summed, partials, gathered;
-  buf_t segment_counts; /* embps_segment_sum_stats_cpu's workspace */
+  buf_t segment_counts; /* embps_segment_sum_stats_cpu's (or _bags_range_cpu's) workspace */
   buf_t send, recv, rows;
   buf_t keys;                                 /* a hash-keyed push's keys in hash order */
   buf_t feature[EMBPS__ENGINE_FEATURE_SLOTS]; /* a feature batch's scratch */
@@ -125,7 +125,10 @@ static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engi
   if (ok && push)
     ok = grow(&be->summed, T * sh->w * sizeof(float)) && grow(&be->row_sumsq, T * sizeof(float)) &&
          grow(&be->partials, T * sh->nb * sizeof(float)) &&
-         grow(&be->segment_counts, embps_segment_sum_stats_workspace_bytes(T)) &&
+         grow(&be->segment_counts, embps_segment_sum_stats_workspace_bytes(T) >
+                                           embps_segment_sum_bags_workspace_bytes(T, T)
+                                       ? embps_segment_sum_stats_workspace_bytes(T)
+                                       : embps_segment_sum_bags_workspace_bytes(T, T)) &&
          (!exchange || grow(&be->gathered, sh->group_size * T * sh->nb * sizeof(float)));
   if (!ok)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,

@@ -361,11 +361,17 @@ static embps_status_t push_feature(embps_engine_t *e, const gathered_t *g,
   const size_t block = (pooled ? S : most_of(g, f)) * w * es;
   /* a fused push receives the bags where its sum reads them */
   uint8_t *bags = pooled && l->sources ? (uint8_t *)(l->bags + l->next_bag * w) : NULL;
-  uint8_t *in, *send, *recv;
+  const uint8_t *in;
+  uint8_t *send, *recv;
   embps_status_t ret;
 
-  TRY(scratch(e, FS_GRADS_IN, rows * W * es, &in, err));
-  TRY(e->ops->copy_in(e->be, in, ft->grads, rows * W * es, err));
+  if (e->ops->host_memory) { /* read where the request holds them */
+    in = ft->grads;
+  } else {
+    TRY(scratch(e, FS_GRADS_IN, rows * W * es, &send, err));
+    TRY(e->ops->copy_in(e->be, send, ft->grads, rows * W * es, err));
+    in = send;
+  }
   if (bags && N == 1)
     send = bags;
   else

@@ -6,8 +6,8 @@
  * pooling whose own rows sit at their positions), ids repeated within and across blocks, padding
  * id 0 (inside bags, and bags of padding only), empty bags, negative zeros, NaN and infinite bag
  * gradients, f32 and bf16, widths with a row-statistics block of 32, a smaller one and none, a
- * width wider than the kernel's column pieces, few and many distinct ids (the latter streams its
- * rows of one position), over one range and over three that cover the segments. The sums, the
+ * width wider than the kernel's column pieces, few and many distinct ids (most segments of one
+ * position), over one range and over three that cover the segments. The sums, the
  * partials and what embps_row_combine_cpu makes of them (the finite gate's count, the norm) are
  * all compared bitwise. */
 #include <math.h>
@@ -90,6 +90,7 @@ static void run_case(embps_dtype_t dtype, size_t width, uint64_t vocab, int spec
   float *got_p = kt_alloc((nu * nb + 1) * sizeof(float));
   float *want_sq = kt_alloc((nu + 1) * sizeof(float)), *got_sq = kt_alloc((nu + 1) * sizeof(float));
   void *cws = kt_alloc(embps_segment_sum_stats_workspace_bytes(nu));
+  void *bws = kt_alloc(embps_segment_sum_bags_workspace_bytes(T, nu));
   embps_segment_sum_stats_cpu(expanded, dtype, width, seg, T, nu, block, want, want_p, cws);
   double want_total = 0.0, got_total = 0.0;
   const size_t want_bad = embps_row_combine_cpu(want_p, 1, nu, nb, want_sq, &want_total);
@@ -103,7 +104,7 @@ static void run_case(embps_dtype_t dtype, size_t width, uint64_t vocab, int spec
     got_p[nu * nb] = want_p[nu * nb];
     for (int r = 0; r < 3; r++)
       embps_segment_sum_bags_range_cpu(own, dtype, width, bags, sources, seg, T, nu, block, got,
-                                       got_p, cws, cuts[r], cuts[r + 1]);
+                                       got_p, bws, cuts[r], cuts[r + 1]);
     if (memcmp(want, got, nu * width * sizeof(float)) != 0)
       fail_msg("dtype %d width %zu vocab %llu split %d: sums differ", (int)dtype, width,
                (unsigned long long)vocab, split);
@@ -120,7 +121,7 @@ static void run_case(embps_dtype_t dtype, size_t width, uint64_t vocab, int spec
   free(tokens), free(unique), free(weights), free(bags), free(expanded), free(own), free(sources);
   free(seg), free(ws), free(want), free(got), free(want_p), free(got_p), free(want_sq),
       free(got_sq);
-  free(cws);
+  free(cws), free(bws);
 }
 
 static void test_fused_matches_expand_then_sum(void **state) {
