@@ -10,7 +10,12 @@
  * table's dtype. A push need not write that expansion out (one row per id: 224 MB a step for
  * 2048 samples of the DLRM feature set at 128 f32): embps_bag_sources_cpu says, per position,
  * which bag row it comes from and how, and the fused segment sum (segment_sum_stats.c) expands
- * each position as it adds it. */
+ * each position as it adds it.
+ *
+ * A pooling reads its rows at random over the table, so each id's row is prefetched
+ * EMBPS_PREFETCH_ROWS ids ahead, as the gather does: the 26 DLRM features over 26 tables of
+ * 20000 x 128 f32, 2048 samples, took 37.6 / 37.0 ms against 40.5 / 39.0 ms without (a throwaway
+ * program, medians of 15, two runs, this project's shared 2-core VM). */
 #include <string.h>
 
 #include "kernels/embps_kernels.h"
@@ -56,12 +61,18 @@ void embps_pool_bags_cpu(const void *table, embps_dtype_t dtype, size_t width, c
                          const int64_t *rows, const float *weights, const int64_t *offsets,
                          size_t num_bags, int mean, float *out, float *tmp, uint64_t col_begin,
                          uint64_t seed, float scale) {
+  const size_t last = num_bags ? (size_t)offsets[num_bags] : 0;
+  const size_t row_bytes = width * embps_dtype_size(dtype);
   for (size_t k = 0; k < num_bags; k++) {
     float *restrict acc = out + k * width;
     const size_t a = (size_t)offsets[k], b = (size_t)offsets[k + 1];
     uint32_t c = 0;
     memset(acc, 0, width * sizeof(float));
     for (size_t p = a; p < b; p++) {
+      if (p + EMBPS_PREFETCH_ROWS < last && rows[p + EMBPS_PREFETCH_ROWS] >= 0)
+        embps_prefetch_row((const uint8_t *)table +
+                               (size_t)rows[p + EMBPS_PREFETCH_ROWS] * row_bytes,
+                           row_bytes, NULL);
       if (ids[p] == 0)
         continue; /* padding */
       c++;
