@@ -480,7 +480,11 @@ static embps_status_t cpu_copy(embps__engine_backend_t *be, void *dst, const voi
 }
 
 /* The bags [lo, hi) of a pooling: each bag writes its own output row; each share has its own
- * scratch row. */
+ * scratch row. The output may sit at any alignment (a feature lookup's rows go straight into the
+ * reply's bytes, behind the fields before them): then the share pools POOL_CHUNK bags at a time
+ * into an aligned scratch and copies them out. */
+#define POOL_CHUNK 16
+
 typedef struct pool_job {
   embps_table_t *t;
   const int64_t *ids, *rows, *offsets;
@@ -494,14 +498,21 @@ static void pool_share(void *arg, size_t lo, size_t hi) {
   pool_job_t *j = arg;
   const embps_table_config_t *c = embps_table_config(j->t);
   const size_t w = embps_table_shard_width(j->t);
-  float *tmp = embps_malloc(2 * w * sizeof(float) + 1);
+  const int aligned = ((uintptr_t)j->out & (sizeof(float) - 1)) == 0;
+  float *tmp = embps_malloc((2 + (aligned ? 0 : POOL_CHUNK)) * w * sizeof(float) + 1);
+  float *chunk = tmp + 2 * w;
   if (!tmp) {
     atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
     return;
   }
-  embps_pool_bags_cpu(embps_table_arrays(j->t).data, c->dtype, w, j->ids, j->rows, j->weights,
-                      j->offsets + lo, hi - lo, j->mean, j->out + lo * w, tmp,
-                      embps_table_col_begin(j->t), c->seed, c->init_scale);
+  for (size_t k = lo; k < hi; k += aligned ? hi - lo : POOL_CHUNK) {
+    const size_t n = aligned ? hi - lo : hi - k < POOL_CHUNK ? hi - k : POOL_CHUNK;
+    embps_pool_bags_cpu(embps_table_arrays(j->t).data, c->dtype, w, j->ids, j->rows, j->weights,
+                        j->offsets + k, n, j->mean, aligned ? j->out + k * w : chunk, tmp,
+                        embps_table_col_begin(j->t), c->seed, c->init_scale);
+    if (!aligned)
+      memcpy((uint8_t *)j->out + k * w * sizeof(float), chunk, n * w * sizeof(float));
+  }
   embps_free(tmp);
 }
 
