@@ -9,7 +9,9 @@
  * LSD radix is stable and the pairs start in position order, so the result (and every pass)
  * depends on the tokens alone: deterministic, no hashing, no allocation (the caller supplies
  * the workspace). A final linear scan over the sorted pairs writes the unique tokens and
- * scatters each position's segment id. */
+ * scatters each position's segment id; the sorted form also keeps the positions in their sorted
+ * order (by token, ascending within one: the sort is stable) and where each token's begin, which
+ * a feature push's sum walks (segment_sum_bags.c). */
 #include <string.h>
 
 #include "kernels/embps_kernels.h"
@@ -68,8 +70,17 @@ static int offsets(size_t *restrict h, size_t n) {
 
 size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_t *segment_ids,
                        void *workspace) {
-  if (n == 0)
+  return embps_dedup_sorted_cpu(tokens, n, unique, segment_ids, NULL, NULL, workspace);
+}
+
+size_t embps_dedup_sorted_cpu(const int64_t *tokens, size_t n, int64_t *unique,
+                              uint32_t *segment_ids, uint32_t *order, uint32_t *starts,
+                              void *workspace) {
+  if (n == 0) {
+    if (starts)
+      starts[0] = 0;
     return 0;
+  }
 
   uint64_t kmin = key_of(tokens[0]), kmax = kmin;
   for (size_t i = 1; i < n; i++) {
@@ -81,6 +92,12 @@ size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_
     /* All tokens equal (includes n == 1): no sort needed. */
     unique[0] = tokens[0];
     memset(segment_ids, 0, n * sizeof(uint32_t));
+    for (size_t i = 0; order && i < n; i++)
+      order[i] = (uint32_t)i;
+    if (starts) {
+      starts[0] = 0;
+      starts[1] = (uint32_t)n;
+    }
     return 1;
   }
 
@@ -113,6 +130,21 @@ size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_
     size_t u = 0;
     uint64_t prev = a[0] >> pos_bits;
     unique[0] = token_of(prev + kmin);
+    if (order) {
+      starts[0] = 0;
+      for (size_t i = 0; i < n; i++) {
+        uint64_t k = a[i] >> pos_bits;
+        if (k != prev) {
+          prev = k;
+          unique[++u] = token_of(k + kmin);
+          starts[u] = (uint32_t)i;
+        }
+        segment_ids[a[i] & pos_mask] = (uint32_t)u;
+        order[i] = (uint32_t)(a[i] & pos_mask);
+      }
+      starts[u + 1] = (uint32_t)n;
+      return u + 1;
+    }
     for (size_t i = 0; i < n; i++) {
       uint64_t k = a[i] >> pos_bits;
       if (k != prev) {
@@ -153,10 +185,21 @@ size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_
   size_t u = 0;
   unique[0] = token_of(a[0] + kmin);
   segment_ids[pa[0]] = 0;
-  for (size_t i = 1; i < n; i++) {
-    if (a[i] != a[i - 1])
-      unique[++u] = token_of(a[i] + kmin);
-    segment_ids[pa[i]] = (uint32_t)u;
+  if (order) {
+    order[0] = pa[0];
+    starts[0] = 0;
   }
+  for (size_t i = 1; i < n; i++) {
+    if (a[i] != a[i - 1]) {
+      unique[++u] = token_of(a[i] + kmin);
+      if (starts)
+        starts[u] = (uint32_t)i;
+    }
+    segment_ids[pa[i]] = (uint32_t)u;
+    if (order)
+      order[i] = pa[i];
+  }
+  if (starts)
+    starts[u + 1] = (uint32_t)n;
   return u + 1;
 }

@@ -63,6 +63,16 @@ size_t embps_dedup_workspace_bytes(size_t n);
 size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_t *segment_ids,
                        void *workspace);
 
+/**
+ * embps_dedup_cpu that also writes, with order and starts not NULL, the positions sorted by
+ * token, ascending within a token (order, n entries), and where each distinct token's run
+ * begins in order (starts, num_unique + 1 entries: token u's positions are
+ * order[starts[u] .. starts[u + 1])). Returns the number of distinct tokens.
+ */
+size_t embps_dedup_sorted_cpu(const int64_t *tokens, size_t n, int64_t *unique,
+                              uint32_t *segment_ids, uint32_t *order, uint32_t *starts,
+                              void *workspace);
+
 /* ---- gather ------------------------------------------------------------------------------- */
 
 /**
@@ -147,25 +157,20 @@ void embps_bag_sources_cpu(const int64_t *ids, const float *weights, const int64
                            size_t num_bags, int mean, uint32_t first_bag, size_t n,
                            embps_bag_source_t *out);
 
-/** Bytes of scratch that embps_segment_sum_bags_range_cpu needs for n positions of num_unique
- * segments. */
-size_t embps_segment_sum_bags_workspace_bytes(size_t n, size_t num_unique);
-
 /**
  * embps_segment_sum_stats_range_cpu over the gradients that embps_expand_bags_cpu (rounded to
  * dtype) would give position i from sources[i], without writing them: a position whose source
- * is EMBPS_BAG_OWN reads row i of grads (n x width of dtype, any alignment; NULL when no
- * position does), any other one its bag's row of bags (f32, width per row, aligned). out and
- * partials are bitwise those of expanding every position first and summing the expanded rows
- * with embps_segment_sum_stats_cpu. workspace holds embps_segment_sum_bags_workspace_bytes(n,
- * num_unique) bytes, aligned for uint32_t; calls over disjoint ranges may share it, out and
- * partials on other threads at once.
+ * is EMBPS_BAG_OWN reads row i of grads (one row of width elements of dtype per position, any
+ * alignment; NULL when no position does), any other one its bag's row of bags (f32, width per
+ * row, aligned). Segment s is the positions order[starts[s] .. starts[s + 1]), ascending
+ * (embps_dedup_sorted_cpu's). out and partials are bitwise those of expanding every position
+ * first and summing the expanded rows with embps_segment_sum_stats_cpu. Calls over disjoint
+ * ranges may run at once on other threads with the same out and partials.
  */
 void embps_segment_sum_bags_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
                                       const float *bags, const embps_bag_source_t *sources,
-                                      const uint32_t *segment_ids, size_t n, size_t num_unique,
-                                      size_t block, float *out, float *partials, void *workspace,
-                                      size_t seg_lo, size_t seg_hi);
+                                      const uint32_t *order, const uint32_t *starts, size_t block,
+                                      float *out, float *partials, size_t seg_lo, size_t seg_hi);
 
 /* ---- row statistics: finite check, norm, rowwise mean square -------------------------------- */
 

@@ -11,34 +11,33 @@
  * value the sum of the expanded rows would read). A position of a feature without pooling reads
  * its own row of grads, in the table's dtype.
  *
- * The walk is by segment, not by position: a counting sort of the positions by segment (stable,
- * so each segment's positions stay ascending and every sum keeps its order) lets each unique row be
- * summed whole while it sits in L1, its row statistics taken right after, and the rows written in
- * ascending order once. The by-position walk of segment_sum_stats.c scatters its additions over
- * all the sums (10 MB for 20000 unique rows of 128 f32) because its gradient rows are far bigger;
- * here the rows read at random are the bags' (2048 x 512 bytes for one feature at 128 f32), which
- * stay in L2. The sums' additions are the same (0.0f + g for a first position, then += g, in f32),
- * and the partials are embps_row_partials_cpu of the finished row, as the two-step form takes
- * them, so the bits are the same. Measured with a throwaway program on this project's shared
- * 2-core VM (2048 samples of sum-pooled bags of k ids uniform over 20000 rows, 128 f32, medians
- * of 15, summed over the DLRM feature sizes 100, 27, 12, 10, 9, 8, 7, 6, 6, 5, 3, 3, 3, 2, 2, 1;
- * two runs): expand then segment_sum_stats 99 / 68 ms, this file's form walking the positions in
- * order (a first version: the sums scattered as in segment_sum_stats.c) 56 / 42 ms, by segment
- * 45 / 27 ms; for k = 100 alone by position was ahead (11.4 against 13.1 ms). Prefetching the
- * next positions' bag rows changed nothing measurable (48.8 against 49.0 ms).
+ * The walk is by segment, not by position: the dedup's sort (embps_dedup_sorted_cpu) hands over
+ * each segment's positions, ascending, so each unique row is summed whole while it sits in L1,
+ * its row statistics taken right after, and the rows written in ascending order once. The
+ * by-position walk of segment_sum_stats.c scatters its additions over all the sums (10 MB for
+ * 20000 unique rows of 128 f32) because its gradient rows are far bigger; here the rows read at
+ * random are the bags' (2048 x 512 bytes for one feature at 128 f32), which stay in L2. The
+ * sums' additions are the same (0.0f + g for a first position, then += g, in f32, in position
+ * order), and the partials are embps_row_partials_cpu of the finished row, as the two-step form
+ * takes them, so the bits are the same. Measured with a throwaway program on this project's
+ * shared 2-core VM (2048 samples of sum-pooled bags of k ids uniform over 20000 rows, 128 f32,
+ * medians of 15, summed over the DLRM feature sizes 100, 27, 12, 10, 9, 8, 7, 6, 6, 5, 3, 3, 3,
+ * 2, 2, 1; two runs): expand then segment_sum_stats 99 / 68 ms, a first version of this file
+ * walking the positions in order (the sums scattered as in segment_sum_stats.c) 56 / 42 ms, by
+ * segment (with a counting sort of its own, before the dedup handed its order over) 45 / 27 ms;
+ * for k = 100 alone by position was ahead (11.4 against 13.1 ms). Prefetching the next
+ * positions' bag rows changed nothing measurable (48.8 against 49.0 ms). Taking the dedup's
+ * order instead of that counting sort (which each engine thread repeated over every position):
+ * k = 100 17.0 against 19.1 ms, k = 27 5.0 against 5.4 ms, the sorted dedup itself no slower (4.0
+ * against 4.7 ms at k = 100; one run under load).
  *
- * The range form sums the segments [seg_lo, seg_hi) alone, for the CPU engine's threads: each
- * counts and sorts only its own segments' positions, into its own part of the order (the
- * positions of lower segments come first, counted on the way). */
+ * The range form sums the segments [seg_lo, seg_hi) alone, for the CPU engine's threads: the
+ * segments are disjoint, so the calls write disjoint rows. */
 #include <string.h>
 
 #include "kernels/embps_kernels.h"
 
 #define STREAM_COLS 256 /* columns of an expanded row made on the stack at a time */
-
-size_t embps_segment_sum_bags_workspace_bytes(size_t n, size_t num_unique) {
-  return (num_unique + n) * sizeof(uint32_t);
-}
 
 static void row_f32(float *restrict acc, const unsigned char *restrict g, size_t width, int first) {
   float v;
@@ -123,43 +122,17 @@ static void add_position(float *restrict acc, const unsigned char *grads, size_t
 
 void embps_segment_sum_bags_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
                                       const float *bags, const embps_bag_source_t *sources,
-                                      const uint32_t *segment_ids, size_t n, size_t num_unique,
-                                      size_t block, float *out, float *partials, void *workspace,
-                                      size_t seg_lo, size_t seg_hi) {
+                                      const uint32_t *order, const uint32_t *starts, size_t block,
+                                      float *out, float *partials, size_t seg_lo, size_t seg_hi) {
   const int bf16 = dtype == EMBPS_DTYPE_BF16;
   const size_t in_row = width * embps_dtype_size(dtype);
   const size_t nb = block ? width / block : 0;
-  uint32_t *end = workspace;          /* per segment: where its positions end in order */
-  uint32_t *order = end + num_unique; /* the positions, by segment, ascending within one */
-  const uint32_t lo = (uint32_t)seg_lo, span = (uint32_t)(seg_hi - seg_lo);
-  uint32_t before = 0, at;
-
-  if (span == 0)
-    return;
-  memset(end + lo, 0, span * sizeof(uint32_t));
-  for (size_t i = 0; i < n; i++) {
-    const uint32_t s = segment_ids[i];
-    if (s - lo < span)
-      end[s]++;
-    else
-      before += s < lo;
-  }
-  at = before;
-  for (uint32_t s = lo; s < lo + span; s++) { /* counts to starts */
-    const uint32_t c = end[s];
-    end[s] = at;
-    at += c;
-  }
-  for (size_t i = 0; i < n; i++) /* starts to ends */
-    if (segment_ids[i] - lo < span)
-      order[end[segment_ids[i]]++] = (uint32_t)i;
-  at = before;
-  for (uint32_t s = lo; s < lo + span; s++) {
-    float *restrict acc = out + (size_t)s * width;
-    for (uint32_t k = at; k < end[s]; k++)
-      add_position(acc, grads, in_row, bf16, bags, &sources[order[k]], order[k], width, k == at);
-    at = end[s];
+  for (size_t s = seg_lo; s < seg_hi; s++) {
+    float *restrict acc = out + s * width;
+    for (uint32_t k = starts[s]; k < starts[s + 1]; k++)
+      add_position(acc, grads, in_row, bf16, bags, &sources[order[k]], order[k], width,
+                   k == starts[s]);
     if (nb)
-      embps_row_partials_cpu(acc, 1, width, block, partials + (size_t)s * nb);
+      embps_row_partials_cpu(acc, 1, width, block, partials + s * nb);
   }
 }

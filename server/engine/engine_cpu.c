@@ -53,7 +53,8 @@ typedef struct buf {
 struct embps__engine_backend {
   embps_comm_t *comm;
   buf_t all_tokens, unique, segment_ids, dedup_ws, row_sumsq, summed, partials, gathered;
-  buf_t segment_counts; /* embps_segment_sum_stats_cpu's (or _bags_range_cpu's) workspace */
+  buf_t segment_counts; /* embps_segment_sum_stats_cpu's workspace */
+  buf_t order, starts; /* the last dedup's positions by segment (a feature push's sum walks them) */
   buf_t send, recv, rows;
   buf_t keys;                                 /* a hash-keyed push's keys in hash order */
   buf_t feature[EMBPS__ENGINE_FEATURE_SLOTS]; /* a feature batch's scratch */
@@ -81,7 +82,7 @@ static void cpu_destroy(embps__engine_backend_t *be) {
   buf_t *bufs[] = {&be->all_tokens, &be->unique, &be->segment_ids, &be->dedup_ws,
                    &be->row_sumsq,  &be->summed, &be->partials,    &be->gathered,
                    &be->send,       &be->recv,   &be->rows,        &be->segment_counts,
-                   &be->keys};
+                   &be->keys,       &be->order,  &be->starts};
   for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
     embps_free(bufs[i]->p);
   for (size_t i = 0; i < EMBPS__ENGINE_FEATURE_SLOTS; i++)
@@ -116,7 +117,8 @@ static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engi
   memset(s, 0, sizeof(*s));
   if (push || exchange)
     ok = grow(&be->unique, T * sizeof(int64_t)) && grow(&be->segment_ids, T * sizeof(uint32_t)) &&
-         grow(&be->dedup_ws, embps_dedup_workspace_bytes(T));
+         grow(&be->dedup_ws, embps_dedup_workspace_bytes(T)) &&
+         grow(&be->order, T * sizeof(uint32_t)) && grow(&be->starts, (T + 1) * sizeof(uint32_t));
   if (ok && exchange)
     ok = grow(&be->all_tokens, T * sizeof(int64_t)) && grow(&be->send, exchange_bytes) &&
          grow(&be->recv, exchange_bytes) && (push || grow(&be->rows, exchange_bytes));
@@ -125,10 +127,7 @@ static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engi
   if (ok && push)
     ok = grow(&be->summed, T * sh->w * sizeof(float)) && grow(&be->row_sumsq, T * sizeof(float)) &&
          grow(&be->partials, T * sh->nb * sizeof(float)) &&
-         grow(&be->segment_counts, embps_segment_sum_stats_workspace_bytes(T) >
-                                           embps_segment_sum_bags_workspace_bytes(T, T)
-                                       ? embps_segment_sum_stats_workspace_bytes(T)
-                                       : embps_segment_sum_bags_workspace_bytes(T, T)) &&
+         grow(&be->segment_counts, embps_segment_sum_stats_workspace_bytes(T)) &&
          (!exchange || grow(&be->gathered, sh->group_size * T * sh->nb * sizeof(float)));
   if (!ok)
     return embps_error_set(err, EMBPS_RESOURCE_EXHAUSTED,
@@ -190,7 +189,9 @@ static embps_status_t cpu_input_wait(embps__engine_backend_t *be, embps__engine_
 static embps_status_t cpu_dedup(embps__engine_backend_t *be, const int64_t *tokens, size_t T,
                                 embps_error_t *err) {
   (void)err;
-  be->num_unique = embps_dedup_cpu(tokens, T, be->unique.p, be->segment_ids.p, be->dedup_ws.p);
+  /* with the positions by segment: a sequential write of T more, for segment_sum_bags */
+  be->num_unique = embps_dedup_sorted_cpu(tokens, T, be->unique.p, be->segment_ids.p, be->order.p,
+                                          be->starts.p, be->dedup_ws.p);
   return EMBPS_OK;
 }
 
@@ -256,8 +257,8 @@ static void sum_share(void *arg, size_t lo, size_t hi) {
   const sum_job_t *j = arg;
   if (j->sources)
     embps_segment_sum_bags_range_cpu(j->grads, j->dtype, j->width, j->bags, j->sources,
-                                     j->be->segment_ids.p, j->T, j->num_unique, j->block, j->out,
-                                     j->partials, j->be->segment_counts.p, lo, hi);
+                                     j->be->order.p, j->be->starts.p, j->block, j->out, j->partials,
+                                     lo, hi);
   else
     embps_segment_sum_stats_range_cpu(j->grads, j->dtype, j->width, j->be->segment_ids.p, j->T,
                                       j->num_unique, j->block, j->out, j->partials,

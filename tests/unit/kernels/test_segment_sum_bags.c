@@ -84,13 +84,13 @@ static void run_case(embps_dtype_t dtype, size_t width, uint64_t vocab, int spec
   }
 
   void *ws = kt_alloc(embps_dedup_workspace_bytes(T));
-  const size_t nu = embps_dedup_cpu(tokens, T, unique, seg, ws);
+  uint32_t *order = kt_alloc(T * sizeof(uint32_t)), *starts = kt_alloc((T + 1) * sizeof(uint32_t));
+  const size_t nu = embps_dedup_sorted_cpu(tokens, T, unique, seg, order, starts, ws);
   float *want = kt_alloc(nu * width * sizeof(float)), *got = kt_alloc(nu * width * sizeof(float));
   float *want_p = kt_alloc((nu * nb + 1) * sizeof(float));
   float *got_p = kt_alloc((nu * nb + 1) * sizeof(float));
   float *want_sq = kt_alloc((nu + 1) * sizeof(float)), *got_sq = kt_alloc((nu + 1) * sizeof(float));
   void *cws = kt_alloc(embps_segment_sum_stats_workspace_bytes(nu));
-  void *bws = kt_alloc(embps_segment_sum_bags_workspace_bytes(T, nu));
   embps_segment_sum_stats_cpu(expanded, dtype, width, seg, T, nu, block, want, want_p, cws);
   double want_total = 0.0, got_total = 0.0;
   const size_t want_bad = embps_row_combine_cpu(want_p, 1, nu, nb, want_sq, &want_total);
@@ -103,8 +103,8 @@ static void run_case(embps_dtype_t dtype, size_t width, uint64_t vocab, int spec
       got_p[k] = want_p[k] == 1.0f ? 2.0f : 1.0f;
     got_p[nu * nb] = want_p[nu * nb];
     for (int r = 0; r < 3; r++)
-      embps_segment_sum_bags_range_cpu(own, dtype, width, bags, sources, seg, T, nu, block, got,
-                                       got_p, bws, cuts[r], cuts[r + 1]);
+      embps_segment_sum_bags_range_cpu(own, dtype, width, bags, sources, order, starts, block, got,
+                                       got_p, cuts[r], cuts[r + 1]);
     if (memcmp(want, got, nu * width * sizeof(float)) != 0)
       fail_msg("dtype %d width %zu vocab %llu split %d: sums differ", (int)dtype, width,
                (unsigned long long)vocab, split);
@@ -121,7 +121,7 @@ static void run_case(embps_dtype_t dtype, size_t width, uint64_t vocab, int spec
   free(tokens), free(unique), free(weights), free(bags), free(expanded), free(own), free(sources);
   free(seg), free(ws), free(want), free(got), free(want_p), free(got_p), free(want_sq),
       free(got_sq);
-  free(cws), free(bws);
+  free(cws), free(order), free(starts);
 }
 
 static void test_fused_matches_expand_then_sum(void **state) {
