@@ -108,7 +108,21 @@
   X(PUSH_FEATURES_REQUEST_FEATURES, embps__v1__push_features_request,                              \
     "embps.v1.PushFeaturesRequest", "features", 5, EMBPS_WIRE_LEN)                                 \
   X(FEATURE_SHARD_TABLE, embps__v1__feature_shard, "embps.v1.FeatureShard", "table", 2,            \
-    EMBPS_WIRE_LEN)
+    EMBPS_WIRE_LEN)                                                                                \
+  X(FEATURE_SHARD_GRADIENTS, embps__v1__feature_shard, "embps.v1.FeatureShard", "gradients", 7,    \
+    EMBPS_WIRE_LEN)                                                                                \
+  X(LOOKUP_FEATURES_RESPONSE_BATCH_ID, embps__v1__lookup_features_response,                        \
+    "embps.v1.LookupFeaturesResponse", "batch_id", 1, EMBPS_WIRE_VARINT)                           \
+  X(LOOKUP_FEATURES_RESPONSE_SHARD_INDEX, embps__v1__lookup_features_response,                     \
+    "embps.v1.LookupFeaturesResponse", "shard_index", 2, EMBPS_WIRE_VARINT)                        \
+  X(LOOKUP_FEATURES_RESPONSE_FEATURES, embps__v1__lookup_features_response,                        \
+    "embps.v1.LookupFeaturesResponse", "features", 3, EMBPS_WIRE_LEN)                              \
+  X(FEATURE_ROWS_NAME, embps__v1__feature_rows, "embps.v1.FeatureRows", "name", 1, EMBPS_WIRE_LEN) \
+  X(FEATURE_ROWS_EMB_WIDTH, embps__v1__feature_rows, "embps.v1.FeatureRows", "emb_width", 2,       \
+    EMBPS_WIRE_VARINT)                                                                             \
+  X(FEATURE_ROWS_DTYPE, embps__v1__feature_rows, "embps.v1.FeatureRows", "dtype", 3,               \
+    EMBPS_WIRE_VARINT)                                                                             \
+  X(FEATURE_ROWS_ROWS, embps__v1__feature_rows, "embps.v1.FeatureRows", "rows", 4, EMBPS_WIRE_LEN)
 
 /** EMBPS_WIRE_<NAME>: each row's field number; EMBPS_WIRE_TYPE_<NAME>: its wire type. */
 #define EMBPS__WIRE_NUMBER(name, desc, msg, field, number, type) EMBPS_WIRE_##name = (number),

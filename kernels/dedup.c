@@ -11,7 +11,9 @@
  * LSD radix is stable and the pairs start in position order, so the result (and every pass)
  * depends on the tokens alone: deterministic, no hashing, no allocation (the caller supplies
  * the workspace). A final linear scan over the sorted pairs writes the unique tokens and
- * scatters each position's segment id. */
+ * scatters each position's segment id; the sorted form also keeps the positions in their sorted
+ * order (by token, ascending within one: the sort is stable) and where each token's begin, which
+ * a feature push's sum walks (segment_sum_bags.c). */
 #include <string.h>
 
 #include "kernels/embps_kernels.h"
@@ -100,7 +102,8 @@ static uint64_t *radix_passes(uint64_t *v, uint64_t *w, size_t n, unsigned shift
  * only below) is put in (key, position) order by its full keys, read back from tokens. The
  * result is the one order of (key, position) pairs, as on the other paths. */
 static size_t dedup_wide(const int64_t *tokens, size_t n, uint64_t kmin, unsigned key_bits,
-                         unsigned pos_bits, int64_t *unique, uint32_t *segment_ids, uint64_t *ws) {
+                         unsigned pos_bits, int64_t *unique, uint32_t *segment_ids, uint32_t *order,
+                         uint32_t *starts, uint64_t *ws) {
   const unsigned low = key_bits + pos_bits - 64; /* key bits left out of a pair: <= pos_bits */
   const uint64_t pos_mask = (UINT64_C(1) << pos_bits) - 1;
   const uint64_t low_mask = (UINT64_C(1) << low) - 1;
@@ -134,20 +137,38 @@ static size_t dedup_wide(const int64_t *tokens, size_t n, uint64_t kmin, unsigne
     }
     for (size_t k = i; k < j; k++) {
       const uint64_t pos = a[k] & pos_mask;
-      if (k > 0 && tokens[pos] != unique[u])
+      if (k > 0 && tokens[pos] != unique[u]) {
         u++;
+        if (starts)
+          starts[u] = (uint32_t)k;
+      }
       unique[u] = tokens[pos];
       segment_ids[pos] = (uint32_t)u;
+      if (order)
+        order[k] = (uint32_t)pos;
     }
     i = j;
+  }
+  if (starts) {
+    starts[0] = 0;
+    starts[u + 1] = (uint32_t)n;
   }
   return u + 1;
 }
 
 size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_t *segment_ids,
                        void *workspace) {
-  if (n == 0)
+  return embps_dedup_sorted_cpu(tokens, n, unique, segment_ids, NULL, NULL, workspace);
+}
+
+size_t embps_dedup_sorted_cpu(const int64_t *tokens, size_t n, int64_t *unique,
+                              uint32_t *segment_ids, uint32_t *order, uint32_t *starts,
+                              void *workspace) {
+  if (n == 0) {
+    if (starts)
+      starts[0] = 0;
     return 0;
+  }
 
   uint64_t kmin = key_of(tokens[0]), kmax = kmin;
   for (size_t i = 1; i < n; i++) {
@@ -159,6 +180,12 @@ size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_
     /* All tokens equal (includes n == 1): no sort needed. */
     unique[0] = tokens[0];
     memset(segment_ids, 0, n * sizeof(uint32_t));
+    for (size_t i = 0; order && i < n; i++)
+      order[i] = (uint32_t)i;
+    if (starts) {
+      starts[0] = 0;
+      starts[1] = (uint32_t)n;
+    }
     return 1;
   }
 
@@ -175,6 +202,21 @@ size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_
     size_t u = 0;
     uint64_t prev = a[0] >> pos_bits;
     unique[0] = token_of(prev + kmin);
+    if (order) {
+      starts[0] = 0;
+      for (size_t i = 0; i < n; i++) {
+        uint64_t k = a[i] >> pos_bits;
+        if (k != prev) {
+          prev = k;
+          unique[++u] = token_of(k + kmin);
+          starts[u] = (uint32_t)i;
+        }
+        segment_ids[a[i] & pos_mask] = (uint32_t)u;
+        order[i] = (uint32_t)(a[i] & pos_mask);
+      }
+      starts[u + 1] = (uint32_t)n;
+      return u + 1;
+    }
     for (size_t i = 0; i < n; i++) {
       uint64_t k = a[i] >> pos_bits;
       if (k != prev) {
@@ -186,5 +228,5 @@ size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_
     return u + 1;
   }
 
-  return dedup_wide(tokens, n, kmin, key_bits, pos_bits, unique, segment_ids, a);
+  return dedup_wide(tokens, n, kmin, key_bits, pos_bits, unique, segment_ids, order, starts, a);
 }

@@ -63,6 +63,16 @@ size_t embps_dedup_workspace_bytes(size_t n);
 size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_t *segment_ids,
                        void *workspace);
 
+/**
+ * embps_dedup_cpu that also writes, with order and starts not NULL, the positions sorted by
+ * token, ascending within a token (order, n entries), and where each distinct token's run
+ * begins in order (starts, num_unique + 1 entries: token u's positions are
+ * order[starts[u] .. starts[u + 1])). Returns the number of distinct tokens.
+ */
+size_t embps_dedup_sorted_cpu(const int64_t *tokens, size_t n, int64_t *unique,
+                              uint32_t *segment_ids, uint32_t *order, uint32_t *starts,
+                              void *workspace);
+
 /* ---- gather ------------------------------------------------------------------------------- */
 
 /**
@@ -115,6 +125,52 @@ void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, s
                                        const uint32_t *segment_ids, size_t n, size_t num_unique,
                                        size_t block, float *out, float *partials, void *workspace,
                                        size_t seg_lo, size_t seg_hi);
+
+/**
+ * Where position i of a feature push takes its gradient row from, for
+ * embps_segment_sum_bags_range_cpu: the push's own row (EMBPS_BAG_OWN: a feature without pooling
+ * sent one per id), zeros (EMBPS_BAG_PAD: padding id 0), or bag `bag` of the pooled gradients
+ * as it is (EMBPS_BAG_SUM), times `factor` (EMBPS_BAG_WEIGHTED: the id's weight) or divided by
+ * it (EMBPS_BAG_MEAN: the bag's nonzero ids): embps_expand_bags_cpu's row for that position.
+ */
+typedef enum embps_bag_mode {
+  EMBPS_BAG_OWN = 0,
+  EMBPS_BAG_PAD = 1,
+  EMBPS_BAG_SUM = 2,
+  EMBPS_BAG_WEIGHTED = 3,
+  EMBPS_BAG_MEAN = 4
+} embps_bag_mode_t;
+
+typedef struct embps_bag_source {
+  uint32_t mode; /* an embps_bag_mode_t */
+  uint32_t bag;  /* the bag's row of the pooled gradients */
+  float factor;
+} embps_bag_source_t;
+
+/**
+ * The sources of num_bags bags' positions (bags as embps_expand_bags_cpu's; out[p] for each
+ * position p of bag k): bag first_bag + k, with what embps_expand_bags_cpu does to it there
+ * (weights not NULL: weighted; mean: over the bag's nonzero ids; id 0: padding). With offsets
+ * NULL, the n positions out[0..n) take their own rows (EMBPS_BAG_OWN) instead.
+ */
+void embps_bag_sources_cpu(const int64_t *ids, const float *weights, const int64_t *offsets,
+                           size_t num_bags, int mean, uint32_t first_bag, size_t n,
+                           embps_bag_source_t *out);
+
+/**
+ * embps_segment_sum_stats_range_cpu over the gradients that embps_expand_bags_cpu (rounded to
+ * dtype) would give position i from sources[i], without writing them: a position whose source
+ * is EMBPS_BAG_OWN reads row i of grads (one row of width elements of dtype per position, any
+ * alignment; NULL when no position does), any other one its bag's row of bags (f32, width per
+ * row, aligned). Segment s is the positions order[starts[s] .. starts[s + 1]), ascending
+ * (embps_dedup_sorted_cpu's). out and partials are bitwise those of expanding every position
+ * first and summing the expanded rows with embps_segment_sum_stats_cpu. Calls over disjoint
+ * ranges may run at once on other threads with the same out and partials.
+ */
+void embps_segment_sum_bags_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
+                                      const float *bags, const embps_bag_source_t *sources,
+                                      const uint32_t *order, const uint32_t *starts, size_t block,
+                                      float *out, float *partials, size_t seg_lo, size_t seg_hi);
 
 /* ---- row statistics: finite check, norm, rowwise mean square -------------------------------- */
 

@@ -473,8 +473,9 @@ fail:
 
 embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_shape_t *sh,
                                         embps_table_t *t, const embps__engine_scratch_t *sp,
-                                        const void *grads, embps__engine_step_t *res,
-                                        embps_error_t *err) {
+                                        const void *grads, const float *bags,
+                                        const embps_bag_source_t *sources,
+                                        embps__engine_step_t *res, embps_error_t *err) {
   const embps__engine_ops_t *ops = e->ops;
   embps__engine_backend_t *be = e->be;
   const embps_table_config_t *c = embps_table_config(t);
@@ -497,7 +498,10 @@ embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_s
   STEP(ops->unique(be, &U, &first_unique, &unique, err));
   /* Where the backend can, the row statistics are taken while each summed row is still in cache
    * (kernels/segment_sum_stats.c says what that saves). */
-  if (ops->segment_sum_stats)
+  if (sources)
+    STEP(ops->segment_sum_bags(be, t, grads, bags, sources, T, U, sh->nb ? w / sh->nb : 0, s.summed,
+                               s.partials, err));
+  else if (ops->segment_sum_stats)
     STEP(ops->segment_sum_stats(be, t, grads, T, U, sh->nb ? w / sh->nb : 0, s.summed, s.partials,
                                 err));
   else
@@ -507,7 +511,7 @@ embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_s
   rows = unique + first;
   m = U - first;
   g = s.summed + first * w;
-  ready = ops->segment_sum_stats ? s.partials + first * sh->nb : NULL;
+  ready = sources || ops->segment_sum_stats ? s.partials + first * sh->nb : NULL;
   res->num_unique = m;
   atomic_fetch_add_explicit(&counters->unique_tokens, m, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
@@ -576,7 +580,7 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
     STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
     grads = s.recv; /* T x w: every position's gradient for this rank's columns */
   }
-  STEP(embps__engine_push_apply(e, sh, t, &s, grads, &res, err));
+  STEP(embps__engine_push_apply(e, sh, t, &s, grads, NULL, NULL, &res, err));
   op->num_unique = res.num_unique;
   op->skipped = res.skipped;
   op->grad_norm = res.grad_norm;

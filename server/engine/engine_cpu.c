@@ -55,6 +55,7 @@ struct embps__engine_backend {
   embps_comm_t *comm;
   buf_t all_tokens, unique, segment_ids, dedup_ws, row_sumsq, summed, partials, gathered, sums;
   buf_t segment_counts; /* embps_segment_sum_stats_cpu's workspace */
+  buf_t order, starts; /* the last dedup's positions by segment (a feature push's sum walks them) */
   buf_t send, recv, rows;
   buf_t keys;                                 /* a hash-keyed push's keys in hash order */
   buf_t feature[EMBPS__ENGINE_FEATURE_SLOTS]; /* a feature batch's scratch */
@@ -83,7 +84,7 @@ static void cpu_destroy(embps__engine_backend_t *be) {
   buf_t *bufs[] = {&be->all_tokens, &be->unique, &be->segment_ids, &be->dedup_ws,
                    &be->row_sumsq,  &be->summed, &be->partials,    &be->gathered,
                    &be->send,       &be->recv,   &be->rows,        &be->segment_counts,
-                   &be->keys,       &be->sums};
+                   &be->keys,       &be->sums,   &be->order,       &be->starts};
   for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
     embps_free(bufs[i]->p);
   for (size_t i = 0; i < EMBPS__ENGINE_FEATURE_SLOTS; i++)
@@ -130,7 +131,8 @@ static embps_status_t cpu_reserve(embps__engine_backend_t *be, const embps__engi
       [EMBPS_ROUND_ROWS] = &be->rows,         [EMBPS_ROUND_KEYS] = &be->keys,
       [EMBPS_ROUND_SUMMED] = &be->summed,     [EMBPS_ROUND_ROW_SUMSQ] = &be->row_sumsq,
       [EMBPS_ROUND_PARTIALS] = &be->partials, [EMBPS_ROUND_SEGMENT_COUNTS] = &be->segment_counts,
-      [EMBPS_ROUND_GATHERED] = &be->gathered, [EMBPS_ROUND_SUMS] = &be->sums};
+      [EMBPS_ROUND_GATHERED] = &be->gathered, [EMBPS_ROUND_SUMS] = &be->sums,
+      [EMBPS_ROUND_ORDER] = &be->order,       [EMBPS_ROUND_STARTS] = &be->starts};
   int ok = 1;
 
   memset(s, 0, sizeof(*s));
@@ -203,7 +205,9 @@ static embps_status_t cpu_input_wait(embps__engine_backend_t *be, embps__engine_
 static embps_status_t cpu_dedup(embps__engine_backend_t *be, const int64_t *tokens, size_t T,
                                 embps_error_t *err) {
   (void)err;
-  be->num_unique = embps_dedup_cpu(tokens, T, be->unique.p, be->segment_ids.p, be->dedup_ws.p);
+  /* with the positions by segment: a sequential write of T more, for segment_sum_bags */
+  be->num_unique = embps_dedup_sorted_cpu(tokens, T, be->unique.p, be->segment_ids.p, be->order.p,
+                                          be->starts.p, be->dedup_ws.p);
   return EMBPS_OK;
 }
 
@@ -258,6 +262,8 @@ static embps_status_t cpu_segment_sum(embps__engine_backend_t *be, embps_table_t
 typedef struct sum_job {
   embps__engine_backend_t *be;
   const void *grads;
+  const float *bags;                 /* a fused feature push's pooled gradients */
+  const embps_bag_source_t *sources; /* and its positions' sources; else NULL */
   embps_dtype_t dtype;
   size_t width, T, num_unique, block;
   float *out, *partials;
@@ -265,9 +271,14 @@ typedef struct sum_job {
 
 static void sum_share(void *arg, size_t lo, size_t hi) {
   const sum_job_t *j = arg;
-  embps_segment_sum_stats_range_cpu(j->grads, j->dtype, j->width, j->be->segment_ids.p, j->T,
-                                    j->num_unique, j->block, j->out, j->partials,
-                                    j->be->segment_counts.p, lo, hi);
+  if (j->sources)
+    embps_segment_sum_bags_range_cpu(j->grads, j->dtype, j->width, j->bags, j->sources,
+                                     j->be->order.p, j->be->starts.p, j->block, j->out, j->partials,
+                                     lo, hi);
+  else
+    embps_segment_sum_stats_range_cpu(j->grads, j->dtype, j->width, j->be->segment_ids.p, j->T,
+                                      j->num_unique, j->block, j->out, j->partials,
+                                      j->be->segment_counts.p, lo, hi);
 }
 
 /* Split by segments: each thread reads every segment id but sums only its own segments' rows. */
@@ -277,6 +288,29 @@ static embps_status_t cpu_segment_sum_stats(embps__engine_backend_t *be, embps_t
                                             embps_error_t *err) {
   sum_job_t j = {.be = be,
                  .grads = grads,
+                 .dtype = embps_table_config(t)->dtype,
+                 .width = embps_table_shard_width(t),
+                 .T = T,
+                 .num_unique = num_unique,
+                 .block = block,
+                 .out = out,
+                 .partials = partials};
+  (void)err;
+  embps_workers_run(be->workers, num_unique, MIN_SHARE_ROWS, sum_share, &j);
+  return EMBPS_OK;
+}
+
+/* A feature push's sum, fused with the bags' expansion: split by segments as above, each thread
+ * expanding the positions of its own segments as it adds them. */
+static embps_status_t cpu_segment_sum_bags(embps__engine_backend_t *be, embps_table_t *t,
+                                           const void *grads, const float *bags,
+                                           const embps_bag_source_t *sources, size_t T,
+                                           size_t num_unique, size_t block, float *out,
+                                           float *partials, embps_error_t *err) {
+  sum_job_t j = {.be = be,
+                 .grads = grads,
+                 .bags = bags,
+                 .sources = sources,
                  .dtype = embps_table_config(t)->dtype,
                  .width = embps_table_shard_width(t),
                  .T = T,
@@ -496,7 +530,11 @@ static embps_status_t cpu_copy(embps__engine_backend_t *be, void *dst, const voi
 }
 
 /* The bags [lo, hi) of a pooling: each bag writes its own output row; each share has its own
- * scratch row. */
+ * scratch row. The output may sit at any alignment (a feature lookup's rows go straight into the
+ * reply's bytes, behind the fields before them): then the share pools POOL_CHUNK bags at a time
+ * into an aligned scratch and copies them out. */
+#define POOL_CHUNK 16
+
 typedef struct pool_job {
   embps_table_t *t;
   const int64_t *ids, *rows, *offsets;
@@ -510,14 +548,21 @@ static void pool_share(void *arg, size_t lo, size_t hi) {
   pool_job_t *j = arg;
   const embps_table_config_t *c = embps_table_config(j->t);
   const size_t w = embps_table_shard_width(j->t);
-  float *tmp = embps_malloc(2 * w * sizeof(float) + 1);
+  const int aligned = ((uintptr_t)j->out & (sizeof(float) - 1)) == 0;
+  float *tmp = embps_malloc((2 + (aligned ? 0 : POOL_CHUNK)) * w * sizeof(float) + 1);
+  float *chunk = tmp + 2 * w;
   if (!tmp) {
     atomic_store_explicit(&j->failed, 1, memory_order_relaxed);
     return;
   }
-  embps_pool_bags_cpu(embps_table_arrays(j->t).data, c->dtype, w, j->ids, j->rows, j->weights,
-                      j->offsets + lo, hi - lo, j->mean, j->out + lo * w, tmp,
-                      embps_table_col_begin(j->t), c->seed, c->init_scale);
+  for (size_t k = lo; k < hi; k += aligned ? hi - lo : POOL_CHUNK) {
+    const size_t n = aligned ? hi - lo : hi - k < POOL_CHUNK ? hi - k : POOL_CHUNK;
+    embps_pool_bags_cpu(embps_table_arrays(j->t).data, c->dtype, w, j->ids, j->rows, j->weights,
+                        j->offsets + k, n, j->mean, aligned ? j->out + k * w : chunk, tmp,
+                        embps_table_col_begin(j->t), c->seed, c->init_scale);
+    if (!aligned)
+      memcpy((uint8_t *)j->out + k * w * sizeof(float), chunk, n * w * sizeof(float));
+  }
   embps_free(tmp);
 }
 
@@ -561,6 +606,15 @@ static embps_status_t cpu_expand_bags(embps__engine_backend_t *be, embps_table_t
   expand_job_t j = {t, g, weights, ids, offsets, mean, out};
   (void)err;
   embps_workers_run(be->workers, num_bags, 64, expand_share, &j);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_bag_sources(embps__engine_backend_t *be, const int64_t *ids,
+                                      const float *weights, const int64_t *offsets, size_t num_bags,
+                                      int mean, uint32_t first_bag, size_t n,
+                                      embps_bag_source_t *out, embps_error_t *err) {
+  (void)be, (void)err;
+  embps_bag_sources_cpu(ids, weights, offsets, num_bags, mean, first_bag, n, out);
   return EMBPS_OK;
 }
 
@@ -699,6 +753,8 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .copy_out = cpu_copy,
     .pool_bags = cpu_pool_bags,
     .expand_bags = cpu_expand_bags,
+    .bag_sources = cpu_bag_sources,
+    .segment_sum_bags = cpu_segment_sum_bags,
     .host_memory = 1,
     .assign_rows = cpu_assign_rows,
     .mark_dirty = cpu_mark_dirty,

@@ -200,6 +200,19 @@ typedef struct embps__engine_ops {
   embps_status_t (*expand_bags)(embps__engine_backend_t *be, embps_table_t *t, const float *g,
                                 const int64_t *ids, const float *weights, const int64_t *offsets,
                                 size_t num_bags, int mean, void *out, embps_error_t *err);
+  /** embps_bag_sources_cpu into out (n entries; offsets NULL: n positions of their own rows).
+   * NULL, with segment_sum_bags, where the backend has no fused push: features.c then expands
+   * the bags with expand_bags and sums the expanded rows. */
+  embps_status_t (*bag_sources)(embps__engine_backend_t *be, const int64_t *ids,
+                                const float *weights, const int64_t *offsets, size_t num_bags,
+                                int mean, uint32_t first_bag, size_t n, embps_bag_source_t *out,
+                                embps_error_t *err);
+  /** segment_sum_stats of the gradients the last dedup's T positions take from sources
+   * (embps_segment_sum_bags_range_cpu: bags' rows, or grads' own rows), never written out. */
+  embps_status_t (*segment_sum_bags)(embps__engine_backend_t *be, embps_table_t *t,
+                                     const void *grads, const float *bags,
+                                     const embps_bag_source_t *sources, size_t T, size_t num_unique,
+                                     size_t block, float *out, float *partials, embps_error_t *err);
 
   /** embps_assign_rows_cpu on the table's slice: the n rows `rows` (distinct) become the rows
    * src_rows of src (rows of the slice's width and the table's dtype), and with reset set their
@@ -282,11 +295,14 @@ embps_status_t embps__engine_push_dedup(embps_engine_t *e, const embps__engine_s
                                         const void *tokens, embps_error_t *err);
 /** Its second half: the gradients (sh->T x sh->w of t's dtype, backend memory, this rank's
  * columns, in the deduplicated tokens' positions) summed, gated, and applied to t; *res says how
- * it went. Enqueues; the caller finishes (or aborts) the op. */
+ * it went. With sources (a feature push on a backend with segment_sum_bags; else NULL), the
+ * positions take their gradients from bags' rows or grads' as sources say. Enqueues; the caller
+ * finishes (or aborts) the op. */
 embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_shape_t *sh,
                                         embps_table_t *t, const embps__engine_scratch_t *s,
-                                        const void *grads, embps__engine_step_t *res,
-                                        embps_error_t *err);
+                                        const void *grads, const float *bags,
+                                        const embps_bag_source_t *sources,
+                                        embps__engine_step_t *res, embps_error_t *err);
 
 /** Runs an assign (op->kind == EMBPS_OP_ASSIGN; assign.c) of the shape sh. */
 embps_status_t embps__engine_run_assign(embps_engine_t *e, const embps__engine_shape_t *sh,

@@ -12,11 +12,13 @@
  * each rank its own (padded to the largest rank's count).
  *
  * A push, table after table in the order the features first name them: the gradients of the
- * table's features move to the ranks that own their columns (a pooled feature's one per bag,
- * expanded to the bag's ids there by expand_bags), laid out rank after rank, feature after
- * feature, id after id, with their ids beside them; then the table's step is PushGradients'
- * (embps__engine_push_dedup, embps__engine_push_apply): one dedup, segment sum, gate and update
- * per table.
+ * table's features move to the ranks that own their columns (a pooled feature's one per bag),
+ * laid out rank after rank, feature after feature, id after id, with their ids beside them; then
+ * the table's step is PushGradients' (embps__engine_push_dedup, embps__engine_push_apply): one
+ * dedup, segment sum, gate and update per table. A pooled feature's positions are not written
+ * out one gradient row per id where the backend has a fused sum (segment_sum_bags): each says
+ * which bag's gradient it takes and how (bag_sources), and the sum expands it as it adds it;
+ * elsewhere expand_bags writes the rows first.
  *
  * Everything runs through the backend's operations, on its memory and its stream, so both
  * backends serve feature batches. A hash-keyed table's keys come to the host for the index
@@ -45,6 +47,8 @@ enum {
   FS_GRADS_IN, /* a push's gradients from the request */
   FS_TOKENS,   /* a table's ids, laid out for its step */
   FS_GRADS,    /* their gradients on this rank's columns */
+  FS_BAGS,     /* a fused push's pooled gradients of a table on this rank's columns */
+  FS_SOURCES,  /* and where each of the table's positions takes its gradient from */
 };
 
 /* What every rank holds once the shards are gathered. */
@@ -329,77 +333,119 @@ fail:
 
 /* ---- push ------------------------------------------------------------------------------------ */
 
-/* Feature f's gradients, moved to the ranks that own their columns, into this rank's tokens and
- * grads (rank r's at at[r]: its place in the table's layout, advanced past it). */
+/* Where a table's gradients are laid out for its step: tokens and grads (rank r's at at[r]: its
+ * place in the table's layout), and on a fused push the pooled features' bags (each feature's N
+ * blocks of S bag gradients on this rank's columns, one feature after another: next_bag is the
+ * next feature's first) with every position's source. */
+typedef struct layout {
+  int64_t *tokens;
+  uint8_t *grads;
+  float *bags;
+  embps_bag_source_t *sources; /* NULL: the bags are expanded into grads */
+  size_t next_bag, *at;
+} layout_t;
+
+/* Feature f's gradients, moved to the ranks that own their columns, into this rank's layout l
+ * (each rank's place in it advanced past the feature). */
 static embps_status_t push_feature(embps_engine_t *e, const gathered_t *g,
-                                   const embps_feature_t *ft, size_t f, int64_t *tokens,
-                                   uint8_t *grads, size_t *at, embps_error_t *err) {
+                                   const embps_feature_t *ft, size_t f, layout_t *l,
+                                   embps_error_t *err) {
   embps_table_t *t = ft->table;
   const embps_table_config_t *c = embps_table_config(t);
   const size_t w = embps_table_shard_width(t), W = c->emb_width, N = g->N, S = g->S;
   const size_t ds = embps_dtype_size(c->dtype);
   const int pooled = ft->pooling != EMBPS_POOLING_NONE;
+  const int mean = ft->pooling == EMBPS_POOLING_MEAN;
   /* what one rank sends another: pooled, S bag gradients of w f32; else its ids' gradients */
   const size_t es = pooled ? sizeof(float) : ds, rows = pooled ? S : ft->num_ids;
   const size_t block = (pooled ? S : most_of(g, f)) * w * es;
-  uint8_t *in, *send, *recv;
+  /* a fused push receives the bags where its sum reads them */
+  uint8_t *bags = pooled && l->sources ? (uint8_t *)(l->bags + l->next_bag * w) : NULL;
+  const uint8_t *in;
+  uint8_t *send, *recv;
   embps_status_t ret;
 
-  TRY(scratch(e, FS_GRADS_IN, rows * W * es, &in, err));
-  TRY(e->ops->copy_in(e->be, in, ft->grads, rows * W * es, err));
-  TRY(scratch(e, FS_SEND, N * block, &send, err));
+  if (e->ops->host_memory) { /* read where the request holds them */
+    in = ft->grads;
+  } else {
+    TRY(scratch(e, FS_GRADS_IN, rows * W * es, &send, err));
+    TRY(e->ops->copy_in(e->be, send, ft->grads, rows * W * es, err));
+    in = send;
+  }
+  if (bags && N == 1)
+    send = bags;
+  else
+    TRY(scratch(e, FS_SEND, N * block, &send, err));
   for (uint32_t r = 0; r < N && rows > 0; r++) /* block r: rank r's columns of this rank's rows */
     TRY(e->ops->copy2d(e->be, send + r * block, w * es, in + r * w * es, W * es, w * es, rows,
                        err));
   recv = send;
   if (N > 1) {
-    TRY(scratch(e, FS_RECV, N * block, &recv, err));
+    if (bags)
+      recv = bags;
+    else
+      TRY(scratch(e, FS_RECV, N * block, &recv, err));
     TRY(embps_comm_all_to_all(e->comm, send, block, recv, err));
   }
   for (uint32_t r = 0; r < N; r++) {
-    const size_t n = count(g, r, f), from = start(g, r, f);
+    const size_t n = count(g, r, f), from = start(g, r, f), at = l->at[r];
+    const float *weights = ft->pooling == EMBPS_POOLING_WEIGHTED_SUM ? g->weights + from : NULL;
     if (n == 0)
       continue;
-    TRY(e->ops->copy2d(e->be, tokens + at[r], sizeof(int64_t), g->ids + from, sizeof(int64_t),
+    TRY(e->ops->copy2d(e->be, l->tokens + at, sizeof(int64_t), g->ids + from, sizeof(int64_t),
                        sizeof(int64_t), n, err));
-    if (pooled)
-      TRY(e->ops->expand_bags(e->be, t, (const float *)(recv + r * block), g->ids + from,
-                              ft->pooling == EMBPS_POOLING_WEIGHTED_SUM ? g->weights + from : NULL,
-                              offsets_of(g, r, f), S, ft->pooling == EMBPS_POOLING_MEAN,
-                              grads + at[r] * w * ds, err));
+    if (pooled && l->sources)
+      TRY(e->ops->bag_sources(e->be, g->ids + from, weights, offsets_of(g, r, f), S, mean,
+                              (uint32_t)(l->next_bag + r * S), n, l->sources + at, err));
+    else if (pooled)
+      TRY(e->ops->expand_bags(e->be, t, (const float *)(recv + r * block), g->ids + from, weights,
+                              offsets_of(g, r, f), S, mean, l->grads + at * w * ds, err));
     else
-      TRY(e->ops->copy2d(e->be, grads + at[r] * w * ds, w * ds, recv + r * block, w * ds, w * ds, n,
+      TRY(e->ops->copy2d(e->be, l->grads + at * w * ds, w * ds, recv + r * block, w * ds, w * ds, n,
                          err));
-    at[r] += n;
+    if (!pooled && l->sources)
+      TRY(e->ops->bag_sources(e->be, NULL, NULL, NULL, 0, 0, 0, n, l->sources + at, err));
+    l->at[r] += n;
   }
+  if (bags)
+    l->next_bag += N * S;
 fail:
   return ret;
 }
 
-/* Table t's step: the gradients of every feature of t, laid out rank, feature, id. */
+/* Table t's step: the gradients of every feature of t, laid out rank, feature, id. Where the
+ * backend can (segment_sum_bags), a pooled feature's positions are not expanded into rows of
+ * their own: the sum reads each from its bag's gradient (kernels/segment_sum_stats.c). */
 static embps_status_t push_table(embps_engine_t *e, embps_op_t *op, const gathered_t *g,
                                  embps_table_t *t, embps_table_step_t *step, embps_error_t *err) {
   const embps_table_config_t *c = embps_table_config(t);
   embps_table_counters_t *counters = embps_table_counters(t);
+  const int fused = e->ops->bag_sources && e->ops->segment_sum_bags;
   embps__engine_shape_t sh;
   embps__engine_scratch_t s;
   embps__engine_step_t res;
-  size_t T = 0, mine = 0, *at = NULL;
-  int64_t *tokens;
-  uint8_t *grads;
+  size_t T = 0, mine = 0, own = 0, bags = 0;
+  layout_t l = {0};
   embps_status_t ret = EMBPS_OK;
 
   memset(&sh, 0, sizeof(sh));
-  CHECK_ALLOC(at = embps_calloc(g->N, sizeof(size_t)));
+  CHECK_ALLOC(l.at = embps_calloc(g->N, sizeof(size_t)));
   for (uint32_t r = 0; r < g->N; r++) {
-    at[r] = T;
+    l.at[r] = T;
     for (size_t f = 0; f < g->F; f++)
       if (op->features[f].table == t)
         T += count(g, r, f);
   }
-  for (size_t f = 0; f < g->F; f++)
-    if (op->features[f].table == t)
-      mine += op->features[f].num_ids;
+  for (size_t f = 0; f < g->F; f++) {
+    if (op->features[f].table != t)
+      continue;
+    mine += op->features[f].num_ids;
+    if (op->features[f].pooling != EMBPS_POOLING_NONE)
+      bags += g->N * g->S;
+    else
+      for (uint32_t r = 0; r < g->N; r++)
+        own += count(g, r, f);
+  }
   sh.kind = EMBPS_OP_PUSH;
   sh.group_size = g->N;
   sh.T = T;
@@ -408,25 +454,31 @@ static embps_status_t push_table(embps_engine_t *e, embps_op_t *op, const gather
   sh.ds = embps_dtype_size(c->dtype);
   sh.nb = embps_row_stats_block(sh.w) ? sh.w / embps_row_stats_block(sh.w) : 0;
   sh.hashed = embps_table_hindex(t) != NULL;
-  TRY(scratch(e, FS_TOKENS, T * sizeof(int64_t), &tokens, err));
-  TRY(scratch(e, FS_GRADS, T * sh.w * sh.ds, &grads, err));
+  TRY(scratch(e, FS_TOKENS, T * sizeof(int64_t), &l.tokens, err));
+  /* the rows a fused push writes are the features' own without pooling (at their positions) */
+  TRY(scratch(e, FS_GRADS, (fused && !own ? 0 : T) * sh.w * sh.ds, &l.grads, err));
+  if (fused) {
+    TRY(scratch(e, FS_BAGS, bags * sh.w * sizeof(float), &l.bags, err));
+    TRY(scratch(e, FS_SOURCES, T * sizeof(embps_bag_source_t), &l.sources, err));
+  }
   for (size_t f = 0; f < g->F; f++)
     if (op->features[f].table == t)
-      TRY(push_feature(e, g, &op->features[f], f, tokens, grads, at, err));
+      TRY(push_feature(e, g, &op->features[f], f, &l, err));
   TRY(embps__engine_reserve(e, &sh, op, &s, err));
   if (op->error.status != EMBPS_OK)
     goto fail;
   atomic_fetch_add_explicit(&counters->pushes, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->rows_pushed, mine, memory_order_relaxed);
-  TRY(embps__engine_push_dedup(e, &sh, t, &s, tokens, err));
-  TRY(embps__engine_push_apply(e, &sh, t, &s, grads, &res, err));
+  TRY(embps__engine_push_dedup(e, &sh, t, &s, l.tokens, err));
+  TRY(embps__engine_push_apply(e, &sh, t, &s, fused && !own ? NULL : l.grads, l.bags, l.sources,
+                               &res, err));
   step->table = t;
   step->applied = res.applied;
   step->skipped = res.skipped;
   step->grad_norm = res.grad_norm;
   step->num_unique = res.num_unique;
 fail:
-  embps_free(at);
+  embps_free(l.at);
   return ret;
 }
 

@@ -44,6 +44,8 @@ void embps_round_scratch_bytes(const embps_round_shape_t *sh,
     bytes[EMBPS_ROUND_UNIQUE] = T * sizeof(int64_t);
     bytes[EMBPS_ROUND_SEGMENT_IDS] = T * sizeof(uint32_t);
     bytes[EMBPS_ROUND_DEDUP_WS] = embps_dedup_workspace_bytes(T);
+    bytes[EMBPS_ROUND_ORDER] = T * sizeof(uint32_t);
+    bytes[EMBPS_ROUND_STARTS] = (T + 1) * sizeof(uint32_t);
   }
   if (exchange) {
     bytes[EMBPS_ROUND_ALL_TOKENS] = T * sizeof(int64_t);

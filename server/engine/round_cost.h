@@ -41,6 +41,8 @@ typedef enum embps_round_scratch {
   EMBPS_ROUND_GATHERED,       /* group_size x T x nb f32: every rank's partials (group_size > 1);
                                * by owner, group_size x q x nb: its own rows' partials */
   EMBPS_ROUND_SUMS,           /* group_size x q f64: every row's sum (by owner only) */
+  EMBPS_ROUND_ORDER,          /* T uint32: the last dedup's positions by segment */
+  EMBPS_ROUND_STARTS,         /* T + 1 uint32: where each segment starts in ORDER */
   EMBPS_ROUND_SCRATCH_COUNT
 } embps_round_scratch_t;
 

@@ -203,4 +203,27 @@ embps_status_t embps__svc_check_names(const uint8_t *msg, size_t len, const uint
 size_t embps__svc_put_lookup_header(uint8_t *p, uint64_t batch_id, uint32_t shard_index,
                                     uint32_t emb_width, int dtype, size_t rows_bytes);
 
+/**
+ * The message msg[0..len) without the bytes field `inner` of each occurrence of its message field
+ * `outer` (PushFeaturesRequest.features' gradients), in a new allocation of *rest_len bytes that
+ * the caller frees; *bulk (a new array of *count, one per occurrence in order, that the caller
+ * frees) points at each occurrence's field bytes inside msg (data NULL where it has none).
+ * Returns NULL, having allocated nothing, when a field does not parse, an occurrence holds the
+ * field twice (the caller then unpacks the whole message, which rules on it), or out of memory.
+ */
+uint8_t *embps__svc_strip_nested_bytes(const uint8_t *msg, size_t len, uint32_t outer,
+                                       uint32_t inner, ProtobufCBinaryData **bulk, size_t *count,
+                                       size_t *rest_len);
+
+/** Writes LookupFeaturesResponse's fields batch_id and shard_index at p (p NULL: only counts
+ * them); returns the bytes. The features follow, each laid out by
+ * embps__svc_put_feature_rows_header and then its rows. */
+size_t embps__svc_put_features_head(uint8_t *p, uint64_t batch_id, uint32_t shard_index);
+
+/** Writes the key and length of one LookupFeaturesResponse.features and its FeatureRows' fields
+ * name (NUL-terminated; NULL or empty: left out), emb_width and dtype, and the key and length of
+ * its rows, at p (p NULL: only counts them); returns the bytes. rows_bytes of rows follow. */
+size_t embps__svc_put_feature_rows_header(uint8_t *p, const char *name, uint32_t emb_width,
+                                          int dtype, size_t rows_bytes);
+
 #endif

@@ -79,13 +79,32 @@ static size_t check_dedup(const int64_t *tokens, size_t n) {
     free(rseg);
   }
 
-  /* Determinism: a second run, on a dirtied workspace, gives the same bytes. */
+  /* Determinism: a second run, on a dirtied workspace, gives the same bytes; the sorted form
+   * gives them too, and each token's positions, ascending, at order[starts[u] .. starts[u + 1]). */
   int64_t *unique2 = kt_alloc(n * sizeof(int64_t));
-  uint32_t *seg2 = kt_alloc(n * sizeof(uint32_t));
+  uint32_t *seg2 = kt_alloc(n * sizeof(uint32_t)), *order = kt_alloc(n * sizeof(uint32_t));
+  uint32_t *starts = kt_alloc((n + 1) * sizeof(uint32_t));
   memset(ws, 0xa5, ws_bytes);
   assert_int_equal(embps_dedup_cpu(tokens, n, unique2, seg2, ws), u);
   assert_memory_equal(unique2, unique, u * sizeof(int64_t));
   assert_memory_equal(seg2, seg, n * sizeof(uint32_t));
+  memset(ws, 0x5a, ws_bytes);
+  memset(seg2, 0xff, n * sizeof(uint32_t));
+  assert_int_equal(embps_dedup_sorted_cpu(tokens, n, unique2, seg2, order, starts, ws), u);
+  assert_memory_equal(unique2, unique, u * sizeof(int64_t));
+  assert_memory_equal(seg2, seg, n * sizeof(uint32_t));
+  assert_int_equal(starts[0], 0);
+  assert_int_equal(starts[u], n);
+  for (size_t k = 0; k < u; k++) {
+    assert_true(starts[k] < starts[k + 1]);
+    for (uint32_t j = starts[k]; j < starts[k + 1]; j++) {
+      assert_int_equal(seg[order[j]], k);
+      if (j > starts[k])
+        assert_true(order[j - 1] < order[j]);
+    }
+  }
+  free(order);
+  free(starts);
 
   free(unique2);
   free(seg2);
