@@ -36,7 +36,7 @@ class PlanLoopback(unittest.TestCase):
                 grew = after[r] - before[r]
                 print("[plan] %d ranks, rank %d: RSS grew %d bytes at CreateTable, plan says rows "
                       "+ state %d (%.3f)" % (n, r, grew, want, grew / want))
-                self.assertTrue(planlib.within(grew, want),
+                self.assertTrue(planlib.within(grew, want) or planlib.SANITIZED,
                                 "rank %d of %d: RSS grew %d bytes, the plan says %d" %
                                 (r, n, grew, want))
 
@@ -73,7 +73,8 @@ class PlanLoopback(unittest.TestCase):
                          p["memory"]["checkpoint_snapshot"])):
                     print("[plan] %d ranks, rank %d: %s %d, plan %d (%.3f)" %
                           (n, r, what, got, want, got / want))
-                    self.assertTrue(planlib.within(got, want),
+                    self.assertTrue(planlib.within(got, want) or
+                                    (planlib.SANITIZED and what.startswith("RSS")),
                                     "rank %d of %d: %s %d, the plan says %d" %
                                     (r, n, what, got, want))
         finally:

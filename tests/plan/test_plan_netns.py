@@ -14,8 +14,9 @@ then given no delay); without them prints "SKIP: ..." and exits 77.
 
 Run with /usr/bin/python3; EMBPS_SERVER_BIN and EMBPS_CLI_BIN name the binaries;
 PLAN_NETNS_SIZES (default "1 2 4") the group sizes. An op's time is the bench's mean latency over
-the calls it keeps in flight (Little's law), not its duration over the ops it counted, which
-loses the calls in flight at each edge of its window (docs/capacity.md)."""
+the calls it keeps in flight (Little's law); the bench's own count of the calls that end in its
+window must agree within 10% (docs/capacity.md). Under a sanitizer it skips: such a server's CPU,
+not the link, sets its speed."""
 import json
 import os
 import shutil
@@ -169,24 +170,21 @@ def check_group(n, last):
             raise AssertionError("bench of %ss: %d errors, %d ops, %s loop, pipeline %d"
                                  % (kind, b["errors"], ops, b["mode"], b["pipeline"]))
         # The time of an op in steady state, by Little's law: the bench keeps IN_FLIGHT calls
-        # in flight, so one completes every (mean latency / IN_FLIGHT) seconds. duration / ops
-        # is no measure of it: the bench counts only the calls that start after its warmup and
-        # end before its deadline, so the IN_FLIGHT - 1 calls that straddle each edge are lost,
-        # ops come out about duration / op - (IN_FLIGHT - 1), and the fewer ops a window holds
-        # the more it overstates an op (at 4 ranks, 17 pushes in 4 s: 1.30 times the bound by
-        # count, 1.00 by Little's law; docs/capacity.md).
+        # in flight, so one completes every (mean latency / IN_FLIGHT) seconds. The bench's own
+        # count (the calls that end in its window) must agree: until issue 34 it counted only
+        # calls that also started after the warmup, lost the IN_FLIGHT calls in flight when the
+        # window opened, and overstated an op by up to 1.30 times at 4 ranks (docs/capacity.md).
         measured[kind] = b["average"] / 1e9 / b["pipeline"]
         window = b["duration_s"] / ops
         print("[plan-netns] %d ranks: %d %ss in %.1f s: %.4f s an op by Little's law (mean "
               "latency %.4f s / %d in flight), %.4f s by the window's count"
               % (n, ops, kind, b["duration_s"], measured[kind], b["average"] / 1e9,
                  b["pipeline"], window))
-        # The window's count can only lose ops, never add them: an op that Little's law makes
-        # slower than the count does means the bench did not keep its pipeline full.
-        if measured[kind] > window * 1.02:
+        # Little's law slower than the count: the bench did not keep its pipeline full; the
+        # count slower: it lost calls at its window's edges again.
+        if abs(measured[kind] / window - 1) > 0.10:
             raise AssertionError("bench of %ss: an op took %.4f s by Little's law but %.4f s by "
-                                 "count: the pipeline was not kept full" % (kind, measured[kind],
-                                                                             window))
+                                 "the window's count" % (kind, measured[kind], window))
     steps = p["step_time_s"]
     for kind, want in (("lookup", steps["lookup"]), ("push", steps["push"]),
                        ("step", steps["lower_bound"])):
@@ -207,6 +205,9 @@ def check_group(n, last):
 
 def main():
     global QDISC
+    if planlib.SANITIZED:
+        skip("a server built with -fsanitize=%s is bound by its CPU, not by the shaped link whose "
+             "time the plan predicts" % planlib.SANITIZED)
     if not shutil.which("ip") or not shutil.which("tc"):
         skip("iproute2 (ip, tc) is not installed")
     if os.geteuid() != 0:
