@@ -33,15 +33,6 @@ enum {
   AS_DST,    /* the rows (or slots) written, then the positions they come from */
 };
 
-#define TRY(call)                                                                                  \
-  do {                                                                                             \
-    if ((ret = (call)) != EMBPS_OK) {                                                              \
-      if (err->status == EMBPS_OK)                                                                 \
-        embps_error_set(err, ret, "%s failed (%s)", #call, embps_status_str(ret));                 \
-      goto fail;                                                                                   \
-    }                                                                                              \
-  } while (0)
-
 /* The host scratch of a T-token assign, carved from one allocation. */
 typedef struct host {
   int64_t *tokens; /* T: the batch's tokens (a backend whose memory is not the host's) */
@@ -174,31 +165,31 @@ embps_status_t embps__engine_run_assign(embps_engine_t *e, const embps__engine_s
     return ret;
   if (!ops->host_memory) { /* the request's arrays into the backend's memory */
     void *d;
-    TRY(ops->scratch(be, AS_TOKENS, n * sizeof(int64_t) + 8, &d, err));
-    TRY(ops->copy_in(be, d, op->tokens, n * sizeof(int64_t), err));
+    EMBPS__STEP(ops->scratch(be, AS_TOKENS, n * sizeof(int64_t) + 8, &d, err));
+    EMBPS__STEP(ops->copy_in(be, d, op->tokens, n * sizeof(int64_t), err));
     tokens = d;
-    TRY(ops->scratch(be, AS_ROWS, n * W * ds + 8, &d, err));
-    TRY(ops->copy_in(be, d, op->rows_in, n * W * ds, err));
+    EMBPS__STEP(ops->scratch(be, AS_ROWS, n * W * ds + 8, &d, err));
+    EMBPS__STEP(ops->copy_in(be, d, op->rows_in, n * W * ds, err));
     rows = d;
   }
   src = rows; /* a group of one: n x W, this rank's columns are all of them */
   if (N > 1) {
     void *all, *send, *recv;
-    TRY(ops->scratch(be, AS_ALL, T * sizeof(int64_t) + 8, &all, err));
-    TRY(embps_comm_all_gather(e->comm, tokens, n * sizeof(int64_t), all, err));
+    EMBPS__STEP(ops->scratch(be, AS_ALL, T * sizeof(int64_t) + 8, &all, err));
+    EMBPS__STEP(embps_comm_all_gather(e->comm, tokens, n * sizeof(int64_t), all, err));
     tokens = all;
-    TRY(ops->scratch(be, AS_SEND, N * block + 8, &send, err));
-    TRY(ops->scratch(be, AS_RECV, N * block + 8, &recv, err));
+    EMBPS__STEP(ops->scratch(be, AS_SEND, N * block + 8, &send, err));
+    EMBPS__STEP(ops->scratch(be, AS_RECV, N * block + 8, &recv, err));
     /* Block r of the send buffer: columns [r*w, (r+1)*w) of this shard's n rows. */
     for (uint32_t r = 0; r < N && n > 0; r++)
-      TRY(ops->copy2d(be, (uint8_t *)send + r * block, w * ds, (const uint8_t *)rows + r * w * ds,
-                      W * ds, w * ds, n, err));
-    TRY(embps_comm_all_to_all(e->comm, send, block, recv, err));
+      EMBPS__STEP(ops->copy2d(be, (uint8_t *)send + r * block, w * ds,
+                              (const uint8_t *)rows + r * w * ds, W * ds, w * ds, n, err));
+    EMBPS__STEP(embps_comm_all_to_all(e->comm, send, block, recv, err));
     src = recv; /* T x w: every position's row on this rank's columns */
   }
   htokens = N == 1 ? op->tokens : tokens; /* a group of one has the batch's tokens on the host */
   if (!ops->host_memory && N > 1) {
-    TRY(ops->copy_out(be, h.tokens, tokens, T * sizeof(int64_t), err));
+    EMBPS__STEP(ops->copy_out(be, h.tokens, tokens, T * sizeof(int64_t), err));
     htokens = h.tokens;
   }
   m = last_wins(htokens, T, &h, T);
@@ -216,21 +207,21 @@ embps_status_t embps__engine_run_assign(embps_engine_t *e, const embps__engine_s
   dst = h.dst;
   if (!ops->host_memory && m > 0) {
     void *d;
-    TRY(ops->scratch(be, AS_DST, 2 * m * sizeof(int64_t) + 8, &d, err));
-    TRY(ops->copy_in(be, d, h.dst, m * sizeof(int64_t), err));
-    TRY(ops->copy_in(be, (int64_t *)d + m, h.dst + T, m * sizeof(int64_t), err));
+    EMBPS__STEP(ops->scratch(be, AS_DST, 2 * m * sizeof(int64_t) + 8, &d, err));
+    EMBPS__STEP(ops->copy_in(be, d, h.dst, m * sizeof(int64_t), err));
+    EMBPS__STEP(ops->copy_in(be, (int64_t *)d + m, h.dst + T, m * sizeof(int64_t), err));
     dst = d;
   }
   {
     const int64_t *pos = ops->host_memory ? h.dst + T : dst + m;
     if (nreset)
-      TRY(ops->assign_rows(be, t, dst, pos, nreset, src, 1, err));
+      EMBPS__STEP(ops->assign_rows(be, t, dst, pos, nreset, src, 1, err));
     if (m > nreset)
-      TRY(ops->assign_rows(be, t, dst + nreset, pos + nreset, m - nreset, src, 0, err));
+      EMBPS__STEP(ops->assign_rows(be, t, dst + nreset, pos + nreset, m - nreset, src, 0, err));
   }
   if (m > 0 && embps_table_dirty(t))
-    TRY(ops->mark_dirty(be, t, dst, m, err));
-  TRY(ops->finish(be, err));
+    EMBPS__STEP(ops->mark_dirty(be, t, dst, m, err));
+  EMBPS__STEP(ops->finish(be, err));
   op->num_unique = m;
   op->num_refused = refused;
   op->applied = 1;

@@ -31,17 +31,6 @@
 #include "server/engine/engine_ops.h"
 #include "server/engine/round_cost.h"
 
-/* Every call of the round goes through this: a failure jumps to `fail`, with ret and err
- * set (a callee that failed without a message gets one naming it). */
-#define STEP(call)                                                                                 \
-  do {                                                                                             \
-    if ((ret = (call)) != EMBPS_OK) {                                                              \
-      if (err->status == EMBPS_OK)                                                                 \
-        embps_error_set(err, ret, "%s failed (%s)", #call, embps_status_str(ret));                 \
-      goto fail;                                                                                   \
-    }                                                                                              \
-  } while (0)
-
 embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_store_t *store,
                                 embps_backend_t backend, void *stream) {
   embps_engine_t *e = embps_calloc(1, sizeof(*e));
@@ -350,52 +339,53 @@ static embps_status_t run_lookup(embps_engine_t *e, const embps__engine_shape_t 
 
   if ((ret = embps__engine_reserve(e, sh, op, &s, err)) != EMBPS_OK || op->error.status != EMBPS_OK)
     return ret;
-  STEP(ops->input(be, EMBPS__IN_TOKENS, op->tokens, n * sizeof(int64_t), &tokens, err));
-  STEP(ops->input_wait(be, EMBPS__IN_TOKENS, err));
+  EMBPS__STEP(ops->input(be, EMBPS__IN_TOKENS, op->tokens, n * sizeof(int64_t), &tokens, err));
+  EMBPS__STEP(ops->input_wait(be, EMBPS__IN_TOKENS, err));
   atomic_fetch_add_explicit(&counters->lookups, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->rows_looked_up, n, memory_order_relaxed);
   if (N > 1) {
-    STEP(embps_comm_all_gather(e->comm, tokens, n * sizeof(int64_t), s.all_tokens, err));
-    STEP(ops->dedup(be, s.all_tokens, T, err));
-    STEP(ops->unique(be, &U, &first, &unique, err));
+    EMBPS__STEP(embps_comm_all_gather(e->comm, tokens, n * sizeof(int64_t), s.all_tokens, err));
+    EMBPS__STEP(ops->dedup(be, s.all_tokens, T, err));
+    EMBPS__STEP(ops->unique(be, &U, &first, &unique, err));
     atomic_fetch_add_explicit(&counters->unique_tokens, U, memory_order_relaxed);
     atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
     if (hashed) {
       const int64_t *host, *slots;
-      STEP(ops->keys_to_host(be, unique, U, &host, err));
-      STEP(hash_find(e, t, host, U, &slots, err));
-      STEP(ops->hash_gather(be, t, unique, slots, U, s.rows, 0, err));
+      EMBPS__STEP(ops->keys_to_host(be, unique, U, &host, err));
+      EMBPS__STEP(hash_find(e, t, host, U, &slots, err));
+      EMBPS__STEP(ops->hash_gather(be, t, unique, slots, U, s.rows, 0, err));
     } else
-      STEP(ops->gather(be, t, unique, U, s.rows, err));
-    STEP(ops->expand(be, t, s.rows, T, s.send, err));
-    STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
+      EMBPS__STEP(ops->gather(be, t, unique, U, s.rows, err));
+    EMBPS__STEP(ops->expand(be, t, s.rows, T, s.send, err));
+    EMBPS__STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
   }
   if (N == 1 && hashed) /* every key's slot, once (hash_slots is one call per op) */
-    STEP(hash_find(e, t, op->tokens, n, &hslots, err));
+    EMBPS__STEP(hash_find(e, t, op->tokens, n, &hslots, err));
   /* The rows go back in chunks, so that the copy of chunk k to the host (on a backend that
    * copies) overlaps the work of chunk k+1; on a backend that fills the reply in place, chunk k
    * is published to the loop, which sends it while chunk k+1 is gathered. */
-  STEP(ops->output_begin(be, op->rows_out, n, row_bytes, (void **)&out, &chunk_rows, err));
+  EMBPS__STEP(ops->output_begin(be, op->rows_out, n, row_bytes, (void **)&out, &chunk_rows, err));
   for (size_t a = 0; a < n; a += chunk_rows, k++) {
     const size_t m = n - a < chunk_rows ? n - a : chunk_rows;
     if (N == 1 && hashed) {
-      STEP(ops->hash_gather(be, t, (const int64_t *)tokens + a, hslots + a, m, out + a * row_bytes,
-                            a > 0, err));
+      EMBPS__STEP(ops->hash_gather(be, t, (const int64_t *)tokens + a, hslots + a, m,
+                                   out + a * row_bytes, a > 0, err));
     } else if (N == 1) {
-      STEP(ops->gather(be, t, (const int64_t *)tokens + a, m, out + a * row_bytes, err));
+      EMBPS__STEP(ops->gather(be, t, (const int64_t *)tokens + a, m, out + a * row_bytes, err));
     } else {
       /* recv block r holds columns [r*w, (r+1)*w) of this shard's n rows. */
       for (uint32_t r = 0; r < N; r++)
-        STEP(ops->copy2d(be, out + a * row_bytes + r * w * ds, row_bytes,
-                         (const uint8_t *)s.recv + r * block + a * w * ds, w * ds, w * ds, m, err));
+        EMBPS__STEP(ops->copy2d(be, out + a * row_bytes + r * w * ds, row_bytes,
+                                (const uint8_t *)s.recv + r * block + a * w * ds, w * ds, w * ds, m,
+                                err));
     }
-    STEP(ops->output(be, k, a, m, err));
+    EMBPS__STEP(ops->output(be, k, a, m, err));
     if (ops->output_in_place && op->publish) {
       atomic_store_explicit(&op->rows_ready, a + m, memory_order_release);
       op->publish(op, op->publish_arg);
     }
   }
-  STEP(ops->finish(be, err));
+  EMBPS__STEP(ops->finish(be, err));
   return EMBPS_OK;
 fail:
   ops->abort(be);
@@ -430,22 +420,24 @@ static embps_status_t row_figures(embps_engine_t *e, const embps__engine_shape_t
   embps_status_t ret;
 
   if (!ready)
-    STEP(e->ops->row_partials(e->be, g, m, sh->w, block, s->partials, err));
+    EMBPS__STEP(e->ops->row_partials(e->be, g, m, sh->w, block, s->partials, err));
   if (N > 1 && embps_round_stats_by_owner(N, sh->nb)) {
     const size_t q = embps_round_stats_owned(N, m), first = (size_t)e->comm->rank * q;
     const size_t owned = m > first ? (m - first < q ? m - first : q) : 0;
     double *mine = q ? s->sums + first : s->sums; /* no offset on an empty (maybe NULL) array */
-    STEP(embps_comm_all_to_all(e->comm, parts, q * sh->nb * sizeof(float), s->gathered, err));
-    STEP(e->ops->row_sums(e->be, s->gathered, N, q, owned, sh->nb, mine, err));
-    STEP(embps_comm_all_gather(e->comm, mine, q * sizeof(double), s->sums, err));
-    STEP(e->ops->row_finish(e->be, s->sums, m, s->row_sumsq, bad, total, err));
+    EMBPS__STEP(
+        embps_comm_all_to_all(e->comm, parts, q * sh->nb * sizeof(float), s->gathered, err));
+    EMBPS__STEP(e->ops->row_sums(e->be, s->gathered, N, q, owned, sh->nb, mine, err));
+    EMBPS__STEP(embps_comm_all_gather(e->comm, mine, q * sizeof(double), s->sums, err));
+    EMBPS__STEP(e->ops->row_finish(e->be, s->sums, m, s->row_sumsq, bad, total, err));
     return EMBPS_OK;
   }
   if (N > 1) {
-    STEP(embps_comm_all_gather(e->comm, parts, m * sh->nb * sizeof(float), s->gathered, err));
+    EMBPS__STEP(
+        embps_comm_all_gather(e->comm, parts, m * sh->nb * sizeof(float), s->gathered, err));
     parts = s->gathered;
   }
-  STEP(e->ops->row_combine(e->be, parts, N, m, sh->nb, s->row_sumsq, bad, total, err));
+  EMBPS__STEP(e->ops->row_combine(e->be, parts, N, m, sh->nb, s->row_sumsq, bad, total, err));
   return EMBPS_OK;
 fail:
   return ret;
@@ -462,10 +454,10 @@ embps_status_t embps__engine_push_dedup(embps_engine_t *e, const embps__engine_s
                                         const void *tokens, embps_error_t *err) {
   embps_status_t ret;
   if (embps_table_hindex(t)) { /* keys in HASH_ORDER */
-    STEP(e->ops->hash_order(e->be, tokens, sh->T, s->keys, err));
+    EMBPS__STEP(e->ops->hash_order(e->be, tokens, sh->T, s->keys, err));
     tokens = s->keys;
   }
-  STEP(e->ops->dedup(e->be, tokens, sh->T, err));
+  EMBPS__STEP(e->ops->dedup(e->be, tokens, sh->T, err));
   return EMBPS_OK;
 fail:
   return ret;
@@ -495,17 +487,17 @@ embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_s
   embps_status_t ret;
 
   memset(res, 0, sizeof(*res));
-  STEP(ops->unique(be, &U, &first_unique, &unique, err));
+  EMBPS__STEP(ops->unique(be, &U, &first_unique, &unique, err));
   /* Where the backend can, the row statistics are taken while each summed row is still in cache
    * (kernels/segment_sum_stats.c says what that saves). */
   if (sources)
-    STEP(ops->segment_sum_bags(be, t, grads, bags, sources, T, U, sh->nb ? w / sh->nb : 0, s.summed,
-                               s.partials, err));
+    EMBPS__STEP(ops->segment_sum_bags(be, t, grads, bags, sources, T, U, sh->nb ? w / sh->nb : 0,
+                                      s.summed, s.partials, err));
   else if (ops->segment_sum_stats)
-    STEP(ops->segment_sum_stats(be, t, grads, T, U, sh->nb ? w / sh->nb : 0, s.summed, s.partials,
-                                err));
+    EMBPS__STEP(ops->segment_sum_stats(be, t, grads, T, U, sh->nb ? w / sh->nb : 0, s.summed,
+                                       s.partials, err));
   else
-    STEP(ops->segment_sum(be, t, grads, T, U, s.summed, err));
+    EMBPS__STEP(ops->segment_sum(be, t, grads, T, U, s.summed, err));
   /* Unique tokens are ascending, so the padding row, when present, is the first. */
   first = (U > 0 && first_unique == (hashed ? HASH_ORDER(0) : 0)) ? 1 : 0;
   rows = unique + first;
@@ -516,7 +508,7 @@ embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_s
   atomic_fetch_add_explicit(&counters->unique_tokens, m, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
 
-  STEP(row_figures(e, sh, &s, g, m, ready, &bad, &total, err));
+  EMBPS__STEP(row_figures(e, sh, &s, g, m, ready, &bad, &total, err));
   row_sumsq = s.row_sumsq;
   if (bad != 0) { /* the gate: one non-finite gradient anywhere skips the step */
     res->skipped = 1;
@@ -525,18 +517,18 @@ embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_s
   }
   res->grad_norm = sqrt(total);
   if (hashed) /* from here on, rows are the slots of the keys that keep a gradient */
-    STEP(hash_step(e, sh, t, rows, &m, &g, &row_sumsq, &rows, err));
+    EMBPS__STEP(hash_step(e, sh, t, rows, &m, &g, &row_sumsq, &rows, err));
   if (c->weight_decay != 0.0f) {
-    STEP(ops->weight_decay(be, t, rows, m, g, err));
+    EMBPS__STEP(ops->weight_decay(be, t, rows, m, g, err));
     if (rowwise) { /* the mean square of the gradient the update sees */
-      STEP(row_figures(e, sh, &s, g, m, NULL, NULL, NULL, err));
+      EMBPS__STEP(row_figures(e, sh, &s, g, m, NULL, NULL, NULL, err));
       row_sumsq = s.row_sumsq;
     }
   }
   p = embps__engine_next_step(t);
-  STEP(ops->update(be, t, rows, m, g, row_sumsq, &p, err));
+  EMBPS__STEP(ops->update(be, t, rows, m, g, row_sumsq, &p, err));
   if (embps_table_dirty(t))
-    STEP(ops->mark_dirty(be, t, rows, m, err));
+    EMBPS__STEP(ops->mark_dirty(be, t, rows, m, err));
   res->applied = 1;
   atomic_fetch_add_explicit(&counters->steps_applied, 1, memory_order_relaxed);
   return EMBPS_OK;
@@ -563,29 +555,29 @@ static embps_status_t run_push(embps_engine_t *e, const embps__engine_shape_t *s
   atomic_fetch_add_explicit(&counters->rows_pushed, n, memory_order_relaxed);
   /* The gradients (the bulk of the request) travel while the tokens are all-gathered and
    * deduplicated, which need only the tokens. */
-  STEP(ops->input(be, EMBPS__IN_TOKENS, op->tokens, n * sizeof(int64_t), &tokens, err));
-  STEP(ops->input(be, EMBPS__IN_GRADS, op->grads, n * W * ds, &grads, err));
-  STEP(ops->input_wait(be, EMBPS__IN_TOKENS, err));
+  EMBPS__STEP(ops->input(be, EMBPS__IN_TOKENS, op->tokens, n * sizeof(int64_t), &tokens, err));
+  EMBPS__STEP(ops->input(be, EMBPS__IN_GRADS, op->grads, n * W * ds, &grads, err));
+  EMBPS__STEP(ops->input_wait(be, EMBPS__IN_TOKENS, err));
   if (N > 1) {
-    STEP(embps_comm_all_gather(e->comm, tokens, n * sizeof(int64_t), s.all_tokens, err));
+    EMBPS__STEP(embps_comm_all_gather(e->comm, tokens, n * sizeof(int64_t), s.all_tokens, err));
     tokens = s.all_tokens;
   }
-  STEP(embps__engine_push_dedup(e, sh, t, &s, tokens, err));
-  STEP(ops->input_wait(be, EMBPS__IN_GRADS, err));
+  EMBPS__STEP(embps__engine_push_dedup(e, sh, t, &s, tokens, err));
+  EMBPS__STEP(ops->input_wait(be, EMBPS__IN_GRADS, err));
   if (N > 1) {
     /* Block r of the send buffer: columns [r*w, (r+1)*w) of this shard's n gradient rows. */
     for (uint32_t r = 0; r < N && n > 0; r++)
-      STEP(ops->copy2d(be, (uint8_t *)s.send + r * block, w * ds,
-                       (const uint8_t *)grads + r * w * ds, W * ds, w * ds, n, err));
-    STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
+      EMBPS__STEP(ops->copy2d(be, (uint8_t *)s.send + r * block, w * ds,
+                              (const uint8_t *)grads + r * w * ds, W * ds, w * ds, n, err));
+    EMBPS__STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
     grads = s.recv; /* T x w: every position's gradient for this rank's columns */
   }
-  STEP(embps__engine_push_apply(e, sh, t, &s, grads, NULL, NULL, &res, err));
+  EMBPS__STEP(embps__engine_push_apply(e, sh, t, &s, grads, NULL, NULL, &res, err));
   op->num_unique = res.num_unique;
   op->skipped = res.skipped;
   op->grad_norm = res.grad_norm;
   /* A sync push answers after the update is applied. */
-  STEP(ops->finish(be, err));
+  EMBPS__STEP(ops->finish(be, err));
   op->applied = res.applied;
   return EMBPS_OK;
 fail:

@@ -19,6 +19,17 @@
 #include "kernels/embps_kernels.h"
 #include "server/engine/engine.h"
 
+/** Every call of a round goes through this: a failure jumps to the function's `fail` label, with
+ * ret and err set (a callee that failed without a message gets one naming it). */
+#define EMBPS__STEP(call)                                                                          \
+  do {                                                                                             \
+    if ((ret = (call)) != EMBPS_OK) {                                                              \
+      if (err->status == EMBPS_OK)                                                                 \
+        embps_error_set(err, ret, "%s failed (%s)", #call, embps_status_str(ret));                 \
+      goto fail;                                                                                   \
+    }                                                                                              \
+  } while (0)
+
 /** The scratch slots of a feature batch (the ops' scratch). */
 #define EMBPS__ENGINE_FEATURE_SLOTS 16
 

@@ -21,15 +21,6 @@
 #include "common/alloc.h"
 #include "server/engine/engine_ops.h"
 
-#define STEP(call)                                                                                 \
-  do {                                                                                             \
-    if ((ret = (call)) != EMBPS_OK) {                                                              \
-      if (err->status == EMBPS_OK)                                                                 \
-        embps_error_set(err, ret, "%s failed (%s)", #call, embps_status_str(ret));                 \
-      goto fail;                                                                                   \
-    }                                                                                              \
-  } while (0)
-
 int embps_engine_lookups_fuse(const embps_engine_t *e, const embps_op_t *a, const embps_op_t *b,
                               size_t tokens_so_far) {
   if (e->comm->size < 2 || a->kind != EMBPS_OP_LOOKUP || a->num_features || !a->table ||
@@ -97,23 +88,23 @@ embps_status_t embps_engine_run_lookups(embps_engine_t *e, embps_op_t *const *op
   const size_t w = sh.w, ds = sh.ds, row_bytes = sh.W * ds, block = sh.n * w * ds;
 
   /* In a group the scratch is every rank's alike or the group breaks (engine.c's reserve). */
-  STEP(bops->reserve(be, &sh, &s, err));
+  EMBPS__STEP(bops->reserve(be, &sh, &s, err));
   if (!(host = concat_tokens(e, ops, k, sh.n, err))) {
     ret = err->status;
     goto fail;
   }
-  STEP(bops->input(be, EMBPS__IN_TOKENS, host, sh.n * sizeof(int64_t), &tokens, err));
-  STEP(bops->input_wait(be, EMBPS__IN_TOKENS, err));
+  EMBPS__STEP(bops->input(be, EMBPS__IN_TOKENS, host, sh.n * sizeof(int64_t), &tokens, err));
+  EMBPS__STEP(bops->input_wait(be, EMBPS__IN_TOKENS, err));
   atomic_fetch_add_explicit(&counters->lookups, k, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->rows_looked_up, sh.n, memory_order_relaxed);
-  STEP(embps_comm_all_gather(e->comm, tokens, sh.n * sizeof(int64_t), s.all_tokens, err));
-  STEP(bops->dedup(be, s.all_tokens, sh.T, err));
-  STEP(bops->unique(be, &U, &first, &unique, err));
+  EMBPS__STEP(embps_comm_all_gather(e->comm, tokens, sh.n * sizeof(int64_t), s.all_tokens, err));
+  EMBPS__STEP(bops->dedup(be, s.all_tokens, sh.T, err));
+  EMBPS__STEP(bops->unique(be, &U, &first, &unique, err));
   atomic_fetch_add_explicit(&counters->unique_tokens, U, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->unique_batches, 1, memory_order_relaxed);
-  STEP(bops->gather(be, t, unique, U, s.rows, err));
-  STEP(bops->expand(be, t, s.rows, sh.T, s.send, err));
-  STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
+  EMBPS__STEP(bops->gather(be, t, unique, U, s.rows, err));
+  EMBPS__STEP(bops->expand(be, t, s.rows, sh.T, s.send, err));
+  EMBPS__STEP(embps_comm_all_to_all(e->comm, s.send, block, s.recv, err));
   /* Each lookup's rows: recv block r holds columns [r*w, (r+1)*w) of every fused shard's rows,
    * lookup i's from row base on. */
   for (size_t i = 0, base = 0; i < k; base += ops[i]->num_tokens, i++) {
@@ -121,20 +112,21 @@ embps_status_t embps_engine_run_lookups(embps_engine_t *e, embps_op_t *const *op
     const size_t n = op->num_tokens;
     size_t chunk_rows, c = 0;
     uint8_t *out;
-    STEP(bops->output_begin(be, op->rows_out, n, row_bytes, (void **)&out, &chunk_rows, err));
+    EMBPS__STEP(
+        bops->output_begin(be, op->rows_out, n, row_bytes, (void **)&out, &chunk_rows, err));
     for (size_t a = 0; a < n; a += chunk_rows, c++) {
       const size_t m = n - a < chunk_rows ? n - a : chunk_rows;
       for (uint32_t r = 0; r < sh.group_size; r++)
-        STEP(bops->copy2d(be, out + a * row_bytes + r * w * ds, row_bytes,
-                          (const uint8_t *)s.recv + r * block + (base + a) * w * ds, w * ds, w * ds,
-                          m, err));
-      STEP(bops->output(be, c, a, m, err));
+        EMBPS__STEP(bops->copy2d(be, out + a * row_bytes + r * w * ds, row_bytes,
+                                 (const uint8_t *)s.recv + r * block + (base + a) * w * ds, w * ds,
+                                 w * ds, m, err));
+      EMBPS__STEP(bops->output(be, c, a, m, err));
       if (bops->output_in_place && op->publish) {
         atomic_store_explicit(&op->rows_ready, a + m, memory_order_release);
         op->publish(op, op->publish_arg);
       }
     }
-    STEP(bops->finish(be, err));
+    EMBPS__STEP(bops->finish(be, err));
   }
   return EMBPS_OK;
 fail:
