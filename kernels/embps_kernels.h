@@ -162,10 +162,10 @@ void embps_bag_sources_cpu(const int64_t *ids, const float *weights, const int64
  * dtype) would give position i from sources[i], without writing them: a position whose source
  * is EMBPS_BAG_OWN reads row i of grads (one row of width elements of dtype per position, any
  * alignment; NULL when no position does), any other one its bag's row of bags (f32, width per
- * row, aligned). Segment s is the positions order[starts[s] .. starts[s + 1]), ascending
- * (embps_dedup_sorted_cpu's). out and partials are bitwise those of expanding every position
- * first and summing the expanded rows with embps_segment_sum_stats_cpu. Calls over disjoint
- * ranges may run at once on other threads with the same out and partials.
+ * row, at any alignment too: a request's bytes field). Segment s is the positions order[starts[s]
+ * .. starts[s + 1]), ascending (embps_dedup_sorted_cpu's). out and partials are bitwise those of
+ * expanding every position first and summing the expanded rows with embps_segment_sum_stats_cpu.
+ * Calls over disjoint ranges may run at once on other threads with the same out and partials.
  */
 void embps_segment_sum_bags_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
                                       const float *bags, const embps_bag_source_t *sources,
