@@ -224,9 +224,12 @@ static void dedup_place_share(void *arg, size_t lo, size_t hi) {
                           j->counts + p * j->range, j->seg, j->segment_ids, j->order);
 }
 
-/* Below this many tokens a push's dedup stays on one thread (a DLRM feature push's big
- * tables have 55296 and 204800 positions a step). */
-#define DEDUP_SPLIT_MIN 32768
+/* Below this many tokens a push's dedup stays on one thread: a counting dedup of 4096 takes
+ * some tens of microseconds, about what waking the helpers twice costs (a DLRM feature push's
+ * big tables have 55296 and 204800 positions a step). test_engine's threads test pushes 4096
+ * tokens over 6000 rows, so 2 and 3 threads take this path there and must leave one thread's
+ * bits (its segment ids; test_dedup holds the parts' order to the one-thread order). */
+#define DEDUP_SPLIT_MIN 4096
 
 static embps_status_t cpu_dedup(embps__engine_backend_t *be, const int64_t *tokens, size_t T,
                                 embps_error_t *err) {
