@@ -156,6 +156,89 @@ static size_t dedup_wide(const int64_t *tokens, size_t n, uint64_t kmin, unsigne
   return u + 1;
 }
 
+/* Keys over a range of at most twice the tokens (a dense table's rows, a big push): a counting
+ * sort, one count and one scatter over the tokens instead of a histogram and two or more radix
+ * passes of 8 bytes a token. Its order is the radix sort's, (key, position) ascending: a bucket
+ * takes its positions in position order. The workspace holds a uint32 per key of the range for
+ * the buckets' next places and another for their segments (8 bytes a key, 16 a token at most,
+ * within embps_dedup_workspace_bytes). Against the radix path, with the same output (a
+ * throwaway program, this project's shared 2-core VM, medians of 31, uniform tokens): 204800
+ * tokens over 20000 rows 1.40 against 2.14 ms, 55296 over 20000 0.33 against 0.55 ms, 1M over
+ * 1M 16.6 against 19.9 ms, 20480 over 20000 0.17 against 0.18 ms; 4096 over 20000 keeps the
+ * radix path. */
+static size_t dedup_counting(const int64_t *tokens, size_t n, uint64_t kmin, size_t range,
+                             int64_t *unique, uint32_t *segment_ids, uint32_t *order,
+                             uint32_t *starts, void *workspace) {
+  uint32_t *next = workspace, *seg = next + range;
+  size_t u;
+  embps_dedup_count_cpu(tokens, 0, n, kmin, range, next);
+  u = embps_dedup_buckets_cpu(next, 1, range, kmin, unique, starts, seg);
+  embps_dedup_place_cpu(tokens, 0, n, kmin, next, seg, segment_ids, order);
+  return u;
+}
+
+int embps_dedup_counting_cpu(const int64_t *tokens, size_t n, size_t parts, uint64_t *kmin,
+                             size_t *range) {
+  uint64_t lo, hi;
+  if (n == 0 || parts == 0)
+    return 0;
+  lo = hi = key_of(tokens[0]);
+  for (size_t i = 1; i < n; i++) {
+    const uint64_t k = key_of(tokens[i]);
+    lo = k < lo ? k : lo;
+    hi = k > hi ? k : hi;
+  }
+  if (hi - lo >= 2 * (uint64_t)n ||
+      (parts + 1) * ((hi - lo) + 1) * sizeof(uint32_t) > embps_dedup_workspace_bytes(n))
+    return 0;
+  *kmin = lo;
+  *range = (size_t)(hi - lo) + 1;
+  return 1;
+}
+
+void embps_dedup_count_cpu(const int64_t *tokens, size_t lo, size_t hi, uint64_t kmin, size_t range,
+                           uint32_t *counts) {
+  memset(counts, 0, range * sizeof(uint32_t));
+  for (size_t i = lo; i < hi; i++)
+    counts[key_of(tokens[i]) - kmin]++;
+}
+
+size_t embps_dedup_buckets_cpu(uint32_t *counts, size_t parts, size_t range, uint64_t kmin,
+                               int64_t *unique, uint32_t *starts, uint32_t *seg) {
+  uint32_t sum = 0;
+  size_t u = 0;
+  for (size_t b = 0; b < range; b++) {
+    uint32_t c = 0;
+    for (size_t p = 0; p < parts; p++)
+      c += counts[p * range + b];
+    if (c == 0)
+      continue;
+    unique[u] = token_of(b + kmin);
+    if (starts)
+      starts[u] = sum;
+    seg[b] = (uint32_t)u++;
+    for (size_t p = 0; p < parts; p++) { /* part p's positions after those of parts before it */
+      const uint32_t cp = counts[p * range + b];
+      counts[p * range + b] = sum;
+      sum += cp;
+    }
+  }
+  if (starts)
+    starts[u] = sum;
+  return u;
+}
+
+void embps_dedup_place_cpu(const int64_t *tokens, size_t lo, size_t hi, uint64_t kmin,
+                           uint32_t *next, const uint32_t *seg, uint32_t *segment_ids,
+                           uint32_t *order) {
+  for (size_t i = lo; i < hi; i++) {
+    const size_t b = (size_t)(key_of(tokens[i]) - kmin);
+    segment_ids[i] = seg[b];
+    if (order)
+      order[next[b]++] = (uint32_t)i;
+  }
+}
+
 size_t embps_dedup_cpu(const int64_t *tokens, size_t n, int64_t *unique, uint32_t *segment_ids,
                        void *workspace) {
   return embps_dedup_sorted_cpu(tokens, n, unique, segment_ids, NULL, NULL, workspace);
@@ -188,6 +271,10 @@ size_t embps_dedup_sorted_cpu(const int64_t *tokens, size_t n, int64_t *unique,
     }
     return 1;
   }
+
+  if (kmax - kmin < 2 * (uint64_t)n)
+    return dedup_counting(tokens, n, kmin, (size_t)(kmax - kmin) + 1, unique, segment_ids, order,
+                          starts, workspace);
 
   unsigned key_bits = bit_width(kmax - kmin);
   unsigned pos_bits = bit_width((uint64_t)(n - 1));

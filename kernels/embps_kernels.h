@@ -158,14 +158,38 @@ void embps_bag_sources_cpu(const int64_t *ids, const float *weights, const int64
                            embps_bag_source_t *out);
 
 /**
+ * The counting form of embps_dedup_sorted_cpu, in steps that threads can share (the CPU
+ * engine's, on a big push; kernels/dedup.c says when it pays). embps_dedup_counting_cpu says
+ * whether tokens[0..n) take it with `parts` parts: their keys span fewer than 2n values and
+ * (parts + 1) uint32 arrays of that span (*range, from key *kmin) fit the dedup workspace of n;
+ * returns 0 when not (then embps_dedup_sorted_cpu). The workspace then holds parts count arrays
+ * of range entries, then one of range segments. Part p of P covers the positions
+ * [n p / P, n (p + 1) / P): embps_dedup_count_cpu counts its keys into its array (any part on any
+ * thread); embps_dedup_buckets_cpu, on one thread once every part is counted, writes unique and
+ * starts (NULL: not written), the segments of the keys present, and turns each count into its
+ * part's first place (returns the number of distinct tokens); embps_dedup_place_cpu then writes
+ * each part's segment ids and order (NULL: not written), parts on any threads. The results are
+ * embps_dedup_sorted_cpu's, bit for bit, for any number of parts.
+ */
+int embps_dedup_counting_cpu(const int64_t *tokens, size_t n, size_t parts, uint64_t *kmin,
+                             size_t *range);
+void embps_dedup_count_cpu(const int64_t *tokens, size_t lo, size_t hi, uint64_t kmin, size_t range,
+                           uint32_t *counts);
+size_t embps_dedup_buckets_cpu(uint32_t *counts, size_t parts, size_t range, uint64_t kmin,
+                               int64_t *unique, uint32_t *starts, uint32_t *seg);
+void embps_dedup_place_cpu(const int64_t *tokens, size_t lo, size_t hi, uint64_t kmin,
+                           uint32_t *next, const uint32_t *seg, uint32_t *segment_ids,
+                           uint32_t *order);
+
+/**
  * embps_segment_sum_stats_range_cpu over the gradients that embps_expand_bags_cpu (rounded to
  * dtype) would give position i from sources[i], without writing them: a position whose source
  * is EMBPS_BAG_OWN reads row i of grads (one row of width elements of dtype per position, any
  * alignment; NULL when no position does), any other one its bag's row of bags (f32, width per
- * row, aligned). Segment s is the positions order[starts[s] .. starts[s + 1]), ascending
- * (embps_dedup_sorted_cpu's). out and partials are bitwise those of expanding every position
- * first and summing the expanded rows with embps_segment_sum_stats_cpu. Calls over disjoint
- * ranges may run at once on other threads with the same out and partials.
+ * row, at any alignment too: a request's bytes field). Segment s is the positions order[starts[s]
+ * .. starts[s + 1]), ascending (embps_dedup_sorted_cpu's). out and partials are bitwise those of
+ * expanding every position first and summing the expanded rows with embps_segment_sum_stats_cpu.
+ * Calls over disjoint ranges may run at once on other threads with the same out and partials.
  */
 void embps_segment_sum_bags_range_cpu(const void *grads, embps_dtype_t dtype, size_t width,
                                       const float *bags, const embps_bag_source_t *sources,

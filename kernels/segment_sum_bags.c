@@ -77,12 +77,20 @@ static void row_bf16(float *restrict acc, const unsigned char *restrict g, size_
   }
 }
 
+/* Element j of a bag row, by a memcpy load: the bags may be read where a request's bytes
+ * field holds them, at any byte (a group of one: features.c), as row_f32 reads them. */
+static inline float bag_at(const unsigned char *b, size_t j) {
+  float v;
+  memcpy(&v, b + j * sizeof(float), sizeof(float));
+  return v;
+}
+
 /* Columns [off, off + len) of the row embps_expand_bags_cpu writes for a position with source
  * src, as f32 (on a bf16 table rounded to bf16 and widened back). */
 static void expand_cols(float *restrict tmp, const float *restrict bags,
                         const embps_bag_source_t *src, size_t width, size_t off, size_t len,
                         int bf16) {
-  const float *restrict b = bags + (size_t)src->bag * width + off;
+  const unsigned char *restrict b = (const unsigned char *)(bags + (size_t)src->bag * width + off);
   const float f = src->factor;
   switch (src->mode) {
   case EMBPS_BAG_SUM:
@@ -90,11 +98,11 @@ static void expand_cols(float *restrict tmp, const float *restrict bags,
     break;
   case EMBPS_BAG_WEIGHTED:
     for (size_t j = 0; j < len; j++)
-      tmp[j] = b[j] * f;
+      tmp[j] = bag_at(b, j) * f;
     break;
   case EMBPS_BAG_MEAN:
     for (size_t j = 0; j < len; j++)
-      tmp[j] = b[j] / f;
+      tmp[j] = bag_at(b, j) / f;
     break;
   default: /* padding */
     memset(tmp, 0, len * sizeof(float));

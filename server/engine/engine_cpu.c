@@ -202,9 +202,54 @@ static embps_status_t cpu_input_wait(embps__engine_backend_t *be, embps__engine_
   return cpu_nothing_to_wait(be, err);
 }
 
+/* A dedup that the workers share: the counting form's parts (kernels/dedup.c), one a thread. */
+typedef struct dedup_job {
+  const int64_t *tokens;
+  size_t T, parts, range;
+  uint64_t kmin;
+  uint32_t *counts, *seg, *segment_ids, *order;
+} dedup_job_t;
+
+static void dedup_count_share(void *arg, size_t lo, size_t hi) {
+  const dedup_job_t *j = arg;
+  for (size_t p = lo; p < hi; p++)
+    embps_dedup_count_cpu(j->tokens, j->T * p / j->parts, j->T * (p + 1) / j->parts, j->kmin,
+                          j->range, j->counts + p * j->range);
+}
+
+static void dedup_place_share(void *arg, size_t lo, size_t hi) {
+  const dedup_job_t *j = arg;
+  for (size_t p = lo; p < hi; p++)
+    embps_dedup_place_cpu(j->tokens, j->T * p / j->parts, j->T * (p + 1) / j->parts, j->kmin,
+                          j->counts + p * j->range, j->seg, j->segment_ids, j->order);
+}
+
+/* Below this many tokens a push's dedup stays on one thread: a counting dedup of 4096 takes
+ * some tens of microseconds, about what waking the helpers twice costs (a DLRM feature push's
+ * big tables have 55296 and 204800 positions a step). test_engine's threads test pushes 4096
+ * tokens over 6000 rows, so 2 and 3 threads take this path there and must leave one thread's
+ * bits (its segment ids; test_dedup holds the parts' order to the one-thread order). */
+#define DEDUP_SPLIT_MIN 4096
+
 static embps_status_t cpu_dedup(embps__engine_backend_t *be, const int64_t *tokens, size_t T,
                                 embps_error_t *err) {
+  const size_t parts = embps_workers_threads(be->workers);
+  dedup_job_t j = {.tokens = tokens, .T = T, .parts = parts};
   (void)err;
+  /* The one serial stage between a push's sum and update on a big batch: the counting form
+   * splits it by positions, the same bits (kernels/embps_kernels.h). */
+  if (parts > 1 && T >= DEDUP_SPLIT_MIN &&
+      embps_dedup_counting_cpu(tokens, T, parts, &j.kmin, &j.range)) {
+    j.counts = be->dedup_ws.p;
+    j.seg = j.counts + parts * j.range;
+    j.segment_ids = be->segment_ids.p;
+    j.order = be->order.p;
+    embps_workers_run(be->workers, parts, 1, dedup_count_share, &j);
+    be->num_unique = embps_dedup_buckets_cpu(j.counts, parts, j.range, j.kmin, be->unique.p,
+                                             be->starts.p, j.seg);
+    embps_workers_run(be->workers, parts, 1, dedup_place_share, &j);
+    return EMBPS_OK;
+  }
   /* with the positions by segment: a sequential write of T more, for segment_sum_bags */
   be->num_unique = embps_dedup_sorted_cpu(tokens, T, be->unique.p, be->segment_ids.p, be->order.p,
                                           be->starts.p, be->dedup_ws.p);

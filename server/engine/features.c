@@ -118,6 +118,10 @@ static embps_status_t all_gather_host(embps_engine_t *e, const void *host, size_
                                       unsigned into, void **out, embps_error_t *err) {
   void *mine;
   embps_status_t ret;
+  if (e->comm->size == 1) { /* a group of one gathers its own: one copy, not two */
+    TRY(scratch(e, into, bytes, out, err));
+    return e->ops->copy_in(e->be, *out, host, bytes, err);
+  }
   TRY(scratch(e, FS_MINE, bytes, &mine, err));
   TRY(scratch(e, into, e->comm->size * bytes, out, err));
   TRY(e->ops->copy_in(e->be, mine, host, bytes, err));
@@ -341,6 +345,7 @@ typedef struct layout {
   int64_t *tokens;
   uint8_t *grads;
   float *bags;
+  const float *sum_bags; /* what the sum reads: bags, or the one pooled feature's request bytes */
   embps_bag_source_t *sources; /* NULL: the bags are expanded into grads */
   size_t next_bag, *at;
 } layout_t;
@@ -359,13 +364,17 @@ static embps_status_t push_feature(embps_engine_t *e, const gathered_t *g,
   /* what one rank sends another: pooled, S bag gradients of w f32; else its ids' gradients */
   const size_t es = pooled ? sizeof(float) : ds, rows = pooled ? S : ft->num_ids;
   const size_t block = (pooled ? S : most_of(g, f)) * w * es;
-  /* a fused push receives the bags where its sum reads them */
-  uint8_t *bags = pooled && l->sources ? (uint8_t *)(l->bags + l->next_bag * w) : NULL;
+  /* a group of one may sum this feature's bags where the request holds them (push_table) */
+  const int in_place = pooled && l->sources && (const void *)l->sum_bags == ft->grads;
+  /* else a fused push receives the bags where its sum reads them */
+  uint8_t *bags = pooled && l->sources && !in_place ? (uint8_t *)(l->bags + l->next_bag * w) : NULL;
   const uint8_t *in;
-  uint8_t *send, *recv;
-  embps_status_t ret;
+  uint8_t *send = NULL, *recv = NULL;
+  embps_status_t ret = EMBPS_OK;
 
-  if (e->ops->host_memory) { /* read where the request holds them */
+  if (in_place) {
+    goto positions;
+  } else if (e->ops->host_memory) { /* read where the request holds them */
     in = ft->grads;
   } else {
     TRY(scratch(e, FS_GRADS_IN, rows * W * es, &send, err));
@@ -387,6 +396,7 @@ static embps_status_t push_feature(embps_engine_t *e, const gathered_t *g,
       TRY(scratch(e, FS_RECV, N * block, &recv, err));
     TRY(embps_comm_all_to_all(e->comm, send, block, recv, err));
   }
+positions:
   for (uint32_t r = 0; r < N; r++) {
     const size_t n = count(g, r, f), from = start(g, r, f), at = l->at[r];
     const float *weights = ft->pooling == EMBPS_POOLING_WEIGHTED_SUM ? g->weights + from : NULL;
@@ -407,7 +417,7 @@ static embps_status_t push_feature(embps_engine_t *e, const gathered_t *g,
       TRY(e->ops->bag_sources(e->be, NULL, NULL, NULL, 0, 0, 0, n, l->sources + at, err));
     l->at[r] += n;
   }
-  if (bags)
+  if (pooled && l->sources)
     l->next_bag += N * S;
 fail:
   return ret;
@@ -424,7 +434,8 @@ static embps_status_t push_table(embps_engine_t *e, embps_op_t *op, const gather
   embps__engine_shape_t sh;
   embps__engine_scratch_t s;
   embps__engine_step_t res;
-  size_t T = 0, mine = 0, own = 0, bags = 0;
+  size_t T = 0, mine = 0, own = 0, bags = 0, npooled = 0;
+  const embps_feature_t *pooled = NULL;
   layout_t l = {0};
   embps_status_t ret = EMBPS_OK;
 
@@ -440,9 +451,11 @@ static embps_status_t push_table(embps_engine_t *e, embps_op_t *op, const gather
     if (op->features[f].table != t)
       continue;
     mine += op->features[f].num_ids;
-    if (op->features[f].pooling != EMBPS_POOLING_NONE)
+    if (op->features[f].pooling != EMBPS_POOLING_NONE) {
       bags += g->N * g->S;
-    else
+      pooled = &op->features[f];
+      npooled++;
+    } else
       for (uint32_t r = 0; r < g->N; r++)
         own += count(g, r, f);
   }
@@ -458,7 +471,17 @@ static embps_status_t push_table(embps_engine_t *e, embps_op_t *op, const gather
   /* the rows a fused push writes are the features' own without pooling (at their positions) */
   TRY(scratch(e, FS_GRADS, (fused && !own ? 0 : T) * sh.w * sh.ds, &l.grads, err));
   if (fused) {
-    TRY(scratch(e, FS_BAGS, bags * sh.w * sizeof(float), &l.bags, err));
+    /* A group of one on host memory whose table has one pooled feature: the request's bags are
+     * the layout's (bag k of the feature is bag k), so the sum reads them where they arrived
+     * instead of a copy of them (26 MB a DLRM step of 2048 samples at 128 f32). They lie at any
+     * byte of the request: the fused sum reads bags by memcpy loads alone (as the row
+     * statistics read a request's rows), and only a backend with segment_sum_bags gets here. */
+    if (g->N == 1 && npooled == 1 && e->ops->host_memory)
+      l.sum_bags = pooled->grads;
+    else
+      TRY(scratch(e, FS_BAGS, bags * sh.w * sizeof(float), &l.bags, err));
+    if (!l.sum_bags)
+      l.sum_bags = l.bags;
     TRY(scratch(e, FS_SOURCES, T * sizeof(embps_bag_source_t), &l.sources, err));
   }
   for (size_t f = 0; f < g->F; f++)
@@ -470,7 +493,7 @@ static embps_status_t push_table(embps_engine_t *e, embps_op_t *op, const gather
   atomic_fetch_add_explicit(&counters->pushes, 1, memory_order_relaxed);
   atomic_fetch_add_explicit(&counters->rows_pushed, mine, memory_order_relaxed);
   TRY(embps__engine_push_dedup(e, &sh, t, &s, l.tokens, err));
-  TRY(embps__engine_push_apply(e, &sh, t, &s, fused && !own ? NULL : l.grads, l.bags, l.sources,
+  TRY(embps__engine_push_apply(e, &sh, t, &s, fused && !own ? NULL : l.grads, l.sum_bags, l.sources,
                                &res, err));
   step->table = t;
   step->applied = res.applied;

@@ -305,6 +305,58 @@ static void test_zipf_1m(void **state) {
   free(t);
 }
 
+/* The counting form in parts (the CPU engine's threads share a big push's dedup): for 1 to 4
+ * parts, counted and placed in any order, the same unique, starts, segment ids and order as
+ * embps_dedup_sorted_cpu, which check_dedup holds to the references; a span of 2n or more keys
+ * does not take it. */
+static void test_counting_parts(void **state) {
+  (void)state;
+  kt_rng_t rng = {11};
+  const size_t sizes[] = {1, 2, 7, 300, 4096, 50000};
+  for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+    const size_t n = sizes[si];
+    int64_t *t = kt_alloc(n * sizeof(int64_t)), *u1 = kt_alloc(n * sizeof(int64_t));
+    int64_t *u2 = kt_alloc(n * sizeof(int64_t));
+    uint32_t *s1 = kt_alloc(n * sizeof(uint32_t)), *s2 = kt_alloc(n * sizeof(uint32_t));
+    uint32_t *o1 = kt_alloc(n * sizeof(uint32_t)), *o2 = kt_alloc(n * sizeof(uint32_t));
+    uint32_t *st1 = kt_alloc((n + 1) * sizeof(uint32_t)),
+             *st2 = kt_alloc((n + 1) * sizeof(uint32_t));
+    const size_t ws_bytes = embps_dedup_workspace_bytes(n);
+    void *ws = kt_alloc(ws_bytes);
+    const int64_t base = (int64_t)(kt_next(&rng) % 1000), span = 1 + (int64_t)(n + n / 2);
+    uint64_t kmin;
+    size_t range, u;
+    for (size_t i = 0; i < n; i++)
+      t[i] = base + (int64_t)(kt_next(&rng) % (uint64_t)span);
+    check_dedup(t, n);
+    u = embps_dedup_sorted_cpu(t, n, u1, s1, o1, st1, ws);
+    for (size_t parts = 1; parts <= 4; parts++) {
+      if (!embps_dedup_counting_cpu(t, n, parts, &kmin, &range))
+        continue;
+      assert_true(range <= 2 * n);
+      uint32_t *counts = ws, *seg = counts + parts * range;
+      memset(u2, 0, n * sizeof(int64_t));
+      memset(s2, 0xff, n * sizeof(uint32_t));
+      for (size_t p = parts; p-- > 0;)
+        embps_dedup_count_cpu(t, n * p / parts, n * (p + 1) / parts, kmin, range,
+                              counts + p * range);
+      assert_int_equal(embps_dedup_buckets_cpu(counts, parts, range, kmin, u2, st2, seg), u);
+      for (size_t p = parts; p-- > 0;)
+        embps_dedup_place_cpu(t, n * p / parts, n * (p + 1) / parts, kmin, counts + p * range, seg,
+                              s2, o2);
+      assert_memory_equal(u2, u1, u * sizeof(int64_t));
+      assert_memory_equal(st2, st1, (u + 1) * sizeof(uint32_t));
+      assert_memory_equal(s2, s1, n * sizeof(uint32_t));
+      assert_memory_equal(o2, o1, n * sizeof(uint32_t));
+    }
+    t[0] = base + 2 * (int64_t)n + 1; /* a span of more than 2n keys */
+    t[n - 1] = n > 1 ? base : t[0];
+    assert_int_equal(embps_dedup_counting_cpu(t, n, 1, &kmin, &range), n == 1);
+    free(t), free(u1), free(u2), free(s1), free(s2), free(o1), free(o2), free(st1), free(st2);
+    free(ws);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_empty_and_single),  cmocka_unit_test(test_small_examples),
@@ -312,7 +364,7 @@ int main(void) {
       cmocka_unit_test(test_heavy_duplication), cmocka_unit_test(test_padding_present),
       cmocka_unit_test(test_large_tokens),      cmocka_unit_test(test_negative_and_extremes),
       cmocka_unit_test(test_random_small),      cmocka_unit_test(test_zipf_1m),
-      cmocka_unit_test(test_wide_keys),
+      cmocka_unit_test(test_wide_keys),         cmocka_unit_test(test_counting_parts),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
