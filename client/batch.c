@@ -78,14 +78,9 @@ static embps_status_t push_join(embps_call_t *call) {
         c, &embps__v1__push_gradients_response__descriptor, s, i);
     if (!m)
       return c->last.status;
-    if (m->batch_id != call->batch_id || m->shard_index != i) {
+    if (embps__reply_check(call, "push", i, m->batch_id, m->shard_index) != EMBPS_OK) {
       embps__reply_free(&m->base);
-      return embps__client_fail(
-          c, EMBPS_INTERNAL,
-          "push reply from rank %u is for batch %llu shard %u, the request was batch "
-          "%llu shard %u",
-          i, (unsigned long long)m->batch_id, m->shard_index, (unsigned long long)call->batch_id,
-          i);
+      return c->last.status;
     }
     res.applied &= m->applied != 0;
     res.ordered &= m->ordered != 0;
@@ -113,14 +108,9 @@ static embps_status_t assign_join(embps_call_t *call) {
         c, &embps__v1__assign_response__descriptor, s, i);
     if (!m)
       return c->last.status;
-    if (m->batch_id != call->batch_id || m->shard_index != i) {
+    if (embps__reply_check(call, "assign", i, m->batch_id, m->shard_index) != EMBPS_OK) {
       embps__reply_free(&m->base);
-      return embps__client_fail(
-          c, EMBPS_INTERNAL,
-          "assign reply from rank %u is for batch %llu shard %u, the request was batch "
-          "%llu shard %u",
-          i, (unsigned long long)m->batch_id, m->shard_index, (unsigned long long)call->batch_id,
-          i);
+      return c->last.status;
     }
     res.replayed |= m->replayed != 0;
     if (i == 0) {

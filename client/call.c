@@ -66,6 +66,17 @@ void embps__reply_free(ProtobufCMessage *m) {
     protobuf_c_message_free_unpacked(m, &pb_allocator);
 }
 
+embps_status_t embps__reply_check(embps_call_t *call, const char *what, uint32_t rank,
+                                  uint64_t batch_id, uint32_t shard_index) {
+  if (batch_id == call->batch_id && shard_index == rank)
+    return EMBPS_OK;
+  return embps__client_fail(call->client, EMBPS_INTERNAL,
+                            "%s reply from rank %u is for batch %llu shard %u, the request was "
+                            "batch %llu shard %u",
+                            what, rank, (unsigned long long)batch_id, shard_index,
+                            (unsigned long long)call->batch_id, rank);
+}
+
 static void on_stream_done(embps__stream_t *s) {
   embps__shard_t *sh = s->user;
   sh->call->pending--;

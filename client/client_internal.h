@@ -157,6 +157,11 @@ ProtobufCMessage *embps__reply_unpack(embps_client_t *c, const ProtobufCMessageD
 /** Frees a message from embps__reply_unpack(). */
 void embps__reply_free(ProtobufCMessage *m);
 
+/** EMBPS_OK when rank's reply (of the RPC `what`) answers this call: its batch id and its shard
+ * index (rank). Otherwise INTERNAL naming both, recorded as the client's last error. */
+embps_status_t embps__reply_check(embps_call_t *call, const char *what, uint32_t rank,
+                                  uint64_t batch_id, uint32_t shard_index);
+
 /* ---- features.c ---- */
 
 /** Frees a feature batch's request (the caller's arrays it borrows stay). NULL is a no-op. */

@@ -388,13 +388,8 @@ static embps_status_t lookup_join(embps_call_t *call) {
         c, &embps__v1__lookup_features_response__descriptor, call->shards[i].stream, i);
     if (!m)
       return c->last.status;
-    if (m->batch_id != call->batch_id || m->shard_index != i)
-      st = embps__client_fail(c, EMBPS_INTERNAL,
-                              "lookup_features reply from rank %u is for batch %llu shard %u, the "
-                              "request was batch %llu shard %u",
-                              i, (unsigned long long)m->batch_id, m->shard_index,
-                              (unsigned long long)call->batch_id, i);
-    else
+    st = embps__reply_check(call, "lookup_features", i, m->batch_id, m->shard_index);
+    if (st == EMBPS_OK)
       st = lookup_join_rank(call, i, m);
     embps__reply_free(&m->base);
     if (st != EMBPS_OK)
@@ -426,13 +421,8 @@ static embps_status_t push_join(embps_call_t *call) {
     }
     replayed |= m->replayed != 0;
     ordered &= m->ordered != 0;
-    if (m->batch_id != call->batch_id || m->shard_index != i)
-      st = embps__client_fail(c, EMBPS_INTERNAL,
-                              "push_features reply from rank %u is for batch %llu shard %u, the "
-                              "request was batch %llu shard %u",
-                              i, (unsigned long long)m->batch_id, m->shard_index,
-                              (unsigned long long)call->batch_id, i);
-    else if (r->mode == EMBPS_PUSH_SYNC && !m->replayed && m->n_steps != r->ntables)
+    st = embps__reply_check(call, "push_features", i, m->batch_id, m->shard_index);
+    if (st == EMBPS_OK && r->mode == EMBPS_PUSH_SYNC && !m->replayed && m->n_steps != r->ntables)
       st = embps__client_fail(c, EMBPS_INTERNAL,
                               "push_features reply from rank %u has %zu table steps, the batch "
                               "names %zu tables",

@@ -128,21 +128,34 @@ def join_lookup(table, bid, plan, replies, want, out, internal, tables):
 
 # ---- pushes -----------------------------------------------------------------------------------
 
-def fit_grads(g, table, info):
-    """g (f32 or bf16-bits rows) checked against the table's (dtype, emb_width) info, when
-    known, and converted to the table's dtype."""
+def _fit(a, table, info, what, remedy):
+    """a (f32 or bf16-bits rows) checked against the table's (dtype, emb_width) info, when known,
+    and converted to the table's dtype: f32 rounded to bf16 (nearest even) for a bf16 table, bf16
+    bits widened exactly for an f32 one. what names the array in the error ("push: grads")."""
     if info is None:
-        return g
+        return a
     tdtype, width = info
-    if g.shape[1] != width:
-        raise ShapeError("push: grads has %d columns, but table '%s' has emb_width=%d"
-                         % (g.shape[1], table, width),
-                         "pass one gradient row of emb_width values per token")
-    if tdtype == BF16 and g.dtype != np.uint16:
-        g = _arrays.f32_to_bf16(g)
-    elif tdtype == F32 and g.dtype == np.uint16:
-        g = _arrays.bf16_to_f32(g)
-    return g
+    if a.shape[1] != width:
+        raise ShapeError("%s has %d columns, but table '%s' has emb_width=%d"
+                         % (what, a.shape[1], table, width), remedy)
+    if tdtype == BF16 and a.dtype != np.uint16:
+        a = _arrays.f32_to_bf16(a)
+    elif tdtype == F32 and a.dtype == np.uint16:
+        a = _arrays.bf16_to_f32(a)
+    return a
+
+
+def check_reply(what, bid, r, m, internal):
+    """Raises internal's error when rank r's reply m (of the RPC what) is not for batch bid,
+    shard r (client/call.c's embps__reply_check)."""
+    if m.batch_id != bid or m.shard_index != r:
+        raise internal(r, "%s reply from rank %d is for batch %d shard %d, the request was batch "
+                          "%d shard %d" % (what, r, m.batch_id, m.shard_index, bid, r))
+
+
+def fit_grads(g, table, info):
+    """g (f32 or bf16-bits gradient rows) fitted to the table (_fit)."""
+    return _fit(g, table, info, "push: grads", "pass one gradient row of emb_width values per token")
 
 
 def push_requests(table, tok, g, plan, group_size, batch_id, mode, client_id, digest=0):
@@ -169,10 +182,7 @@ def join_push(bid, replies, internal, attempts=1):
     applied = ordered = True
     skipped = replayed = False
     for r, m in enumerate(replies):
-        if m.batch_id != bid or m.shard_index != r:
-            raise internal(r, "push reply from rank %d is for batch %d shard %d, the "
-                              "request was batch %d shard %d"
-                           % (r, m.batch_id, m.shard_index, bid, r))
+        check_reply("push", bid, r, m, internal)
         applied = applied and m.applied
         ordered = ordered and m.ordered
         skipped = skipped or m.skipped
@@ -186,21 +196,8 @@ def join_push(bid, replies, internal, attempts=1):
 # ---- assigns ----------------------------------------------------------------------------------
 
 def fit_rows(rows, table, info, what="assign"):
-    """rows (f32 or bf16-bits rows) checked against the table's (dtype, emb_width) info, when
-    known, and converted to the table's dtype: f32 rounded to bf16 (nearest even) for a bf16
-    table, bf16 bits widened exactly for an f32 one."""
-    if info is None:
-        return rows
-    tdtype, width = info
-    if rows.shape[1] != width:
-        raise ShapeError("%s: rows has %d columns, but table '%s' has emb_width=%d"
-                         % (what, rows.shape[1], table, width),
-                         "pass one row of emb_width values per token")
-    if tdtype == BF16 and rows.dtype != np.uint16:
-        rows = _arrays.f32_to_bf16(rows)
-    elif tdtype == F32 and rows.dtype == np.uint16:
-        rows = _arrays.bf16_to_f32(rows)
-    return rows
+    """rows (f32 or bf16-bits rows) fitted to the table (_fit)."""
+    return _fit(rows, table, info, what + ": rows", "pass one row of emb_width values per token")
 
 
 def assign_requests(table, tok, rows, plan, group_size, batch_id, reset_state, client_id,
@@ -224,10 +221,7 @@ def join_assign(bid, replies, internal, attempts=1):
     the same; replayed when any rank answered from the group's retry window."""
     replayed = False
     for r, m in enumerate(replies):
-        if m.batch_id != bid or m.shard_index != r:
-            raise internal(r, "assign reply from rank %d is for batch %d shard %d, the "
-                              "request was batch %d shard %d"
-                           % (r, m.batch_id, m.shard_index, bid, r))
+        check_reply("assign", bid, r, m, internal)
         replayed = replayed or m.replayed
     m0 = replies[0]
     return AssignResult(num_assigned=m0.num_assigned, num_refused=m0.num_refused, batch_id=bid,

@@ -22,7 +22,7 @@ import collections.abc
 
 import numpy as np
 
-from . import _arrays, _digest, _wire
+from . import _arrays, _batch, _digest, _wire
 from ._names import BF16, F32, ITEMSIZE, NP_DTYPE, POOLING_NAMES
 from .errors import ShapeError, batch_size_error
 from .values import DTYPES, PushFeaturesResult, TableStep
@@ -377,10 +377,7 @@ def join_push(bid, replies, internal, attempts=1):
     applied = [True] * len(tables)
     skipped = [False] * len(tables)
     for r, m in enumerate(replies):
-        if m.batch_id != bid or m.shard_index != r:
-            raise internal(r, "push features reply from rank %d is for batch %d shard %d, the "
-                              "request was batch %d shard %d"
-                           % (r, m.batch_id, m.shard_index, bid, r))
+        _batch.check_reply("push features", bid, r, m, internal)
         if [s.table for s in m.steps] != tables:
             raise internal(r, "push features reply from rank %d has steps for tables %s, rank "
                               "0's for %s" % (r, [s.table for s in m.steps], tables))

@@ -256,14 +256,20 @@ class Client(TableAdmin):
                                     self.client_id, digest)
 
         def join(calls, attempts):
-            try:
-                replies = self._calls.results(calls)
-            except Error as e:
-                if not e.retryable:  # the table may have changed: ask again next time
-                    self._tables.pop(table, None)
-                raise
+            replies = self._results_of_table(table, calls)
             return _batch.join_push(bid, replies, self._calls.internal, attempts)
         return _retry.Batch("push", bid, reqs, join, sched)
+
+    def _results_of_table(self, table, calls):
+        """The replies of a push's or an assign's calls on table; a failure that no retry mends
+        also forgets what the client knew of the table (it may have changed): the next call asks
+        again."""
+        try:
+            return self._calls.results(calls)
+        except Error as e:
+            if not e.retryable:
+                self._tables.pop(table, None)
+            raise
 
     def _push_table_info(self, table, sched):
         """_table_info for a push about to be made, its ListTables (when the table is not known
@@ -330,12 +336,7 @@ class Client(TableAdmin):
                                       self.client_id, digest)
 
         def join(calls, attempts):
-            try:
-                replies = self._calls.results(calls)
-            except Error as e:
-                if not e.retryable:  # the table may have changed: ask again next time
-                    self._tables.pop(table, None)
-                raise
+            replies = self._results_of_table(table, calls)
             return _batch.join_assign(bid, replies, self._calls.internal, attempts)
         return _retry.Batch("assign", bid, reqs, join, sched)
 
