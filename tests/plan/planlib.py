@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "metrics"))
 import metricslib  # noqa: E402,F401
 from embps_servers import cli_binary  # noqa: E402
 
+SKIP = 77
 TOLERANCE = 0.20  # the issue's bound: measured within 20% of the plan
 # A sanitized server (the build's EMBPS_SANITIZE, passed by ctest) is no figure of a real one:
 # its shadow memory swells its RSS (TSan's about 5x), and its CPU, not the link, sets its speed.
@@ -68,3 +69,39 @@ def ops_bytes(p, lookups, pushes):
     return {"client_in": lookups * b["client_to_server_lookup"] + pushes * b["client_to_server_push"],
             "client_out": lookups * b["server_to_client_lookup"] + pushes * b["server_to_client_push"],
             "peer_sent": lookups * b["peer_lookup"] + pushes * b["peer_push"]}
+
+
+def skip(why):
+    """Prints why the test cannot run here and exits 77 (ctest's SKIP_RETURN_CODE)."""
+    print("SKIP: " + why)
+    sys.exit(SKIP)
+
+
+def sh(*args, check=True):
+    """Runs a command (ip, tc, sysctl); raises RuntimeError with its stderr when it fails."""
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    if check and r.returncode != 0:
+        raise RuntimeError("%s: %s" % (" ".join(args), (r.stderr or r.stdout).strip()))
+    return r
+
+
+def op_seconds(b, kind, pipeline, label):
+    """The time of one op in steady state from `embps bench --json` b (a closed loop of lookups
+    or pushes alone, `pipeline` in flight), by Little's law: one op completes every (mean latency
+    / pipeline) seconds. The bench's own count (the calls that end in its window) must agree
+    within 10%: Little's law slower means the bench did not keep its pipeline full, the count
+    slower that it lost calls at its window's edges (until issue 34 it counted only calls that
+    also started after the warmup, and overstated an op by up to 1.30 times at 4 ranks)."""
+    ops = b["lookups"] + b["pushes"]
+    if b["errors"] or ops == 0 or b["mode"] != "closed" or b["pipeline"] != pipeline:
+        raise AssertionError("bench of %ss: %d errors, %d ops, %s loop, pipeline %d"
+                             % (kind, b["errors"], ops, b["mode"], b["pipeline"]))
+    t = b["average"] / 1e9 / b["pipeline"]
+    window = b["duration_s"] / ops
+    print("[%s] %d %ss in %.1f s: %.4f s an op by Little's law (mean latency %.4f s / %d in "
+          "flight), %.4f s by the window's count" % (label, ops, kind, b["duration_s"], t,
+                                                     b["average"] / 1e9, b["pipeline"], window))
+    if abs(t / window - 1) > 0.10:
+        raise AssertionError("bench of %ss: an op took %.4f s by Little's law but %.4f s by the "
+                             "window's count" % (kind, t, window))
+    return t

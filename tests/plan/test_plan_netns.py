@@ -27,8 +27,8 @@ import time
 
 import planlib
 from embps_servers import cli_binary, server_binary
+from planlib import sh, skip
 
-SKIP = 77
 RATE_MBIT = 200      # each rank's link, each way
 DELAY_MS = 0.5       # one way, on the hub's side of each veth (the rank's ingress)
 # A batch of 8192 tokens per rank: each rank's link time stays the same as the group grows, while
@@ -36,13 +36,6 @@ DELAY_MS = 0.5       # one way, on the hub's side of each veth (the rank's ingre
 ROWS, WIDTH, TOKENS_PER_RANK, IN_FLIGHT = 100000, 64, 8192, 4
 TAG = "embps-plan-%d" % os.getpid()
 HUB = TAG + "-hub"
-
-
-def sh(*args, check=True):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=60)
-    if check and r.returncode != 0:
-        raise RuntimeError("%s: %s" % (" ".join(args), (r.stderr or r.stdout).strip()))
-    return r
 
 
 # netem shapes rate and delay; a kernel without it (no sch_netem) still has the token bucket
@@ -59,11 +52,6 @@ def shaper(delay_ms):
 
 def link_delay_ms():
     return DELAY_MS if QDISC == "netem" else 0.0
-
-
-def skip(why):
-    print("SKIP: " + why)
-    sys.exit(SKIP)
 
 
 class Net:
@@ -165,26 +153,7 @@ def check_group(n, last):
         print("FAIL: the plan says %r binds, not the link's bandwidth" % p["binds_first"])
         return False
     for kind, b in runs.items():
-        ops = b["lookups"] + b["pushes"]
-        if b["errors"] or ops == 0 or b["mode"] != "closed" or b["pipeline"] != IN_FLIGHT:
-            raise AssertionError("bench of %ss: %d errors, %d ops, %s loop, pipeline %d"
-                                 % (kind, b["errors"], ops, b["mode"], b["pipeline"]))
-        # The time of an op in steady state, by Little's law: the bench keeps IN_FLIGHT calls
-        # in flight, so one completes every (mean latency / IN_FLIGHT) seconds. The bench's own
-        # count (the calls that end in its window) must agree: until issue 34 it counted only
-        # calls that also started after the warmup, lost the IN_FLIGHT calls in flight when the
-        # window opened, and overstated an op by up to 1.30 times at 4 ranks (docs/capacity.md).
-        measured[kind] = b["average"] / 1e9 / b["pipeline"]
-        window = b["duration_s"] / ops
-        print("[plan-netns] %d ranks: %d %ss in %.1f s: %.4f s an op by Little's law (mean "
-              "latency %.4f s / %d in flight), %.4f s by the window's count"
-              % (n, ops, kind, b["duration_s"], measured[kind], b["average"] / 1e9,
-                 b["pipeline"], window))
-        # Little's law slower than the count: the bench did not keep its pipeline full; the
-        # count slower: it lost calls at its window's edges again.
-        if abs(measured[kind] / window - 1) > 0.10:
-            raise AssertionError("bench of %ss: an op took %.4f s by Little's law but %.4f s by "
-                                 "the window's count" % (kind, measured[kind], window))
+        measured[kind] = planlib.op_seconds(b, kind, IN_FLIGHT, "plan-netns %d ranks" % n)
     steps = p["step_time_s"]
     for kind, want in (("lookup", steps["lookup"]), ("push", steps["push"]),
                        ("step", steps["lower_bound"])):
