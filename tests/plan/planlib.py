@@ -12,7 +12,11 @@ import metricslib  # noqa: E402,F401
 from embps_servers import cli_binary  # noqa: E402
 
 SKIP = 77
-TOLERANCE = 0.20  # the issue's bound: measured within 20% of the plan
+TOLERANCE = 0.20
+# The shaped-link tests' servers and clients run at the highest nice priority: every wake-up that
+# waits for one of a shared machine's cores adds to their steps, which the plan predicts from the
+# links alone (the load of other work there made steps 1.2 to 2 times the bound at times).
+NICE = ["nice", "-n", "-19"]  # the issue's bound: measured within 20% of the plan
 # A sanitized server (the build's EMBPS_SANITIZE, passed by ctest) is no figure of a real one:
 # its shadow memory swells its RSS (TSan's about 5x), and its CPU, not the link, sets its speed.
 SANITIZED = os.environ.get("EMBPS_BUILD_SANITIZE", "")
@@ -85,6 +89,10 @@ def sh(*args, check=True):
     return r
 
 
+class Unsteady(AssertionError):
+    """The bench's two measures of an op disagree: a try to repeat, not a wrong plan."""
+
+
 def op_seconds(b, kind, pipeline, label):
     """The time of one op in steady state from `embps bench --json` b (a closed loop of lookups
     or pushes alone, `pipeline` in flight), by Little's law: one op completes every (mean latency
@@ -102,6 +110,6 @@ def op_seconds(b, kind, pipeline, label):
           "flight), %.4f s by the window's count" % (label, ops, kind, b["duration_s"], t,
                                                      b["average"] / 1e9, b["pipeline"], window))
     if abs(t / window - 1) > 0.10:
-        raise AssertionError("bench of %ss: an op took %.4f s by Little's law but %.4f s by the "
+        raise Unsteady("bench of %ss: an op took %.4f s by Little's law but %.4f s by the "
                              "window's count" % (kind, t, window))
     return t

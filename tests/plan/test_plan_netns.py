@@ -10,7 +10,8 @@ and the plan must say the link's bandwidth binds first.
 Layout as in tests/netns/test_netns_group.sh: rank R at 198.18.0.(R+1), the hub's bridge at
 198.18.0.254. Only namespaces this test creates are touched, and all go away on exit. Needs root
 and tc's netem (rate and delay) or, on a kernel without sch_netem, tbf (the rate alone, the plan
-then given no delay); without them prints "SKIP: ..." and exits 77.
+then given no delay, and the delay terms are checked by test_plan_delay.py, which delays packets
+in user space on a tun); without them prints "SKIP: ..." and exits 77.
 
 Run with /usr/bin/python3; EMBPS_SERVER_BIN and EMBPS_CLI_BIN name the binaries;
 PLAN_NETNS_SIZES (default "1 2 4") the group sizes. An op's time is the bench's mean latency over
@@ -93,8 +94,9 @@ class Net:
         for r in range(self.n):
             log = open(os.path.join(self.work, "r%d.log" % r), "w")
             self.procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", "%s-r%d" % (TAG, r), server_binary(), "--rank", str(r),
-                 "--peers", peers, "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT))
+                planlib.NICE + ["ip", "netns", "exec", "%s-r%d" % (TAG, r), server_binary(),
+                                "--rank", str(r), "--peers", peers, "--device", "cpu"],
+                stdout=log, stderr=subprocess.STDOUT))
         deadline = time.time() + 60
         for r in range(self.n):
             while "the group is ready" not in self.log(r):
@@ -107,8 +109,9 @@ class Net:
             return f.read()
 
     def cli(self, *args, timeout=120):
-        r = subprocess.run(["ip", "netns", "exec", HUB, cli_binary(), "--servers", self.servers,
-                            *args], capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(planlib.NICE + ["ip", "netns", "exec", HUB, cli_binary(), "--servers",
+                                           self.servers, *args], capture_output=True, text=True,
+                           timeout=timeout)
         if r.returncode != 0:
             raise AssertionError("embps %s: %s%s" % (" ".join(args), r.stdout, r.stderr))
         return r.stdout
@@ -152,8 +155,14 @@ def check_group(n, last):
     if p["binds_first"] != "link bandwidth":
         print("FAIL: the plan says %r binds, not the link's bandwidth" % p["binds_first"])
         return False
-    for kind, b in runs.items():
-        measured[kind] = planlib.op_seconds(b, kind, IN_FLIGHT, "plan-netns %d ranks" % n)
+    try:
+        for kind, b in runs.items():
+            measured[kind] = planlib.op_seconds(b, kind, IN_FLIGHT, "plan-netns %d ranks" % n)
+    except planlib.Unsteady as e:
+        # A closed loop that did not keep its pipeline full (the shared machine's other load):
+        # another try, as a step over the bound gets.
+        print("%s: %d ranks: %s" % ("FAIL" if last else "again", n, e))
+        return False
     steps = p["step_time_s"]
     for kind, want in (("lookup", steps["lookup"]), ("push", steps["push"]),
                        ("step", steps["lower_bound"])):
