@@ -63,9 +63,6 @@ ROWS, WIDTH, TOKENS_PER_RANK = 100000, 64, 512
 DURATION_S, WARMUP_S = 2.0, 0.5
 TAG = "embps-pd-%d" % os.getpid()
 ROUTER, CLIENT = TAG + "-rt", TAG + "-c"
-# The servers and the client run one op at a time, so every wake-up that waits for a core adds to
-# a step: they run at planlib.NICE (the delay line at a real-time priority).
-NICE = planlib.NICE
 TABLE = "100"  # the router's routing table that sends everything into the tun
 
 
@@ -149,9 +146,9 @@ class Net:
         for r in range(self.n):
             log = open(os.path.join(self.work, "r%d.log" % r), "w")
             self.procs.append(subprocess.Popen(
-                NICE + ["ip", "netns", "exec", "%s-r%d" % (TAG, r), server_binary(), "--rank",
-                        str(r), "--peers", self.servers, "--device", "cpu"], stdout=log,
-                stderr=subprocess.STDOUT))
+                ["ip", "netns", "exec", "%s-r%d" % (TAG, r), server_binary(), "--rank", str(r),
+                 "--peers", self.servers, "--device", "cpu"], stdout=log,
+                stderr=subprocess.STDOUT, preexec_fn=planlib.raise_priority))
         deadline = time.time() + 60
         for r in range(self.n):
             while "the group is ready" not in self.log(r):
@@ -164,9 +161,9 @@ class Net:
             return f.read()
 
     def cli(self, *args, timeout=120):
-        r = subprocess.run(NICE + ["ip", "netns", "exec", CLIENT, cli_binary(), "--servers",
-                                   self.servers, *args], capture_output=True, text=True,
-                           timeout=timeout)
+        r = subprocess.run(["ip", "netns", "exec", CLIENT, cli_binary(), "--servers",
+                            self.servers, *args], capture_output=True, text=True,
+                           timeout=timeout, preexec_fn=planlib.raise_priority)
         if r.returncode != 0:
             raise AssertionError("embps %s: %s%s" % (" ".join(args), r.stdout, r.stderr))
         return r.stdout
@@ -195,18 +192,18 @@ class Net:
         return counters.strip()
 
 
-def check_group(n, delay_ms, last):
+def plan_of(n, delay_ms):
+    return planlib.plan("--group-size", str(n), "--rows", str(ROWS), "--emb-width", str(WIDTH),
+                        "--optimizer", "sgd", "--tokens-per-batch", str(TOKENS_PER_RANK * n),
+                        "--batches-in-flight", "1", "--link-gbit-s", str(RATE_MBIT / 1e3),
+                        "--link-mtu", str(MTU), "--link-delay-ms", str(delay_ms))
+
+
+def run_group(n, delay_ms, last):
+    """The time of a lookup, a push and a step (both) on n ranks over links with delay_ms one way,
+    each op alone; None when the bench's two measures of an op disagree (a try to repeat)."""
     tokens = TOKENS_PER_RANK * n
     label = "plan-delay %d ranks, %g ms" % (n, delay_ms)
-    p = planlib.plan("--group-size", str(n), "--rows", str(ROWS), "--emb-width", str(WIDTH),
-                     "--optimizer", "sgd", "--tokens-per-batch", str(tokens),
-                     "--batches-in-flight", "1", "--link-gbit-s", str(RATE_MBIT / 1e3),
-                     "--link-mtu", str(MTU), "--link-delay-ms", str(delay_ms))
-    steps = p["step_time_s"]
-    share = steps["link_delay"] / steps["lower_bound"]
-    if delay_ms and share < 1 / 3:
-        raise AssertionError("%s: the plan's delays are %.0f%% of its step: too little for the "
-                             "check to see a wrong count of them" % (label, 100 * share))
     net = Net(n, delay_ms)
     runs = {}
     try:
@@ -231,20 +228,47 @@ def check_group(n, delay_ms, last):
         measured = {kind: planlib.op_seconds(b, kind, 1, label) for kind, b in runs.items()}
     except planlib.Unsteady as e:
         print("%s: %s: %s" % ("FAIL" if last else "again", label, e))
-        return False
+        return None
     measured["step"] = measured["lookup"] + measured["push"]
-    for kind, want in (("lookup", steps["lookup"]), ("push", steps["push"]),
-                       ("step", steps["lower_bound"])):
-        print("[%s] %d Mbit/s, %d tokens: a %s takes %.4f s, the plan's lower bound %.4f s "
-              "(%.3f; %d one-way delays in a step, %.0f%% of it)"
-              % (label, RATE_MBIT, tokens, kind, measured[kind], want, measured[kind] / want,
-                 steps["one_way_delays"], 100 * share))
-    got, want = measured["step"], steps["lower_bound"]
-    if not planlib.within(got, want) or got < 0.90 * want:
-        print("%s: %s: a step took %.4f s, the plan's lower bound is %.4f s: not within 20%%"
-              % ("FAIL" if last else "again", label, got, want))
+    return measured
+
+
+def check_size(n, last):
+    """One try at n ranks: a step over links with DELAY_MS within 20% of the plan's bound, and
+    (from 2 ranks) what the delay adds to a step within 20% of what the plan adds for it."""
+    tokens = TOKENS_PER_RANK * n
+    label = "plan-delay %d ranks" % n
+    p, p0 = plan_of(n, DELAY_MS)["step_time_s"], plan_of(n, 0)["step_time_s"]
+    share = p["link_delay"] / p["lower_bound"]
+    if share < 1 / 3:
+        raise AssertionError("%s: the plan's delays are %.0f%% of its step: too little for the "
+                             "check to see a wrong count of them" % (label, 100 * share))
+    m = run_group(n, DELAY_MS, last)
+    m0 = m and run_group(n, 0.0, last)
+    if not m or not m0:
         return False
-    return True
+    for kind in ("lookup", "push", "step"):
+        key = "lower_bound" if kind == "step" else kind
+        print("[%s] %d Mbit/s, %d tokens: a %s takes %.4f s at %g ms (the plan's lower bound "
+              "%.4f s: %.3f), %.4f s at 0 ms (%.4f s: %.3f)"
+              % (label, RATE_MBIT, tokens, kind, m[kind], DELAY_MS, p[key], m[kind] / p[key],
+                 m0[kind], p0[key], m0[kind] / p0[key]))
+    added, want = m["step"] - m0["step"], p["lower_bound"] - p0["lower_bound"]
+    print("[%s] the delay adds %.4f s to a step, the plan %.4f s (%.3f: %d one-way delays of %g "
+          "ms, %.0f%% of the plan's step)" % (label, added, want, added / want,
+                                              p["one_way_delays"], DELAY_MS, 100 * share))
+    ok = True
+    got, bound = m["step"], p["lower_bound"]
+    if not planlib.within(got, bound) or got < 0.90 * bound:
+        print("%s: %s, %g ms: a step took %.4f s, the plan's lower bound is %.4f s: not within "
+              "20%%" % ("FAIL" if last else "again", label, DELAY_MS, got, bound))
+        ok = False
+    # On one rank the delay adds 4 x 3 ms, within the noise of two steps of 20-35 ms each.
+    if n > 1 and not planlib.within(added, want):
+        print("%s: %s: the delay added %.4f s to a step, the plan %.4f s: not within 20%%"
+              % ("FAIL" if last else "again", label, added, want))
+        ok = False
+    return ok
 
 
 def main():
@@ -274,8 +298,8 @@ def main():
     sizes = [int(x) for x in os.environ.get("PLAN_DELAY_SIZES", "1 2 4").split()]
     # Each size gets three tries: the shared machine's other load can only slow a step, never
     # bring it under the bound (which the 0.90 floor checks on every try).
-    ok = all([check_group(n, DELAY_MS, False) or check_group(n, DELAY_MS, False)
-              or check_group(n, DELAY_MS, True) for n in sizes])
+    ok = all([check_size(n, False) or check_size(n, False) or check_size(n, True)
+              for n in sizes])
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
