@@ -20,8 +20,8 @@
  *
  * It exits on SIGTERM or SIGINT, when its parent dies (PR_SET_PDEATHSIG), and at end of file on
  * stdin when stdin is a pipe (the test holds the pipe's other end), printing its counters on
- * stdout: packets and bytes in, out, dropped, write errors, the most held at once, and how late
- * (after its due time) packets went out.
+ * stdout: packets and bytes in, out, dropped, write errors, the most held at once, how often the
+ * ring wrapped around, and how late (after its due time) packets went out.
  *
  *   delayline --tun NAME --delay-ms MS [--ring-mbytes MB]
  *
@@ -61,7 +61,7 @@ typedef struct ring {
 } ring_t;
 
 typedef struct counters {
-  uint64_t in, in_bytes, out, out_bytes, dropped, write_errors, most_held, most_bytes;
+  uint64_t in, in_bytes, out, out_bytes, dropped, write_errors, most_held, most_bytes, wraps;
   double late_sum_ns, late_max_ns;
 } counters_t;
 
@@ -193,6 +193,7 @@ static int read_packets(int fd, ring_t *r, uint8_t *scratch, int64_t delay_ns, c
       continue;
     }
     ring_commit(r, at, wrap, (uint32_t)n, now_ns() + delay_ns);
+    c->wraps += (uint64_t)wrap;
     if (r->count > c->most_held)
       c->most_held = r->count;
     if (r->bytes > c->most_bytes)
@@ -225,7 +226,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     char *end = NULL;
     if (i + 1 >= argc)
-      return usage("every flag takes a value");
+      return usage("every flag takes a value: give it after the flag");
     if (!strcmp(argv[i], "--tun"))
       name = argv[++i];
     else if (!strcmp(argv[i], "--delay-ms"))
@@ -233,14 +234,16 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--ring-mbytes"))
       ring_mb = strtod(argv[++i], &end);
     else
-      return usage("unknown flag");
+      return usage("unknown flag: the flags are --tun, --delay-ms and --ring-mbytes");
     if (end && *end)
-      return usage("--delay-ms and --ring-mbytes take a number");
+      return usage("--delay-ms and --ring-mbytes take a number (ms, MB)");
   }
   if (!name || strlen(name) >= IFNAMSIZ)
-    return usage("--tun NAME (at most 15 characters) is required");
-  if (!(delay_ms >= 0 && delay_ms <= 10000) || !(ring_mb >= 1 && ring_mb <= 1024))
-    return usage("--delay-ms or --ring-mbytes is out of range");
+    return usage("--tun NAME is required: the tun device to create, at most 15 characters");
+  if (!(delay_ms >= 0 && delay_ms <= 10000))
+    return usage("--delay-ms must be a one-way delay from 0 to 10000 ms");
+  if (!(ring_mb >= 1 && ring_mb <= 1024))
+    return usage("--ring-mbytes must be the ring's size from 1 to 1024 MB");
   delay_ns = (int64_t)(delay_ms * 1e6 + 0.5);
 
   /* Exit with the parent, and leave the signals that stop us blocked but for the sleep. */
@@ -320,12 +323,13 @@ int main(int argc, char **argv) {
   }
   printf("delayline %s: %.3f ms%s; in %llu packets %llu bytes; out %llu packets %llu bytes; "
          "dropped %llu (ring full); write errors %llu; held at exit %zu; most held %llu packets "
-         "%llu bytes; late mean %.1f us max %.1f us\n",
+         "%llu bytes; wrapped %llu; late mean %.1f us max %.1f us\n",
          name, delay_ms, realtime ? " (SCHED_FIFO)" : "", (unsigned long long)c.in,
          (unsigned long long)c.in_bytes, (unsigned long long)c.out, (unsigned long long)c.out_bytes,
          (unsigned long long)c.dropped, (unsigned long long)c.write_errors, r.count,
          (unsigned long long)c.most_held, (unsigned long long)c.most_bytes,
-         c.out ? c.late_sum_ns / (double)c.out / 1e3 : 0.0, c.late_max_ns / 1e3);
+         (unsigned long long)c.wraps, c.out ? c.late_sum_ns / (double)c.out / 1e3 : 0.0,
+         c.late_max_ns / 1e3);
   fflush(stdout);
   close(fd);
   free(r.buf);
