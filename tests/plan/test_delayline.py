@@ -15,7 +15,6 @@ Needs root and /dev/net/tun, else prints "SKIP: ..." and exits 77. EMBPS_DELAYLI
 the binary."""
 import os
 import re
-import socket
 import subprocess
 import sys
 import time

@@ -57,7 +57,6 @@ binaries; PLAN_DELAY_SIZES (default "1 2 4") the group sizes."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
