@@ -41,11 +41,19 @@ def write_secret(directory, name, data, mode=0o600):
     return path
 
 
+def control_fanout():
+    """The control relays' fanout a 2-rank server resolves (--control-fanout, which the servers
+    here read from EMBPS_CONTROL_FANOUT when set): auto is none below 16 ranks, 0 and 1 none."""
+    flag = os.environ.get("EMBPS_CONTROL_FANOUT", "auto")
+    return 0 if flag in ("", "auto") or int(flag) < 2 else int(flag)
+
+
 def identity(peers, mesh, version, secret=True):
     """The configuration a rank presents in its hello (server/main.c builds the same lines)."""
     return ("version=%s\ncontrol=%d\nmesh=%s\ntable_axis=shard\ndata_axis=shard\npeers=%s\n"
-            "group_secret=%s\ncheckpoints=off\nincremental=0\nrestore=0\n" %
-            (version, CONTROL_VERSION, mesh, peers, "hmac-sha256" if secret else "none")).encode()
+            "control_fanout=%d\ngroup_secret=%s\ncheckpoints=off\nincremental=0\nrestore=0\n" %
+            (version, CONTROL_VERSION, mesh, peers, control_fanout(),
+             "hmac-sha256" if secret else "none")).encode()
 
 
 def recv_exact(sock, n):
