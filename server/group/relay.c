@@ -8,16 +8,10 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "server/engine/round_cost.h"
 #include "server/group/group_internal.h"
 
-uint32_t embps__relay_fanout_auto(uint32_t n) {
-  uint32_t k = 1;
-  if (n < EMBPS__RELAY_AUTO_MIN)
-    return 0;
-  while ((uint64_t)k * k < n)
-    k++;
-  return k;
-}
+uint32_t embps__relay_fanout_auto(uint32_t n) { return embps_round_control_fanout_auto(n); }
 
 /* The lowest rank of follower r's group (r >= 1, k >= 2). */
 static uint32_t group_first(uint32_t k, uint32_t r) { return 1 + (r - 1) / k * k; }

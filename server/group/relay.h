@@ -19,11 +19,8 @@
 
 #include "common/status.h"
 
-/** The smallest group that gets relays when --control-fanout is auto. */
-#define EMBPS__RELAY_AUTO_MIN 16
-
-/** The automatic fanout for a group of n ranks: 0 (a direct star) below EMBPS__RELAY_AUTO_MIN,
- * else ceil(sqrt(n)), so that the leader and every relay each keep about sqrt(n) connections. */
+/** The automatic fanout for a group of n ranks: embps_round_control_fanout_auto's (round_cost.h,
+ * which `embps plan` reads too): 0 (a direct star) below 16 ranks, else ceil(sqrt(n)). */
 uint32_t embps__relay_fanout_auto(uint32_t n);
 
 /** The rank that rank r of n sends its control frames to with fanout k: 0 for a follower that
