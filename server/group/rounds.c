@@ -626,12 +626,16 @@ void *embps__group_main(void *arg) {
     pfds[n++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
     if (g->ckpt_fd >= 0)
       pfds[n++] = (struct pollfd){.fd = g->ckpt_fd, .events = POLLIN};
+    /* The connection up comes last: a relay passes its members' frames on before a round from
+     * the leader holds it in collectives. */
     if (g->control_fds && atomic_load(&g->state) == EMBPS_GROUP_READY)
-      for (uint32_t r = 0; r < N; r++)
+      for (uint32_t i = 1; i <= N; i++) {
+        uint32_t r = embps__group_is_leader(g) ? i - 1 : (g->up + i) % N;
         if (g->control_fds[r] >= 0) {
           pfd_peer[n] = r;
           pfds[n++] = (struct pollfd){.fd = g->control_fds[r], .events = POLLIN};
         }
+      }
     if (g->seq && embps__group_is_leader(g)) {
       uint64_t left = embps_sequencer_next_deadline(g->seq, embps_now_ms());
       if (left < (uint64_t)timeout)
@@ -650,6 +654,11 @@ void *embps__group_main(void *arg) {
     for (nfds_t i = 1; i < n; i++) {
       if (pfds[i].fd == g->ckpt_fd || !(pfds[i].revents & (POLLIN | POLLHUP | POLLERR)))
         continue;
+      if (!embps__group_is_leader(g) && pfd_peer[i] == g->up && g->notices.len &&
+          flush_notices(g) != EMBPS_OK) {
+        embps__group_break(g, "this rank lost its connection to the leader (rank 0)");
+        break;
+      }
       if (read_frames(g, pfd_peer[i], on_frame, &err) != EMBPS_OK) {
         embps__group_break(g, err.message);
         break;

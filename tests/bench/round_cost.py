@@ -66,9 +66,16 @@ def fanout_flags(fanout, n):
 
 def one_run(binary, n, duration, cli, fanout=None):
     port = free_ephemeral_port()
-    group = Group(n, "--device", "cpu", "--engine-threads", "1", *fanout_flags(fanout, n),
-                  rank_flags={0: ["--metrics-listen", "127.0.0.1:%d" % port]}, binary=binary,
-                  ready_timeout=60 + 4 * n)
+    for wait in (0, 20, 40, 60, 0):
+        try:
+            group = Group(n, "--device", "cpu", "--engine-threads", "1", *fanout_flags(fanout, n),
+                          rank_flags={0: ["--metrics-listen", "127.0.0.1:%d" % port]},
+                          binary=binary, ready_timeout=60 + 4 * n)
+            break
+        except RuntimeError as e:  # ports still in TIME_WAIT from the runs before: wait them out
+            if "no free loopback ports" not in str(e) or not wait:
+                raise
+            time.sleep(wait)
     try:
         def run_cli(*args, timeout=120):
             r = subprocess.run([cli, "--servers", group.servers, "--deadline-ms", "60000", *args],
