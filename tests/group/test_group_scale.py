@@ -1,5 +1,7 @@
 """The group at scale (issue 34): N ranks (16 or 32; argv[1] or EMBPS_SCALE_RANKS) on loopback,
-cpu backend, one engine thread each, small tables.
+cpu backend, one engine thread each, small tables; argv[2] (or EMBPS_SCALE_FANOUT) is
+--control-fanout, default auto (control relays at both sizes; 0 for the leader's star). N must
+divide 512 (the bitwise check's rows).
 
 Measures and prints one line of figures per group size:
   formation   seconds from starting N processes to every rank's "the group is ready"
@@ -14,8 +16,10 @@ Asserts correctness and bounds, never speed:
     batches (shard width 32, a multiple of the row statistics' block);
   - per-rank resources grow at most linearly in N, with the constants stated by the formulas in
     fd_bound() and THREADS_MAX below (what a rank holds: a data socket per peer for the
-    collectives, a control socket per peer on the leader and one to the leader on a follower,
-    one socket per client connection, and a fixed set of threads: no thread per peer);
+    collectives, its control sockets of the relay tree (control_sockets(): with the default auto
+    fanout K = ceil(sqrt(N)) from 16 ranks, ceil((N-1)/K) on the leader, at most K on a relay,
+    one on a member; without relays N-1 on the leader and one on a follower), one socket per
+    client connection, and a fixed set of threads: no thread per peer);
   - after kill -9 of one rank every caller fails (UNAVAILABLE) before its deadline and nothing
     hangs; later calls fail at once;
   - SIGTERM of every rank of a healthy group, and of the survivors of a broken one, exits 0.
