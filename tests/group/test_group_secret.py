@@ -105,6 +105,21 @@ class SecretTest(unittest.TestCase):
                                     or not p.alive(), 30), p.text())
         self.assertTrue(p.alive(), p.text())
 
+    def test_relayed_group_with_secret(self):
+        # Control relays (--control-fanout 2 on 4 ranks: rank 2's control frames go through rank
+        # 1) keep the bootstrap's connection between 1 and 2, authenticated like every other.
+        group = gl.Group(4, "--group-secret-file", self.secret, "--control-fanout", "2")
+        try:
+            client = gl.RawClient(group.addresses)
+            client.create("t", 16, 8)
+            self.assertEqual(client.lookup("t", [1, 2, 3, 4], 8).shape, (4, 8))
+            client.close()
+        finally:
+            codes = group.close()
+        self.assertEqual(codes, {r: 0 for r in range(4)}, group.last_logs)
+        self.assertIn("rank 2: control frames go to rank 1", group.last_logs)
+        self.assertNotIn("ERROR", group.last_logs)
+
     def test_impostor_refused(self):
         ports, offset = gl.pick_ports(2)
         addr0 = "127.0.0.1:%d" % ports[0]
