@@ -411,6 +411,8 @@ int main(int argc, char **argv) {
   static char peer_addrs_buf[EMBPS_SETTINGS_MAX_PEERS][300];
   const char *peer_addrs[EMBPS_SETTINGS_MAX_PEERS];
   char identity[4096], mesh_text[256], ta[256], da[256], listen_addr[300];
+  uint32_t control_fanout = 0;
+  size_t used;
   static uint8_t secret[EMBPS_GROUP_SECRET_MAX];
   size_t secret_len = 0;
   char restore_dir[EMBPS_CKPT_PATH_MAX] = "";
@@ -512,6 +514,19 @@ int main(int argc, char **argv) {
             sizeof(identity));
     return 2;
   }
+  if (embps_group_control_fanout(set.control_fanout, group_size, &control_fanout, &err) !=
+      EMBPS_OK) {
+    fprintf(stderr, "embps-server: %s\n", err.message);
+    return 2;
+  }
+  /* Every rank must draw the same relay tree: the fanout joins the identity. */
+  used = strlen(identity);
+  if ((size_t)snprintf(identity + used, sizeof(identity) - used, "control_fanout=%u\n",
+                       control_fanout) >= sizeof(identity) - used) {
+    fprintf(stderr, "embps-server: the group's configuration does not fit in %zu bytes\n",
+            sizeof(identity));
+    return 2;
+  }
   if (group_secret(&set, group_size, secret, sizeof(secret), &secret_len, identity,
                    sizeof(identity)) != 0)
     return 2;
@@ -564,6 +579,7 @@ int main(int argc, char **argv) {
   gcfg.checkpoint_full_every =
       set.checkpoint_full_every > UINT32_MAX ? UINT32_MAX : (uint32_t)set.checkpoint_full_every;
   gcfg.retry_window = (uint32_t)set.retry_window;
+  gcfg.control_fanout = control_fanout;
   gcfg.restore_dir = restore_dir;
   gcfg.restore_round = restore_round;
   gcfg.max_memory_bytes = set.max_memory_bytes;

@@ -48,6 +48,11 @@
     "most bytes all tables (rows, optimizer state, and with checkpoints on the cpu backend their " \
     "snapshot copies) take on this rank; CreateTable and restore refuse a table beyond it; 0 = "   \
     "80% of physical memory (cpu) or of the GPU's memory (cuda)")                                  \
+  X(control_fanout, STR, "control-fanout", "auto",                                                 \
+    "followers per control relay: each group's lowest rank carries the others' control frames "    \
+    "to and from the leader, so the leader keeps about N/K control connections instead of N-1; "   \
+    "0 or 1: every rank talks to the leader directly; auto: ceil(sqrt(N)) from 16 ranks, else "    \
+    "0; every rank must have the same")                                                            \
   X(max_connections, U64, "max-connections", "4096", "most client connections at once")            \
   X(stall_timeout_ms, U64, "stall-timeout-ms", "10000",                                            \
     "close a connection that stops sending in the middle of a request, or reads none of its "      \

@@ -6,7 +6,8 @@
  * (embps_table_config_row_bytes, what the memory budget counts), a hash-keyed table's index and
  * admission sketch are embps_hindex_bytes, a checkpoint's file is embps_ckpt_slice_bytes (the
  * codec's headers, blocks and trailer), and a round's scratch, peer payload and collectives are
- * the engine's round_cost.h, which the engine's cpu backend sizes its scratch by. A table is
+ * the engine's round_cost.h, which the engine's cpu backend sizes its scratch by, and so are the
+ * ordering's hops (embps_round_order_delays: through a control relay from 16 ranks). A table is
  * resolved by the server's own embps_table_config_resolve, so a spec the group would refuse
  * (emb_width that does not shard over N, say) is refused here with the same message.
  *
@@ -58,6 +59,8 @@ embps_cli_flag_t embps_cli_plan_flags[] = {
      "memory) (default cpu)",
      NULL},
     {"--no-checkpoints", NULL, "no checkpoint snapshot is held", NULL},
+    {"--control-fanout", "K|auto",
+     "the servers' --control-fanout, for the delays of a batch's ordering (default auto)", NULL},
     {"--link-gbit-s", "G", "each rank's link, each way, in Gbit/s (default 100)", NULL},
     {"--link-mtu", "BYTES",
      "the link's MTU: each packet of MTU - 52 payload bytes (IPv4, TCP with timestamps) costs MTU "
@@ -91,8 +94,9 @@ typedef struct plan {
                                         of theirs */
   /* bytes per step */
   uint64_t client_in_lookup, client_in_push, client_out_lookup, client_out_push;
-  uint64_t peer_lookup, peer_push;       /* each way */
-  unsigned delays_lookup, delays_push;   /* one-way delays of each op's path */
+  uint64_t peer_lookup, peer_push;     /* each way */
+  unsigned delays_lookup, delays_push; /* one-way delays of each op's path */
+  uint32_t fanout; /* the servers' --control-fanout, resolved: 0 for none (the ordering's hops) */
   double t_link_in, t_link_out, t_delay; /* the step's bytes each way, its delays */
   double t_lookup, t_push;               /* each op alone: its busier direction, its delays */
   double t_step, t_overlapped;           /* lookup then push; steps overlapped (throughput) */
@@ -244,12 +248,14 @@ static void compute(plan_t *p, const plan_table_t *tables, int count) {
     sh.kind = EMBPS_OP_LOOKUP;
     scratch = embps_round_scratch_total(&sh);
     p->peer_lookup += embps_round_peer_bytes(&sh, unique, second);
-    p->delays_lookup += 2u + (N > 1 ? 2u + embps_round_collectives(&sh, second) : 0u);
+    p->delays_lookup +=
+        2u + embps_round_order_delays(N, p->fanout) + embps_round_collectives(&sh, second);
     sh.kind = EMBPS_OP_PUSH;
     if (embps_round_scratch_total(&sh) > scratch)
       scratch = embps_round_scratch_total(&sh);
     p->peer_push += embps_round_peer_bytes(&sh, unique, second);
-    p->delays_push += 2u + (N > 1 ? 2u + embps_round_collectives(&sh, second) : 0u);
+    p->delays_push +=
+        2u + embps_round_order_delays(N, p->fanout) + embps_round_collectives(&sh, second);
     if (scratch > scratch_max)
       scratch_max = scratch; /* the engine's arrays grow to the largest op */
     /* The messages' payload: tokens (int64), rows or gradients (the table's dtype). */
@@ -342,8 +348,9 @@ static void print_text(const plan_t *p, const plan_table_t *t, int count) {
   printf("step time lower bounds\n");
   printf("  %-36s %14.6f s\n", "link in (bandwidth)", p->t_link_in);
   printf("  %-36s %14.6f s\n", "link out (bandwidth)", p->t_link_out);
-  printf("  %-36s %14.6f s (%u one-way delays)\n", "link delay", p->t_delay,
-         p->delays_lookup + p->delays_push);
+  printf("  %-36s %14.6f s (%u one-way delays%s)\n", "link delay", p->t_delay,
+         p->delays_lookup + p->delays_push,
+         embps_round_order_delays(p->N, p->fanout) > 2 ? ", ordering through control relays" : "");
   printf("  %-36s %14.6f s\n", "lookup", p->t_lookup);
   printf("  %-36s %14.6f s\n", "push", p->t_push);
   printf("  %-36s %14.6f s\n", "step (lookup, then push)", p->t_step);
@@ -357,7 +364,8 @@ static void print_text(const plan_t *p, const plan_table_t *t, int count) {
 }
 
 static void print_json(const plan_t *p, const plan_table_t *t, int count) {
-  printf("{\"group_size\": %u, \"backend\": \"%s\", \"tables\": [", p->N, p->cuda ? "cuda" : "cpu");
+  printf("{\"group_size\": %u, \"backend\": \"%s\", \"control_fanout\": %u, \"tables\": [", p->N,
+         p->cuda ? "cuda" : "cpu", p->fanout);
   for (int i = 0; i < count; i++) {
     printf("%s{\"name\": ", i ? ", " : "");
     embps_cli_json_string(stdout, t[i].cfg.name);
@@ -408,6 +416,7 @@ int embps_cli_cmd_plan(const char *cmd, embps_cli_flag_t *f, const char *pos) {
   static plan_table_t tables[MAX_TABLES];
   char msg[512];
   const char *file = embps_cli_flag(f, "--tables"), *backend = embps_cli_flag(f, "--backend");
+  const char *fanout_flag = embps_cli_flag(f, "--control-fanout");
   double x, gbit, delay_ms, disk, mem, mtu;
   uint64_t N = 0, tokens = 0, k = 1;
   int count = 1, rc;
@@ -436,6 +445,14 @@ int embps_cli_cmd_plan(const char *cmd, embps_cli_flag_t *f, const char *pos) {
   if (backend && strcmp(backend, "cpu") != 0 && strcmp(backend, "cuda") != 0)
     return usage(cmd, "--backend must be cpu or cuda");
   p.N = (uint32_t)N;
+  if (fanout_flag && strcmp(fanout_flag, "auto") != 0) {
+    uint64_t v;
+    if (embps_cli_parse_u64("--control-fanout", fanout_flag, 0, 65536, &v, msg, sizeof(msg)) != 0)
+      return usage(cmd, msg);
+    p.fanout = v < 2 ? 0 : (uint32_t)v;
+  } else {
+    p.fanout = embps_round_control_fanout_auto(p.N);
+  }
   p.cuda = backend && !strcmp(backend, "cuda");
   p.checkpoints = !embps_cli_flag(f, "--no-checkpoints");
   p.in_flight = k;

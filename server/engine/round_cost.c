@@ -102,3 +102,18 @@ unsigned embps_round_collectives(const embps_round_shape_t *sh, int second_stats
       embps_round_stats_by_owner(sh->group_size, embps_round_partials_per_row(sh->w)) ? 2u : 1u;
   return sh->kind == EMBPS_OP_PUSH ? 2u + stats * (second_stats ? 2u : 1u) : 2u;
 }
+
+uint32_t embps_round_control_fanout_auto(uint32_t group_size) {
+  uint32_t k = 1;
+  if (group_size < EMBPS_ROUND_RELAY_AUTO_MIN)
+    return 0;
+  while ((uint64_t)k * k < group_size)
+    k++;
+  return k;
+}
+
+unsigned embps_round_order_delays(uint32_t group_size, uint32_t fanout) {
+  if (group_size < 2)
+    return 0;
+  return fanout >= 2 && group_size >= 3 ? 4u : 2u;
+}

@@ -81,4 +81,19 @@ uint64_t embps_round_peer_bytes(const embps_round_shape_t *sh, uint64_t unique, 
  * trip; a push's row statistics take two by owner): 0 on a group of one. */
 unsigned embps_round_collectives(const embps_round_shape_t *sh, int second_stats);
 
+/** The smallest group whose followers send their control frames through relays when
+ * --control-fanout is auto (server/group/relay.h). */
+#define EMBPS_ROUND_RELAY_AUTO_MIN 16
+
+/** --control-fanout auto for a group of group_size ranks: 0 (every follower talks to the leader)
+ * below EMBPS_ROUND_RELAY_AUTO_MIN, else ceil(sqrt(group_size)), so that the leader and every
+ * relay each keep about sqrt(group_size) control connections. */
+uint32_t embps_round_control_fanout_auto(uint32_t group_size);
+
+/** The one-way delays between a batch's last shard arriving and its round starting on every
+ * rank, on the slowest path: 0 on a group of one; 2 (a notice to the leader, its ROUND back) when
+ * every follower talks to the leader; 4 when some rank sends through a control relay (fanout 2 or
+ * more and at least 3 ranks), whose notice and ROUND each take two hops. */
+unsigned embps_round_order_delays(uint32_t group_size, uint32_t fanout);
+
 #endif

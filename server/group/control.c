@@ -25,8 +25,8 @@
 #define WITHDRAW_LEN (8 + 8 + 4)
 
 static const char *frame_name(unsigned type) {
-  static const char *const names[] = {"?",       "NOTICE",     "ROUND",   "BROKEN",  "DEVICE",
-                                      "NCCL_ID", "CHECKPOINT", "LEAVING", "WITHDRAW"};
+  static const char *const names[] = {"?",       "NOTICE",     "ROUND",   "BROKEN",   "DEVICE",
+                                      "NCCL_ID", "CHECKPOINT", "LEAVING", "WITHDRAW", "RELAY"};
   return type < sizeof(names) / sizeof(names[0]) ? names[type] : "unknown";
 }
 
@@ -254,7 +254,7 @@ embps_status_t embps__frame_header(const uint8_t *p, uint8_t *type, size_t *payl
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
                            "malformed control frame: length %u outside 1..%u", len,
                            EMBPS__FRAME_MAX + 1);
-  if (p[4] < EMBPS__FRAME_NOTICE || p[4] > EMBPS__FRAME_WITHDRAW)
+  if (p[4] < EMBPS__FRAME_NOTICE || p[4] > EMBPS__FRAME_RELAY)
     return embps_error_set(err, EMBPS_INVALID_ARGUMENT, "malformed control frame: unknown type %u",
                            p[4]);
   *type = p[4];
@@ -497,6 +497,42 @@ embps_status_t embps__parse_withdraw(const uint8_t *p, size_t len, embps__withdr
   w->batch_id = get64(&r);
   w->attempt = get32(&r);
   return finish(&r, EMBPS__FRAME_WITHDRAW, err);
+}
+
+embps_status_t embps__frame_relay(embps__buf_t *b, uint32_t rank, const uint8_t *frame,
+                                  size_t frame_len, embps_error_t *err) {
+  uint8_t *p = NULL, type = 0;
+  size_t payload_len = 0;
+  embps_status_t ret;
+  if (frame_len < EMBPS__FRAME_HEADER_LEN ||
+      embps__frame_header(frame, &type, &payload_len, err) != EMBPS_OK ||
+      payload_len != frame_len - EMBPS__FRAME_HEADER_LEN || type == EMBPS__FRAME_RELAY)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "a RELAY frame carries one whole frame of another type");
+  if ((ret = frame_begin(b, EMBPS__FRAME_RELAY, 4 + frame_len, &p, err)) != EMBPS_OK)
+    return ret;
+  put32(&p, rank);
+  put_bytes(&p, frame, frame_len);
+  return EMBPS_OK;
+}
+
+embps_status_t embps__parse_relay(const uint8_t *p, size_t len, uint32_t *rank, uint8_t *type,
+                                  const uint8_t **payload, size_t *payload_len,
+                                  const uint8_t **frame, size_t *frame_len, embps_error_t *err) {
+  if (len < 4 + EMBPS__FRAME_HEADER_LEN)
+    return malformed(err, EMBPS__FRAME_RELAY, "length", len);
+  *rank = embps_get_le32(p);
+  if (embps__frame_header(p + 4, type, payload_len, err) != EMBPS_OK)
+    return EMBPS_INVALID_ARGUMENT;
+  if (*payload_len != len - 4 - EMBPS__FRAME_HEADER_LEN)
+    return malformed(err, EMBPS__FRAME_RELAY, "carried frame's payload length", *payload_len);
+  if (*type == EMBPS__FRAME_RELAY)
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "malformed RELAY frame: it carries another RELAY frame");
+  *frame = p + 4;
+  *frame_len = len - 4;
+  *payload = p + 4 + EMBPS__FRAME_HEADER_LEN;
+  return EMBPS_OK;
 }
 
 embps_status_t embps__frame_device(embps__buf_t *b, const embps__device_claim_t *c,

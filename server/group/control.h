@@ -141,6 +141,11 @@ typedef enum embps__frame_type {
    * went away (reset its stream, or closed its connection) before the batch was ordered
    * (an embps__withdraw_t; embps_sequencer_withdraw). */
   EMBPS__FRAME_WITHDRAW = 8,
+  /** through a control relay (relay.h): one whole frame of another type, and a rank. Upward
+   * (relay -> leader) the rank is the member the frame came from; downward (leader -> relay)
+   * the one rank it is for, the relay itself or one of its members. A frame the leader sends
+   * a relay unwrapped is for the relay and every member. Never nested. */
+  EMBPS__FRAME_RELAY = 9,
 } embps__frame_type_t;
 
 /** The control protocol's version. Ranks agree on it at formation (the identity's `control` key,
@@ -150,8 +155,8 @@ typedef enum embps__frame_type {
  * the batch's digest and attempt, round entries their attempt; WITHDRAW. 4: a CREATE entry's
  * table settings carry the hash-keyed ones (capacity, admit_after, eviction, half_life_steps,
  * ttl_steps, sketch_width; common/table_fields.h). 5: the op kind ASSIGN (6) in NOTICE and
- * round entries. */
-#define EMBPS__CONTROL_VERSION 5
+ * round entries. 6: RELAY, and control relays (the identity's control_fanout key). */
+#define EMBPS__CONTROL_VERSION 6
 
 /** Bytes of a frame's header (length and type). */
 #define EMBPS__FRAME_HEADER_LEN 5
@@ -253,6 +258,11 @@ embps_status_t embps__frame_leaving(embps__buf_t *b, const char *why, embps_erro
 embps_status_t embps__frame_withdraw(embps__buf_t *b, const embps__withdraw_t *w,
                                      embps_error_t *err);
 
+/** RELAY: rank, then the whole frame (header and payload: frame_len bytes at frame) it carries,
+ * which must be one well-formed frame of another type than RELAY. */
+embps_status_t embps__frame_relay(embps__buf_t *b, uint32_t rank, const uint8_t *frame,
+                                  size_t frame_len, embps_error_t *err);
+
 /** DEVICE: a device claim. */
 embps_status_t embps__frame_device(embps__buf_t *b, const embps__device_claim_t *c,
                                    embps_error_t *err);
@@ -287,6 +297,14 @@ embps_status_t embps__parse_broken(const uint8_t *p, size_t len, char *why, size
 /** WITHDRAW into *w. */
 embps_status_t embps__parse_withdraw(const uint8_t *p, size_t len, embps__withdraw_t *w,
                                      embps_error_t *err);
+
+/** RELAY: its rank, and the frame it carries: that frame's type, payload (pointing into p) and
+ * its whole bytes (header included, *frame pointing into p, *frame_len long), which is what a
+ * relay forwards. Malformed: too short for a rank and a header, a carried frame whose header is
+ * malformed or whose length is not the rest of the payload, or one of type RELAY. */
+embps_status_t embps__parse_relay(const uint8_t *p, size_t len, uint32_t *rank, uint8_t *type,
+                                  const uint8_t **payload, size_t *payload_len,
+                                  const uint8_t **frame, size_t *frame_len, embps_error_t *err);
 
 /** DEVICE into *c. */
 embps_status_t embps__parse_device(const uint8_t *p, size_t len, embps__device_claim_t *c,

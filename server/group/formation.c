@@ -8,7 +8,10 @@
  * every rank; then every rank creates its communicator: NCCL's for CUDA, which makes its own
  * connections (the TCP data sockets are closed), or the TCP one over the data sockets. When
  * the leader refuses the group it sends every rank a BROKEN frame with the reason, so each
- * rank fails with the leader's words rather than a lost connection.
+ * rank fails with the leader's words rather than a lost connection. Those steps use every
+ * follower's direct control connection to the leader; only then does each rank keep the control
+ * connections of the relay tree (relay.h) and close the others, so that the bootstrap's secret
+ * and TLS cover a member's connection to its relay exactly as the ones to the leader.
  *
  * The claims live in this call's own memory, sized to the group: two groups forming in one
  * process do not share them. */
@@ -26,6 +29,7 @@
 #include "server/group/bootstrap.h"
 #include "server/group/control.h"
 #include "server/group/control_io.h"
+#include "server/group/relay.h"
 
 #ifdef EMBPS_HAVE_NCCL
 _Static_assert(EMBPS__NCCL_ID_BYTES == EMBPS_NCCL_UNIQUE_ID_BYTES,
@@ -205,12 +209,6 @@ embps_status_t embps__group_form(const embps_group_config_t *cfg, int cancel_fd,
         cfg->peer_tls, cfg->bootstrap_timeout_ms, cancel_fd, f.control_fds, f.data_fds, err);
     if (ret != EMBPS_OK)
       goto fail;
-    /* Only the leader's control connections carry traffic. */
-    for (uint32_t r = 1; r < N && !is_leader(&f); r++)
-      if (f.control_fds[r] >= 0) {
-        close(f.control_fds[r]);
-        f.control_fds[r] = -1;
-      }
   }
   if (cfg->backend == EMBPS_BACKEND_CUDA) {
     if ((ret = claim_devices(&f, err)) != EMBPS_OK || (ret = join_nccl(&f, err)) != EMBPS_OK)
@@ -224,6 +222,14 @@ embps_status_t embps__group_form(const embps_group_config_t *cfg, int cancel_fd,
       goto fail;
     }
   }
+  /* Device claims and NCCL's id went over the direct connections to the leader; from here only
+   * those of the control tree carry traffic (relay.h): the leader's to its relays and direct
+   * ranks, a relay's to the leader and its members, a member's to its relay. The rest close. */
+  for (uint32_t r = 0; r < N; r++)
+    if (f.control_fds[r] >= 0 && !embps__relay_keeps(N, cfg->control_fanout, cfg->rank, r)) {
+      close(f.control_fds[r]);
+      f.control_fds[r] = -1;
+    }
   out->control_fds = f.control_fds;
   out->comm = f.comm;
   out->stream = f.stream;

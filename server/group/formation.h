@@ -11,8 +11,9 @@
 
 /** What formation hands to the group thread; it owns all of it. */
 typedef struct embps__formed {
-  /** cfg->size entries: the leader's control connection to every other rank, a non-leader's
-   * to rank 0 (the only ones that carry traffic), -1 elsewhere. Free with embps_free after
+  /** cfg->size entries: the control connections of the relay tree (relay.h, with
+   * cfg->control_fanout): the leader's to every rank that sends to it directly, a relay's to the
+   * leader and its members, a member's to its relay; -1 elsewhere. Free with embps_free after
    * closing the descriptors. */
   int *control_fds;
   embps_comm_t *comm; /* free with embps_comm_free */

@@ -72,6 +72,13 @@ embps_status_t embps_group_identity_format(char *out, size_t cap, const char *ve
 embps_status_t embps_group_peer_addr(const char *client_addr, int port_offset, char *out,
                                      size_t cap, embps_error_t *err);
 
+/** Resolves --control-fanout (flag: "auto", "" as auto, or a count) for a group of size ranks
+ * into *out (embps_group_config_t.control_fanout): auto relays from 16 ranks, in groups of
+ * ceil(sqrt(size)); a count of 0 or 1 means none. Returns EMBPS_OK, or EMBPS_INVALID_ARGUMENT
+ * (err names the flag) when flag is neither. */
+embps_status_t embps_group_control_fanout(const char *flag, uint32_t size, uint32_t *out,
+                                          embps_error_t *err);
+
 /** Fewest bytes a group secret may have, and the most read from its file. */
 #define EMBPS_GROUP_SECRET_MIN 16
 #define EMBPS_GROUP_SECRET_MAX 4096
@@ -156,6 +163,11 @@ typedef struct embps_group_config {
                                       applied at most once (the group's retry window); 0: the
                                       default,
                                       at most EMBPS_GROUP_RETRY_WINDOW_MAX */
+  /** Control relays (docs/design.md, "The leader's limit"): the followers go in groups of this
+   * many, each group's lowest rank relaying the others' control frames to and from the leader;
+   * 0: every follower talks to the leader directly. Every rank must have the same (the identity
+   * carries it); embps_group_control_fanout resolves the flag. */
+  uint32_t control_fanout;
   /** Called on the loop thread if the group cannot form (bootstrap or restore failed). */
   void (*on_fatal)(void *arg, embps_status_t status, const char *message);
   void *on_fatal_arg;

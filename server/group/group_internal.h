@@ -92,6 +92,11 @@ struct embps_group {
    * notice cost a syscall per batch on every follower and a receive per batch per peer on the
    * leader). */
   embps__buf_t notices;
+  /* Upward, notices holds every frame for the rank this one sends to (up): a relay's members'
+   * frames too, wrapped (relay.h), in the order they came. */
+  uint32_t up;       /* non-leader: the rank its control frames go to: 0, or its relay */
+  embps__buf_t down; /* relay: the leader's frames for every member, gathered per wake-up */
+  embps__buf_t wrap; /* leader: a frame wrapped for one rank behind (or at) a relay */
   /* The round being sent or applied, and the configs of the creates it runs. */
   embps_round_entry_t round[EMBPS__ROUND_MAX];
   embps_table_config_t round_configs[EMBPS__ROUND_MAX];
@@ -234,6 +239,28 @@ void embps__group_ckpt_complete_final(embps_group_t *g, embps_group_call_t *call
 
 /** Frees the leader's requests not yet ordered and its per-rank bookkeeping. */
 void embps__group_ckpt_free(embps_group_t *g);
+
+/* ---- relay.c (relay.h) ---------------------------------------------------------------------- */
+
+/** 1 when this rank is a relay: a follower with members. */
+int embps__group_relays(const embps_group_t *g);
+
+/** 1 when rank is one of this rank's members (it sends its control frames through this rank). */
+int embps__group_is_member(const embps_group_t *g, uint32_t rank);
+
+/** Relay: passes on the whole frames reader r (the leader's connection) holds and has not yet
+ * handed out: every unwrapped frame to every member, in one write each, a RELAY frame's load to
+ * the member it names; the caller then handles the same frames itself (a RELAY frame for a member
+ * it skips). Returns EMBPS_OK, EMBPS_UNAVAILABLE (a member's connection failed: err names it) or
+ * EMBPS_RESOURCE_EXHAUSTED. */
+embps_status_t embps__group_relay_down(embps_group_t *g, const embps__frame_reader_t *r,
+                                       embps_error_t *err);
+
+/** Relay: queues member's frame (frame_len bytes at frame, header included) for the leader,
+ * wrapped in RELAY, after everything queued before it (g->notices). Returns EMBPS_OK,
+ * EMBPS_INVALID_ARGUMENT (not one whole frame) or EMBPS_RESOURCE_EXHAUSTED; err says why. */
+embps_status_t embps__group_relay_up(embps_group_t *g, uint32_t member, const uint8_t *frame,
+                                     size_t frame_len, embps_error_t *err);
 
 /* ---- start.c --------------------------------------------------------------------------------- */
 

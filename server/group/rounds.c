@@ -6,10 +6,12 @@
  * tokens_per_batch, table, and the time its caller's deadline leaves"), ROUND (leader -> every
  * rank: an ordered list of "run B" / "fail B with status S"; a run of a CreateTable carries the
  * table's config), WITHDRAW (rank -> leader: "my shard of B's caller went away", withdraw.c),
- * CHECKPOINT (ckpt_leader.c), BROKEN and LEAVING. A rank sends its notices in the order its
- * shards arrived, and the leader's sequencer orders a batch once every rank holds its shard, so
- * every rank runs the same batches in the same order and their collectives always match: no
- * deadlock, whatever order concurrent clients' shards reach the ranks in.
+ * CHECKPOINT (ckpt_leader.c), BROKEN and LEAVING. In a large group the followers' control
+ * connections form a tree instead of a star (relay.h): a member's frames pass through its
+ * relay both ways, in order, and the leader handles each as its origin's. A rank sends its notices
+ * in the order its shards arrived, and the leader's sequencer orders a batch once every rank holds
+ * its shard, so every rank runs the same batches in the same order and their collectives always
+ * match: no deadlock, whatever order concurrent clients' shards reach the ranks in.
  *
  * Threads. The loop thread submits calls into `incoming` (mutex + eventfd); this thread polls the
  * eventfd and the control connections, and posts finished calls to `completed` (mutex +
@@ -36,6 +38,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "server/group/relay.h"
 
 #define CREATE_ID_BIT (UINT64_C(1) << 63) /* the leader's own ids for creates and drops */
 
@@ -157,6 +160,8 @@ static void fail_all(embps_group_t *g, const char *msg) {
   g->ckpt_calls_tail = NULL;
 }
 
+static embps_status_t flush_notices(embps_group_t *g);
+
 /* Breaks the group on this rank and makes sure every other rank hears of it: a non-leader
  * tells the leader, and the leader tells every rank and closes its control connections, so a
  * rank that is idle (in no collective) when another dies still fails its calls at once.
@@ -176,17 +181,25 @@ static void end_group(embps_group_t *g, const char *why, int left) {
   else
     EMBPS_ERROR("rank %u: %s", g->cfg.rank, msg);
   fail_all(g, msg);
-  if (!g->control_fds || (left && !leader)) /* a non-leader only ever hears the leader leave */
+  if (!g->control_fds)
     return;
+  /* A relay passes its members' frames on first (a member's LEAVING among them). */
+  if (!leader && g->notices.len && g->control_fds[g->up] >= 0)
+    flush_notices(g);
   for (uint32_t r = 0; r < g->cfg.size; r++) {
-    if (g->control_fds[r] < 0 || (!leader && r != 0))
+    if (g->control_fds[r] < 0)
       continue;
+    if (!leader && r == g->up) { /* a non-leader only ever hears the leader leave */
+      if (!left)
+        embps__send_broken(g->control_fds[r], why);
+      continue;
+    }
+    /* The leader's ranks, or a relay's members: they hear it from here. */
     if (left)
       embps__send_leaving(g->control_fds[r], why);
     else
       embps__send_broken(g->control_fds[r], why);
-    if (leader)
-      shutdown(g->control_fds[r], SHUT_RDWR);
+    shutdown(g->control_fds[r], SHUT_RDWR);
   }
 }
 
@@ -201,8 +214,11 @@ static void announce_leave(embps_group_t *g) {
     return;
   snprintf(why, sizeof(why), "rank %u left the group (shutting down)", g->cfg.rank);
   EMBPS_INFO("rank %u: leaving the group (shutting down)", g->cfg.rank);
+  if (!embps__group_is_leader(g) && g->notices.len && g->control_fds[g->up] >= 0)
+    flush_notices(g);
+  /* Every connection this rank keeps: the leader's ranks, a follower's up, a relay's members. */
   for (uint32_t r = 0; r < g->cfg.size; r++)
-    if (g->control_fds[r] >= 0 && (embps__group_is_leader(g) || r == 0))
+    if (g->control_fds[r] >= 0)
       embps__send_leaving(g->control_fds[r], why);
 }
 
@@ -218,23 +234,42 @@ embps_group_state_t embps_group_state(embps_group_t *g, char *message, size_t ca
 
 /* ---- control frames -------------------------------------------------------------------------- */
 
-/* Follower: sends the notices queued since the last flush to the leader, in one write. */
+/* Follower: sends the notices queued since the last flush to the leader (through its relay, or
+ * for a relay with its members' frames), in one write. */
 static embps_status_t flush_notices(embps_group_t *g) {
   embps__io_t io;
   if (g->notices.len == 0)
     return EMBPS_OK;
-  io = embps__send_all(g->control_fds[0], g->notices.data, g->notices.len, UINT64_MAX);
+  io = embps__send_all(g->control_fds[g->up], g->notices.data, g->notices.len, UINT64_MAX);
   g->notices.len = 0;
   return io == EMBPS__IO_OK ? EMBPS_OK : EMBPS_UNAVAILABLE;
 }
 
-/* Sends the frame in g->out to peer (after the notices still queued for it, which came first).
- * Frames are small and the peer reads them as they come, so this waits as long as the socket
- * needs (a dead peer fails it). */
+/* Sends the frame in g->out to peer alone (after the notices still queued for it, which came
+ * first): a follower's goes up (peer is the leader, 0), the leader's to a rank at or behind a
+ * relay wrapped in RELAY naming it. Frames are small and the peer reads them as they come, so
+ * this waits as long as the socket needs (a dead peer fails it). */
 embps_status_t embps__group_send_out(embps_group_t *g, uint32_t peer) {
-  if (peer == 0 && flush_notices(g) != EMBPS_OK)
+  const uint8_t *p = g->out.data;
+  size_t len = g->out.len;
+  uint32_t via = peer;
+  if (!embps__group_is_leader(g)) {
+    if (flush_notices(g) != EMBPS_OK)
+      return EMBPS_UNAVAILABLE;
+    via = g->up;
+  } else if (g->control_fds[peer] < 0 ||
+             embps__relay_members(g->cfg.size, g->cfg.control_fanout, peer, NULL)) {
+    via = embps__relay_up(g->cfg.size, g->cfg.control_fanout, peer);
+    via = via ? via : peer;
+    g->wrap.len = 0;
+    if (embps__frame_relay(&g->wrap, peer, g->out.data, g->out.len, NULL) != EMBPS_OK)
+      return EMBPS_RESOURCE_EXHAUSTED;
+    p = g->wrap.data;
+    len = g->wrap.len;
+  }
+  if (g->control_fds[via] < 0)
     return EMBPS_UNAVAILABLE;
-  embps__io_t io = embps__send_all(g->control_fds[peer], g->out.data, g->out.len, UINT64_MAX);
+  embps__io_t io = embps__send_all(g->control_fds[via], p, len, UINT64_MAX);
   return io == EMBPS__IO_OK ? EMBPS_OK : EMBPS_UNAVAILABLE;
 }
 
@@ -278,8 +313,11 @@ embps_status_t embps__group_send_round(embps_group_t *g, const embps_round_entry
   g->out.len = 0;
   if ((ret = embps__frame_round(&g->out, e, g->round_configs, ckpts, n, NULL)) != EMBPS_OK)
     return ret;
+  /* Once to each rank the leader keeps a connection to: a relay passes it to its members. */
   for (uint32_t r = 1; r < g->cfg.size && ret == EMBPS_OK; r++)
-    ret = embps__group_send_out(g, r);
+    if (g->control_fds[r] >= 0 &&
+        embps__send_all(g->control_fds[r], g->out.data, g->out.len, UINT64_MAX) != EMBPS__IO_OK)
+      ret = EMBPS_UNAVAILABLE;
   return ret;
 }
 
@@ -299,6 +337,11 @@ static embps_status_t read_frames(embps_group_t *g, uint32_t peer, frame_fn hand
   embps_status_t ret = embps__frame_reader_fill(r, g->control_fds[peer], &closed);
   if (ret != EMBPS_OK)
     return embps_error_set(err, ret, "out of memory reading rank %u's control frames", peer);
+  /* A relay passes the leader's frames to its members before it acts on any (a round's
+   * collectives need them too). */
+  if (peer == g->up && !embps__group_is_leader(g) && embps__group_relays(g) &&
+      (ret = embps__group_relay_down(g, r, err)) != EMBPS_OK)
+    return ret;
   while ((ret = embps__frame_reader_next(r, &have, &type, &payload, &len, err)) == EMBPS_OK && have)
     handle(g, peer, type, payload, len);
   if (ret != EMBPS_OK)
@@ -309,11 +352,53 @@ static embps_status_t read_frames(embps_group_t *g, uint32_t peer, frame_fn hand
   return EMBPS_OK;
 }
 
+static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_t *p, size_t len);
+
+/* A RELAY frame from peer: the leader handles its load as its origin's (a rank behind peer); a
+ * relay, one from the leader for itself (it passed those for its members on already). */
+static embps_status_t on_relay(embps_group_t *g, uint32_t peer, const uint8_t *p, size_t len,
+                               embps_error_t *err) {
+  const uint8_t *payload, *frame;
+  size_t payload_len, frame_len;
+  uint8_t type;
+  uint32_t rank;
+  embps_status_t ret =
+      embps__parse_relay(p, len, &rank, &type, &payload, &payload_len, &frame, &frame_len, err);
+  if (ret != EMBPS_OK)
+    return ret;
+  if (embps__group_is_leader(g)) {
+    if (rank >= g->cfg.size || embps__relay_up(g->cfg.size, g->cfg.control_fanout, rank) != peer)
+      return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                             "a RELAY frame from rank %u, which relays no rank %u", rank, peer);
+    on_frame(g, rank, type, payload, payload_len);
+  } else if (peer == g->up && rank == g->cfg.rank) {
+    on_frame(g, peer, type, payload, payload_len);
+  } else if (!(peer == g->up && embps__group_is_member(g, rank))) {
+    return embps_error_set(err, EMBPS_INVALID_ARGUMENT,
+                           "a RELAY frame for rank %u, which this rank does not relay for", rank);
+  }
+  return EMBPS_OK;
+}
+
 static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_t *p, size_t len) {
   embps_error_t err;
   embps_status_t ret = EMBPS_OK;
   char why[400];
-  if (type == EMBPS__FRAME_BROKEN) {
+  if (!embps__group_is_leader(g) && peer != g->up) {
+    /* A relay's member: its frames go to the leader as they came. The relay ends the group on
+     * its side too when the member says it ends, so that its other members hear at once. */
+    if (type == EMBPS__FRAME_RELAY)
+      ret = embps_error_set(&err, EMBPS_INVALID_ARGUMENT, "a RELAY frame from a member");
+    else
+      ret = embps__group_relay_up(g, peer, p - EMBPS__FRAME_HEADER_LEN,
+                                  len + EMBPS__FRAME_HEADER_LEN, &err);
+    if (ret == EMBPS_OK && type != EMBPS__FRAME_BROKEN && type != EMBPS__FRAME_LEAVING)
+      return;
+  }
+  if (ret != EMBPS_OK) {
+  } else if (type == EMBPS__FRAME_RELAY) {
+    ret = on_relay(g, peer, p, len, &err);
+  } else if (type == EMBPS__FRAME_BROKEN) {
     char reason[EMBPS__BROKEN_MAX + 1];
     if ((ret = embps__parse_broken(p, len, reason, sizeof(reason), &err)) == EMBPS_OK) {
       snprintf(why, sizeof(why), "rank %u reported: %s", peer, reason);
@@ -329,12 +414,12 @@ static void on_frame(embps_group_t *g, uint32_t peer, uint8_t type, const uint8_
       embps_sequencer_arrive(g->seq, peer, &d, embps_now_ms());
   } else if (type == EMBPS__FRAME_WITHDRAW && embps__group_is_leader(g)) {
     ret = embps__group_withdraw_on_frame(g, peer, p, len, &err);
-  } else if (type == EMBPS__FRAME_ROUND && !embps__group_is_leader(g)) {
+  } else if (type == EMBPS__FRAME_ROUND && !embps__group_is_leader(g) && peer == g->up) {
     size_t n;
     if ((ret = embps__parse_round(p, len, g->round, g->round_configs, g->round_ckpts,
                                   EMBPS__ROUND_MAX, &n, &err)) == EMBPS_OK)
       embps__group_apply_round(g, g->round, n, g->round_configs, g->round_ckpts);
-  } else if (type == EMBPS__FRAME_CHECKPOINT) {
+  } else if (type == EMBPS__FRAME_CHECKPOINT && (embps__group_is_leader(g) || peer == g->up)) {
     ret = embps__group_ckpt_on_frame(g, peer, p, len, &err);
   }
   if (ret != EMBPS_OK) {
@@ -541,12 +626,16 @@ void *embps__group_main(void *arg) {
     pfds[n++] = (struct pollfd){.fd = g->wake_fd, .events = POLLIN};
     if (g->ckpt_fd >= 0)
       pfds[n++] = (struct pollfd){.fd = g->ckpt_fd, .events = POLLIN};
+    /* The connection up comes last: a relay passes its members' frames on before a round from
+     * the leader holds it in collectives. */
     if (g->control_fds && atomic_load(&g->state) == EMBPS_GROUP_READY)
-      for (uint32_t r = 0; r < N; r++)
+      for (uint32_t i = 1; i <= N; i++) {
+        uint32_t r = embps__group_is_leader(g) ? i - 1 : (g->up + i) % N;
         if (g->control_fds[r] >= 0) {
           pfd_peer[n] = r;
           pfds[n++] = (struct pollfd){.fd = g->control_fds[r], .events = POLLIN};
         }
+      }
     if (g->seq && embps__group_is_leader(g)) {
       uint64_t left = embps_sequencer_next_deadline(g->seq, embps_now_ms());
       if (left < (uint64_t)timeout)
@@ -565,11 +654,20 @@ void *embps__group_main(void *arg) {
     for (nfds_t i = 1; i < n; i++) {
       if (pfds[i].fd == g->ckpt_fd || !(pfds[i].revents & (POLLIN | POLLHUP | POLLERR)))
         continue;
+      if (!embps__group_is_leader(g) && pfd_peer[i] == g->up && g->notices.len &&
+          flush_notices(g) != EMBPS_OK) {
+        embps__group_break(g, "this rank lost its connection to the leader (rank 0)");
+        break;
+      }
       if (read_frames(g, pfd_peer[i], on_frame, &err) != EMBPS_OK) {
         embps__group_break(g, err.message);
         break;
       }
     }
+    /* A relay sends the leader what its members sent in this wake-up, in one write. */
+    if (!embps__group_is_leader(g) && g->notices.len &&
+        atomic_load(&g->state) == EMBPS_GROUP_READY && flush_notices(g) != EMBPS_OK)
+      embps__group_break(g, "this rank lost its connection to the leader (rank 0)");
     if (embps__group_is_leader(g)) {
       lead_rounds(g);
       embps__group_ckpt_order(g);

@@ -19,6 +19,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "server/group/formation.h"
+#include "server/group/relay.h"
 
 _Static_assert(EMBPS_GROUP_RETRY_WINDOW_MAX == EMBPS_DEDUP_WINDOW_MAX,
                "--retry-window's bound is the most a window's checkpoint file may hold");
@@ -93,6 +94,13 @@ embps_status_t embps__group_start(embps_group_t *g, embps_error_t *err) {
   if ((ret = embps__group_form(&cfg, g->cancel_fd, &formed, err)) != EMBPS_OK)
     return ret;
   g->control_fds = formed.control_fds;
+  g->up = embps__relay_up(cfg.size, cfg.control_fanout, cfg.rank);
+  if (cfg.size > 1 && cfg.control_fanout && embps__group_is_leader(g))
+    EMBPS_INFO("rank 0: control relays, the followers in groups of %u (--control-fanout)",
+               cfg.control_fanout);
+  else if (cfg.size > 1 && cfg.control_fanout)
+    EMBPS_INFO("rank %u: control frames go to rank %u; %u ranks send theirs through this one",
+               cfg.rank, g->up, embps__relay_members(cfg.size, cfg.control_fanout, cfg.rank, NULL));
   g->comm = formed.comm;
   g->stream = formed.stream;
   if ((ret = embps_engine_new(&g->engine, g->comm, g->store, cfg.backend, g->stream)) != EMBPS_OK ||
@@ -273,6 +281,8 @@ void embps_group_free(embps_group_t *g) {
   embps_free(g->readers);
   embps__buf_free(&g->out);
   embps__buf_free(&g->notices);
+  embps__buf_free(&g->down);
+  embps__buf_free(&g->wrap);
   if (g->peer_addrs)
     for (uint32_t r = 0; r < g->cfg.size; r++)
       embps_free(g->peer_addrs[r]);

@@ -11,11 +11,17 @@ rank's utime+stime (/proc/PID/stat) before and after, and the leader's rounds an
 
   cpu/lookup leader   the leader's CPU time per lookup (ms)
   cpu/lookup follower the median follower's CPU time per lookup (ms)
+  cpu/lookup busiest  the busiest follower's (with control relays: a relay's)
   lookups/s, rounds/s and batches per round
+
+--fanout 0,sqrt compares the leader's direct star (--control-fanout 0) with control relays in
+groups of ceil(sqrt(N)) (a number: that --control-fanout; auto: the server's default), each
+interleaved with the others and with every binary.
 
 Medians over --repeat passes. Example:
   tests/bench/round_cost.py --server-bin /tmp/before/embps-server \
       --server-bin build/bin/embps-server
+  tests/bench/round_cost.py --ranks 8,16,32 --fanout 0,sqrt --repeat 3 --duration 3
 """
 import argparse
 import json
@@ -46,11 +52,30 @@ def scrape(port, name):
     return float(m.group(1)) if m else 0.0
 
 
-def one_run(binary, n, duration, cli):
+def fanout_flags(fanout, n):
+    """The --control-fanout flag for one run (none: the server's default)."""
+    if fanout is None:
+        return []
+    if fanout == "sqrt":
+        k = 1
+        while k * k < n:
+            k += 1
+        return ["--control-fanout", str(k)]
+    return ["--control-fanout", fanout]
+
+
+def one_run(binary, n, duration, cli, fanout=None):
     port = free_ephemeral_port()
-    group = Group(n, "--device", "cpu", "--engine-threads", "1",
-                  rank_flags={0: ["--metrics-listen", "127.0.0.1:%d" % port]}, binary=binary,
-                  ready_timeout=60 + 4 * n)
+    for wait in (0, 20, 40, 60, 0):
+        try:
+            group = Group(n, "--device", "cpu", "--engine-threads", "1", *fanout_flags(fanout, n),
+                          rank_flags={0: ["--metrics-listen", "127.0.0.1:%d" % port]},
+                          binary=binary, ready_timeout=60 + 4 * n)
+            break
+        except RuntimeError as e:  # ports still in TIME_WAIT from the runs before: wait them out
+            if "no free loopback ports" not in str(e) or not wait:
+                raise
+            time.sleep(wait)
     try:
         def run_cli(*args, timeout=120):
             r = subprocess.run([cli, "--servers", group.servers, "--deadline-ms", "60000", *args],
@@ -76,6 +101,7 @@ def one_run(binary, n, duration, cli):
     lookups = out["lookups"]
     per = [(b - a) / lookups * 1e3 for a, b in zip(c0, c1)]
     return {"leader_ms": per[0], "follower_ms": statistics.median(per[1:]),
+            "busiest_ms": max(per[1:]),
             "lookups_s": lookups / duration, "rounds_s": rounds / duration,
             "per_round": nb / max(rounds, 1)}
 
@@ -87,25 +113,32 @@ def main():
     ap.add_argument("--cli-bin", default=cli_binary())
     ap.add_argument("--duration", type=float, default=4.0)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--fanout", default=None,
+                    help="comma-separated --control-fanout values to compare (sqrt: ceil(sqrt(N)))")
     a = ap.parse_args()
     bins = a.server_bin or [os.environ.get("EMBPS_SERVER_BIN",
                                            os.path.join(HERE, "..", "..", "build", "bin",
                                                         "embps-server"))]
     ranks = [int(x) for x in a.ranks.split(",")]
+    fanouts = a.fanout.split(",") if a.fanout else [None]
     res = {}
     for n in ranks:
         for _ in range(a.repeat):
             for b in bins:
-                res.setdefault((n, b), []).append(one_run(b, n, a.duration, a.cli_bin))
-    print("%-4s %-40s %12s %12s %10s %9s %9s" % ("N", "server", "leader ms", "follower ms",
-                                                  "lookups/s", "rounds/s", "b/round"))
+                for f in fanouts:
+                    res.setdefault((n, b, f), []).append(one_run(b, n, a.duration, a.cli_bin, f))
+    print("%-4s %-32s %-7s %10s %12s %12s %10s %9s %9s" % (
+        "N", "server", "fanout", "leader ms", "follower ms", "busiest ms", "lookups/s",
+        "rounds/s", "b/round"))
     for n in ranks:
         for b in bins:
-            rs = res[(n, b)]
-            med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-            print("%-4d %-40s %12.3f %12.3f %10.0f %9.0f %9.2f" % (
-                n, b[-40:], med["leader_ms"], med["follower_ms"], med["lookups_s"],
-                med["rounds_s"], med["per_round"]))
+            for f in fanouts:
+                rs = res[(n, b, f)]
+                med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+                print("%-4d %-32s %-7s %10.3f %12.3f %12.3f %10.0f %9.0f %9.2f" % (
+                    n, b[-32:], " ".join(fanout_flags(f, n))[17:] or "-", med["leader_ms"],
+                    med["follower_ms"], med["busiest_ms"], med["lookups_s"], med["rounds_s"],
+                    med["per_round"]))
     return 0
 
 

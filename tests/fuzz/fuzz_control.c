@@ -77,7 +77,31 @@ typedef struct decoded {
   uint8_t nccl_id[EMBPS__NCCL_ID_BYTES];
   embps__ckpt_msg_t ckpt;
   embps__withdraw_t withdraw;
+  uint32_t relay_rank; /* RELAY: its rank and the frame it carries (pointing into the input) */
+  const uint8_t *relay_frame;
+  size_t relay_frame_len;
 } decoded_t;
+
+static embps_status_t parse(uint8_t type, const uint8_t *p, size_t len, decoded_t *d);
+
+/* RELAY: the carried frame must itself parse (it is never a RELAY: depth 1). */
+static embps_status_t parse_relay(const uint8_t *p, size_t len, decoded_t *d, embps_error_t *err) {
+  static decoded_t inner;
+  const uint8_t *payload;
+  size_t payload_len;
+  uint8_t type;
+  embps_status_t st = embps__parse_relay(p, len, &d->relay_rank, &type, &payload, &payload_len,
+                                         &d->relay_frame, &d->relay_frame_len, err);
+  if (st != EMBPS_OK)
+    return st;
+  if (type == EMBPS__FRAME_RELAY || d->relay_frame_len != payload_len + EMBPS__FRAME_HEADER_LEN)
+    abort();
+  memset(&inner, 0, sizeof(inner));
+  st = parse(type, payload, payload_len, &inner);
+  if (st != EMBPS_OK)
+    embps_error_set(err, st, "malformed carried frame");
+  return st;
+}
 
 static embps_status_t parse(uint8_t type, const uint8_t *p, size_t len, decoded_t *d) {
   embps_error_t err;
@@ -106,6 +130,9 @@ static embps_status_t parse(uint8_t type, const uint8_t *p, size_t len, decoded_
   case EMBPS__FRAME_WITHDRAW:
     st = embps__parse_withdraw(p, len, &d->withdraw, &err);
     break;
+  case EMBPS__FRAME_RELAY:
+    st = parse_relay(p, len, d, &err);
+    break;
   default:
     abort(); /* embps__frame_next passed a type it does not know */
   }
@@ -131,6 +158,8 @@ static embps_status_t encode(uint8_t type, const decoded_t *d, embps__buf_t *b) 
     return embps__frame_nccl_id(b, d->nccl_id, &err);
   case EMBPS__FRAME_WITHDRAW:
     return embps__frame_withdraw(b, &d->withdraw, &err);
+  case EMBPS__FRAME_RELAY:
+    return embps__frame_relay(b, d->relay_rank, d->relay_frame, d->relay_frame_len, &err);
   default:
     return embps__frame_checkpoint(b, &d->ckpt, &err);
   }

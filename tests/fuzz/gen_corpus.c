@@ -430,6 +430,12 @@ static void control_seeds(void) {
   embps__frame_leaving(&b, "rank 1 left the group (shutting down)", &err);
   embps__withdraw_t w = {.client_id = 77, .batch_id = 12, .attempt = 1};
   embps__frame_withdraw(&b, &w, &err);
+  {
+    embps__buf_t inner = {0}; /* a member's withdrawal, as its relay passes it on */
+    embps__frame_withdraw(&inner, &w, &err);
+    embps__frame_relay(&b, 5, inner.data, inner.len, &err);
+    embps__buf_free(&inner);
+  }
   embps__device_claim_t claim = {.device = 1};
   snprintf(claim.host, sizeof(claim.host), "node-a");
   snprintf(claim.bus_id, sizeof(claim.bus_id), "0000:3b:00.0");

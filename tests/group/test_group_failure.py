@@ -1,5 +1,5 @@
 """A rank killed mid-stream: a client keeps pipelined lookups and pushes going through a 2-rank
-(and a 3-rank) group, with some shards parked on the survivors (their batch's other shards never
+(and a 3-rank, and a 6-rank one with control relays whose relay or member dies) group, with some shards parked on the survivors (their batch's other shards never
 sent), and rank 1 gets SIGKILL. Calls pending on the survivors fail with UNAVAILABLE within a few
 seconds (not at the 10 s batch deadline, not at the 30 s peer timeout, not never); later calls
 fail at once with UNAVAILABLE saying the group is broken; health says NOT_SERVING and stats
@@ -77,11 +77,12 @@ class RankKilledTest(unittest.TestCase):
         if self.group:
             self.group.close()
 
-    def kill_mid_stream(self, n, quiesce=False):
-        """Returns (group, client, parked futures by rank, stream) after SIGKILL of rank 1.
-        quiesce: the stream stops before the kill (the survivors are idle but for the parked
-        calls, so none of them learns of the death through a collective)."""
-        group = self.group = gl.Group(n)
+    def kill_mid_stream(self, n, quiesce=False, victim=1, flags=()):
+        """Returns (group, client, parked futures by rank, stream) after SIGKILL of rank victim
+        (flags go to every rank). quiesce: the stream stops before the kill (the survivors are
+        idle but for the parked calls, so none of them learns of the death through a
+        collective)."""
+        group = self.group = gl.Group(n, *flags)
         client = gl.RawClient(group.addresses)
         client.create("k", ROWS, WIDTH, "adagrad")
         stream = Stream(group)
@@ -97,7 +98,7 @@ class RankKilledTest(unittest.TestCase):
         # Shards of batches whose other shards never come: parked on every survivor.
         parked = {}
         for r in range(n):
-            if r == 1:
+            if r == victim:
                 continue
             bid = gl.next_batch_id()
             parked[r] = client.stubs[r].Lookup.future(pb.LookupRequest(
@@ -107,7 +108,7 @@ class RankKilledTest(unittest.TestCase):
         for r, f in parked.items():
             self.assertFalse(f.done(), "rank %d answered a batch missing shards" % r)
         stream.kill_time = time.time()
-        group.kill(1)
+        group.kill(victim)
         stream.join(timeout=FAIL_WITHIN + 10)
         self.assertFalse(stream.is_alive(), "the stream still waits 15 s after the kill:\n" +
                          group.logs())
@@ -179,6 +180,42 @@ class RankKilledTest(unittest.TestCase):
         self.check_survivor(group, client, parked, stream, 2)
         client.close()
         self.finish(group, [0, 2])
+
+
+    # Control relays (--control-fanout 2 on 6 ranks: rank 1 relays rank 2's control frames, rank 3
+    # rank 4's, rank 5 talks to the leader directly). Idle survivors learn of the death through
+    # the relay tree alone.
+    RELAYS = ("--control-fanout", "2")
+
+    def test_relay_killed(self):
+        # Rank 4's only control connection is to rank 3: it learns when that connection dies;
+        # the leader sees it die too and tells rank 1, which tells rank 2.
+        group, client, parked, stream = self.kill_mid_stream(6, quiesce=True, victim=3,
+                                                             flags=self.RELAYS)
+        for r in (0, 1, 2, 4, 5):
+            self.check_survivor(group, client, parked, stream, r)
+        self.assertIn("rank 3", gl.rpc_error(parked[0].result).details())
+        client.close()
+        self.finish(group, [0, 1, 2, 4, 5])
+
+    def test_member_behind_relay_killed(self):
+        # Rank 3 sees its member die and tells the leader which rank it was; the leader tells
+        # every rank, rank 2 through its relay (rank 1).
+        group, client, parked, stream = self.kill_mid_stream(6, quiesce=True, victim=4,
+                                                             flags=self.RELAYS)
+        for r in (0, 1, 2, 3, 5):
+            self.check_survivor(group, client, parked, stream, r)
+        self.assertIn("rank 4", gl.rpc_error(parked[0].result).details())
+        self.assertIn("rank 4", gl.rpc_error(parked[2].result).details())
+        client.close()
+        self.finish(group, [0, 1, 2, 3, 5])
+
+    def test_member_behind_relay_killed_mid_stream(self):
+        group, client, parked, stream = self.kill_mid_stream(6, victim=2, flags=self.RELAYS)
+        for r in (0, 1, 3, 4, 5):
+            self.check_survivor(group, client, parked, stream, r)
+        client.close()
+        self.finish(group, [0, 1, 3, 4, 5])
 
 
 class StartupTest(unittest.TestCase):

@@ -1,5 +1,7 @@
 """The group at scale (issue 34): N ranks (16 or 32; argv[1] or EMBPS_SCALE_RANKS) on loopback,
-cpu backend, one engine thread each, small tables.
+cpu backend, one engine thread each, small tables; argv[2] (or EMBPS_SCALE_FANOUT) is
+--control-fanout, default auto (control relays at both sizes; 0 for the leader's star). N must
+divide 512 (the bitwise check's rows).
 
 Measures and prints one line of figures per group size:
   formation   seconds from starting N processes to every rank's "the group is ready"
@@ -14,8 +16,10 @@ Asserts correctness and bounds, never speed:
     batches (shard width 32, a multiple of the row statistics' block);
   - per-rank resources grow at most linearly in N, with the constants stated by the formulas in
     fd_bound() and THREADS_MAX below (what a rank holds: a data socket per peer for the
-    collectives, a control socket per peer on the leader and one to the leader on a follower,
-    one socket per client connection, and a fixed set of threads: no thread per peer);
+    collectives, its control sockets of the relay tree (control_sockets(): with the default auto
+    fanout K = ceil(sqrt(N)) from 16 ranks, ceil((N-1)/K) on the leader, at most K on a relay,
+    one on a member; without relays N-1 on the leader and one on a follower), one socket per
+    client connection, and a fixed set of threads: no thread per peer);
   - after kill -9 of one rank every caller fails (UNAVAILABLE) before its deadline and nothing
     hangs; later calls fail at once;
   - SIGTERM of every rank of a healthy group, and of the survivors of a broken one, exits 0.
@@ -38,7 +42,10 @@ N = int(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("EMBPS_SCALE_RANKS"
 SHARD_WIDTH = 32  # columns per rank: the row statistics' block, so the group is bitwise one rank
 ROWS = 512
 CALL_DEADLINE = 60.0  # every call's grpc-timeout in the kill test
-FLAGS = ["--device", "cpu", "--engine-threads", "1"]
+# Control relays (--control-fanout; argv[2] or EMBPS_SCALE_FANOUT, default auto: ceil(sqrt(N))
+# from 16 ranks, so both sizes here run with relays).
+FANOUT_FLAG = sys.argv[2] if len(sys.argv) > 2 else os.environ.get("EMBPS_SCALE_FANOUT", "auto")
+FLAGS = ["--device", "cpu", "--engine-threads", "1", "--control-fanout", FANOUT_FLAG]
 # Threads of one rank, whatever N: the loop and the group's thread, the metrics thread on the
 # leader here, room for the checkpoint writer and libuv's pool (no thread per peer without peer
 # TLS; 2 and 3 measured at 16 and 32 ranks). The point is that it does not depend on N.
@@ -54,13 +61,38 @@ def rss_bound_kb(n):
     return 32768 + 256 * n
 
 
-def fd_bound(n, leader, clients):
+def fanout(n):
+    """The followers per control relay group (server/group/relay.c's rule): 0 for none."""
+    if FANOUT_FLAG == "auto":
+        if n < 16:
+            return 0
+        k = 1
+        while k * k < n:
+            k += 1
+        return k
+    k = int(FANOUT_FLAG)
+    return k if k >= 2 else 0
+
+
+def control_sockets(n, rank):
+    """A rank's control sockets after formation (relay.h): without relays, one per follower on
+    the leader and one to the leader on a follower; with fanout k, the leader keeps one per group
+    (ceil((N-1)/k)), a group's relay one to the leader and one per member (k-1 at most), a member
+    one to its relay."""
+    k = fanout(n)
+    if not k:
+        return (n - 1) if rank == 0 else 1
+    if rank == 0:
+        return (n - 1 + k - 1) // k
+    first = 1 + (rank - 1) // k * k
+    return 1 + (min(first + k, n) - first - 1) if rank == first else 1
+
+
+def fd_bound(n, rank, clients):
     """The most fds a rank may hold: 20 for the process itself (stdio, log, listeners, eventfds,
     epoll, the metrics endpoint; 14 to 15 measured), one data socket per peer (the collectives'
-    full mesh), control sockets (one per peer on the leader, one to the leader on a follower)
-    and one socket per client connection."""
-    control = (n - 1) if leader else 1
-    return 20 + (n - 1) + control + clients
+    full mesh), its control sockets (control_sockets) and one socket per client connection."""
+    return 20 + (n - 1) + control_sockets(n, rank) + clients
 
 
 def check(cond, msg):
@@ -163,9 +195,9 @@ def throughput(group, metrics_port):
 def resources(group, clients):
     figs = {r: proc_figures(p.pid) for r, p in enumerate(group.procs)}
     for r, (fds, threads, rss_kb) in figs.items():
-        bound = fd_bound(N, r == 0, clients)
-        check(fds <= bound, "rank %d holds %d fds, more than 20 + (N-1) + %s + %d clients = %d"
-              % (r, fds, "(N-1)" if r == 0 else "1", clients, bound))
+        bound = fd_bound(N, r, clients)
+        check(fds <= bound, "rank %d holds %d fds, more than 20 + (N-1) + %d control + %d clients "
+              "= %d" % (r, fds, control_sockets(N, r), clients, bound))
         check(threads <= THREADS_MAX, "rank %d runs %d threads, more than %d"
               % (r, threads, THREADS_MAX))
         check(rss_kb <= rss_bound_kb(N) or SANITIZED, "rank %d uses %d KB resident, more than "
@@ -264,10 +296,10 @@ def main():
 
     def worst(figs, i):
         return max(v[i] for r, v in figs.items() if r != 0)
-    print("scale N=%d: formation %.2f s (%.2f s again); %.0f rounds/s, %.2f batches/round, "
+    print("scale N=%d, control fanout %d: formation %.2f s (%.2f s again); %.0f rounds/s, %.2f batches/round, "
           "%.0f lookups/s; leader fds %d threads %d RSS %.1f MB; followers (worst) fds %d "
           "threads %d RSS %.1f MB; idle leader fds %d; kill -9: last caller failed after %.3f s"
-          % (N, formation, formation2, rps, per_round, lps, loaded[0][0], loaded[0][1],
+          % (N, fanout(N), formation, formation2, rps, per_round, lps, loaded[0][0], loaded[0][1],
              loaded[0][2] / 1024.0, worst(loaded, 0), worst(loaded, 1), worst(loaded, 2) / 1024.0,
              idle[0][0], fail_s))
     return 0

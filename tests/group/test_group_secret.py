@@ -41,11 +41,19 @@ def write_secret(directory, name, data, mode=0o600):
     return path
 
 
+def control_fanout():
+    """The control relays' fanout a 2-rank server resolves (--control-fanout, which the servers
+    here read from EMBPS_CONTROL_FANOUT when set): auto is none below 16 ranks, 0 and 1 none."""
+    flag = os.environ.get("EMBPS_CONTROL_FANOUT", "auto")
+    return 0 if flag in ("", "auto") or int(flag) < 2 else int(flag)
+
+
 def identity(peers, mesh, version, secret=True):
     """The configuration a rank presents in its hello (server/main.c builds the same lines)."""
     return ("version=%s\ncontrol=%d\nmesh=%s\ntable_axis=shard\ndata_axis=shard\npeers=%s\n"
-            "group_secret=%s\ncheckpoints=off\nincremental=0\nrestore=0\n" %
-            (version, CONTROL_VERSION, mesh, peers, "hmac-sha256" if secret else "none")).encode()
+            "control_fanout=%d\ngroup_secret=%s\ncheckpoints=off\nincremental=0\nrestore=0\n" %
+            (version, CONTROL_VERSION, mesh, peers, control_fanout(),
+             "hmac-sha256" if secret else "none")).encode()
 
 
 def recv_exact(sock, n):
@@ -96,6 +104,21 @@ class SecretTest(unittest.TestCase):
         self.assertTrue(gl.wait_for(lambda: "listening on 127.0.0.1:%d" % port in p.text()
                                     or not p.alive(), 30), p.text())
         self.assertTrue(p.alive(), p.text())
+
+    def test_relayed_group_with_secret(self):
+        # Control relays (--control-fanout 2 on 4 ranks: rank 2's control frames go through rank
+        # 1) keep the bootstrap's connection between 1 and 2, authenticated like every other.
+        group = gl.Group(4, "--group-secret-file", self.secret, "--control-fanout", "2")
+        try:
+            client = gl.RawClient(group.addresses)
+            client.create("t", 16, 8)
+            self.assertEqual(client.lookup("t", [1, 2, 3, 4], 8).shape, (4, 8))
+            client.close()
+        finally:
+            codes = group.close()
+        self.assertEqual(codes, {r: 0 for r in range(4)}, group.last_logs)
+        self.assertIn("rank 2: control frames go to rank 1", group.last_logs)
+        self.assertNotIn("ERROR", group.last_logs)
 
     def test_impostor_refused(self):
         ports, offset = gl.pick_ports(2)

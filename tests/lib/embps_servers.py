@@ -92,12 +92,14 @@ def free_ephemeral_port():
 
 def pick_ports(n):
     """n client ports and a peer-port offset such that every client port and every client port
-    plus the offset are free. Client ports come from below the kernel's ephemeral range
-    (32768-60999) and the offset is 20000 + random, so peer ports stay under 65536; both are
-    checked by binding (and a start that still loses a race is retried by Group)."""
+    plus the offset are free. Both sets stay below the kernel's ephemeral range (32768-60999):
+    client ports in 10000-19999 and an offset of 10000 + random, so peer ports fall in
+    20000-32699 and never on a port that an outgoing connection left in TIME_WAIT (a 32-rank
+    group leaves some 2,000 of those a run, which once made every try fail); both are checked by
+    binding (and a start that still loses a race is retried by Group)."""
     for _ in range(500):
-        offset = 20000 + _rng.randrange(12000)
-        ports = _rng.sample(range(10000, 30000), n)
+        offset = 10000 + _rng.randrange(2700)
+        ports = _rng.sample(range(10000, 20000), n)
         if all(port_free(p) and port_free(p + offset) for p in ports):
             return ports, offset
     raise RuntimeError("no free loopback ports found")

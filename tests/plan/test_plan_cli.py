@@ -65,6 +65,26 @@ class PlanCli(unittest.TestCase):
         self.assertLess(ck, 1.01 * (one["memory"]["rows"] + one["memory"]["optimizer_state"]) +
                         8192)
 
+    def test_ordering_through_control_relays(self):
+        # From 16 ranks (auto) a batch's notice and its ROUND each take two hops through a relay:
+        # two more one-way delays per op, two ops a step; --control-fanout as the servers have it.
+        wide = ["--rows", "1000", "--emb-width", "64", "--tokens-per-batch", "1024",
+                "--link-delay-ms", "1"]
+        for n, relays in ((8, False), (16, True), (64, True)):
+            auto = planlib.plan("--group-size", str(n), *wide)
+            star = planlib.plan("--group-size", str(n), *wide, "--control-fanout", "0")
+            forced = planlib.plan("--group-size", str(n), *wide, "--control-fanout", "2")
+            d = lambda p: p["step_time_s"]["one_way_delays"]  # noqa: E731
+            self.assertEqual(d(auto) - d(star), 4 if relays else 0, n)
+            self.assertEqual(d(forced) - d(star), 4, n)
+            self.assertEqual(auto["control_fanout"], {8: 0, 16: 4, 64: 8}[n])
+            self.assertAlmostEqual(auto["step_time_s"]["link_delay"], d(auto) * 1e-3, places=9)
+        one = planlib.plan("--group-size", "1", *wide, "--control-fanout", "2")
+        self.assertEqual(one["step_time_s"]["one_way_delays"], 4)  # request and reply, per op
+        r = run("--group-size", "16", *wide, "--control-fanout", "x")
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("--control-fanout", r.stderr)
+
     def test_hash_index_and_sketch(self):
         h1 = planlib.plan("--group-size", "2", "--capacity", "100000", "--emb-width", "64",
                           "--tokens-per-batch", "1024")

@@ -16,6 +16,8 @@
 #include "common/alloc.h"
 #include "server/group/bootstrap.h"
 #include "server/group/control.h"
+#include "server/group/group.h"
+#include "server/group/relay.h"
 #include "tests/unit/common/table_fields_fixture.h"
 
 TABLE_FIELDS_FIXTURE(config, embps_table_config_t)
@@ -523,6 +525,15 @@ static embps_status_t parse_any(uint8_t type, const uint8_t *p, size_t len, embp
     return embps__parse_device(p, len, &c, err);
   case EMBPS__FRAME_WITHDRAW:
     return embps__parse_withdraw(p, len, &w, err);
+  case EMBPS__FRAME_RELAY: {
+    const uint8_t *payload, *frame;
+    size_t payload_len, frame_len;
+    uint32_t rank;
+    uint8_t inner;
+    embps_status_t st =
+        embps__parse_relay(p, len, &rank, &inner, &payload, &payload_len, &frame, &frame_len, err);
+    return st != EMBPS_OK ? st : parse_any(inner, payload, payload_len, err);
+  }
   default:
     return embps__parse_nccl_id(p, len, id, err);
   }
@@ -545,15 +556,17 @@ static void all_frames(embps__buf_t *frames) {
   assert_int_equal(embps__frame_nccl_id(&frames[3], id, NULL), EMBPS_OK);
   assert_int_equal(embps__frame_checkpoint(&frames[4], &m, NULL), EMBPS_OK);
   assert_int_equal(embps__frame_withdraw(&frames[5], &w, NULL), EMBPS_OK);
+  assert_int_equal(embps__frame_relay(&frames[6], 7, frames[5].data, frames[5].len, NULL),
+                   EMBPS_OK);
 }
 
 static void test_truncated_and_oversized_payloads(void **state) {
-  embps__buf_t frames[6] = {{0}};
+  embps__buf_t frames[7] = {{0}};
   uint8_t bigger[4096];
   embps_error_t err;
   (void)state;
   all_frames(frames);
-  for (int k = 0; k < 6; k++) {
+  for (int k = 0; k < 7; k++) {
     frame_t f = split_frame(&frames[k]);
     assert_int_equal(parse_any(f.type, f.p, f.len, &err), EMBPS_OK);
     for (size_t cut = 0; cut < f.len; cut++) {
@@ -655,9 +668,9 @@ static void test_frame_headers(void **state) {
   memcpy(header, "\1\0\0\0\0", 5);
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_INVALID_ARGUMENT);
   assert_contains(err.message, "unknown type 0");
-  memcpy(header, "\1\0\0\0\11", 5);
+  memcpy(header, "\1\0\0\0\12", 5);
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_INVALID_ARGUMENT);
-  assert_contains(err.message, "unknown type 9");
+  assert_contains(err.message, "unknown type 10");
   memcpy(header, "\x15\0\0\0\10", 5); /* WITHDRAW: 20 bytes of payload */
   assert_int_equal(embps__frame_header(header, &type, &len, &err), EMBPS_OK);
   assert_int_equal(type, EMBPS__FRAME_WITHDRAW);
@@ -686,7 +699,7 @@ static void test_garbage(void **state) {
       junk[0] = (uint8_t)(rand_r(&seed) % 4);
       junk[1] = junk[2] = junk[3] = 0;
     }
-    for (uint8_t type = EMBPS__FRAME_NOTICE; type <= EMBPS__FRAME_WITHDRAW; type++) {
+    for (uint8_t type = EMBPS__FRAME_NOTICE; type <= EMBPS__FRAME_RELAY; type++) {
       embps_status_t st = parse_any(type, junk, len, &err);
       assert_true(st == EMBPS_OK || st == EMBPS_INVALID_ARGUMENT);
     }
@@ -737,6 +750,159 @@ static void test_allocation_failure(void **state) {
   embps__buf_free(&b);
 }
 
+/* RELAY: a whole frame and a rank, pinned to the byte, and what the codec refuses. */
+static void test_relay_round_trip_and_bytes(void **state) {
+  /* clang-format off */
+  static const uint8_t want[] = {
+      30, 0, 0, 0, EMBPS__FRAME_RELAY,                /* length (type + payload), type */
+      0x02, 0x03, 0x04, 0x05,                         /* rank, little-endian */
+      21, 0, 0, 0, EMBPS__FRAME_WITHDRAW,              /* the frame it carries, whole */
+      0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11,
+      8, 7, 6, 5, 4, 3, 2, 1,
+      2, 0, 0, 0};
+  /* clang-format on */
+  embps__withdraw_t w = {.client_id = UINT64_C(0x1112131415161718),
+                         .batch_id = UINT64_C(0x0102030405060708),
+                         .attempt = 2},
+                    got;
+  embps__buf_t inner = {0}, b = {0}, nested = {0};
+  embps_error_t err;
+  const uint8_t *payload, *frame;
+  size_t payload_len, frame_len;
+  uint32_t rank;
+  uint8_t type, copy[64];
+  frame_t f;
+  (void)state;
+  assert_int_equal(embps__frame_withdraw(&inner, &w, NULL), EMBPS_OK);
+  assert_int_equal(embps__frame_relay(&b, 0x05040302u, inner.data, inner.len, &err), EMBPS_OK);
+  assert_int_equal(b.len, sizeof(want));
+  assert_memory_equal(b.data, want, sizeof(want));
+  f = split_frame(&b);
+  assert_int_equal(f.type, EMBPS__FRAME_RELAY);
+  assert_int_equal(embps__parse_relay(f.p, f.len, &rank, &type, &payload, &payload_len, &frame,
+                                      &frame_len, &err),
+                   EMBPS_OK);
+  assert_int_equal(rank, 0x05040302u);
+  assert_int_equal(type, EMBPS__FRAME_WITHDRAW);
+  assert_int_equal(frame_len, inner.len);
+  assert_memory_equal(frame, inner.data, inner.len); /* what a relay forwards: the frame as sent */
+  assert_int_equal(embps__parse_withdraw(payload, payload_len, &got, &err), EMBPS_OK);
+  assert_true(got.client_id == w.client_id && got.batch_id == w.batch_id);
+
+  /* The encoder carries exactly one whole frame, never a RELAY frame. */
+  assert_int_equal(embps__frame_relay(&nested, 1, b.data, b.len, &err), EMBPS_INVALID_ARGUMENT);
+  assert_contains(err.message, "RELAY frame carries one whole frame");
+  assert_int_equal(embps__frame_relay(&nested, 1, inner.data, inner.len - 1, &err),
+                   EMBPS_INVALID_ARGUMENT);
+  assert_int_equal(embps__frame_relay(&nested, 1, inner.data, 3, &err), EMBPS_INVALID_ARGUMENT);
+  assert_int_equal(nested.len, 0);
+
+  /* The decoder: a carried RELAY, a carried frame of unknown type or of another length. */
+  memcpy(copy, f.p, f.len);
+  copy[8] = EMBPS__FRAME_RELAY;
+  assert_int_equal(embps__parse_relay(copy, f.len, &rank, &type, &payload, &payload_len, &frame,
+                                      &frame_len, &err),
+                   EMBPS_INVALID_ARGUMENT);
+  assert_contains(err.message, "carries another RELAY frame");
+  copy[8] = 0;
+  assert_int_equal(embps__parse_relay(copy, f.len, &rank, &type, &payload, &payload_len, &frame,
+                                      &frame_len, &err),
+                   EMBPS_INVALID_ARGUMENT);
+  assert_contains(err.message, "unknown type 0");
+  memcpy(copy, f.p, f.len);
+  copy[4] = 20; /* the carried frame says 19 bytes of payload, 20 follow */
+  assert_int_equal(embps__parse_relay(copy, f.len, &rank, &type, &payload, &payload_len, &frame,
+                                      &frame_len, &err),
+                   EMBPS_INVALID_ARGUMENT);
+  assert_contains(err.message, "malformed RELAY frame: carried frame's payload length 19");
+  copy[4] = 0; /* a carried length of 0 */
+  assert_int_equal(embps__parse_relay(copy, f.len, &rank, &type, &payload, &payload_len, &frame,
+                                      &frame_len, &err),
+                   EMBPS_INVALID_ARGUMENT);
+  assert_contains(err.message, "length 0");
+  for (size_t cut = 0; cut < 4 + EMBPS__FRAME_HEADER_LEN; cut++) {
+    assert_int_equal(embps__parse_relay(f.p, cut, &rank, &type, &payload, &payload_len, &frame,
+                                        &frame_len, &err),
+                     EMBPS_INVALID_ARGUMENT);
+    assert_contains(err.message, "malformed RELAY frame: length");
+  }
+  embps__buf_free(&inner);
+  embps__buf_free(&b);
+  embps__buf_free(&nested);
+}
+
+/* The relay tree (relay.h): for every group size up to 300 and several fanouts, every follower
+ * reaches the leader in at most two hops, every relay's members name it, the connections kept are
+ * the tree's edges on both of their ends, and the leader keeps ceil((N-1)/K). */
+static void test_relay_topology(void **state) {
+  static const uint32_t ks[] = {0, 1, 2, 3, 4, 5, 8, 16, 300};
+  (void)state;
+  assert_int_equal(embps__relay_fanout_auto(2), 0);
+  assert_int_equal(embps__relay_fanout_auto(15), 0);
+  assert_int_equal(embps__relay_fanout_auto(16), 4);
+  assert_int_equal(embps__relay_fanout_auto(17), 5);
+  assert_int_equal(embps__relay_fanout_auto(32), 6);
+  assert_int_equal(embps__relay_fanout_auto(64), 8);
+  assert_int_equal(embps__relay_fanout_auto(256), 16);
+  for (uint32_t n = 1; n <= 300; n++) {
+    for (size_t ki = 0; ki < sizeof(ks) / sizeof(ks[0]); ki++) {
+      uint32_t k = ks[ki], kept0 = 0;
+      for (uint32_t r = 0; r < n; r++) {
+        uint32_t up = embps__relay_up(n, k, r), first, m = embps__relay_members(n, k, r, &first);
+        uint32_t kept = 0;
+        if (r == 0 || k < 2)
+          assert_int_equal(up, 0);
+        if (up) { /* a member: its relay talks to the leader and relays for it */
+          assert_true(up < r);
+          assert_int_equal(embps__relay_up(n, k, up), 0);
+          assert_int_equal(m, 0);
+        }
+        if (m) {
+          assert_true(k >= 2 && m <= k - 1 && first == r + 1 && r + m < n);
+          for (uint32_t i = first; i < first + m; i++)
+            assert_int_equal(embps__relay_up(n, k, i), r);
+        }
+        for (uint32_t p = 0; p < n; p++) {
+          int keeps = embps__relay_keeps(n, k, r, p);
+          assert_int_equal(keeps, embps__relay_keeps(n, k, p, r));
+          if (keeps && r == 0)
+            kept0++;
+          kept += (uint32_t)keeps;
+          if (keeps && r != 0)
+            assert_true(p == up || embps__relay_up(n, k, p) == r);
+        }
+        if (r != 0)
+          assert_int_equal(kept, 1 + m);
+      }
+      assert_int_equal(kept0, n < 2 ? 0 : k < 2 ? n - 1 : (n - 1 + k - 1) / k);
+    }
+  }
+}
+
+/* --control-fanout: auto, a count, and what is refused. */
+static void test_control_fanout_flag(void **state) {
+  uint32_t k = 99;
+  embps_error_t err;
+  (void)state;
+  assert_int_equal(embps_group_control_fanout("auto", 8, &k, &err), EMBPS_OK);
+  assert_int_equal(k, 0);
+  assert_int_equal(embps_group_control_fanout("auto", 64, &k, &err), EMBPS_OK);
+  assert_int_equal(k, 8);
+  assert_int_equal(embps_group_control_fanout("", 16, &k, &err), EMBPS_OK);
+  assert_int_equal(k, 4);
+  assert_int_equal(embps_group_control_fanout("1", 64, &k, &err), EMBPS_OK);
+  assert_int_equal(k, 0);
+  assert_int_equal(embps_group_control_fanout("3", 7, &k, &err), EMBPS_OK);
+  assert_int_equal(k, 3);
+  static const char *const bad[] = {"-1", "x", "3x", "70000", "+2", "99999999999999999999"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    k = 5;
+    assert_int_equal(embps_group_control_fanout(bad[i], 64, &k, &err), EMBPS_INVALID_ARGUMENT);
+    assert_contains(err.message, "--control-fanout");
+    assert_int_equal(k, 5);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hello_round_trip),
@@ -748,6 +914,9 @@ int main(void) {
       cmocka_unit_test(test_round_create_settings),
       cmocka_unit_test(test_checkpoint_round_trip),
       cmocka_unit_test(test_withdraw_round_trip_and_bytes),
+      cmocka_unit_test(test_relay_round_trip_and_bytes),
+      cmocka_unit_test(test_relay_topology),
+      cmocka_unit_test(test_control_fanout_flag),
       cmocka_unit_test(test_broken_device_nccl_round_trip),
       cmocka_unit_test(test_truncated_and_oversized_payloads),
       cmocka_unit_test(test_bad_fields),
