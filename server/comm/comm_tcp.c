@@ -57,6 +57,13 @@
 /* Socket buffer size asked for on every connection (the kernel caps it at net.core.*mem_max). */
 #define SOCKET_BUFFER_BYTES (4 << 20)
 
+/* Payload bytes of an exchange that may be on their way to the peers at once
+ * (embps__comm_tcp_window): frames this small or smaller all go at once, bigger ones take turns
+ * in the pairwise schedule. Chosen by measurement (docs/capacity.md): ... */
+#ifndef PACE_BYTES
+#define PACE_BYTES (64u << 10)
+#endif
+
 /* Op kinds on the wire; all_reduce adds its element type and reduction in the upper bits so a
  * rank reducing f32 with one reducing u64 is caught as a mismatch. */
 enum { KIND_ALL_GATHER = 1, KIND_ALL_TO_ALL = 2, KIND_ALL_REDUCE = 3, KIND_BARRIER = 4 };
@@ -123,11 +130,12 @@ static const char *kind_name(uint32_t kind) {
 #define break_comm(t, err, status, ...)                                                            \
   embps__comm_break(&(t)->base, err, status, __FILE__, __LINE__, __VA_ARGS__)
 
-/* Sends what remains of peer r's frame; 1 when done, 0 when the socket is full, -1 on error
- * (errno set; EPIPE or ECONNRESET when the peer went away). */
-static int pump_send(tcp_comm_t *t, uint32_t r, size_t bytes) {
+/* Sends what remains of peer r's frame up to limit (HEADER_BYTES: the header alone; HEADER_BYTES
+ * + bytes: all of it); 1 when done, 0 when the socket is full, -1 on error (errno set; EPIPE or
+ * ECONNRESET when the peer went away). */
+static int pump_send(tcp_comm_t *t, uint32_t r, size_t bytes, size_t limit) {
   peer_xfer_t *x = &t->xfers[r];
-  size_t total = HEADER_BYTES + bytes;
+  size_t total = limit;
   while (x->sent < total) {
     struct iovec iov[2];
     int n = 0;
@@ -135,9 +143,9 @@ static int pump_send(tcp_comm_t *t, uint32_t r, size_t bytes) {
       iov[n].iov_base = x->header_out + x->sent;
       iov[n].iov_len = HEADER_BYTES - x->sent;
       n++;
-      if (bytes > 0) {
+      if (total > HEADER_BYTES) {
         iov[n].iov_base = (void *)x->send;
-        iov[n].iov_len = bytes;
+        iov[n].iov_len = total - HEADER_BYTES;
         n++;
       }
     } else {
@@ -263,8 +271,44 @@ static embps_status_t peer_gone(tcp_comm_t *t, uint32_t r, uint32_t kind, int er
                     kind_name(kind), strerror(error));
 }
 
+uint32_t embps__comm_tcp_send_peer(uint32_t rank, uint32_t size, uint32_t step) {
+  return (uint32_t)(((uint64_t)rank + step) % size);
+}
+
+uint32_t embps__comm_tcp_recv_peer(uint32_t rank, uint32_t size, uint32_t step) {
+  return (uint32_t)(((uint64_t)rank + size - step % size) % size);
+}
+
+uint32_t embps__comm_tcp_window(uint32_t size, size_t bytes) {
+  if (size < 2)
+    return 0;
+  size_t w = bytes ? PACE_BYTES / bytes : size - 1;
+  if (w < 1)
+    w = 1;
+  return w > size - 1 ? size - 1 : (uint32_t)w;
+}
+
+/* How much of peer r's frame may be sent now: all of it when its step is inside the window
+ * (steps below lo are received, lo .. lo+window-1 may move), else the header alone. */
+static size_t send_limit(const tcp_comm_t *t, uint32_t r, uint32_t lo, uint32_t window,
+                         size_t bytes) {
+  uint32_t step = (r + t->base.size - t->base.rank) % t->base.size;
+  return step < lo + window ? HEADER_BYTES + bytes : HEADER_BYTES;
+}
+
 /* One exchange: to every peer r, a frame of `bytes` from send_base + r*send_stride; from every
- * peer r, a frame of `bytes` into recv_base + r*recv_stride. */
+ * peer r, a frame of `bytes` into recv_base + r*recv_stride.
+ *
+ * The payloads move in the pairwise schedule (embps__comm_tcp_send_peer): in step s this rank
+ * sends to rank+s and receives from rank-s, and a step's payload is sent only while fewer than
+ * `window` steps are open, counting from the lowest step whose frame has not fully arrived. Every
+ * rank's peers then take turns on its inbound link instead of all sending into it at once (a
+ * shaped or switched link's queue overflows and drops under such incast; issue 34). The headers
+ * of all frames go out at once, so every peer learns this call's kind and size before any
+ * payload, and every socket is read whenever data is there, whatever its step: a sender's
+ * progress never waits on a receiver's window, so the schedule cannot deadlock (the frame of
+ * step s depends only on receives of steps below s). Frames small enough that all of them fit
+ * in the window's bytes (embps__comm_tcp_window) move at once, as before. */
 static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send_base,
                                size_t send_stride, uint8_t *recv_base, size_t recv_stride,
                                size_t bytes, embps_error_t *err) {
@@ -284,21 +328,29 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
     x->may = POLLIN | POLLOUT;
   }
   size_t total = HEADER_BYTES + bytes;
+  uint32_t window = embps__comm_tcp_window(size, bytes);
+  uint32_t lo = 1; /* the lowest step whose frame has not fully arrived */
   uint64_t deadline = t->timeout_ms ? embps_now_ms() + t->timeout_ms : 0;
   for (;;) {
     /* Move what the sockets take without waiting, then wait for the ones that are stuck. All
-     * sends go first, so every peer has this call's header (socket space permitting) before
-     * this rank can fail on what it reads. */
-    for (uint32_t r = 0; r < size; r++) {
-      if (r == me || t->xfers[r].sent >= total || !(t->xfers[r].may & POLLOUT))
+     * sends go first, in step order, so every peer has this call's header (socket space
+     * permitting) before this rank can fail on what it reads. */
+    for (uint32_t s = 1; s < size; s++) {
+      uint32_t r = embps__comm_tcp_send_peer(me, size, s);
+      peer_xfer_t *x = &t->xfers[r];
+      size_t limit = s < lo + window ? total : HEADER_BYTES;
+      if (x->sent >= limit || !(x->may & POLLOUT))
         continue;
-      if (pump_send(t, r, bytes) < 0) {
+      int rc = pump_send(t, r, bytes, limit);
+      if (rc < 0) {
         int e = errno;
         if (e == EPIPE || e == ECONNRESET || e == ENOTCONN || e == ETIMEDOUT)
           return peer_gone(t, r, kind, e, err);
         return break_comm(t, err, EMBPS_UNAVAILABLE, "sending to rank %u during %s: %s", r,
                           kind_name(kind), strerror(e));
       }
+      if (rc == 0)
+        x->may &= (short)~POLLOUT; /* full: only poll says when it has room again */
     }
     nfds_t n = 0;
     uint32_t gone_rank = UINT32_MAX;
@@ -318,8 +370,11 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
           gone_errno = rc == RECV_EOF ? 0 : errno;
           continue;
         }
+        if (rc == RECV_MORE)
+          x->may &= (short)~POLLIN; /* drained: only poll says when more has come */
       }
-      short events = (short)((x->sent < total ? POLLOUT : 0) | (x->received < total ? POLLIN : 0));
+      short events = (short)((x->sent < send_limit(t, r, lo, window, bytes) ? POLLOUT : 0) |
+                             (x->received < total ? POLLIN : 0));
       if (events) {
         t->pfds[n].fd = t->fds[r];
         t->pfds[n].events = events;
@@ -341,6 +396,16 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
         return peer_gone(t, gone_rank, kind, e, err);
       return break_comm(t, err, EMBPS_UNAVAILABLE, "receiving from rank %u during %s: %s",
                         gone_rank, kind_name(kind), strerror(e));
+    }
+    /* The window moves past the steps whose frames have arrived; the sends it opens are tried
+     * at once, before waiting. */
+    uint32_t old_lo = lo;
+    while (lo < size && t->xfers[embps__comm_tcp_recv_peer(me, size, lo)].received >= total)
+      lo++;
+    if (lo != old_lo && old_lo + window < size) {
+      for (uint32_t s = old_lo + window; s < lo + window && s < size; s++)
+        t->xfers[embps__comm_tcp_send_peer(me, size, s)].may |= POLLOUT;
+      continue;
     }
     if (n == 0)
       return EMBPS_OK;
@@ -374,7 +439,8 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
       short ev = pr > 0 ? t->pfds[i].revents : 0;
       if (ev & (POLLERR | POLLHUP | POLLNVAL))
         ev |= POLLIN | POLLOUT;
-      t->xfers[t->pfd_rank[i]].may = (short)(ev & (POLLIN | POLLOUT));
+      peer_xfer_t *x = &t->xfers[t->pfd_rank[i]];
+      x->may = (short)((x->may & ~(POLLIN | POLLOUT)) | (ev & (POLLIN | POLLOUT)));
     }
   }
 }

@@ -13,6 +13,7 @@ rank's utime+stime (/proc/PID/stat) before and after, and the leader's rounds an
   cpu/lookup follower the median follower's CPU time per lookup (ms)
   lookups/s, rounds/s and batches per round
 
+--batch and --pipeline change the lookups' shape (larger frames between the ranks).
 Medians over --repeat passes. Example:
   tests/bench/round_cost.py --server-bin /tmp/before/embps-server \
       --server-bin build/bin/embps-server
@@ -46,7 +47,7 @@ def scrape(port, name):
     return float(m.group(1)) if m else 0.0
 
 
-def one_run(binary, n, duration, cli):
+def one_run(binary, n, duration, cli, batch="64", pipeline="8"):
     port = free_ephemeral_port()
     group = Group(n, "--device", "cpu", "--engine-threads", "1",
                   rank_flags={0: ["--metrics-listen", "127.0.0.1:%d" % port]}, binary=binary,
@@ -60,11 +61,11 @@ def one_run(binary, n, duration, cli):
             return r.stdout
         run_cli("create-table", "t", "--rows", "100000", "--emb-width", str(32 * n))
         # Warm up outside the measured window (connections, first rounds).
-        run_cli("bench", "t", "--batch", "64", "--pipeline", "8", "--duration", "0.5",
+        run_cli("bench", "t", "--batch", batch, "--pipeline", pipeline, "--duration", "0.5",
                 "--warmup", "0")
         c0 = [cpu_s(p.pid) for p in group.procs]
         r0, b0 = scrape(port, "embps_rounds_total"), scrape(port, "embps_round_batches_total")
-        out = json.loads(run_cli("bench", "t", "--batch", "64", "--pipeline", "8", "--duration",
+        out = json.loads(run_cli("bench", "t", "--batch", batch, "--pipeline", pipeline, "--duration",
                                  str(duration), "--warmup", "0", "--json", timeout=duration + 120))
         c1 = [cpu_s(p.pid) for p in group.procs]
         rounds = scrape(port, "embps_rounds_total") - r0
@@ -87,6 +88,8 @@ def main():
     ap.add_argument("--cli-bin", default=cli_binary())
     ap.add_argument("--duration", type=float, default=4.0)
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--batch", default="64", help="tokens a lookup (bench --batch)")
+    ap.add_argument("--pipeline", default="8", help="lookups in flight (bench --pipeline)")
     a = ap.parse_args()
     bins = a.server_bin or [os.environ.get("EMBPS_SERVER_BIN",
                                            os.path.join(HERE, "..", "..", "build", "bin",
@@ -96,7 +99,8 @@ def main():
     for n in ranks:
         for _ in range(a.repeat):
             for b in bins:
-                res.setdefault((n, b), []).append(one_run(b, n, a.duration, a.cli_bin))
+                res.setdefault((n, b), []).append(one_run(b, n, a.duration, a.cli_bin,
+                                                                 a.batch, a.pipeline))
     print("%-4s %-40s %12s %12s %10s %9s %9s" % ("N", "server", "leader ms", "follower ms",
                                                   "lookups/s", "rounds/s", "b/round"))
     for n in ranks:

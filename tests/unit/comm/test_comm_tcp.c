@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -117,6 +118,9 @@ static void make_mesh(uint32_t n, int fds[MAX_RANKS][MAX_RANKS]) {
   close(l);
 }
 
+/* The mesh of the group run_group is running (the communicators own the sockets). */
+static int g_mesh[MAX_RANKS][MAX_RANKS];
+
 static void *rank_main(void *arg) {
   rank_ctx_t *ctx = arg;
   ctx->body(ctx);
@@ -128,6 +132,7 @@ static void run_group(uint32_t n, uint64_t timeout_ms, body_fn body, void *share
                       rank_ctx_t ctx[MAX_RANKS]) {
   int fds[MAX_RANKS][MAX_RANKS];
   make_mesh(n, fds);
+  memcpy(g_mesh, fds, sizeof fds);
   memset(ctx, 0, sizeof(rank_ctx_t) * MAX_RANKS);
   for (uint32_t r = 0; r < n; r++) {
     ctx[r].rank = r;
@@ -760,9 +765,92 @@ static void test_bad_call_arguments(void **state) {
   embps_comm_free(c);
 }
 
+/* ---- the pairwise schedule ---- */
+
+/* In every step each rank receives from exactly one peer, which sends to it in that same step;
+ * over the size-1 steps every ordered pair of ranks meets exactly once; the window is between 1
+ * and size-1 steps, all of them for header-only frames, one for frames that are large. */
+static void test_schedule(void **state) {
+  (void)state;
+  static uint8_t met[70][70];
+  for (uint32_t n = 1; n <= 70; n++) {
+    memset(met, 0, sizeof met);
+    for (uint32_t s = 1; s < n; s++) {
+      uint32_t senders[70] = {0};
+      for (uint32_t r = 0; r < n; r++) {
+        uint32_t to = embps__comm_tcp_send_peer(r, n, s), from = embps__comm_tcp_recv_peer(r, n, s);
+        if (to >= n || from >= n || to == r || from == r)
+          fail_msg("%u ranks, step %u: rank %u sends to %u, receives from %u", n, s, r, to, from);
+        if (embps__comm_tcp_recv_peer(to, n, s) != r)
+          fail_msg("%u ranks, step %u: rank %u sends to %u, which receives from %u", n, s, r, to,
+                   embps__comm_tcp_recv_peer(to, n, s));
+        senders[to]++;
+        if (met[r][to]++)
+          fail_msg("%u ranks: rank %u sends to %u twice (again in step %u)", n, r, to, s);
+      }
+      for (uint32_t q = 0; q < n; q++)
+        if (senders[q] != 1)
+          fail_msg("%u ranks, step %u: %u peers send to rank %u at once", n, s, senders[q], q);
+    }
+    for (uint32_t r = 0; r < n; r++)
+      for (uint32_t q = 0; q < n; q++)
+        if (r != q && met[r][q] != 1)
+          fail_msg("%u ranks: rank %u sends to %u %u times", n, r, q, met[r][q]);
+    if (n == 1) {
+      assert_int_equal(embps__comm_tcp_window(1, 100), 0);
+      continue;
+    }
+    assert_int_equal(embps__comm_tcp_window(n, 0), n - 1);
+    assert_int_equal(embps__comm_tcp_window(n, 1), n - 1);
+    assert_int_equal(embps__comm_tcp_window(n, 1u << 20), 1);
+    uint32_t last = n - 1;
+    for (size_t b = 1; b <= (4u << 20); b = b * 3 / 2 + 1) {
+      uint32_t w = embps__comm_tcp_window(n, b);
+      assert_true(w >= 1 && w <= n - 1 && w <= last); /* fewer steps at once as frames grow */
+      last = w;
+    }
+  }
+}
+
+/* A large exchange is paced: a rank does not send a later step's payload before its earlier
+ * steps' frames have arrived. On 3 ranks with rank 2 late, rank 0's step 1 (send to 1, receive
+ * from 2) cannot finish, so rank 2 gets only rank 0's header (step 2's payload waits), while
+ * rank 1's step 1 payload to rank 2 flows. Then rank 2 calls and every block arrives intact. */
+#define PACED_BYTES (1u << 20)
+
+static void body_paced(rank_ctx_t *ctx) {
+  uint32_t me = ctx->rank, n = ctx->size;
+  if (me == 2) {
+    usleep(300 * 1000);
+    int queued0 = -1, queued1 = -1;
+    CHECK(ctx, ioctl(g_mesh[2][0], FIONREAD, &queued0) == 0);
+    CHECK(ctx, ioctl(g_mesh[2][1], FIONREAD, &queued1) == 0);
+    ctx->elapsed_ms = (uint64_t)queued0; /* bytes rank 0 had sent to rank 2 */
+    ctx->mb_per_s = queued1;             /* bytes rank 1 had sent to rank 2 */
+  }
+  check_all_to_all(ctx, 77, PACED_BYTES);
+  (void)n;
+}
+
+static void test_paced(void **state) {
+  (void)state;
+  rank_ctx_t ctx[MAX_RANKS];
+  assert_int_equal(embps__comm_tcp_window(3, PACED_BYTES), 1);
+  run_group(3, TIMEOUT_MS, body_paced, NULL, ctx);
+  expect_all_passed(ctx, 3);
+  if (ctx[2].elapsed_ms != 24)
+    fail_msg("rank 0 had sent %llu bytes to the late rank 2: its step 2 payload went before its "
+             "step 1 frame arrived (want the 24-byte header alone)",
+             (unsigned long long)ctx[2].elapsed_ms);
+  if (ctx[2].mb_per_s <= 24)
+    fail_msg("rank 1 had sent only %.0f bytes to rank 2 in its step 1", ctx[2].mb_per_s);
+}
+
 int main(void) {
   alarm(600); /* a hang is a failure, not a stuck CI job */
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_schedule),
+      cmocka_unit_test(test_paced),
       cmocka_unit_test(test_all_gather),
       cmocka_unit_test(test_all_to_all),
       cmocka_unit_test(test_all_reduce),
