@@ -1,12 +1,19 @@
 /* The TCP backend of the collectives: a full mesh of connected stream sockets, one per peer.
  *
  * Every collective is one *exchange*: each rank sends one frame to every peer and receives one
- * frame from every peer, all at once, on non-blocking sockets driven by poll(). A rank never
- * blocks in send() while its peer blocks in send() too, whatever the message sizes, because
- * the same loop that writes also drains every readable socket. Payloads stream straight from
- * the caller's send buffer into the caller's receive buffer: no copy and no allocation per
- * call, except all_reduce, which gathers every rank's buffer into one scratch buffer that is
- * kept and reused (grown to the largest call seen).
+ * frame from every peer, on non-blocking sockets driven by poll(). A rank never blocks in send()
+ * while its peer blocks in send() too, whatever the message sizes, because the same loop that
+ * writes also drains every readable socket. Payloads stream straight from the caller's send
+ * buffer into the caller's receive buffer: no copy and no allocation per call, except
+ * all_reduce, which gathers every rank's buffer into one scratch buffer that is kept and reused
+ * (grown to the largest call seen).
+ *
+ * The frames move in the pairwise schedule: in step s (1..size-1) rank r sends to r+s and
+ * receives from r-s (mod size), so in each step every rank's inbound link carries one peer. Small
+ * frames (PACE_BYTES over all peers) still go all at once; larger ones are paced, a window of
+ * steps at a time (exchange() says how), so that a rank's peers take turns on its link instead
+ * of overflowing a short queue together (issue 34: at 4 ranks on 20 Mbit/s links with tbf's
+ * 189 KB queue, the peers' frames converging on each rank made the shaper drop packets).
  *
  * A frame is a 24-byte header (magic, op kind, call sequence number, payload bytes; little
  * endian) followed by the payload. The receiver reads exactly the header, checks it against
@@ -58,8 +65,14 @@
 #define SOCKET_BUFFER_BYTES (4 << 20)
 
 /* Payload bytes of an exchange that may be on their way to the peers at once
- * (embps__comm_tcp_window): frames this small or smaller all go at once, bigger ones take turns
- * in the pairwise schedule. Chosen by measurement (docs/capacity.md): ... */
+ * (embps__comm_tcp_window): while (size-1) frames fit in it they all go at once; else
+ * PACE_BYTES / frame steps at a time, at least one. Chosen by measurement (docs/capacity.md,
+ * "Slow links"): with one step at a time on 20 Mbit/s links no peer's frame was dropped on its
+ * way in, while lookups of 64 tokens on loopback (frames of a few KB, never paced) cost the CPU
+ * they did before; 256 KB left the 64 KB frames of that test unpaced, and pacing every frame
+ * (one step at a time whatever its size) cost 30-40% more CPU per lookup at 8 and 16 ranks on
+ * loopback and halved the rounds per second. A paced exchange waits for a step's frame to
+ * arrive before the next step's payload goes: about one one-way delay per window of steps. */
 #ifndef PACE_BYTES
 #define PACE_BYTES (64u << 10)
 #endif
@@ -330,6 +343,7 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
   size_t total = HEADER_BYTES + bytes;
   uint32_t window = embps__comm_tcp_window(size, bytes);
   uint32_t lo = 1; /* the lowest step whose frame has not fully arrived */
+  bool paced = window < size - 1;
   uint64_t deadline = t->timeout_ms ? embps_now_ms() + t->timeout_ms : 0;
   for (;;) {
     /* Move what the sockets take without waiting, then wait for the ones that are stuck. All
@@ -352,7 +366,7 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
       if (rc == 0)
         x->may &= (short)~POLLOUT; /* full: only poll says when it has room again */
     }
-    nfds_t n = 0;
+    nfds_t n = 0, pending = 0; /* pollfd entries; those still moving bytes */
     uint32_t gone_rank = UINT32_MAX;
     int gone_errno = 0;
     for (uint32_t r = 0; r < size; r++) {
@@ -375,6 +389,10 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
       }
       short events = (short)((x->sent < send_limit(t, r, lo, window, bytes) ? POLLOUT : 0) |
                              (x->received < total ? POLLIN : 0));
+      if (events)
+        pending++;
+      else if (paced)
+        events = POLLRDHUP; /* done with this peer: only its death matters (below) */
       if (events) {
         t->pfds[n].fd = t->fds[r];
         t->pfds[n].events = events;
@@ -407,20 +425,20 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
         t->xfers[embps__comm_tcp_send_peer(me, size, s)].may |= POLLOUT;
       continue;
     }
-    if (n == 0)
+    if (pending == 0)
       return EMBPS_OK;
     int wait_ms = -1;
     if (deadline) {
       uint64_t now = embps_now_ms();
       if (now >= deadline) {
         /* Name the lowest rank still owing us data, else the lowest not taking ours. */
-        uint32_t who = t->pfd_rank[0];
-        for (nfds_t i = 0; i < n; i++) {
-          if (t->pfds[i].events & POLLIN) {
+        uint32_t who = UINT32_MAX;
+        for (nfds_t i = 0; i < n && who == UINT32_MAX; i++)
+          if (t->pfds[i].events & POLLIN)
             who = t->pfd_rank[i];
-            break;
-          }
-        }
+        for (nfds_t i = 0; i < n && who == UINT32_MAX; i++)
+          if (t->pfds[i].events & POLLOUT)
+            who = t->pfd_rank[i];
         return break_comm(t, err, EMBPS_UNAVAILABLE,
                           "%s timed out after %llu ms waiting for rank %u", kind_name(kind),
                           (unsigned long long)t->timeout_ms, who);
@@ -437,6 +455,18 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
      * as both, so that the next read or write reports it. */
     for (nfds_t i = 0; i < n; i++) {
       short ev = pr > 0 ? t->pfds[i].revents : 0;
+      if (t->pfds[i].events == POLLRDHUP) {
+        /* A peer this rank is done with went away. In a paced exchange the frame still owed
+         * by another peer may wait on the one that died (that peer's own step from it), and
+         * that peer, failing, sends nothing more: wait no longer. */
+        if (ev & (POLLRDHUP | POLLERR | POLLHUP | POLLNVAL)) {
+          int e = 0;
+          socklen_t len = sizeof e;
+          (void)getsockopt(t->pfds[i].fd, SOL_SOCKET, SO_ERROR, &e, &len);
+          return peer_gone(t, t->pfd_rank[i], kind, e, err);
+        }
+        continue;
+      }
       if (ev & (POLLERR | POLLHUP | POLLNVAL))
         ev |= POLLIN | POLLOUT;
       peer_xfer_t *x = &t->xfers[t->pfd_rank[i]];

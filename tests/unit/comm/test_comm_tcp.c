@@ -846,6 +846,70 @@ static void test_paced(void **state) {
     fail_msg("rank 1 had sent only %.0f bytes to rank 2 in its step 1", ctx[2].mb_per_s);
 }
 
+/* A peer that dies in a paced exchange fails every rank at once, also a rank that already has
+ * the dead peer's frame and waits for another peer's, which waits on the dead one. On 4 ranks
+ * with rank 3 a raw peer: it sends its frame to rank 0 (its step 1) and shuts its sockets. Rank 1
+ * never gets rank 3's frame (its step 2), so never sends its step-3 frame to rank 0, and rank 0,
+ * holding all it wanted from rank 3, must notice rank 3 went away instead of waiting for rank 1
+ * until its deadline. */
+static void body_chain(rank_ctx_t *ctx) {
+  size_t bytes = PACED_BYTES;
+  uint8_t *send = calloc(4, bytes), *recv = calloc(4, bytes);
+  CHECK(ctx, send && recv);
+  uint64_t t0 = now_ms();
+  ctx->status = embps_comm_all_to_all(ctx->comm, send, bytes, recv, &ctx->err);
+  ctx->elapsed_ms = now_ms() - t0;
+  free(send);
+  free(recv);
+}
+
+static void test_paced_peer_dies(void **state) {
+  (void)state;
+  int fds[MAX_RANKS][MAX_RANKS];
+  make_mesh(4, fds);
+  rank_ctx_t ctx[3];
+  memset(ctx, 0, sizeof ctx);
+  for (uint32_t r = 0; r < 3; r++) {
+    ctx[r].rank = r;
+    ctx[r].size = 4;
+    ctx[r].body = body_chain;
+    assert_int_equal(embps_comm_tcp_new(&ctx[r].comm, r, 4, fds[r], FAIL_TIMEOUT_MS), EMBPS_OK);
+  }
+  pthread_t th[3];
+  for (uint32_t r = 0; r < 3; r++)
+    assert_int_equal(pthread_create(&th[r], NULL, rank_main, &ctx[r]), 0);
+  /* Rank 3: its frame to rank 0 (call 1, all_to_all), then a clean close of its sending side. */
+  uint8_t *frame = calloc(1, 24 + PACED_BYTES);
+  assert_non_null(frame);
+  put_le(frame, 0x43535045u, 4);
+  put_le(frame + 4, 2 /* all_to_all */, 4);
+  put_le(frame + 8, 1, 8);
+  put_le(frame + 16, PACED_BYTES, 8);
+  for (size_t off = 0; off < 24 + PACED_BYTES;) {
+    ssize_t k = write(fds[3][0], frame + off, 24 + PACED_BYTES - off);
+    assert_true(k > 0);
+    off += (size_t)k;
+  }
+  free(frame);
+  for (uint32_t r = 0; r < 3; r++)
+    assert_int_equal(shutdown(fds[3][r], SHUT_WR), 0);
+  for (uint32_t r = 0; r < 3; r++)
+    pthread_join(th[r], NULL);
+  for (uint32_t r = 0; r < 3; r++) {
+    if (ctx[r].failed_line)
+      fail_msg("rank %u failed at line %d: %s", r, ctx[r].failed_line, ctx[r].failed_what);
+    assert_int_equal(ctx[r].status, EMBPS_UNAVAILABLE);
+    if (!strstr(ctx[r].err.message, "rank 3 closed its connection during all_to_all"))
+      fail_msg("rank %u: \"%s\" does not name rank 3", r, ctx[r].err.message);
+    if (ctx[r].elapsed_ms >= FAIL_TIMEOUT_MS / 2)
+      fail_msg("rank %u waited %llu ms (its deadline is %d ms)", r,
+               (unsigned long long)ctx[r].elapsed_ms, FAIL_TIMEOUT_MS);
+    embps_comm_free(ctx[r].comm);
+  }
+  for (uint32_t r = 0; r < 3; r++)
+    close(fds[3][r]);
+}
+
 int main(void) {
   alarm(600); /* a hang is a failure, not a stuck CI job */
   const struct CMUnitTest tests[] = {
@@ -862,6 +926,7 @@ int main(void) {
       cmocka_unit_test(test_peer_closes),
       cmocka_unit_test(test_mismatch),
       cmocka_unit_test(test_timeout),
+      cmocka_unit_test(test_paced_peer_dies),
       cmocka_unit_test(test_out_of_step_and_garbage),
       cmocka_unit_test(test_new_rejects_and_closes),
       cmocka_unit_test(test_bad_call_arguments),
