@@ -120,6 +120,16 @@ uint32_t embps__comm_tcp_send_peer(uint32_t rank, uint32_t size, uint32_t step);
 uint32_t embps__comm_tcp_recv_peer(uint32_t rank, uint32_t size, uint32_t step);
 uint32_t embps__comm_tcp_window(uint32_t size, size_t bytes);
 
+/** When the TCP backend paces large frames (windows of fewer than size-1 steps). */
+typedef enum embps__comm_tcp_pace {
+  EMBPS__COMM_TCP_PACE_AUTO = 0, /* the default: while the peer sockets have retransmitted lately */
+  EMBPS__COMM_TCP_PACE_ALWAYS = 1,
+  EMBPS__COMM_TCP_PACE_NEVER = 2,
+} embps__comm_tcp_pace_t;
+
+/** Sets c's pacing (for tests and benchmarks; a communicator that is not TCP is left alone). */
+void embps__comm_tcp_set_pacing(embps_comm_t *c, embps__comm_tcp_pace_t mode);
+
 #ifdef EMBPS_HAVE_NCCL
 /* The NCCL backend (server/comm/comm_nccl.c), built only with CUDA and NCCL (target
  * embps_comm_nccl, which defines EMBPS_HAVE_NCCL for its users). Its buffers are device memory. */

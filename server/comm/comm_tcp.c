@@ -9,11 +9,12 @@
  * (grown to the largest call seen).
  *
  * The frames move in the pairwise schedule: in step s (1..size-1) rank r sends to r+s and
- * receives from r-s (mod size), so in each step every rank's inbound link carries one peer. Small
- * frames (PACE_BYTES over all peers) still go all at once; larger ones are paced, a window of
- * steps at a time (exchange() says how), so that a rank's peers take turns on its link instead
- * of overflowing a short queue together (issue 34: at 4 ranks on 20 Mbit/s links with tbf's
- * 189 KB queue, the peers' frames converging on each rank made the shaper drop packets).
+ * receives from r-s (mod size). Small frames (PACE_BYTES over all peers) go all at once; so do
+ * large ones, unless packets to the peers are being lost (pace_now): then they are paced, a
+ * window of steps at a time (exchange() says how), so that a rank's peers take turns on its
+ * inbound link instead of overflowing a short queue together (issue 34: at 4 ranks on 20 Mbit/s
+ * links with tbf's 189 KB queue, the peers' frames converging on each rank made the shaper drop
+ * packets).
  *
  * A frame is a 24-byte header (magic, op kind, call sequence number, payload bytes; little
  * endian) followed by the payload. The receiver reads exactly the header, checks it against
@@ -42,10 +43,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
+/* The kernel's tcp_info (tcpi_segs_out is newer than glibc's copy), with TCP_NODELAY and
+ * TCP_INFO. */
+#include <linux/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -64,15 +68,18 @@
 /* Socket buffer size asked for on every connection (the kernel caps it at net.core.*mem_max). */
 #define SOCKET_BUFFER_BYTES (4 << 20)
 
-/* Payload bytes of an exchange that may be on their way to the peers at once
+/* Payload bytes of a paced exchange that may be on their way to the peers at once
  * (embps__comm_tcp_window): while (size-1) frames fit in it they all go at once; else
  * PACE_BYTES / frame steps at a time, at least one. Chosen by measurement (docs/capacity.md,
- * "Slow links"): with one step at a time on 20 Mbit/s links no peer's frame was dropped on its
- * way in, while lookups of 64 tokens on loopback (frames of a few KB, never paced) cost the CPU
- * they did before; 256 KB left the 64 KB frames of that test unpaced, and pacing every frame
- * (one step at a time whatever its size) cost 30-40% more CPU per lookup at 8 and 16 ranks on
- * loopback and halved the rounds per second. A paced exchange waits for a step's frame to
- * arrive before the next step's payload goes: about one one-way delay per window of steps. */
+ * "Slow links"): one step at a time on 20 Mbit/s links kept every peer's frame from being
+ * dropped on its way in; 128 and 256 KB left the 64 KB frames of that test two or three at a
+ * time and gained nothing; pacing every frame whatever its size cost 30-40% more CPU per lookup
+ * at 8 and 16 ranks on loopback and halved the rounds per second. */
+/* How often AUTO pacing looks at the peers' retransmissions, and how long it paces after
+ * seeing new ones (pace_now). */
+#define PACE_LOOK_MS 100
+#define PACE_HOLD_MS 2000
+
 #ifndef PACE_BYTES
 #define PACE_BYTES (64u << 10)
 #endif
@@ -106,6 +113,14 @@ typedef struct tcp_comm {
   uint32_t *pfd_rank;  /* the rank of each pollfd entry */
   uint8_t *scratch;    /* all_reduce gather buffer, grown to the largest call */
   size_t scratch_cap;
+  /* Pacing (pace_now): the mode, and for EMBPS__COMM_TCP_PACE_AUTO the peers' retransmissions
+   * at the last look, when to look again, and until when to pace. */
+  embps__comm_tcp_pace_t pacing;
+  bool retrans_known;
+  uint64_t retrans_seen; /* the peer sockets' tcpi_total_retrans and tcpi_segs_out, summed */
+  uint64_t segs_seen;
+  uint64_t next_look_ms;
+  uint64_t paced_until_ms;
 } tcp_comm_t;
 
 static const char *kind_name(uint32_t kind) {
@@ -301,6 +316,53 @@ uint32_t embps__comm_tcp_window(uint32_t size, size_t bytes) {
   return w > size - 1 ? size - 1 : (uint32_t)w;
 }
 
+static const embps_comm_ops_t tcp_ops;
+
+/* Whether this exchange's large frames are paced. AUTO paces them while packets to the peers are
+ * being lost: when the peers' sockets have retransmitted at least 1% of the segments they sent
+ * since the last look (TCP_INFO's tcpi_total_retrans and tcpi_segs_out, looked at most every
+ * PACE_LOOK_MS, and only by exchanges that pacing would change), for the next PACE_HOLD_MS. Pacing
+ * costs a one-way delay, queueing included, per step (design.md), so it is used only where the
+ * frames converging on a link overflow its queue, which is what the retransmissions say; on links
+ * with room it would only slow the exchange (at 200 Mbit/s with tbf's 1.25 MB queues, pacing every
+ * large frame made 4-rank lookups 1.18 and pushes 1.27 times the bound, against 1.03 and 1.05
+ * unpaced, and no packet was dropped either way). A socket without TCP_INFO (a TLS relay's
+ * socketpair) adds nothing, so peers reached through the TLS relay are never paced by AUTO. */
+static bool pace_now(tcp_comm_t *t) {
+  if (t->pacing != EMBPS__COMM_TCP_PACE_AUTO)
+    return t->pacing == EMBPS__COMM_TCP_PACE_ALWAYS;
+  uint64_t now = embps_now_ms();
+  if (now >= t->next_look_ms) {
+    t->next_look_ms = now + PACE_LOOK_MS;
+    uint64_t retrans = 0, segs = 0;
+    for (uint32_t r = 0; r < t->base.size; r++) {
+      struct tcp_info ti;
+      socklen_t len = sizeof ti;
+      if (r != t->base.rank && getsockopt(t->fds[r], IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+          len >= offsetof(struct tcp_info, tcpi_segs_out) + sizeof ti.tcpi_segs_out) {
+        retrans += ti.tcpi_total_retrans;
+        segs += ti.tcpi_segs_out;
+      }
+    }
+    /* Lost: at least 1% of the segments sent since the last look were sent again, and more
+     * than one (tail loss probes retransmit a segment now and then on links that lose
+     * nothing: at 200 Mbit/s about 1 in 30,000; at 20 Mbit/s with drops, 4-7%). */
+    uint64_t dr = retrans - t->retrans_seen, ds = segs - t->segs_seen;
+    if (t->retrans_known && retrans >= t->retrans_seen && segs >= t->segs_seen && dr >= 2 &&
+        dr * 100 >= ds)
+      t->paced_until_ms = now + PACE_HOLD_MS;
+    t->retrans_seen = retrans;
+    t->segs_seen = segs;
+    t->retrans_known = true;
+  }
+  return now < t->paced_until_ms;
+}
+
+void embps__comm_tcp_set_pacing(embps_comm_t *c, embps__comm_tcp_pace_t mode) {
+  if (c && c->ops == &tcp_ops)
+    ((tcp_comm_t *)c)->pacing = mode;
+}
+
 /* How much of peer r's frame may be sent now: all of it when its step is inside the window
  * (steps below lo are received, lo .. lo+window-1 may move), else the header alone. */
 static size_t send_limit(const tcp_comm_t *t, uint32_t r, uint32_t lo, uint32_t window,
@@ -341,7 +403,9 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
     x->may = POLLIN | POLLOUT;
   }
   size_t total = HEADER_BYTES + bytes;
-  uint32_t window = embps__comm_tcp_window(size, bytes);
+  uint32_t window = size - 1;
+  if (embps__comm_tcp_window(size, bytes) < size - 1 && pace_now(t))
+    window = embps__comm_tcp_window(size, bytes);
   uint32_t lo = 1; /* the lowest step whose frame has not fully arrived */
   bool paced = window < size - 1;
   uint64_t deadline = t->timeout_ms ? embps_now_ms() + t->timeout_ms : 0;

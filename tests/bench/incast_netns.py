@@ -37,6 +37,21 @@ def drops(net):
     return total
 
 
+def tcp_counters(net):
+    """The ranks' TCP counters so far (nstat in each rank's namespace, summed): segments sent,
+    retransmitted, and tail loss probes (retransmissions that are not losses)."""
+    names = ("TcpOutSegs", "TcpRetransSegs", "TcpExtTCPLossProbes")
+    total = dict.fromkeys(names, 0)
+    for r in range(net.n):
+        out = tpn.sh("ip", "netns", "exec", "%s-r%d" % (tpn.TAG, r), "nstat", "-az",
+                     *names).stdout
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) >= 2 and f[0] in total:
+                total[f[0]] += int(f[1])
+    return total
+
+
 def one_run(binary, n, tokens, duration, in_flight, plan):
     os.environ["EMBPS_SERVER_BIN"] = binary
     net = tpn.Net(n)
@@ -47,7 +62,7 @@ def one_run(binary, n, tokens, duration, in_flight, plan):
         net.cli("create-table", "t", "--rows", str(tpn.ROWS), "--emb-width", str(tpn.WIDTH),
                 "--optimizer", "sgd")
         for kind, ratio in (("lookup", "0"), ("push", "1")):
-            d0 = drops(net)
+            d0, c0 = drops(net), tcp_counters(net)
             b = json.loads(net.cli(
                 "bench", "t", "--batch", str(tokens), "--duration", str(duration), "--warmup",
                 "1", "--push-ratio", ratio, "--pipeline", str(in_flight), "--json",
@@ -55,7 +70,9 @@ def one_run(binary, n, tokens, duration, in_flight, plan):
             if b["errors"] or b["lookups"] + b["pushes"] == 0:
                 raise RuntimeError("bench of %ss: %d errors" % (kind, b["errors"]))
             got = b["average"] / 1e9 / b["pipeline"]
-            d1 = drops(net)
+            d1, c1 = drops(net), tcp_counters(net)
+            print("  %s: %s" % (kind, ", ".join("%s %d" % (k, c1[k] - c0[k]) for k in c0)),
+                  flush=True)
             out[kind] = (got, got / plan["step_time_s"][kind], d1[0] - d0[0], d1[1] - d0[1])
     finally:
         net.close()

@@ -820,6 +820,7 @@ static void test_schedule(void **state) {
 
 static void body_paced(rank_ctx_t *ctx) {
   uint32_t me = ctx->rank, n = ctx->size;
+  embps__comm_tcp_set_pacing(ctx->comm, *(const embps__comm_tcp_pace_t *)ctx->shared);
   if (me == 2) {
     usleep(300 * 1000);
     int queued0 = -1, queued1 = -1;
@@ -836,7 +837,8 @@ static void test_paced(void **state) {
   (void)state;
   rank_ctx_t ctx[MAX_RANKS];
   assert_int_equal(embps__comm_tcp_window(3, PACED_BYTES), 1);
-  run_group(3, TIMEOUT_MS, body_paced, NULL, ctx);
+  embps__comm_tcp_pace_t mode = EMBPS__COMM_TCP_PACE_ALWAYS;
+  run_group(3, TIMEOUT_MS, body_paced, &mode, ctx);
   expect_all_passed(ctx, 3);
   if (ctx[2].elapsed_ms != 24)
     fail_msg("rank 0 had sent %llu bytes to the late rank 2: its step 2 payload went before its "
@@ -844,6 +846,27 @@ static void test_paced(void **state) {
              (unsigned long long)ctx[2].elapsed_ms);
   if (ctx[2].mb_per_s <= 24)
     fail_msg("rank 1 had sent only %.0f bytes to rank 2 in its step 1", ctx[2].mb_per_s);
+  /* AUTO paces only after packets were lost, which loopback does not do: all frames go at once. */
+  mode = EMBPS__COMM_TCP_PACE_AUTO;
+  run_group(3, TIMEOUT_MS, body_paced, &mode, ctx);
+  expect_all_passed(ctx, 3);
+  if (ctx[2].elapsed_ms <= 24)
+    fail_msg("AUTO paced on loopback: rank 0 had sent rank 2 its header alone");
+}
+
+/* The collectives' results through paced exchanges, bitwise, at every size (the tests above run
+ * AUTO, which on loopback never paces). */
+static void body_all_paced(rank_ctx_t *ctx) {
+  embps__comm_tcp_set_pacing(ctx->comm, EMBPS__COMM_TCP_PACE_ALWAYS);
+  body_all_gather(ctx);
+  body_all_to_all(ctx);
+  body_all_reduce(ctx);
+}
+
+static void test_all_paced(void **state) {
+  (void)state;
+  static reduce_shared_t sh;
+  run_all_sizes(body_all_paced, &sh);
 }
 
 /* A peer that dies in a paced exchange fails every rank at once, also a rank that already has
@@ -874,6 +897,7 @@ static void test_paced_peer_dies(void **state) {
     ctx[r].size = 4;
     ctx[r].body = body_chain;
     assert_int_equal(embps_comm_tcp_new(&ctx[r].comm, r, 4, fds[r], FAIL_TIMEOUT_MS), EMBPS_OK);
+    embps__comm_tcp_set_pacing(ctx[r].comm, EMBPS__COMM_TCP_PACE_ALWAYS);
   }
   pthread_t th[3];
   for (uint32_t r = 0; r < 3; r++)
@@ -915,6 +939,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_schedule),
       cmocka_unit_test(test_paced),
+      cmocka_unit_test(test_all_paced),
       cmocka_unit_test(test_all_gather),
       cmocka_unit_test(test_all_to_all),
       cmocka_unit_test(test_all_reduce),
