@@ -110,6 +110,26 @@ embps_status_t embps__comm_break(embps_comm_t *c, embps_error_t *err, embps_stat
 embps_status_t embps_comm_tcp_new(embps_comm_t **out, uint32_t rank, uint32_t size, const int *fds,
                                   uint64_t timeout_ms);
 
+/* The TCP backend's schedule (comm_tcp.c; declared here for its unit test). An exchange has
+ * steps 1..size-1: in step s, rank sends its frame to embps__comm_tcp_send_peer(rank, size, s) =
+ * (rank+s) mod size and receives from embps__comm_tcp_recv_peer(rank, size, s) = (rank-s) mod
+ * size, so in every step each rank receives from exactly one peer and every ordered pair meets
+ * once. embps__comm_tcp_window(size, bytes) is how many steps' payloads may be in flight at once
+ * for frames of `bytes`: at least 1, at most size-1 (all at once), 0 for a group of one. */
+uint32_t embps__comm_tcp_send_peer(uint32_t rank, uint32_t size, uint32_t step);
+uint32_t embps__comm_tcp_recv_peer(uint32_t rank, uint32_t size, uint32_t step);
+uint32_t embps__comm_tcp_window(uint32_t size, size_t bytes);
+
+/** When the TCP backend paces large frames (windows of fewer than size-1 steps). */
+typedef enum embps__comm_tcp_pace {
+  EMBPS__COMM_TCP_PACE_AUTO = 0, /* the default: while the peer sockets have retransmitted lately */
+  EMBPS__COMM_TCP_PACE_ALWAYS = 1,
+  EMBPS__COMM_TCP_PACE_NEVER = 2,
+} embps__comm_tcp_pace_t;
+
+/** Sets c's pacing (for tests and benchmarks; a communicator that is not TCP is left alone). */
+void embps__comm_tcp_set_pacing(embps_comm_t *c, embps__comm_tcp_pace_t mode);
+
 #ifdef EMBPS_HAVE_NCCL
 /* The NCCL backend (server/comm/comm_nccl.c), built only with CUDA and NCCL (target
  * embps_comm_nccl, which defines EMBPS_HAVE_NCCL for its users). Its buffers are device memory. */

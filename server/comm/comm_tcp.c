@@ -1,12 +1,20 @@
 /* The TCP backend of the collectives: a full mesh of connected stream sockets, one per peer.
  *
  * Every collective is one *exchange*: each rank sends one frame to every peer and receives one
- * frame from every peer, all at once, on non-blocking sockets driven by poll(). A rank never
- * blocks in send() while its peer blocks in send() too, whatever the message sizes, because
- * the same loop that writes also drains every readable socket. Payloads stream straight from
- * the caller's send buffer into the caller's receive buffer: no copy and no allocation per
- * call, except all_reduce, which gathers every rank's buffer into one scratch buffer that is
- * kept and reused (grown to the largest call seen).
+ * frame from every peer, on non-blocking sockets driven by poll(). A rank never blocks in send()
+ * while its peer blocks in send() too, whatever the message sizes, because the same loop that
+ * writes also drains every readable socket. Payloads stream straight from the caller's send
+ * buffer into the caller's receive buffer: no copy and no allocation per call, except
+ * all_reduce, which gathers every rank's buffer into one scratch buffer that is kept and reused
+ * (grown to the largest call seen).
+ *
+ * The frames move in the pairwise schedule: in step s (1..size-1) rank r sends to r+s and
+ * receives from r-s (mod size). Small frames (PACE_BYTES over all peers) go all at once; so do
+ * large ones, unless packets to the peers are being lost (pace_now): then they are paced, a
+ * window of steps at a time (exchange() says how), so that a rank's peers take turns on its
+ * inbound link instead of overflowing a short queue together (issue 34: at 4 ranks on 20 Mbit/s
+ * links with tbf's 189 KB queue, the peers' frames converging on each rank made the shaper drop
+ * packets).
  *
  * A frame is a 24-byte header (magic, op kind, call sequence number, payload bytes; little
  * endian) followed by the payload. The receiver reads exactly the header, checks it against
@@ -35,10 +43,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
+/* The kernel's tcp_info (tcpi_segs_out is newer than glibc's copy), with TCP_NODELAY and
+ * TCP_INFO. */
+#include <linux/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -56,6 +67,22 @@
 
 /* Socket buffer size asked for on every connection (the kernel caps it at net.core.*mem_max). */
 #define SOCKET_BUFFER_BYTES (4 << 20)
+
+/* Payload bytes of a paced exchange that may be on their way to the peers at once
+ * (embps__comm_tcp_window): while (size-1) frames fit in it they all go at once; else
+ * PACE_BYTES / frame steps at a time, at least one. Chosen by measurement (docs/capacity.md,
+ * "Slow links"): one step at a time on 20 Mbit/s links kept every peer's frame from being
+ * dropped on its way in; 128 and 256 KB left the 64 KB frames of that test two or three at a
+ * time and gained nothing; pacing every frame whatever its size cost 30-40% more CPU per lookup
+ * at 8 and 16 ranks on loopback and halved the rounds per second. */
+/* How often AUTO pacing looks at the peers' retransmissions, and how long it paces after
+ * seeing new ones (pace_now). */
+#define PACE_LOOK_MS 100
+#define PACE_HOLD_MS 2000
+
+#ifndef PACE_BYTES
+#define PACE_BYTES (64u << 10)
+#endif
 
 /* Op kinds on the wire; all_reduce adds its element type and reduction in the upper bits so a
  * rank reducing f32 with one reducing u64 is caught as a mismatch. */
@@ -86,6 +113,14 @@ typedef struct tcp_comm {
   uint32_t *pfd_rank;  /* the rank of each pollfd entry */
   uint8_t *scratch;    /* all_reduce gather buffer, grown to the largest call */
   size_t scratch_cap;
+  /* Pacing (pace_now): the mode, and for EMBPS__COMM_TCP_PACE_AUTO the peers' retransmissions
+   * at the last look, when to look again, and until when to pace. */
+  embps__comm_tcp_pace_t pacing;
+  bool retrans_known;
+  uint64_t retrans_seen; /* the peer sockets' tcpi_total_retrans and tcpi_segs_out, summed */
+  uint64_t segs_seen;
+  uint64_t next_look_ms;
+  uint64_t paced_until_ms;
 } tcp_comm_t;
 
 static const char *kind_name(uint32_t kind) {
@@ -123,11 +158,12 @@ static const char *kind_name(uint32_t kind) {
 #define break_comm(t, err, status, ...)                                                            \
   embps__comm_break(&(t)->base, err, status, __FILE__, __LINE__, __VA_ARGS__)
 
-/* Sends what remains of peer r's frame; 1 when done, 0 when the socket is full, -1 on error
- * (errno set; EPIPE or ECONNRESET when the peer went away). */
-static int pump_send(tcp_comm_t *t, uint32_t r, size_t bytes) {
+/* Sends what remains of peer r's frame up to limit (HEADER_BYTES: the header alone; HEADER_BYTES
+ * + bytes: all of it); 1 when done, 0 when the socket is full, -1 on error (errno set; EPIPE or
+ * ECONNRESET when the peer went away). */
+static int pump_send(tcp_comm_t *t, uint32_t r, size_t bytes, size_t limit) {
   peer_xfer_t *x = &t->xfers[r];
-  size_t total = HEADER_BYTES + bytes;
+  size_t total = limit;
   while (x->sent < total) {
     struct iovec iov[2];
     int n = 0;
@@ -135,9 +171,9 @@ static int pump_send(tcp_comm_t *t, uint32_t r, size_t bytes) {
       iov[n].iov_base = x->header_out + x->sent;
       iov[n].iov_len = HEADER_BYTES - x->sent;
       n++;
-      if (bytes > 0) {
+      if (total > HEADER_BYTES) {
         iov[n].iov_base = (void *)x->send;
-        iov[n].iov_len = bytes;
+        iov[n].iov_len = total - HEADER_BYTES;
         n++;
       }
     } else {
@@ -263,8 +299,91 @@ static embps_status_t peer_gone(tcp_comm_t *t, uint32_t r, uint32_t kind, int er
                     kind_name(kind), strerror(error));
 }
 
+uint32_t embps__comm_tcp_send_peer(uint32_t rank, uint32_t size, uint32_t step) {
+  return (uint32_t)(((uint64_t)rank + step) % size);
+}
+
+uint32_t embps__comm_tcp_recv_peer(uint32_t rank, uint32_t size, uint32_t step) {
+  return (uint32_t)(((uint64_t)rank + size - step % size) % size);
+}
+
+uint32_t embps__comm_tcp_window(uint32_t size, size_t bytes) {
+  if (size < 2)
+    return 0;
+  size_t w = bytes ? PACE_BYTES / bytes : size - 1;
+  if (w < 1)
+    w = 1;
+  return w > size - 1 ? size - 1 : (uint32_t)w;
+}
+
+static const embps_comm_ops_t tcp_ops;
+
+/* Whether this exchange's large frames are paced. AUTO paces them while packets to the peers are
+ * being lost: when the peers' sockets have retransmitted at least 1% of the segments they sent
+ * since the last look (TCP_INFO's tcpi_total_retrans and tcpi_segs_out, looked at most every
+ * PACE_LOOK_MS, and only by exchanges that pacing would change), for the next PACE_HOLD_MS. Pacing
+ * costs a one-way delay, queueing included, per step (design.md), so it is used only where the
+ * frames converging on a link overflow its queue, which is what the retransmissions say; on links
+ * with room it would only slow the exchange (at 200 Mbit/s with tbf's 1.25 MB queues, pacing every
+ * large frame made 4-rank lookups 1.18 and pushes 1.27 times the bound, against 1.03 and 1.05
+ * unpaced, and no packet was dropped either way). A socket without TCP_INFO (a TLS relay's
+ * socketpair) adds nothing, so peers reached through the TLS relay are never paced by AUTO. */
+static bool pace_now(tcp_comm_t *t) {
+  if (t->pacing != EMBPS__COMM_TCP_PACE_AUTO)
+    return t->pacing == EMBPS__COMM_TCP_PACE_ALWAYS;
+  uint64_t now = embps_now_ms();
+  if (now >= t->next_look_ms) {
+    t->next_look_ms = now + PACE_LOOK_MS;
+    uint64_t retrans = 0, segs = 0;
+    for (uint32_t r = 0; r < t->base.size; r++) {
+      struct tcp_info ti;
+      socklen_t len = sizeof ti;
+      if (r != t->base.rank && getsockopt(t->fds[r], IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+          len >= offsetof(struct tcp_info, tcpi_segs_out) + sizeof ti.tcpi_segs_out) {
+        retrans += ti.tcpi_total_retrans;
+        segs += ti.tcpi_segs_out;
+      }
+    }
+    /* Lost: at least 1% of the segments sent since the last look were sent again, and more
+     * than one (tail loss probes retransmit a segment now and then on links that lose
+     * nothing: at 200 Mbit/s about 1 in 30,000; at 20 Mbit/s with drops, 4-7%). */
+    uint64_t dr = retrans - t->retrans_seen, ds = segs - t->segs_seen;
+    if (t->retrans_known && retrans >= t->retrans_seen && segs >= t->segs_seen && dr >= 2 &&
+        dr * 100 >= ds)
+      t->paced_until_ms = now + PACE_HOLD_MS;
+    t->retrans_seen = retrans;
+    t->segs_seen = segs;
+    t->retrans_known = true;
+  }
+  return now < t->paced_until_ms;
+}
+
+void embps__comm_tcp_set_pacing(embps_comm_t *c, embps__comm_tcp_pace_t mode) {
+  if (c && c->ops == &tcp_ops)
+    ((tcp_comm_t *)c)->pacing = mode;
+}
+
+/* How much of peer r's frame may be sent now: all of it when its step is inside the window
+ * (steps below lo are received, lo .. lo+window-1 may move), else the header alone. */
+static size_t send_limit(const tcp_comm_t *t, uint32_t r, uint32_t lo, uint32_t window,
+                         size_t bytes) {
+  uint32_t step = (r + t->base.size - t->base.rank) % t->base.size;
+  return step < lo + window ? HEADER_BYTES + bytes : HEADER_BYTES;
+}
+
 /* One exchange: to every peer r, a frame of `bytes` from send_base + r*send_stride; from every
- * peer r, a frame of `bytes` into recv_base + r*recv_stride. */
+ * peer r, a frame of `bytes` into recv_base + r*recv_stride.
+ *
+ * The payloads move in the pairwise schedule (embps__comm_tcp_send_peer): in step s this rank
+ * sends to rank+s and receives from rank-s, and a step's payload is sent only while fewer than
+ * `window` steps are open, counting from the lowest step whose frame has not fully arrived. Every
+ * rank's peers then take turns on its inbound link instead of all sending into it at once (a
+ * shaped or switched link's queue overflows and drops under such incast; issue 34). The headers
+ * of all frames go out at once, so every peer learns this call's kind and size before any
+ * payload, and every socket is read whenever data is there, whatever its step: a sender's
+ * progress never waits on a receiver's window, so the schedule cannot deadlock (the frame of
+ * step s depends only on receives of steps below s). Frames small enough that all of them fit
+ * in the window's bytes (embps__comm_tcp_window) move at once, as before. */
 static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send_base,
                                size_t send_stride, uint8_t *recv_base, size_t recv_stride,
                                size_t bytes, embps_error_t *err) {
@@ -284,23 +403,36 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
     x->may = POLLIN | POLLOUT;
   }
   size_t total = HEADER_BYTES + bytes;
+  uint32_t window = size - 1;
+  if (embps__comm_tcp_window(size, bytes) < size - 1 && pace_now(t))
+    window = embps__comm_tcp_window(size, bytes);
+  uint32_t lo = 1; /* the lowest step whose frame has not fully arrived */
+  bool paced = window < size - 1;
   uint64_t deadline = t->timeout_ms ? embps_now_ms() + t->timeout_ms : 0;
   for (;;) {
     /* Move what the sockets take without waiting, then wait for the ones that are stuck. All
-     * sends go first, so every peer has this call's header (socket space permitting) before
-     * this rank can fail on what it reads. */
-    for (uint32_t r = 0; r < size; r++) {
-      if (r == me || t->xfers[r].sent >= total || !(t->xfers[r].may & POLLOUT))
+     * sends go first, paced ones in step order, so every peer has this call's header (socket space
+     * permitting) before this rank can fail on what it reads. */
+    for (uint32_t s = 1; s < size; s++) {
+      /* Unpaced, in rank order, so that an exchange nothing paces (loopback, fast links) is the
+       * loop it was before the schedule; its CPU per lookup was measured against that one. */
+      uint32_t r = paced ? embps__comm_tcp_send_peer(me, size, s) : s - (s <= me);
+      peer_xfer_t *x = &t->xfers[r];
+      size_t limit = !paced || s < lo + window ? total : HEADER_BYTES;
+      if (x->sent >= limit || !(x->may & POLLOUT))
         continue;
-      if (pump_send(t, r, bytes) < 0) {
+      int rc = pump_send(t, r, bytes, limit);
+      if (rc < 0) {
         int e = errno;
         if (e == EPIPE || e == ECONNRESET || e == ENOTCONN || e == ETIMEDOUT)
           return peer_gone(t, r, kind, e, err);
         return break_comm(t, err, EMBPS_UNAVAILABLE, "sending to rank %u during %s: %s", r,
                           kind_name(kind), strerror(e));
       }
+      if (rc == 0)
+        x->may &= (short)~POLLOUT; /* full: only poll says when it has room again */
     }
-    nfds_t n = 0;
+    nfds_t n = 0, pending = 0; /* pollfd entries; those still moving bytes */
     uint32_t gone_rank = UINT32_MAX;
     int gone_errno = 0;
     for (uint32_t r = 0; r < size; r++) {
@@ -318,8 +450,15 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
           gone_errno = rc == RECV_EOF ? 0 : errno;
           continue;
         }
+        if (rc == RECV_MORE)
+          x->may &= (short)~POLLIN; /* drained: only poll says when more has come */
       }
-      short events = (short)((x->sent < total ? POLLOUT : 0) | (x->received < total ? POLLIN : 0));
+      short events = (short)((x->sent < send_limit(t, r, lo, window, bytes) ? POLLOUT : 0) |
+                             (x->received < total ? POLLIN : 0));
+      if (events)
+        pending++;
+      else if (paced)
+        events = POLLRDHUP; /* done with this peer: only its death matters (below) */
       if (events) {
         t->pfds[n].fd = t->fds[r];
         t->pfds[n].events = events;
@@ -342,20 +481,30 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
       return break_comm(t, err, EMBPS_UNAVAILABLE, "receiving from rank %u during %s: %s",
                         gone_rank, kind_name(kind), strerror(e));
     }
-    if (n == 0)
+    /* The window moves past the steps whose frames have arrived; the sends it opens are tried
+     * at once, before waiting. */
+    uint32_t old_lo = lo;
+    while (lo < size && t->xfers[embps__comm_tcp_recv_peer(me, size, lo)].received >= total)
+      lo++;
+    if (lo != old_lo && old_lo + window < size) {
+      for (uint32_t s = old_lo + window; s < lo + window && s < size; s++)
+        t->xfers[embps__comm_tcp_send_peer(me, size, s)].may |= POLLOUT;
+      continue;
+    }
+    if (pending == 0)
       return EMBPS_OK;
     int wait_ms = -1;
     if (deadline) {
       uint64_t now = embps_now_ms();
       if (now >= deadline) {
         /* Name the lowest rank still owing us data, else the lowest not taking ours. */
-        uint32_t who = t->pfd_rank[0];
-        for (nfds_t i = 0; i < n; i++) {
-          if (t->pfds[i].events & POLLIN) {
+        uint32_t who = UINT32_MAX;
+        for (nfds_t i = 0; i < n && who == UINT32_MAX; i++)
+          if (t->pfds[i].events & POLLIN)
             who = t->pfd_rank[i];
-            break;
-          }
-        }
+        for (nfds_t i = 0; i < n && who == UINT32_MAX; i++)
+          if (t->pfds[i].events & POLLOUT)
+            who = t->pfd_rank[i];
         return break_comm(t, err, EMBPS_UNAVAILABLE,
                           "%s timed out after %llu ms waiting for rank %u", kind_name(kind),
                           (unsigned long long)t->timeout_ms, who);
@@ -372,9 +521,22 @@ static embps_status_t exchange(tcp_comm_t *t, uint32_t kind, const uint8_t *send
      * as both, so that the next read or write reports it. */
     for (nfds_t i = 0; i < n; i++) {
       short ev = pr > 0 ? t->pfds[i].revents : 0;
+      if (t->pfds[i].events == POLLRDHUP) {
+        /* A peer this rank is done with went away. In a paced exchange the frame still owed
+         * by another peer may wait on the one that died (that peer's own step from it), and
+         * that peer, failing, sends nothing more: wait no longer. */
+        if (ev & (POLLRDHUP | POLLERR | POLLHUP | POLLNVAL)) {
+          int e = 0;
+          socklen_t len = sizeof e;
+          (void)getsockopt(t->pfds[i].fd, SOL_SOCKET, SO_ERROR, &e, &len);
+          return peer_gone(t, t->pfd_rank[i], kind, e, err);
+        }
+        continue;
+      }
       if (ev & (POLLERR | POLLHUP | POLLNVAL))
         ev |= POLLIN | POLLOUT;
-      t->xfers[t->pfd_rank[i]].may = (short)(ev & (POLLIN | POLLOUT));
+      peer_xfer_t *x = &t->xfers[t->pfd_rank[i]];
+      x->may = (short)((x->may & ~(POLLIN | POLLOUT)) | (ev & (POLLIN | POLLOUT)));
     }
   }
 }

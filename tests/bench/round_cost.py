@@ -17,6 +17,7 @@ rank's utime+stime (/proc/PID/stat) before and after, and the leader's rounds an
 --fanout 0,sqrt compares the leader's direct star (--control-fanout 0) with control relays in
 groups of ceil(sqrt(N)) (a number: that --control-fanout; auto: the server's default), each
 interleaved with the others and with every binary.
+--batch and --pipeline change the lookups' shape (larger frames between the ranks).
 
 Medians over --repeat passes. Example:
   tests/bench/round_cost.py --server-bin /tmp/before/embps-server \
@@ -64,7 +65,7 @@ def fanout_flags(fanout, n):
     return ["--control-fanout", fanout]
 
 
-def one_run(binary, n, duration, cli, fanout=None):
+def one_run(binary, n, duration, cli, fanout=None, batch="64", pipeline="8"):
     port = free_ephemeral_port()
     for wait in (0, 20, 40, 60, 0):
         try:
@@ -85,11 +86,11 @@ def one_run(binary, n, duration, cli, fanout=None):
             return r.stdout
         run_cli("create-table", "t", "--rows", "100000", "--emb-width", str(32 * n))
         # Warm up outside the measured window (connections, first rounds).
-        run_cli("bench", "t", "--batch", "64", "--pipeline", "8", "--duration", "0.5",
+        run_cli("bench", "t", "--batch", batch, "--pipeline", pipeline, "--duration", "0.5",
                 "--warmup", "0")
         c0 = [cpu_s(p.pid) for p in group.procs]
         r0, b0 = scrape(port, "embps_rounds_total"), scrape(port, "embps_round_batches_total")
-        out = json.loads(run_cli("bench", "t", "--batch", "64", "--pipeline", "8", "--duration",
+        out = json.loads(run_cli("bench", "t", "--batch", batch, "--pipeline", pipeline, "--duration",
                                  str(duration), "--warmup", "0", "--json", timeout=duration + 120))
         c1 = [cpu_s(p.pid) for p in group.procs]
         rounds = scrape(port, "embps_rounds_total") - r0
@@ -115,6 +116,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--fanout", default=None,
                     help="comma-separated --control-fanout values to compare (sqrt: ceil(sqrt(N)))")
+    ap.add_argument("--batch", default="64", help="tokens a lookup (bench --batch)")
+    ap.add_argument("--pipeline", default="8", help="lookups in flight (bench --pipeline)")
     a = ap.parse_args()
     bins = a.server_bin or [os.environ.get("EMBPS_SERVER_BIN",
                                            os.path.join(HERE, "..", "..", "build", "bin",
@@ -126,7 +129,8 @@ def main():
         for _ in range(a.repeat):
             for b in bins:
                 for f in fanouts:
-                    res.setdefault((n, b, f), []).append(one_run(b, n, a.duration, a.cli_bin, f))
+                    res.setdefault((n, b, f), []).append(one_run(b, n, a.duration, a.cli_bin, f,
+                                                                       a.batch, a.pipeline))
     print("%-4s %-32s %-7s %10s %12s %12s %10s %9s %9s" % (
         "N", "server", "fanout", "leader ms", "follower ms", "busiest ms", "lookups/s",
         "rounds/s", "b/round"))

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -117,6 +118,9 @@ static void make_mesh(uint32_t n, int fds[MAX_RANKS][MAX_RANKS]) {
   close(l);
 }
 
+/* The mesh of the group run_group is running (the communicators own the sockets). */
+static int g_mesh[MAX_RANKS][MAX_RANKS];
+
 static void *rank_main(void *arg) {
   rank_ctx_t *ctx = arg;
   ctx->body(ctx);
@@ -128,6 +132,7 @@ static void run_group(uint32_t n, uint64_t timeout_ms, body_fn body, void *share
                       rank_ctx_t ctx[MAX_RANKS]) {
   int fds[MAX_RANKS][MAX_RANKS];
   make_mesh(n, fds);
+  memcpy(g_mesh, fds, sizeof fds);
   memset(ctx, 0, sizeof(rank_ctx_t) * MAX_RANKS);
   for (uint32_t r = 0; r < n; r++) {
     ctx[r].rank = r;
@@ -760,9 +765,181 @@ static void test_bad_call_arguments(void **state) {
   embps_comm_free(c);
 }
 
+/* ---- the pairwise schedule ---- */
+
+/* In every step each rank receives from exactly one peer, which sends to it in that same step;
+ * over the size-1 steps every ordered pair of ranks meets exactly once; the window is between 1
+ * and size-1 steps, all of them for header-only frames, one for frames that are large. */
+static void test_schedule(void **state) {
+  (void)state;
+  static uint8_t met[70][70];
+  for (uint32_t n = 1; n <= 70; n++) {
+    memset(met, 0, sizeof met);
+    for (uint32_t s = 1; s < n; s++) {
+      uint32_t senders[70] = {0};
+      for (uint32_t r = 0; r < n; r++) {
+        uint32_t to = embps__comm_tcp_send_peer(r, n, s), from = embps__comm_tcp_recv_peer(r, n, s);
+        if (to >= n || from >= n || to == r || from == r)
+          fail_msg("%u ranks, step %u: rank %u sends to %u, receives from %u", n, s, r, to, from);
+        if (embps__comm_tcp_recv_peer(to, n, s) != r)
+          fail_msg("%u ranks, step %u: rank %u sends to %u, which receives from %u", n, s, r, to,
+                   embps__comm_tcp_recv_peer(to, n, s));
+        senders[to]++;
+        if (met[r][to]++)
+          fail_msg("%u ranks: rank %u sends to %u twice (again in step %u)", n, r, to, s);
+      }
+      for (uint32_t q = 0; q < n; q++)
+        if (senders[q] != 1)
+          fail_msg("%u ranks, step %u: %u peers send to rank %u at once", n, s, senders[q], q);
+    }
+    for (uint32_t r = 0; r < n; r++)
+      for (uint32_t q = 0; q < n; q++)
+        if (r != q && met[r][q] != 1)
+          fail_msg("%u ranks: rank %u sends to %u %u times", n, r, q, met[r][q]);
+    if (n == 1) {
+      assert_int_equal(embps__comm_tcp_window(1, 100), 0);
+      continue;
+    }
+    assert_int_equal(embps__comm_tcp_window(n, 0), n - 1);
+    assert_int_equal(embps__comm_tcp_window(n, 1), n - 1);
+    assert_int_equal(embps__comm_tcp_window(n, 1u << 20), 1);
+    uint32_t last = n - 1;
+    for (size_t b = 1; b <= (4u << 20); b = b * 3 / 2 + 1) {
+      uint32_t w = embps__comm_tcp_window(n, b);
+      assert_true(w >= 1 && w <= n - 1 && w <= last); /* fewer steps at once as frames grow */
+      last = w;
+    }
+  }
+}
+
+/* A large exchange is paced: a rank does not send a later step's payload before its earlier
+ * steps' frames have arrived. On 3 ranks with rank 2 late, rank 0's step 1 (send to 1, receive
+ * from 2) cannot finish, so rank 2 gets only rank 0's header (step 2's payload waits), while
+ * rank 1's step 1 payload to rank 2 flows. Then rank 2 calls and every block arrives intact. */
+#define PACED_BYTES (1u << 20)
+
+static void body_paced(rank_ctx_t *ctx) {
+  uint32_t me = ctx->rank, n = ctx->size;
+  embps__comm_tcp_set_pacing(ctx->comm, *(const embps__comm_tcp_pace_t *)ctx->shared);
+  if (me == 2) {
+    usleep(300 * 1000);
+    int queued0 = -1, queued1 = -1;
+    CHECK(ctx, ioctl(g_mesh[2][0], FIONREAD, &queued0) == 0);
+    CHECK(ctx, ioctl(g_mesh[2][1], FIONREAD, &queued1) == 0);
+    ctx->elapsed_ms = (uint64_t)queued0; /* bytes rank 0 had sent to rank 2 */
+    ctx->mb_per_s = queued1;             /* bytes rank 1 had sent to rank 2 */
+  }
+  check_all_to_all(ctx, 77, PACED_BYTES);
+  (void)n;
+}
+
+static void test_paced(void **state) {
+  (void)state;
+  rank_ctx_t ctx[MAX_RANKS];
+  assert_int_equal(embps__comm_tcp_window(3, PACED_BYTES), 1);
+  embps__comm_tcp_pace_t mode = EMBPS__COMM_TCP_PACE_ALWAYS;
+  run_group(3, TIMEOUT_MS, body_paced, &mode, ctx);
+  expect_all_passed(ctx, 3);
+  if (ctx[2].elapsed_ms != 24)
+    fail_msg("rank 0 had sent %llu bytes to the late rank 2: its step 2 payload went before its "
+             "step 1 frame arrived (want the 24-byte header alone)",
+             (unsigned long long)ctx[2].elapsed_ms);
+  if (ctx[2].mb_per_s <= 24)
+    fail_msg("rank 1 had sent only %.0f bytes to rank 2 in its step 1", ctx[2].mb_per_s);
+  /* AUTO paces only after packets were lost, which loopback does not do: all frames go at once. */
+  mode = EMBPS__COMM_TCP_PACE_AUTO;
+  run_group(3, TIMEOUT_MS, body_paced, &mode, ctx);
+  expect_all_passed(ctx, 3);
+  if (ctx[2].elapsed_ms <= 24)
+    fail_msg("AUTO paced on loopback: rank 0 had sent rank 2 its header alone");
+}
+
+/* The collectives' results through paced exchanges, bitwise, at every size (the tests above run
+ * AUTO, which on loopback never paces). */
+static void body_all_paced(rank_ctx_t *ctx) {
+  embps__comm_tcp_set_pacing(ctx->comm, EMBPS__COMM_TCP_PACE_ALWAYS);
+  body_all_gather(ctx);
+  body_all_to_all(ctx);
+  body_all_reduce(ctx);
+}
+
+static void test_all_paced(void **state) {
+  (void)state;
+  static reduce_shared_t sh;
+  run_all_sizes(body_all_paced, &sh);
+}
+
+/* A peer that dies in a paced exchange fails every rank at once, also a rank that already has
+ * the dead peer's frame and waits for another peer's, which waits on the dead one. On 4 ranks
+ * with rank 3 a raw peer: it sends its frame to rank 0 (its step 1) and shuts its sockets. Rank 1
+ * never gets rank 3's frame (its step 2), so never sends its step-3 frame to rank 0, and rank 0,
+ * holding all it wanted from rank 3, must notice rank 3 went away instead of waiting for rank 1
+ * until its deadline. */
+static void body_chain(rank_ctx_t *ctx) {
+  size_t bytes = PACED_BYTES;
+  uint8_t *send = calloc(4, bytes), *recv = calloc(4, bytes);
+  CHECK(ctx, send && recv);
+  uint64_t t0 = now_ms();
+  ctx->status = embps_comm_all_to_all(ctx->comm, send, bytes, recv, &ctx->err);
+  ctx->elapsed_ms = now_ms() - t0;
+  free(send);
+  free(recv);
+}
+
+static void test_paced_peer_dies(void **state) {
+  (void)state;
+  int fds[MAX_RANKS][MAX_RANKS];
+  make_mesh(4, fds);
+  rank_ctx_t ctx[3];
+  memset(ctx, 0, sizeof ctx);
+  for (uint32_t r = 0; r < 3; r++) {
+    ctx[r].rank = r;
+    ctx[r].size = 4;
+    ctx[r].body = body_chain;
+    assert_int_equal(embps_comm_tcp_new(&ctx[r].comm, r, 4, fds[r], FAIL_TIMEOUT_MS), EMBPS_OK);
+    embps__comm_tcp_set_pacing(ctx[r].comm, EMBPS__COMM_TCP_PACE_ALWAYS);
+  }
+  pthread_t th[3];
+  for (uint32_t r = 0; r < 3; r++)
+    assert_int_equal(pthread_create(&th[r], NULL, rank_main, &ctx[r]), 0);
+  /* Rank 3: its frame to rank 0 (call 1, all_to_all), then a clean close of its sending side. */
+  uint8_t *frame = calloc(1, 24 + PACED_BYTES);
+  assert_non_null(frame);
+  put_le(frame, 0x43535045u, 4);
+  put_le(frame + 4, 2 /* all_to_all */, 4);
+  put_le(frame + 8, 1, 8);
+  put_le(frame + 16, PACED_BYTES, 8);
+  for (size_t off = 0; off < 24 + PACED_BYTES;) {
+    ssize_t k = write(fds[3][0], frame + off, 24 + PACED_BYTES - off);
+    assert_true(k > 0);
+    off += (size_t)k;
+  }
+  free(frame);
+  for (uint32_t r = 0; r < 3; r++)
+    assert_int_equal(shutdown(fds[3][r], SHUT_WR), 0);
+  for (uint32_t r = 0; r < 3; r++)
+    pthread_join(th[r], NULL);
+  for (uint32_t r = 0; r < 3; r++) {
+    if (ctx[r].failed_line)
+      fail_msg("rank %u failed at line %d: %s", r, ctx[r].failed_line, ctx[r].failed_what);
+    assert_int_equal(ctx[r].status, EMBPS_UNAVAILABLE);
+    if (!strstr(ctx[r].err.message, "rank 3 closed its connection during all_to_all"))
+      fail_msg("rank %u: \"%s\" does not name rank 3", r, ctx[r].err.message);
+    if (ctx[r].elapsed_ms >= FAIL_TIMEOUT_MS / 2)
+      fail_msg("rank %u waited %llu ms (its deadline is %d ms)", r,
+               (unsigned long long)ctx[r].elapsed_ms, FAIL_TIMEOUT_MS);
+    embps_comm_free(ctx[r].comm);
+  }
+  for (uint32_t r = 0; r < 3; r++)
+    close(fds[3][r]);
+}
+
 int main(void) {
   alarm(600); /* a hang is a failure, not a stuck CI job */
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_schedule),
+      cmocka_unit_test(test_paced),
+      cmocka_unit_test(test_all_paced),
       cmocka_unit_test(test_all_gather),
       cmocka_unit_test(test_all_to_all),
       cmocka_unit_test(test_all_reduce),
@@ -774,6 +951,7 @@ int main(void) {
       cmocka_unit_test(test_peer_closes),
       cmocka_unit_test(test_mismatch),
       cmocka_unit_test(test_timeout),
+      cmocka_unit_test(test_paced_peer_dies),
       cmocka_unit_test(test_out_of_step_and_garbage),
       cmocka_unit_test(test_new_rejects_and_closes),
       cmocka_unit_test(test_bad_call_arguments),
