@@ -10,9 +10,9 @@
  *
  * Unlike a Lookup, whose token and gradient segments are sent straight from the caller's arrays
  * (batch.c), a feature shard holds many bulk fields (ids, lengths, weights, gradients per
- * feature), so each rank's request is packed by protobuf-c into a buffer of its own: one copy of
- * the batch, the price of one call per rank. The buffer is packed again in place for a retry
- * (only the attempt number changes; its room is reserved at the first packing). Replies are
+ * feature), so each rank's request is laid out by feat_wire.c: its small fields written to a
+ * buffer of its own, its bulk fields sent as segments from the caller's arrays (no copy of the
+ * batch), and laid out again for a retry (only the attempt number changes). Replies are
  * gathered and unpacked by protobuf-c, and each feature's rows copied to the caller's buffer at
  * its shard's offset: a pooled reply is small (B rows of emb_width per feature, however long
  * the bags).
@@ -29,10 +29,6 @@
 #include "common/dtype.h"
 #include "common/shape.h"
 #include "embps/v1/embps.pb-c.h"
-
-/* Room reserved beyond the first attempt's packed size: the attempt field (key and a varint of
- * at most 5 bytes) that later attempts add. */
-#define ATTEMPT_ROOM 8
 
 struct embps__feat_req {
   int is_push;
@@ -52,8 +48,7 @@ struct embps__feat_req {
   uint64_t digest;
   Embps__V1__FeatureShard *shards; /* n, refilled for each rank */
   Embps__V1__FeatureShard **shard_ptrs;
-  uint8_t **req; /* per rank: the packed request, gRPC prefix included */
-  size_t *req_cap;
+  embps__feat_wire_t *wire; /* per rank: the request's bytes (feat_wire.c) */
   embps_feature_step_t *steps;
   size_t *num_steps;
 };
@@ -67,8 +62,8 @@ void embps__feat_req_free(embps__feat_req_t *r) {
     if (r->grads)
       embps_free(r->grads[k]);
   }
-  for (uint32_t i = 0; r->req && i < r->group_size; i++)
-    embps_free(r->req[i]);
+  for (uint32_t i = 0; r->wire && i < r->group_size; i++)
+    embps__feat_wire_free(&r->wire[i]);
   embps_free(r->row_bytes);
   embps_free(r->id_at);
   embps_free(r->lengths);
@@ -76,8 +71,7 @@ void embps__feat_req_free(embps__feat_req_t *r) {
   embps_free((void *)r->tables);
   embps_free(r->shards);
   embps_free(r->shard_ptrs);
-  embps_free(r->req);
-  embps_free(r->req_cap);
+  embps_free(r->wire);
   embps_free(r);
 }
 
@@ -182,9 +176,7 @@ static embps_status_t plan(embps_client_t *c, const char *what, embps__feat_req_
       !(r->tables = embps_calloc(r->n, sizeof(*r->tables))) ||
       !(r->shards = embps_calloc(r->n, sizeof(*r->shards))) ||
       !(r->shard_ptrs = embps_calloc(r->n, sizeof(*r->shard_ptrs))) ||
-      !(r->req = embps_calloc(N, sizeof(*r->req))) ||
-      !(r->req_cap = embps_calloc(N, sizeof(*r->req_cap))) ||
-      !(df = embps_calloc(r->n, sizeof(*df))))
+      !(r->wire = embps_calloc(N, sizeof(*r->wire))) || !(df = embps_calloc(r->n, sizeof(*df))))
     goto oom;
   for (size_t k = 0; k < r->n; k++) {
     const embps_feature_t *f = &r->f[k];
@@ -259,15 +251,16 @@ static void fill_shards(embps__feat_req_t *r, uint32_t rank) {
   }
 }
 
-/* Packs rank's request for call->attempt into r->req[rank] (allocated at the first attempt, with
- * room for the later ones' attempt field); *len its bytes, prefix included. */
-static embps_status_t pack(embps_call_t *call, uint32_t rank, size_t *len) {
+/* Lays out rank's request for call->attempt in r->wire[rank] (feat_wire.c: the small fields
+ * written, the bulk ones sent from the caller's arrays or the padded copies). */
+static embps_status_t pack(embps_call_t *call, uint32_t rank) {
   embps_client_t *c = call->client;
   embps__feat_req_t *r = call->feat;
   Embps__V1__LookupFeaturesRequest lr = EMBPS__V1__LOOKUP_FEATURES_REQUEST__INIT;
   Embps__V1__PushFeaturesRequest pr = EMBPS__V1__PUSH_FEATURES_REQUEST__INIT;
   ProtobufCMessage *m = r->is_push ? &pr.base : &lr.base;
-  size_t size;
+  embps_status_t st;
+  uint64_t size;
 
   fill_shards(r, rank);
   if (r->is_push) {
@@ -292,22 +285,16 @@ static embps_status_t pack(embps_call_t *call, uint32_t rank, size_t *len) {
     lr.digest = r->digest;
     lr.attempt = call->attempt;
   }
-  size = protobuf_c_message_get_packed_size(m);
-  if (size > UINT32_MAX)
+  st = embps__feat_encode(m, r->is_push ? &pr.n_features : &lr.n_features, r->shard_ptrs,
+                          &r->wire[rank], &size);
+  if (st == EMBPS_INVALID_ARGUMENT)
     return embps__client_fail(c, EMBPS_INVALID_ARGUMENT,
-                              "%s: rank %u's shard of the batch is %zu bytes, over gRPC's 4 GiB "
+                              "%s: rank %u's shard of the batch is %llu bytes, over gRPC's 4 GiB "
                               "message: split the batch",
-                              r->is_push ? "push_features" : "lookup_features", rank, size);
-  if (5 + size > r->req_cap[rank]) {
-    uint8_t *b = embps_realloc(r->req[rank], 5 + size + ATTEMPT_ROOM);
-    if (!b)
-      return embps__client_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
-    r->req[rank] = b;
-    r->req_cap[rank] = 5 + size + ATTEMPT_ROOM;
-  }
-  embps__grpc_prefix(r->req[rank], (uint32_t)size);
-  protobuf_c_message_pack(m, r->req[rank] + 5);
-  *len = 5 + size;
+                              r->is_push ? "push_features" : "lookup_features", rank,
+                              (unsigned long long)size - 5);
+  if (st != EMBPS_OK)
+    return embps__client_fail(c, st, "out of memory");
   return EMBPS_OK;
 }
 
@@ -318,12 +305,10 @@ static embps_status_t feat_send(embps_call_t *call) {
       call->feat->is_push ? EMBPS__PATH_PREFIX "PushFeatures" : EMBPS__PATH_PREFIX "LookupFeatures";
   for (uint32_t r = 0; r < c->group_size; r++) {
     embps__shard_t *sh = &call->shards[r];
-    embps__seg_t seg;
-    size_t len = 0;
-    if (pack(call, r, &len) != EMBPS_OK)
+    const embps__feat_wire_t *w = &call->feat->wire[r];
+    if (pack(call, r) != EMBPS_OK)
       return embps__call_attempt_failed(call, &c->last);
-    seg = (embps__seg_t){call->feat->req[r], len};
-    if (embps__shard_submit(call, sh, path, &seg, 1) != EMBPS_OK)
+    if (embps__shard_submit(call, sh, path, w->segs, w->nsegs) != EMBPS_OK)
       return embps__call_attempt_failed(call, &c->last);
   }
   embps__call_kick(call);
