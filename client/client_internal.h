@@ -197,6 +197,26 @@ embps_status_t embps__feat_encode(ProtobufCMessage *m, size_t *n_features,
 /** Frees w's buffers and zeroes it. NULL is a no-op. */
 void embps__feat_wire_free(embps__feat_wire_t *w);
 
+/** One FeatureRows of a LookupFeaturesResponse, read in place: name (name_len bytes, not
+ * NUL-terminated; "" when absent) and rows point into the reply. */
+typedef struct embps__feat_rows {
+  const char *name;
+  size_t name_len;
+  uint32_t emb_width;
+  int dtype;
+  const uint8_t *rows;
+  uint64_t rows_len;
+} embps__feat_rows_t;
+
+/**
+ * Reads the LookupFeaturesResponse p[0..n) where it lies, as protobuf-c would decode it but
+ * without copying the rows: its batch id and shard index (0 when absent), and its features in
+ * order, the first cap of them into rows; *count receives how many it holds. Fields it does not
+ * know are skipped. Returns 1, or 0 when the bytes do not parse.
+ */
+int embps__feat_lookup_reply(const uint8_t *p, size_t n, uint64_t *batch_id, uint32_t *shard_index,
+                             embps__feat_rows_t *rows, size_t cap, size_t *count);
+
 /* ---- admin.c ---- */
 
 /** Learns the group size from every rank's ListTables and checks it against the addresses. */

@@ -198,3 +198,101 @@ void embps__feat_wire_free(embps__feat_wire_t *w) {
   embps_free(w->small_at);
   memset(w, 0, sizeof(*w));
 }
+
+/* ---- the LookupFeaturesResponse, read in place ---- */
+
+/* The field at p[*i..n): its key into *key and, for a varint, its value into *v; for a
+ * length-delimited field its bytes' place into *at and their count into *v. Skips fixed fields.
+ * 0 when it does not parse. */
+static int field_at(const uint8_t *p, size_t n, size_t *i, uint64_t *key, uint64_t *v, size_t *at) {
+  size_t k = embps_varint_get(p + *i, n - *i, key);
+  if (!k)
+    return 0;
+  *i += k;
+  switch (*key & 7) {
+  case EMBPS_WIRE_VARINT:
+    k = embps_varint_get(p + *i, n - *i, v);
+    break;
+  case EMBPS_WIRE_I64:
+    k = n - *i >= 8 ? 8 : 0;
+    break;
+  case 5: /* fixed32 */
+    k = n - *i >= 4 ? 4 : 0;
+    break;
+  case EMBPS_WIRE_LEN:
+    if ((k = embps_varint_get(p + *i, n - *i, v)) == 0 || *v > n - *i - k)
+      return 0;
+    *at = *i + k;
+    k += (size_t)*v;
+    break;
+  default:
+    return 0;
+  }
+  *i += k;
+  return k != 0;
+}
+
+/* One FeatureRows at p[0..n). */
+static int feature_rows(const uint8_t *p, size_t n, embps__feat_rows_t *fr) {
+  memset(fr, 0, sizeof(*fr));
+  fr->name = "";
+  for (size_t i = 0; i < n;) {
+    uint64_t key, v = 0;
+    size_t at = 0;
+    if (!field_at(p, n, &i, &key, &v, &at))
+      return 0;
+    switch (key) {
+    case EMBPS_WIRE_KEY(FEATURE_ROWS_NAME):
+      fr->name = (const char *)p + at;
+      fr->name_len = (size_t)v;
+      break;
+    case EMBPS_WIRE_KEY(FEATURE_ROWS_EMB_WIDTH):
+      fr->emb_width = (uint32_t)v;
+      break;
+    case EMBPS_WIRE_KEY(FEATURE_ROWS_DTYPE):
+      fr->dtype = (int)(int32_t)v;
+      break;
+    case EMBPS_WIRE_KEY(FEATURE_ROWS_ROWS):
+      fr->rows = p + at;
+      fr->rows_len = v;
+      break;
+    default: /* another field, or one of these with another wire type: as protobuf-c would */
+      if ((key >> 3) >= EMBPS_WIRE_FEATURE_ROWS_NAME && (key >> 3) <= EMBPS_WIRE_FEATURE_ROWS_ROWS)
+        return 0;
+      break;
+    }
+  }
+  return 1;
+}
+
+int embps__feat_lookup_reply(const uint8_t *p, size_t n, uint64_t *batch_id, uint32_t *shard_index,
+                             embps__feat_rows_t *rows, size_t cap, size_t *count) {
+  *batch_id = 0;
+  *shard_index = 0;
+  *count = 0;
+  for (size_t i = 0; i < n;) {
+    uint64_t key, v = 0;
+    size_t at = 0;
+    if (!field_at(p, n, &i, &key, &v, &at))
+      return 0;
+    switch (key) {
+    case EMBPS_WIRE_KEY(LOOKUP_FEATURES_RESPONSE_BATCH_ID):
+      *batch_id = v;
+      break;
+    case EMBPS_WIRE_KEY(LOOKUP_FEATURES_RESPONSE_SHARD_INDEX):
+      *shard_index = (uint32_t)v;
+      break;
+    case EMBPS_WIRE_KEY(LOOKUP_FEATURES_RESPONSE_FEATURES):
+      if (*count < cap && !feature_rows(p + at, (size_t)v, &rows[*count]))
+        return 0;
+      ++*count;
+      break;
+    default:
+      if ((key >> 3) >= EMBPS_WIRE_LOOKUP_FEATURES_RESPONSE_BATCH_ID &&
+          (key >> 3) <= EMBPS_WIRE_LOOKUP_FEATURES_RESPONSE_FEATURES)
+        return 0;
+      break;
+    }
+  }
+  return 1;
+}

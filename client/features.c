@@ -317,20 +317,21 @@ static embps_status_t feat_send(embps_call_t *call) {
 
 /* ---- replies ---- */
 
-/* Copies rank's LookupFeaturesResponse rows into the features' buffers. */
+/* Copies rank's LookupFeaturesResponse rows (read in place: feat_wire.c) into the features'
+ * buffers: the reply's only copy. */
 static embps_status_t lookup_join_rank(embps_call_t *call, uint32_t rank,
-                                       const Embps__V1__LookupFeaturesResponse *m) {
+                                       const embps__feat_rows_t *frs, size_t n_features) {
   embps_client_t *c = call->client;
   embps__feat_req_t *r = call->feat;
   const uint64_t S = r->shard_samples, first = rank * S;
-  if (m->n_features != r->n)
+  if (n_features != r->n)
     return embps__client_fail(c, EMBPS_INTERNAL,
                               "lookup_features reply from rank %u has %zu features, the request "
                               "had %zu",
-                              rank, m->n_features, r->n);
+                              rank, n_features, r->n);
   for (size_t k = 0; k < r->n; k++) {
     const embps_feature_t *f = &r->f[k];
-    const Embps__V1__FeatureRows *fr = m->features[k];
+    const embps__feat_rows_t *fr = &frs[k];
     const uint64_t *at = r->id_at + k * (r->group_size + 1);
     int dtype = pooled(f) ? EMBPS_DTYPE_F32 : (int)fr->dtype;
     uint64_t rb = (uint64_t)fr->emb_width * embps_dtype_size(dtype);
@@ -340,11 +341,12 @@ static embps_status_t lookup_join_rank(embps_call_t *call, uint32_t rank,
                                                              : S)
                               : rows;
     uint64_t to = pooled(f) ? first : at[rank];
-    if (strcmp(fr->name, f->name) != 0)
+    if (fr->name_len != strlen(f->name) || memcmp(fr->name, f->name, fr->name_len) != 0)
       return embps__client_fail(c, EMBPS_INTERNAL,
-                                "lookup_features reply from rank %u names feature '%s' where "
+                                "lookup_features reply from rank %u names feature '%.*s' where "
                                 "the request had '%s'",
-                                rank, fr->name, f->name);
+                                rank, (int)(fr->name_len < 200 ? fr->name_len : 200), fr->name,
+                                f->name);
     if (r->row_bytes[k] && rb != r->row_bytes[k])
       return embps__client_fail(
           c, EMBPS_INVALID_ARGUMENT,
@@ -353,34 +355,42 @@ static embps_status_t lookup_join_rank(embps_call_t *call, uint32_t rank,
           f->name, f->out_bytes, (unsigned long long)r->row_bytes[k], f->table, fr->emb_width,
           embps_dtype_name(dtype), (unsigned long long)rb, pooled(f) ? "batch_size" : "num_ids",
           pooled(f) ? "4 (pooled rows are f32)" : "the dtype size");
-    if (fr->rows.len != rows * rb)
+    if (fr->rows_len != rows * rb)
       return embps__client_fail(c, EMBPS_INTERNAL,
-                                "lookup_features reply from rank %u carries %zu bytes of feature "
+                                "lookup_features reply from rank %u carries %llu bytes of feature "
                                 "'%s', %llu rows of %llu bytes were due",
-                                rank, fr->rows.len, f->name, (unsigned long long)rows,
-                                (unsigned long long)rb);
+                                rank, (unsigned long long)fr->rows_len, f->name,
+                                (unsigned long long)rows, (unsigned long long)rb);
     if (real)
-      memcpy((uint8_t *)f->out + to * rb, fr->rows.data, real * rb);
+      memcpy((uint8_t *)f->out + to * rb, fr->rows, real * rb);
   }
   return EMBPS_OK;
 }
 
 static embps_status_t lookup_join(embps_call_t *call) {
   embps_client_t *c = call->client;
-  for (uint32_t i = 0; i < call->nshards; i++) {
-    embps_status_t st;
-    Embps__V1__LookupFeaturesResponse *m = (Embps__V1__LookupFeaturesResponse *)embps__reply_unpack(
-        c, &embps__v1__lookup_features_response__descriptor, call->shards[i].stream, i);
-    if (!m)
-      return c->last.status;
-    st = embps__reply_check(call, "lookup_features", i, m->batch_id, m->shard_index);
+  embps__feat_rows_t *frs = embps_calloc(call->feat->n, sizeof(*frs));
+  embps_status_t st = EMBPS_OK;
+  if (!frs)
+    return embps__client_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  for (uint32_t i = 0; i < call->nshards && st == EMBPS_OK; i++) {
+    const embps__stream_t *s = call->shards[i].stream;
+    uint64_t batch_id;
+    uint32_t shard_index;
+    size_t n;
+    if (!embps__feat_lookup_reply(s->buf, s->buf_len, &batch_id, &shard_index, frs, call->feat->n,
+                                  &n)) {
+      st = embps__client_fail(c, EMBPS_INTERNAL,
+                              "malformed LookupFeaturesResponse from rank %u (%s)", i,
+                              embps__conn_addr(s->conn)->authority);
+      break;
+    }
+    st = embps__reply_check(call, "lookup_features", i, batch_id, shard_index);
     if (st == EMBPS_OK)
-      st = lookup_join_rank(call, i, m);
-    embps__reply_free(&m->base);
-    if (st != EMBPS_OK)
-      return st;
+      st = lookup_join_rank(call, i, frs, n);
   }
-  return EMBPS_OK;
+  embps_free(frs);
+  return st;
 }
 
 /* Joins the ranks' PushFeaturesResponses into one result per table (applied and ordered on every

@@ -2,7 +2,9 @@
  * bytes protobuf_c_message_pack writes, for LookupFeaturesRequest and PushFeaturesRequest with
  * random scalars (zeros, which protobuf leaves out, and varints of every length), names, tables,
  * poolings and bulk fields (empty ones included); the bulk fields are sent from where they are,
- * not copied; a wire is reused from one encoding to the next. */
+ * not copied; a wire is reused from one encoding to the next. And a LookupFeaturesResponse read in
+ * place (embps__feat_lookup_reply) gives what protobuf-c decodes, on random replies and on those
+ * replies with bytes changed at random (accepted and rejected alike). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -135,9 +137,83 @@ static void test_random_requests(void **state) {
   embps__feat_wire_free(NULL);
 }
 
+/* embps__feat_lookup_reply against protobuf-c's decoding of the same bytes. */
+static void check_reply(const uint8_t *b, size_t n) {
+  embps__feat_rows_t rows[MAXF + 1];
+  uint64_t batch_id;
+  uint32_t shard_index;
+  size_t count;
+  Embps__V1__LookupFeaturesResponse *m = embps__v1__lookup_features_response__unpack(NULL, n, b);
+  int ok = embps__feat_lookup_reply(b, n, &batch_id, &shard_index, rows, MAXF + 1, &count);
+  assert_int_equal(ok, m != NULL);
+  if (!m)
+    return;
+  assert_int_equal(batch_id, m->batch_id);
+  assert_int_equal(shard_index, m->shard_index);
+  assert_int_equal(count, m->n_features);
+  for (size_t f = 0; f < count && f <= MAXF; f++) {
+    const Embps__V1__FeatureRows *fr = m->features[f];
+    assert_int_equal(rows[f].name_len, strlen(fr->name));
+    assert_memory_equal(rows[f].name, fr->name, rows[f].name_len);
+    assert_int_equal(rows[f].emb_width, fr->emb_width);
+    assert_int_equal(rows[f].dtype, (int)fr->dtype);
+    assert_int_equal(rows[f].rows_len, fr->rows.len);
+    if (fr->rows.len)
+      assert_memory_equal(rows[f].rows, fr->rows.data, fr->rows.len);
+  }
+  embps__v1__lookup_features_response__free_unpacked(m, NULL);
+}
+
+static void test_lookup_replies(void **state) {
+  (void)state;
+  static char names[MAXF][40];
+  Embps__V1__FeatureRows frs[MAXF], *ptrs[MAXF];
+  for (size_t i = 0; i < sizeof(pool); i++)
+    pool[i] = (uint8_t)next();
+  for (int iter = 0; iter < 300; iter++) {
+    Embps__V1__LookupFeaturesResponse m = EMBPS__V1__LOOKUP_FEATURES_RESPONSE__INIT;
+    const size_t nf = next() % (MAXF + 1);
+    size_t n;
+    uint8_t *b;
+    for (size_t f = 0; f < nf; f++) {
+      embps__v1__feature_rows__init(&frs[f]);
+      snprintf(names[f], sizeof(names[f]), "%.*s", (int)(next() % 30),
+               "feature_name_of_some_length_x");
+      frs[f].name = names[f];
+      frs[f].emb_width = (uint32_t)scalar();
+      frs[f].dtype = (Embps__V1__DType)(next() % 3);
+      frs[f].rows = bulk(next() % 8 ? 300 : 100000);
+      ptrs[f] = &frs[f];
+    }
+    m.batch_id = scalar();
+    m.shard_index = (uint32_t)scalar();
+    m.n_features = nf;
+    m.features = ptrs;
+    n = embps__v1__lookup_features_response__get_packed_size(&m);
+    b = malloc(n + 16);
+    assert_non_null(b);
+    embps__v1__lookup_features_response__pack(&m, b);
+    check_reply(b, n);
+    /* a field neither knows (number 15, varint), skipped by both */
+    b[n] = 15 << 3;
+    b[n + 1] = 7;
+    check_reply(b, n + 2);
+    for (int k = 0; k < 8 && n; k++) { /* a byte changed, or the reply cut short */
+      size_t at = next() % n;
+      uint8_t was = b[at];
+      b[at] = (uint8_t)next();
+      check_reply(b, n);
+      b[at] = was;
+      check_reply(b, next() % n);
+    }
+    free(b);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_random_requests),
+      cmocka_unit_test(test_lookup_replies),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
