@@ -100,18 +100,26 @@ float embps_row_stats_partial(double sumsq) {
 #define EMBPS_QUAD_BLOCKS 1
 __attribute__((target("avx2"))) static void quad_blocks_avx2(const unsigned char *restrict g,
                                                              double out[4]) {
-  __m256d lo[4], hi[4];
-  for (int q = 0; q < 4; q++)
-    lo[q] = hi[q] = _mm256_setzero_pd();
-  for (size_t j = 0; j < 32; j += EMBPS_LANES)
-    for (int q = 0; q < 4; q++) {
-      __m256 x;
-      memcpy(&x, g + ((size_t)q * 32 + j) * sizeof(float), sizeof(x));
-      __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
-      __m256d c = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
-      lo[q] = _mm256_add_pd(lo[q], _mm256_mul_pd(a, a));
-      hi[q] = _mm256_add_pd(hi[q], _mm256_mul_pd(c, c));
-    }
+  /* named, not an array indexed in a loop: gcc kept such an array on the stack */
+  __m256d lo0 = _mm256_setzero_pd(), lo1 = lo0, lo2 = lo0, lo3 = lo0;
+  __m256d hi0 = lo0, hi1 = lo0, hi2 = lo0, hi3 = lo0;
+#define EMBPS_QUAD_STEP(q, lo, hi)                                                                 \
+  do {                                                                                             \
+    __m256 x;                                                                                      \
+    memcpy(&x, g + ((size_t)(q)*32 + j) * sizeof(float), sizeof(x));                               \
+    __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(x));                                        \
+    __m256d c = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));                                      \
+    lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));                                                   \
+    hi = _mm256_add_pd(hi, _mm256_mul_pd(c, c));                                                   \
+  } while (0)
+  for (size_t j = 0; j < 32; j += EMBPS_LANES) {
+    EMBPS_QUAD_STEP(0, lo0, hi0);
+    EMBPS_QUAD_STEP(1, lo1, hi1);
+    EMBPS_QUAD_STEP(2, lo2, hi2);
+    EMBPS_QUAD_STEP(3, lo3, hi3);
+  }
+#undef EMBPS_QUAD_STEP
+  const __m256d lo[4] = {lo0, lo1, lo2, lo3}, hi[4] = {hi0, hi1, hi2, hi3};
   __m256d s = _mm256_setzero_pd();
   for (int h = 0; h < 2; h++) {
     const __m256d *v = h ? hi : lo;
