@@ -149,7 +149,11 @@ embps_status_t embps__shard_submit(embps_call_t *call, embps__shard_t *sh, const
   s->path = path;
   s->timeout_ms = call->attempt_timeout;
   s->authorization = c->authorization;
-  memcpy(s->segs, segs, (size_t)nsegs * sizeof(*segs));
+  if (nsegs > EMBPS__MAX_SEGS && !(s->segs_more = embps_malloc((size_t)nsegs * sizeof(*segs)))) {
+    embps_free(s);
+    return embps__client_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  }
+  memcpy(s->segs_more ? s->segs_more : s->segs, segs, (size_t)nsegs * sizeof(*segs));
   s->nsegs = nsegs;
   s->on_done = on_stream_done;
   s->user = sh;

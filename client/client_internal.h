@@ -167,6 +167,56 @@ embps_status_t embps__reply_check(embps_call_t *call, const char *what, uint32_t
 /** Frees a feature batch's request (the caller's arrays it borrows stay). NULL is a no-op. */
 void embps__feat_req_free(embps__feat_req_t *r);
 
+/* ---- feat_wire.c ---- */
+
+/** A feature request's bytes as segments: segs[0..nsegs) joined are the request, gRPC prefix
+ * first; a segment either lies in small (the bytes written here) or is a bulk field's bytes where
+ * the message's FeatureShard points. Zeroed to start; reused from one encoding to the next; freed
+ * with embps__feat_wire_free. */
+typedef struct embps__feat_wire {
+  uint8_t *small;
+  size_t small_len, small_cap;
+  embps__seg_t *segs;
+  uint64_t *small_at; /* per segment: its offset in small, or UINT64_MAX for a bulk one */
+  int nsegs, seg_cap;
+} embps__feat_wire_t;
+
+/**
+ * Lays out m (a LookupFeaturesRequest or PushFeaturesRequest whose repeated features are the
+ * *n_features shards at features) in w: the bytes protobuf_c_message_pack(m) writes, behind a gRPC
+ * prefix, without copying the shards' ids, lengths, weights and gradients (the segments point at
+ * them: they must stay until the request is sent). *total receives the bytes, prefix included.
+ * *n_features is changed while it runs and restored. INVALID_ARGUMENT when m packs to more than
+ * 4 GiB - 1 (*total says how much), RESOURCE_EXHAUSTED when out of memory; nothing is recorded
+ * as the client's error.
+ */
+embps_status_t embps__feat_encode(ProtobufCMessage *m, size_t *n_features,
+                                  Embps__V1__FeatureShard **features, embps__feat_wire_t *w,
+                                  uint64_t *total);
+
+/** Frees w's buffers and zeroes it. NULL is a no-op. */
+void embps__feat_wire_free(embps__feat_wire_t *w);
+
+/** One FeatureRows of a LookupFeaturesResponse, read in place: name (name_len bytes, not
+ * NUL-terminated; "" when absent) and rows point into the reply. */
+typedef struct embps__feat_rows {
+  const char *name;
+  size_t name_len;
+  uint32_t emb_width;
+  int dtype;
+  const uint8_t *rows;
+  uint64_t rows_len;
+} embps__feat_rows_t;
+
+/**
+ * Reads the LookupFeaturesResponse p[0..n) where it lies, as protobuf-c would decode it but
+ * without copying the rows: its batch id and shard index (0 when absent), and its features in
+ * order, the first cap of them into rows; *count receives how many it holds. Fields it does not
+ * know are skipped. Returns 1, or 0 when the bytes do not parse.
+ */
+int embps__feat_lookup_reply(const uint8_t *p, size_t n, uint64_t *batch_id, uint32_t *shard_index,
+                             embps__feat_rows_t *rows, size_t cap, size_t *count);
+
 /* ---- admin.c ---- */
 
 /** Learns the group size from every rank's ListTables and checks it against the addresses. */

@@ -39,6 +39,7 @@ struct embps__stream {
   int64_t timeout_ms;        /* grpc-timeout header; 0: none */
   const char *authorization; /* authorization header ("Bearer TOKEN"), borrowed; NULL: none */
   embps__seg_t segs[EMBPS__MAX_SEGS];
+  embps__seg_t *segs_more; /* NULL, or (over EMBPS__MAX_SEGS segments) all of them, owned */
   int nsegs;
   /* reply: body bytes go to sink (e.g. the LookupResponse parser) or, with sink NULL, are
    * gathered into buf for protobuf-c */

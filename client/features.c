@@ -10,9 +10,9 @@
  *
  * Unlike a Lookup, whose token and gradient segments are sent straight from the caller's arrays
  * (batch.c), a feature shard holds many bulk fields (ids, lengths, weights, gradients per
- * feature), so each rank's request is packed by protobuf-c into a buffer of its own: one copy of
- * the batch, the price of one call per rank. The buffer is packed again in place for a retry
- * (only the attempt number changes; its room is reserved at the first packing). Replies are
+ * feature), so each rank's request is laid out by feat_wire.c: its small fields written to a
+ * buffer of its own, its bulk fields sent as segments from the caller's arrays (no copy of the
+ * batch), and laid out again for a retry (only the attempt number changes). Replies are
  * gathered and unpacked by protobuf-c, and each feature's rows copied to the caller's buffer at
  * its shard's offset: a pooled reply is small (B rows of emb_width per feature, however long
  * the bags).
@@ -29,10 +29,6 @@
 #include "common/dtype.h"
 #include "common/shape.h"
 #include "embps/v1/embps.pb-c.h"
-
-/* Room reserved beyond the first attempt's packed size: the attempt field (key and a varint of
- * at most 5 bytes) that later attempts add. */
-#define ATTEMPT_ROOM 8
 
 struct embps__feat_req {
   int is_push;
@@ -52,8 +48,7 @@ struct embps__feat_req {
   uint64_t digest;
   Embps__V1__FeatureShard *shards; /* n, refilled for each rank */
   Embps__V1__FeatureShard **shard_ptrs;
-  uint8_t **req; /* per rank: the packed request, gRPC prefix included */
-  size_t *req_cap;
+  embps__feat_wire_t *wire; /* per rank: the request's bytes (feat_wire.c) */
   embps_feature_step_t *steps;
   size_t *num_steps;
 };
@@ -67,8 +62,8 @@ void embps__feat_req_free(embps__feat_req_t *r) {
     if (r->grads)
       embps_free(r->grads[k]);
   }
-  for (uint32_t i = 0; r->req && i < r->group_size; i++)
-    embps_free(r->req[i]);
+  for (uint32_t i = 0; r->wire && i < r->group_size; i++)
+    embps__feat_wire_free(&r->wire[i]);
   embps_free(r->row_bytes);
   embps_free(r->id_at);
   embps_free(r->lengths);
@@ -76,8 +71,7 @@ void embps__feat_req_free(embps__feat_req_t *r) {
   embps_free((void *)r->tables);
   embps_free(r->shards);
   embps_free(r->shard_ptrs);
-  embps_free(r->req);
-  embps_free(r->req_cap);
+  embps_free(r->wire);
   embps_free(r);
 }
 
@@ -182,9 +176,7 @@ static embps_status_t plan(embps_client_t *c, const char *what, embps__feat_req_
       !(r->tables = embps_calloc(r->n, sizeof(*r->tables))) ||
       !(r->shards = embps_calloc(r->n, sizeof(*r->shards))) ||
       !(r->shard_ptrs = embps_calloc(r->n, sizeof(*r->shard_ptrs))) ||
-      !(r->req = embps_calloc(N, sizeof(*r->req))) ||
-      !(r->req_cap = embps_calloc(N, sizeof(*r->req_cap))) ||
-      !(df = embps_calloc(r->n, sizeof(*df))))
+      !(r->wire = embps_calloc(N, sizeof(*r->wire))) || !(df = embps_calloc(r->n, sizeof(*df))))
     goto oom;
   for (size_t k = 0; k < r->n; k++) {
     const embps_feature_t *f = &r->f[k];
@@ -259,15 +251,16 @@ static void fill_shards(embps__feat_req_t *r, uint32_t rank) {
   }
 }
 
-/* Packs rank's request for call->attempt into r->req[rank] (allocated at the first attempt, with
- * room for the later ones' attempt field); *len its bytes, prefix included. */
-static embps_status_t pack(embps_call_t *call, uint32_t rank, size_t *len) {
+/* Lays out rank's request for call->attempt in r->wire[rank] (feat_wire.c: the small fields
+ * written, the bulk ones sent from the caller's arrays or the padded copies). */
+static embps_status_t pack(embps_call_t *call, uint32_t rank) {
   embps_client_t *c = call->client;
   embps__feat_req_t *r = call->feat;
   Embps__V1__LookupFeaturesRequest lr = EMBPS__V1__LOOKUP_FEATURES_REQUEST__INIT;
   Embps__V1__PushFeaturesRequest pr = EMBPS__V1__PUSH_FEATURES_REQUEST__INIT;
   ProtobufCMessage *m = r->is_push ? &pr.base : &lr.base;
-  size_t size;
+  embps_status_t st;
+  uint64_t size;
 
   fill_shards(r, rank);
   if (r->is_push) {
@@ -292,22 +285,16 @@ static embps_status_t pack(embps_call_t *call, uint32_t rank, size_t *len) {
     lr.digest = r->digest;
     lr.attempt = call->attempt;
   }
-  size = protobuf_c_message_get_packed_size(m);
-  if (size > UINT32_MAX)
+  st = embps__feat_encode(m, r->is_push ? &pr.n_features : &lr.n_features, r->shard_ptrs,
+                          &r->wire[rank], &size);
+  if (st == EMBPS_INVALID_ARGUMENT)
     return embps__client_fail(c, EMBPS_INVALID_ARGUMENT,
-                              "%s: rank %u's shard of the batch is %zu bytes, over gRPC's 4 GiB "
+                              "%s: rank %u's shard of the batch is %llu bytes, over gRPC's 4 GiB "
                               "message: split the batch",
-                              r->is_push ? "push_features" : "lookup_features", rank, size);
-  if (5 + size > r->req_cap[rank]) {
-    uint8_t *b = embps_realloc(r->req[rank], 5 + size + ATTEMPT_ROOM);
-    if (!b)
-      return embps__client_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
-    r->req[rank] = b;
-    r->req_cap[rank] = 5 + size + ATTEMPT_ROOM;
-  }
-  embps__grpc_prefix(r->req[rank], (uint32_t)size);
-  protobuf_c_message_pack(m, r->req[rank] + 5);
-  *len = 5 + size;
+                              r->is_push ? "push_features" : "lookup_features", rank,
+                              (unsigned long long)size - 5);
+  if (st != EMBPS_OK)
+    return embps__client_fail(c, st, "out of memory");
   return EMBPS_OK;
 }
 
@@ -318,12 +305,10 @@ static embps_status_t feat_send(embps_call_t *call) {
       call->feat->is_push ? EMBPS__PATH_PREFIX "PushFeatures" : EMBPS__PATH_PREFIX "LookupFeatures";
   for (uint32_t r = 0; r < c->group_size; r++) {
     embps__shard_t *sh = &call->shards[r];
-    embps__seg_t seg;
-    size_t len = 0;
-    if (pack(call, r, &len) != EMBPS_OK)
+    const embps__feat_wire_t *w = &call->feat->wire[r];
+    if (pack(call, r) != EMBPS_OK)
       return embps__call_attempt_failed(call, &c->last);
-    seg = (embps__seg_t){call->feat->req[r], len};
-    if (embps__shard_submit(call, sh, path, &seg, 1) != EMBPS_OK)
+    if (embps__shard_submit(call, sh, path, w->segs, w->nsegs) != EMBPS_OK)
       return embps__call_attempt_failed(call, &c->last);
   }
   embps__call_kick(call);
@@ -332,20 +317,21 @@ static embps_status_t feat_send(embps_call_t *call) {
 
 /* ---- replies ---- */
 
-/* Copies rank's LookupFeaturesResponse rows into the features' buffers. */
+/* Copies rank's LookupFeaturesResponse rows (read in place: feat_wire.c) into the features'
+ * buffers: the reply's only copy. */
 static embps_status_t lookup_join_rank(embps_call_t *call, uint32_t rank,
-                                       const Embps__V1__LookupFeaturesResponse *m) {
+                                       const embps__feat_rows_t *frs, size_t n_features) {
   embps_client_t *c = call->client;
   embps__feat_req_t *r = call->feat;
   const uint64_t S = r->shard_samples, first = rank * S;
-  if (m->n_features != r->n)
+  if (n_features != r->n)
     return embps__client_fail(c, EMBPS_INTERNAL,
                               "lookup_features reply from rank %u has %zu features, the request "
                               "had %zu",
-                              rank, m->n_features, r->n);
+                              rank, n_features, r->n);
   for (size_t k = 0; k < r->n; k++) {
     const embps_feature_t *f = &r->f[k];
-    const Embps__V1__FeatureRows *fr = m->features[k];
+    const embps__feat_rows_t *fr = &frs[k];
     const uint64_t *at = r->id_at + k * (r->group_size + 1);
     int dtype = pooled(f) ? EMBPS_DTYPE_F32 : (int)fr->dtype;
     uint64_t rb = (uint64_t)fr->emb_width * embps_dtype_size(dtype);
@@ -355,11 +341,12 @@ static embps_status_t lookup_join_rank(embps_call_t *call, uint32_t rank,
                                                              : S)
                               : rows;
     uint64_t to = pooled(f) ? first : at[rank];
-    if (strcmp(fr->name, f->name) != 0)
+    if (fr->name_len != strlen(f->name) || memcmp(fr->name, f->name, fr->name_len) != 0)
       return embps__client_fail(c, EMBPS_INTERNAL,
-                                "lookup_features reply from rank %u names feature '%s' where "
+                                "lookup_features reply from rank %u names feature '%.*s' where "
                                 "the request had '%s'",
-                                rank, fr->name, f->name);
+                                rank, (int)(fr->name_len < 200 ? fr->name_len : 200), fr->name,
+                                f->name);
     if (r->row_bytes[k] && rb != r->row_bytes[k])
       return embps__client_fail(
           c, EMBPS_INVALID_ARGUMENT,
@@ -368,34 +355,42 @@ static embps_status_t lookup_join_rank(embps_call_t *call, uint32_t rank,
           f->name, f->out_bytes, (unsigned long long)r->row_bytes[k], f->table, fr->emb_width,
           embps_dtype_name(dtype), (unsigned long long)rb, pooled(f) ? "batch_size" : "num_ids",
           pooled(f) ? "4 (pooled rows are f32)" : "the dtype size");
-    if (fr->rows.len != rows * rb)
+    if (fr->rows_len != rows * rb)
       return embps__client_fail(c, EMBPS_INTERNAL,
-                                "lookup_features reply from rank %u carries %zu bytes of feature "
+                                "lookup_features reply from rank %u carries %llu bytes of feature "
                                 "'%s', %llu rows of %llu bytes were due",
-                                rank, fr->rows.len, f->name, (unsigned long long)rows,
-                                (unsigned long long)rb);
+                                rank, (unsigned long long)fr->rows_len, f->name,
+                                (unsigned long long)rows, (unsigned long long)rb);
     if (real)
-      memcpy((uint8_t *)f->out + to * rb, fr->rows.data, real * rb);
+      memcpy((uint8_t *)f->out + to * rb, fr->rows, real * rb);
   }
   return EMBPS_OK;
 }
 
 static embps_status_t lookup_join(embps_call_t *call) {
   embps_client_t *c = call->client;
-  for (uint32_t i = 0; i < call->nshards; i++) {
-    embps_status_t st;
-    Embps__V1__LookupFeaturesResponse *m = (Embps__V1__LookupFeaturesResponse *)embps__reply_unpack(
-        c, &embps__v1__lookup_features_response__descriptor, call->shards[i].stream, i);
-    if (!m)
-      return c->last.status;
-    st = embps__reply_check(call, "lookup_features", i, m->batch_id, m->shard_index);
+  embps__feat_rows_t *frs = embps_calloc(call->feat->n, sizeof(*frs));
+  embps_status_t st = EMBPS_OK;
+  if (!frs)
+    return embps__client_fail(c, EMBPS_RESOURCE_EXHAUSTED, "out of memory");
+  for (uint32_t i = 0; i < call->nshards && st == EMBPS_OK; i++) {
+    const embps__stream_t *s = call->shards[i].stream;
+    uint64_t batch_id;
+    uint32_t shard_index;
+    size_t n;
+    if (!embps__feat_lookup_reply(s->buf, s->buf_len, &batch_id, &shard_index, frs, call->feat->n,
+                                  &n)) {
+      st = embps__client_fail(c, EMBPS_INTERNAL,
+                              "malformed LookupFeaturesResponse from rank %u (%s)", i,
+                              embps__conn_addr(s->conn)->authority);
+      break;
+    }
+    st = embps__reply_check(call, "lookup_features", i, batch_id, shard_index);
     if (st == EMBPS_OK)
-      st = lookup_join_rank(call, i, m);
-    embps__reply_free(&m->base);
-    if (st != EMBPS_OK)
-      return st;
+      st = lookup_join_rank(call, i, frs, n);
   }
-  return EMBPS_OK;
+  embps_free(frs);
+  return st;
 }
 
 /* Joins the ranks' PushFeaturesResponses into one result per table (applied and ordered on every

@@ -52,6 +52,7 @@ void embps__stream_finish(embps__stream_t *s, embps_status_t st, const char *fmt
 
 static void stream_free(embps__stream_t *s) {
   embps_free(s->buf);
+  embps_free(s->segs_more);
   embps_free(s);
 }
 
@@ -318,7 +319,7 @@ ssize_t embps__stream_read_body(nghttp2_session *session, int32_t stream_id, uin
     s->frame_seg_off = s->seg_off;
   }
   while (out < length && s->seg_i < s->nsegs) {
-    const embps__seg_t *g = &s->segs[s->seg_i];
+    const embps__seg_t *g = &(s->segs_more ? s->segs_more : s->segs)[s->seg_i];
     uint64_t left = g->len - s->seg_off;
     size_t k = left < length - out ? (size_t)left : length - out;
     if (by_ref)
@@ -365,7 +366,7 @@ static int send_data(nghttp2_session *session, nghttp2_frame *frame, const uint8
       return NGHTTP2_ERR_CALLBACK_FAILURE;
   }
   while (length > 0 && i < s->nsegs) {
-    const embps__seg_t *g = &s->segs[i];
+    const embps__seg_t *g = &(s->segs_more ? s->segs_more : s->segs)[i];
     uint64_t left = g->len - off;
     size_t k = left < length ? (size_t)left : length;
     int rc;

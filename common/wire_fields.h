@@ -109,6 +109,12 @@
     "embps.v1.PushFeaturesRequest", "features", 5, EMBPS_WIRE_LEN)                                 \
   X(FEATURE_SHARD_TABLE, embps__v1__feature_shard, "embps.v1.FeatureShard", "table", 2,            \
     EMBPS_WIRE_LEN)                                                                                \
+  X(FEATURE_SHARD_IDS, embps__v1__feature_shard, "embps.v1.FeatureShard", "ids", 4,                \
+    EMBPS_WIRE_LEN)                                                                                \
+  X(FEATURE_SHARD_LENGTHS, embps__v1__feature_shard, "embps.v1.FeatureShard", "lengths", 5,        \
+    EMBPS_WIRE_LEN)                                                                                \
+  X(FEATURE_SHARD_WEIGHTS, embps__v1__feature_shard, "embps.v1.FeatureShard", "weights", 6,        \
+    EMBPS_WIRE_LEN)                                                                                \
   X(FEATURE_SHARD_GRADIENTS, embps__v1__feature_shard, "embps.v1.FeatureShard", "gradients", 7,    \
     EMBPS_WIRE_LEN)                                                                                \
   X(LOOKUP_FEATURES_RESPONSE_BATCH_ID, embps__v1__lookup_features_response,                        \

@@ -85,10 +85,82 @@ float embps_row_stats_partial(double sumsq) {
   return isinf(f) && isfinite(sumsq) ? FLT_MAX : f;
 }
 
+/* Four whole blocks of EMBPS_ROW_STATS_BLOCK (32) columns at once, with AVX2, each block's bits
+ * those of block_sumsq: block q's lane l (l = 0..7, columns j = l mod 8) is the l % 4 element of
+ * lo[q] (l < 4) or hi[q] (l >= 4), added in the same column order, and the lanes are then added
+ * in lane order 0..7 for the four blocks at once, after a transpose (lane l of the four blocks
+ * in one vector). The product of two f32 values is exact in double, so the multiply and add
+ * round as the scalar ones do. block_sumsq's loop, one block per call, is bound by its
+ * conversions and by the serial lane sum at its end; four interleaved blocks keep more of them
+ * in flight. Measured on this project's shared 2-core VM (a throwaway program, 64 rows of 128 f32
+ * in L1 summed 1024 times, CPU time, medians of 7, equal bits): 1.90 against 2.17 ms; on the
+ * server's push the row statistics were 16% of its CPU (perf, DLRM feature push). */
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define EMBPS_QUAD_BLOCKS 1
+__attribute__((target("avx2"))) static void quad_blocks_avx2(const unsigned char *restrict g,
+                                                             double out[4]) {
+  /* named, not an array indexed in a loop: gcc kept such an array on the stack */
+  __m256d lo0 = _mm256_setzero_pd(), lo1 = lo0, lo2 = lo0, lo3 = lo0;
+  __m256d hi0 = lo0, hi1 = lo0, hi2 = lo0, hi3 = lo0;
+#define EMBPS_QUAD_STEP(q, lo, hi)                                                                 \
+  do {                                                                                             \
+    __m256 x;                                                                                      \
+    memcpy(&x, g + ((size_t)(q)*32 + j) * sizeof(float), sizeof(x));                               \
+    __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(x));                                        \
+    __m256d c = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));                                      \
+    lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));                                                   \
+    hi = _mm256_add_pd(hi, _mm256_mul_pd(c, c));                                                   \
+  } while (0)
+  for (size_t j = 0; j < 32; j += EMBPS_LANES) {
+    EMBPS_QUAD_STEP(0, lo0, hi0);
+    EMBPS_QUAD_STEP(1, lo1, hi1);
+    EMBPS_QUAD_STEP(2, lo2, hi2);
+    EMBPS_QUAD_STEP(3, lo3, hi3);
+  }
+#undef EMBPS_QUAD_STEP
+  const __m256d lo[4] = {lo0, lo1, lo2, lo3}, hi[4] = {hi0, hi1, hi2, hi3};
+  __m256d s = _mm256_setzero_pd();
+  for (int h = 0; h < 2; h++) {
+    const __m256d *v = h ? hi : lo;
+    __m256d t0 = _mm256_unpacklo_pd(v[0], v[1]); /* v0[0] v1[0] v0[2] v1[2] */
+    __m256d t1 = _mm256_unpackhi_pd(v[0], v[1]); /* v0[1] v1[1] v0[3] v1[3] */
+    __m256d t2 = _mm256_unpacklo_pd(v[2], v[3]);
+    __m256d t3 = _mm256_unpackhi_pd(v[2], v[3]);
+    s = _mm256_add_pd(s, _mm256_permute2f128_pd(t0, t2, 0x20)); /* lane 0 (or 4) */
+    s = _mm256_add_pd(s, _mm256_permute2f128_pd(t1, t3, 0x20)); /* lane 1 */
+    s = _mm256_add_pd(s, _mm256_permute2f128_pd(t0, t2, 0x31)); /* lane 2 */
+    s = _mm256_add_pd(s, _mm256_permute2f128_pd(t1, t3, 0x31)); /* lane 3 */
+  }
+  _mm256_storeu_pd(out, s);
+}
+
+static int have_avx2(void) {
+  static int known = -1; /* the same answer on every thread */
+  int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+  if (k < 0) {
+    k = __builtin_cpu_supports("avx2") ? 1 : 0;
+    __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+  }
+  return k;
+}
+#endif
+
 void embps_row_partials_at_cpu(const void *row, size_t width, size_t block, float *partials) {
   const unsigned char *g = row;
   const size_t nb = block ? width / block : 0;
-  for (size_t b = 0; b < nb; b++)
+  size_t b = 0;
+#if defined(EMBPS_QUAD_BLOCKS)
+  _Static_assert(EMBPS_LANES == 8 && EMBPS_ROW_STATS_BLOCK == 32, "quad_blocks_avx2's shape");
+  if (block == 32 && nb >= 4 && have_avx2())
+    for (; b + 4 <= nb; b += 4) {
+      double s[4];
+      quad_blocks_avx2(g + b * block * sizeof(float), s);
+      for (int q = 0; q < 4; q++)
+        partials[b + q] = embps_row_stats_partial(s[q]);
+    }
+#endif
+  for (; b < nb; b++)
     partials[b] = embps_row_stats_partial(block_sumsq(g + b * block * sizeof(float), block));
 }
 

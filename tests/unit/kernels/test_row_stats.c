@@ -199,6 +199,71 @@ static void test_partials_at_any_alignment(void **state) {
   }
 }
 
+/* The partials' bits against the documented formula written out here: a block's squares in
+ * double, in 8 lanes (column j into lane j mod 8, in column order), the lanes added in lane order
+ * from 0.0, rounded to f32 and saturated at FLT_MAX. Widths of one to nine whole blocks of 32
+ * (the four-block AVX2 path and its remainder), and of smaller blocks; values of every scale
+ * (sums that round differently in other orders), subnormals, sums past FLT_MAX, infinities and
+ * NaN; rows at odd byte offsets. Fails when the four-block path adds its lanes in another order
+ * or mixes columns of two blocks. */
+static float ref_partial(const float *g, size_t len) {
+  double lane[8] = {0}, s = 0.0;
+  for (size_t j = 0; j < len; j++)
+    lane[j % 8] += (double)g[j] * (double)g[j];
+  for (size_t l = 0; l < 8; l++)
+    s += lane[l];
+  float f = (float)s;
+  return isinf(f) && isfinite(s) ? FLT_MAX : f;
+}
+
+static void test_partials_formula(void **state) {
+  (void)state;
+  kt_rng_t rng = {35};
+  const size_t widths[] = {32, 64, 96, 128, 160, 192, 224, 256, 288, 16, 8, 24, 40};
+  for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++) {
+    const size_t n = 64, width = widths[wi], block = embps_row_stats_block(width);
+    const size_t nb = width / block;
+    float *g = kt_alloc(n * width * sizeof(float)), *got = kt_alloc(nb * sizeof(float));
+    unsigned char *bytes = kt_alloc(width * sizeof(float) + 8);
+    for (size_t k = 0; k < n * width; k++) {
+      float scale = powf(10.0f, (float)(kt_next(&rng) % 24) - 8.0f);
+      g[k] = kt_uniform(&rng, -1.0f, 1.0f) * scale;
+    }
+    g[1 * width + 3] = 1e-40f; /* subnormal */
+    g[2 * width + width - 1] = NAN;
+    g[3 * width] = -INFINITY;
+    for (size_t j = 0; j < width; j++) /* a row whose blocks sum past FLT_MAX, finite */
+      g[4 * width + j] = 2e19f;
+    g[5 * width + width / 2] = FLT_MAX;
+    g[6 * width + 5] = -0.0f;
+    /* Rows 8.. each hold, in one block (each block in turn, lanes 0-3 then 4-7), lanes whose
+     * sum in lane order is 2^-53 + 2^-53 + 1 + 2^-24 = 1 + 2^-24 + 2^-52 (f32: 1 + 2^-23), while
+     * 1 first would drop each 2^-53 and round to the tie 1 + 2^-24 (f32: 1). */
+    for (size_t r = 8; block >= 16 && r < 8 + 2 * nb; r++) {
+      const size_t b = (r - 8) % nb, l = (r - 8) / nb * 4;
+      float *p = g + r * width + b * block;
+      memset(p, 0, block * sizeof(float));
+      p[l] = p[l + 8] = p[l + 1] = p[l + 9] = 0x1p-27f;
+      p[l + 2] = 1.0f;
+      p[l + 3] = 0x1p-12f;
+      assert_true(ref_partial(p, block) == 1.0f + 0x1p-23f);
+    }
+    for (size_t i = 0; i < n; i++) {
+      size_t off = i % 5;
+      memcpy(bytes + off, g + i * width, width * sizeof(float));
+      memset(got, 0xA5, nb * sizeof(float));
+      embps_row_partials_at_cpu(bytes + off, width, block, got);
+      for (size_t b = 0; b < nb; b++) {
+        float want = ref_partial(g + i * width + b * block, block);
+        assert_memory_equal(&got[b], &want, sizeof(float));
+      }
+    }
+    free(bytes);
+    free(got);
+    free(g);
+  }
+}
+
 /* The combine by owner, as engine.c runs it over `slices` ranks, against embps_row_combine_cpu
  * on the all-gathered partials: row_sumsq, the count and the total (added to 5.0) bitwise. The
  * ranks' partials are m x nb each; each rank's send buffer is slices x q rows, the rows past m
@@ -263,6 +328,7 @@ int main(void) {
       cmocka_unit_test(test_non_finite),
       cmocka_unit_test(test_large_finite),
       cmocka_unit_test(test_partials_at_any_alignment),
+      cmocka_unit_test(test_partials_formula),
       cmocka_unit_test(test_by_owner),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
