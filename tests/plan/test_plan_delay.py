@@ -39,6 +39,9 @@ enough that the delays are 38-57% of the plan's step; an op's time is its median
   and the kernel's forwarding. Not at 4 ranks: there a step without delay takes 1.2-1.26 times
   its bound while one with delay takes 1.03-1.14 (part of that cost hides behind the delays), so
   the difference reads 0.8-1.0; nor at 1 rank, whose 4 delays are within two steps' noise.
+- at 4 ranks, control relays (--control-fanout 2) against the star (--control-fanout 0), both over
+  10 ms links: what relays add to a step (4 more one-way delays: a relayed rank's notice and
+  ROUND take two hops) must lie within 20% of what the plan adds for them.
 A plan that leaves out an op's ordering round trip (the notice to the leader and its ROUND, 4 of
 a step's 13 delays) fails at 2 ranks (the delay adds 1.39 times what it says) and at 4 (a step
 1.21-1.23 times its bound).
@@ -74,6 +77,10 @@ DURATION_S, WARMUP_S = 2.0, 0.5
 # Where what the delay adds to a step is checked (see above): 2 ranks, whose steps without delay
 # lie on their bound too.
 DIFFERENCE_AT = 2
+# Where control relays are checked: 4 ranks in groups of 2 (ranks 1 and 3 relays, rank 2 behind
+# rank 1), over links with a longer delay so that relays' 4 more one-way delays a step (40 ms)
+# stand well clear of the steps' noise (a few ms at 4 ranks).
+RELAY_AT, RELAY_FANOUT, RELAY_DELAY_MS = 4, "2", 10.0
 TAG = "embps-pd-%d" % os.getpid()
 ROUTER, CLIENT = TAG + "-rt", TAG + "-c"
 TABLE = "100"  # the router's routing table that sends everything into the tun
@@ -94,8 +101,9 @@ class Net:
     """The router, client and rank namespaces of one group, with the delay line; close() removes
     them and returns the delay line's counters."""
 
-    def __init__(self, n, delay_ms):
+    def __init__(self, n, delay_ms, flags=()):
         self.namespaces, self.procs, self.n, self.delay_ms = [], [], n, delay_ms
+        self.flags = list(flags)  # more server flags, the same on every rank
         self.line = None
         self.work = tempfile.mkdtemp(prefix="embps-plan-delay.")
 
@@ -160,7 +168,7 @@ class Net:
             log = open(os.path.join(self.work, "r%d.log" % r), "w")
             self.procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", "%s-r%d" % (TAG, r), server_binary(), "--rank", str(r),
-                 "--peers", self.servers, "--device", "cpu"], stdout=log,
+                 "--peers", self.servers, "--device", "cpu", *self.flags], stdout=log,
                 stderr=subprocess.STDOUT, preexec_fn=planlib.raise_priority))
         deadline = time.time() + 60
         for r in range(self.n):
@@ -205,20 +213,21 @@ class Net:
         return counters.strip()
 
 
-def plan_of(n, delay_ms):
-    return planlib.plan("--group-size", str(n), "--rows", str(ROWS), "--emb-width", str(WIDTH),
+def plan_of(n, delay_ms, fanout="auto"):
+    return planlib.plan("--group-size", str(n), "--control-fanout", fanout, "--rows", str(ROWS), "--emb-width", str(WIDTH),
                         "--optimizer", "sgd", "--tokens-per-batch", str(TOKENS_PER_RANK * n),
                         "--batches-in-flight", "1", "--link-gbit-s", str(RATE_MBIT / 1e3),
                         "--link-mtu", str(MTU), "--link-delay-ms", str(delay_ms))
 
 
-def run_group(n, delay_ms, last):
+def run_group(n, delay_ms, last, fanout=None):
     """The median time of a lookup, a push and a step (both) on n ranks over links with delay_ms
     one way, each op alone; None when the bench's two measures of an op disagree (a try to
     repeat)."""
     tokens = TOKENS_PER_RANK * n
-    label = "plan-delay %d ranks, %g ms" % (n, delay_ms)
-    net = Net(n, delay_ms)
+    label = "plan-delay %d ranks, %g ms%s" % (n, delay_ms,
+                                            ", fanout %s" % fanout if fanout else "")
+    net = Net(n, delay_ms, ["--control-fanout", fanout] if fanout else [])
     runs = {}
     try:
         net.setup()
@@ -297,6 +306,37 @@ def check_size(n, last):
     return True
 
 
+def check_relays(last):
+    """One try at RELAY_AT ranks over links with RELAY_DELAY_MS: what control relays
+    (--control-fanout RELAY_FANOUT) add to a step against the star (--control-fanout 0), within
+    20% of what the plan adds for them (a relayed rank's notice and ROUND take two hops each,
+    so 4 more one-way delays a step). The difference cancels the bytes and the fixed costs,
+    which the two groups share."""
+    label = "plan-delay %d ranks, relays" % RELAY_AT
+    star = plan_of(RELAY_AT, RELAY_DELAY_MS, "0")["step_time_s"]
+    tree = plan_of(RELAY_AT, RELAY_DELAY_MS, RELAY_FANOUT)["step_time_s"]
+    want = tree["lower_bound"] - star["lower_bound"]
+    if tree["one_way_delays"] - star["one_way_delays"] != 4:
+        raise AssertionError("%s: the plan counts %d one-way delays a step with relays and %d "
+                             "without, not 4 more" % (label, tree["one_way_delays"],
+                                                      star["one_way_delays"]))
+    m0 = run_group(RELAY_AT, RELAY_DELAY_MS, last, "0")
+    m1 = m0 and run_group(RELAY_AT, RELAY_DELAY_MS, last, RELAY_FANOUT)
+    if not m1:
+        return False
+    added = m1["step"] - m0["step"]
+    print("[%s] %g ms: a step takes %.4f s with relays (plan %.4f s, %.3f), %.4f s without "
+          "(plan %.4f s, %.3f): relays add %.4f s, the plan %.4f s (%.3f)"
+          % (label, RELAY_DELAY_MS, m1["step"], tree["lower_bound"],
+             m1["step"] / tree["lower_bound"], m0["step"], star["lower_bound"],
+             m0["step"] / star["lower_bound"], added, want, added / want))
+    if not planlib.within(added, want):
+        print("%s: %s: relays added %.4f s to a step, the plan %.4f s: not within 20%%"
+              % ("FAIL" if last else "again", label, added, want))
+        return False
+    return True
+
+
 def main():
     if planlib.SANITIZED:
         skip("a server built with -fsanitize=%s is bound by its CPU, not by the shaped link whose "
@@ -326,6 +366,8 @@ def main():
     # bring it under the bound (which the 0.90 floor checks on every try).
     ok = all([check_size(n, False) or check_size(n, False) or check_size(n, True)
               for n in sizes])
+    if RELAY_AT in sizes:
+        ok = (check_relays(False) or check_relays(False) or check_relays(True)) and ok
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
