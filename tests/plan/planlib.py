@@ -3,15 +3,18 @@ JSON, a rank's resident memory, the counters of a /metrics scrape, and the 20% c
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "metrics"))
 
 import metricslib  # noqa: E402,F401
-from embps_servers import cli_binary  # noqa: E402
+from embps_servers import cli_binary, server_binary  # noqa: E402
 
 SKIP = 77
 TOLERANCE = 0.20
@@ -137,3 +140,70 @@ def op_seconds(b, kind, pipeline, label):
         raise Unsteady("bench of %ss: an op took %.4f s by Little's law but %.4f s by the "
                              "window's count" % (kind, t, window))
     return t
+
+
+class NamespaceGroup:
+    """A group whose ranks run each in a network namespace of its own (TAG-rR, added by the
+    subclass's setup through add_ns), with a client namespace: what the shaped-link tests
+    share. close() stops the ranks and removes the namespaces."""
+
+    def __init__(self, n, tag, client_ns, flags=()):
+        self.namespaces, self.procs, self.n, self.tag = [], [], n, tag
+        self.client_ns = client_ns
+        self.flags = list(flags)  # more server flags, the same on every rank
+        self.work = tempfile.mkdtemp(prefix="embps-plan.")
+
+    def add_ns(self, ns):
+        sh("ip", "netns", "add", ns)
+        self.namespaces.append(ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+    def start(self, addresses):
+        """Starts rank r in namespace TAG-rR listening at addresses[r] (host:port), and waits
+        until every rank says the group is ready."""
+        self.servers = ",".join(addresses)
+        for r in range(self.n):
+            log = open(os.path.join(self.work, "r%d.log" % r), "w")
+            self.procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", "%s-r%d" % (self.tag, r), server_binary(), "--rank",
+                 str(r), "--peers", self.servers, "--device", "cpu", *self.flags], stdout=log,
+                stderr=subprocess.STDOUT, preexec_fn=raise_priority))
+        deadline = time.time() + 60
+        for r in range(self.n):
+            while "the group is ready" not in self.log(r):
+                if time.time() > deadline or self.procs[r].poll() is not None:
+                    raise RuntimeError("rank %d never got ready:\n%s" % (r, self.log(r)))
+                time.sleep(0.1)
+
+    def log(self, r):
+        with open(os.path.join(self.work, "r%d.log" % r)) as f:
+            return f.read()
+
+    def cli(self, *args, timeout=120):
+        """`embps ARGS` from the client namespace against the group; its stdout."""
+        r = subprocess.run(["ip", "netns", "exec", self.client_ns, cli_binary(), "--servers",
+                            self.servers, *args], capture_output=True, text=True,
+                           timeout=timeout, preexec_fn=raise_priority)
+        if r.returncode != 0:
+            raise AssertionError("embps %s: %s%s" % (" ".join(args), r.stdout, r.stderr))
+        return r.stdout
+
+    def stop_ranks(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def remove(self):
+        for ns in reversed(self.namespaces):
+            sh("ip", "netns", "del", ns, check=False)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def close(self):
+        self.stop_ranks()
+        self.remove()

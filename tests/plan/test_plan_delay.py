@@ -62,11 +62,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 
 import planlib
-from embps_servers import cli_binary, server_binary
+from embps_servers import server_binary
 from planlib import sh, skip
 
 RATE_MBIT = 100   # each rank's link, each way
@@ -97,20 +95,13 @@ def tbf():
     return ["tbf", "rate", "%dmbit" % RATE_MBIT, "burst", "%d" % (MTU + 1024), "latency", "50ms"]
 
 
-class Net:
+class Net(planlib.NamespaceGroup):
     """The router, client and rank namespaces of one group, with the delay line; close() removes
     them and returns the delay line's counters."""
 
     def __init__(self, n, delay_ms, flags=()):
-        self.namespaces, self.procs, self.n, self.delay_ms = [], [], n, delay_ms
-        self.flags = list(flags)  # more server flags, the same on every rank
-        self.line = None
-        self.work = tempfile.mkdtemp(prefix="embps-plan-delay.")
-
-    def add_ns(self, ns):
-        sh("ip", "netns", "add", ns)
-        self.namespaces.append(ns)
-        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        super().__init__(n, TAG, CLIENT, flags)
+        self.delay_ms, self.line = delay_ms, None
 
     def link(self, ns, router_end, subnet, shaped):
         """A veth from ns (eth0, SUBNET.2) to the router (router_end, SUBNET.1)."""
@@ -163,42 +154,10 @@ class Net:
         return float(out)
 
     def start(self):
-        self.servers = ",".join("198.18.%d.2:7070" % (r + 1) for r in range(self.n))
-        for r in range(self.n):
-            log = open(os.path.join(self.work, "r%d.log" % r), "w")
-            self.procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", "%s-r%d" % (TAG, r), server_binary(), "--rank", str(r),
-                 "--peers", self.servers, "--device", "cpu", *self.flags], stdout=log,
-                stderr=subprocess.STDOUT, preexec_fn=planlib.raise_priority))
-        deadline = time.time() + 60
-        for r in range(self.n):
-            while "the group is ready" not in self.log(r):
-                if time.time() > deadline or self.procs[r].poll() is not None:
-                    raise RuntimeError("rank %d never got ready:\n%s" % (r, self.log(r)))
-                time.sleep(0.1)
-
-    def log(self, r):
-        with open(os.path.join(self.work, "r%d.log" % r)) as f:
-            return f.read()
-
-    def cli(self, *args, timeout=120):
-        r = subprocess.run(["ip", "netns", "exec", CLIENT, cli_binary(), "--servers",
-                            self.servers, *args], capture_output=True, text=True,
-                           timeout=timeout, preexec_fn=planlib.raise_priority)
-        if r.returncode != 0:
-            raise AssertionError("embps %s: %s%s" % (" ".join(args), r.stdout, r.stderr))
-        return r.stdout
+        super().start(["198.18.%d.2:7070" % (r + 1) for r in range(self.n)])
 
     def close(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        self.stop_ranks()
         counters = ""
         if self.line:
             self.line.terminate()
@@ -207,9 +166,7 @@ class Net:
             except subprocess.TimeoutExpired:
                 self.line.kill()
                 self.line.communicate()
-        for ns in reversed(self.namespaces):
-            sh("ip", "netns", "del", ns, check=False)
-        shutil.rmtree(self.work, ignore_errors=True)
+        self.remove()
         return counters.strip()
 
 

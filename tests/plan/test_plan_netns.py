@@ -21,13 +21,9 @@ not the link, sets its speed."""
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
-import time
 
 import planlib
-from embps_servers import cli_binary, server_binary
 from planlib import sh, skip
 
 RATE_MBIT = 200      # each rank's link, each way
@@ -55,17 +51,15 @@ def link_delay_ms():
     return DELAY_MS if QDISC == "netem" else 0.0
 
 
-class Net:
+class Net(planlib.NamespaceGroup):
     """The hub and the rank namespaces of one group, shaped; close() removes them."""
 
     def __init__(self, n):
-        self.namespaces, self.procs, self.n = [], [], n
-        self.work = tempfile.mkdtemp(prefix="embps-plan-netns.")
+        super().__init__(n, TAG, HUB)
 
     def setup(self):
         self.add_ns(HUB)
         sh("ip", "-n", HUB, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", HUB, "link", "set", "lo", "up")
         sh("ip", "-n", HUB, "addr", "add", "198.18.0.254/24", "dev", "br0")
         sh("ip", "-n", HUB, "link", "set", "br0", "up")
         for r in range(self.n):
@@ -74,7 +68,6 @@ class Net:
             sh("ip", "link", "add", "eth0", "netns", ns, "type", "veth", "peer", "name", hub_end,
                "netns", HUB)
             sh("ip", "-n", HUB, "link", "set", hub_end, "master", "br0", "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
             sh("ip", "-n", ns, "addr", "add", "198.18.0.%d/24" % (r + 1), "dev", "eth0")
             sh("ip", "-n", ns, "link", "set", "eth0", "up")
             # The rank's egress at the rate; its ingress (the hub's end) at the rate and delay.
@@ -84,51 +77,8 @@ class Net:
             sh("ip", "netns", "exec", HUB, "tc", "qdisc", "add", "dev", hub_end, "root",
                *shaper(DELAY_MS))
 
-    def add_ns(self, ns):
-        sh("ip", "netns", "add", ns)
-        self.namespaces.append(ns)
-
     def start(self):
-        peers = ",".join("198.18.0.%d:7070" % (r + 1) for r in range(self.n))
-        self.servers = peers
-        for r in range(self.n):
-            log = open(os.path.join(self.work, "r%d.log" % r), "w")
-            self.procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", "%s-r%d" % (TAG, r), server_binary(), "--rank", str(r),
-                 "--peers", peers, "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=planlib.raise_priority))
-        deadline = time.time() + 60
-        for r in range(self.n):
-            while "the group is ready" not in self.log(r):
-                if time.time() > deadline or self.procs[r].poll() is not None:
-                    raise RuntimeError("rank %d never got ready:\n%s" % (r, self.log(r)))
-                time.sleep(0.1)
-
-    def log(self, r):
-        with open(os.path.join(self.work, "r%d.log" % r)) as f:
-            return f.read()
-
-    def cli(self, *args, timeout=120):
-        r = subprocess.run(["ip", "netns", "exec", HUB, cli_binary(), "--servers", self.servers,
-                            *args], capture_output=True, text=True, timeout=timeout,
-                           preexec_fn=planlib.raise_priority)
-        if r.returncode != 0:
-            raise AssertionError("embps %s: %s%s" % (" ".join(args), r.stdout, r.stderr))
-        return r.stdout
-
-    def close(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for ns in reversed(self.namespaces):
-            sh("ip", "netns", "del", ns, check=False)
-        shutil.rmtree(self.work, ignore_errors=True)
+        super().start(["198.18.0.%d:7070" % (r + 1) for r in range(self.n)])
 
 
 def check_group(n, last):
