@@ -180,6 +180,15 @@ void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, s
                                        const uint32_t *segment_ids, size_t n, size_t num_unique,
                                        size_t block, float *out, float *partials, void *workspace,
                                        size_t seg_lo, size_t seg_hi) {
+  (void)num_unique;
+  embps_segment_sum_stats_chunk_cpu(grads, dtype, width, segment_ids, n, block, out, partials,
+                                    workspace, seg_lo, seg_hi, seg_hi - seg_lo);
+}
+
+void embps_segment_sum_stats_chunk_cpu(const void *grads, embps_dtype_t dtype, size_t width,
+                                       const uint32_t *segment_ids, size_t n, size_t block,
+                                       float *out, float *partials, void *workspace, size_t seg_lo,
+                                       size_t seg_hi, size_t stream_span) {
   const int bf16 = dtype == EMBPS_DTYPE_BF16;
   const size_t in_row = width * embps_dtype_size(dtype);
   const size_t nb = block ? width / block : 0;
@@ -187,9 +196,8 @@ void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, s
   uint32_t *count = workspace;
   const uint32_t lo = (uint32_t)seg_lo, span = (uint32_t)(seg_hi - seg_lo);
   size_t ahead = 0; /* positions before it are prefetched, or not this range's */
-  const int stream = streamable(out, width, span); /* rows of one position bypass out's lines */
+  const int stream = streamable(out, width, stream_span); /* rows of one position bypass */
 
-  (void)num_unique;
   if (span == 0)
     return;
   count_positions(segment_ids, n, count, lo, span);
