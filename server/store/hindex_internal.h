@@ -76,13 +76,21 @@ struct embps_hindex {
 };
 
 /** Logs the aligned 8-byte word holding *p (an arena byte about to be written) in the undo
- * record of a tried step (the record's growth: hindex.c). */
+ * record of a tried step, growing the record first (hindex.c). */
 void embps__hix_log_slow(struct embps_hindex *ix, const void *p);
 
 /** Logs *p before a write when a tried step keeps an undo record; else nothing. */
 static inline void embps__hix_log(struct embps_hindex *ix, const void *p) {
-  if (__builtin_expect(ix->jon, 0))
-    embps__hix_log_slow(ix, p);
+  if (__builtin_expect(ix->jon, 0)) {
+    if (ix->jn < ix->jcap) { /* the aligned word (arrays are 64-byte aligned in the arena) */
+      uint64_t *w = (uint64_t *)((uintptr_t)p & ~(uintptr_t)7);
+      ix->jrn[ix->jn].p = w;
+      ix->jrn[ix->jn].v = *w;
+      ix->jn++;
+    } else {
+      embps__hix_log_slow(ix, p);
+    }
+  }
 }
 
 /** The key hash: a seeded bijection of 64-bit keys. */
