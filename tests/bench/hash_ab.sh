@@ -17,6 +17,9 @@
 #              finding and touching stored keys.
 # For pushes, the distinct rows per batch each table saw (the server's
 # embps_table_unique_tokens_per_batch) follow, so the pairs can be checked to be equal.
+# A second table gives the server's CPU time per batch (user + system, /proc/PID/stat: on a
+# shared machine steadier than rows/s), medians, and the same ratios taken from it (dense CPU
+# per batch over hash CPU per batch: what rows/s would be, were the server CPU-bound).
 #
 #   tests/bench/hash_ab.sh [--rows R] [--duration S] [--repeat K] [--bin DIR] [--issue-only]
 #
@@ -60,7 +63,8 @@ if [ "$EQUAL" = 1 ]; then
     $E bench hin --batch 65536 --duration 1 --push-ratio 1 --key-space $((R - 1)) --json >/dev/null
   done
 fi
-# The distinct rows per batch summed so far and the batches, for table $1.
+# For table $1 so far: the distinct rows per batch summed, the push batches, and the lookups
+# and pushes the server ran (its own counts, warmup included, as its CPU time is).
 unique() {
   /usr/bin/python3 - "$mport" "$1" <<'PY'
 import sys, urllib.request
@@ -68,10 +72,12 @@ port, table = sys.argv[1:]
 text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=10).read().decode()
 v = {}
 for line in text.splitlines():
-    for k in ("sum", "count"):
-        if line.startswith('embps_table_unique_tokens_per_batch_%s{table="%s"}' % (k, table)):
-            v[k] = int(line.split()[-1])
-print(v.get("sum", 0), v.get("count", 0))
+    for k in ("unique_tokens_per_batch_sum", "unique_tokens_per_batch_count", "lookups_total",
+              "pushes_total"):
+        if line.startswith('embps_table_%s{table="%s"}' % (k, table)):
+            v[k] = int(float(line.split()[-1]))
+print(v.get("unique_tokens_per_batch_sum", 0), v.get("unique_tokens_per_batch_count", 0),
+      v.get("lookups_total", 0) + v.get("pushes_total", 0))
 PY
 }
 # Prints rows/s (and, for a push, distinct rows per batch) of one run.
@@ -79,10 +85,16 @@ rate() { # TABLE BATCH PUSH_RATIO DIST [FLAGS...]
   local k=lookup_rows_per_s u0 u1
   [ "$3" = 1 ] && k=push_rows_per_s
   u0=$(unique "$1")
+  c0=$(awk '{print $14 + $15}' /proc/$SP/stat)
   $E bench "$1" --batch "$2" --duration "$D" --push-ratio "$3" --tokens "$4" "${@:5}" --json |
     /usr/bin/python3 -c "import json,sys; print(int(json.load(sys.stdin)['$k']), end=' ')"
+  c1=$(awk '{print $14 + $15}' /proc/$SP/stat)
   u1=$(unique "$1")
-  echo "$u0 $u1" | /usr/bin/python3 -c "import sys; a=list(map(int,sys.stdin.read().split())); print(round((a[2]-a[0])/max(1,a[3]-a[1])))"
+  echo "$u0 $u1 $c0 $c1 $(getconf CLK_TCK)" | /usr/bin/python3 -c "
+import sys
+a = list(map(float, sys.stdin.read().split()))
+print(round((a[3] - a[0]) / max(1, a[4] - a[1])), end=' ')  # distinct rows per push batch
+print('%.3f' % ((a[7] - a[6]) * 1000 / a[8] / max(1, a[5] - a[2])))  # CPU ms per batch"
 }
 if [ "$EQUAL" = 1 ]; then
   printf "%-7s %-6s %6s  %-30s %-30s %5s  %-30s %5s  %-30s %5s  %s\n" dist op batch "dense rows/s" \
@@ -96,7 +108,7 @@ for dist in uniform zipf; do
     for batch in 4096 65536; do
       runs=()
       for _ in $(seq "$REP"); do
-        runs+=("dense=$(rate dense "$batch" "$op" "$dist" | tr ' ' :)")
+        runs+=("dense=$(rate dense "$batch" "$op" "$dist" | tr ' ' :)") # rows/s:distinct:cpu
         runs+=("hash=$(rate hash "$batch" "$op" "$dist" --key-space $((10 * R)) | tr ' ' :)")
         if [ "$EQUAL" = 1 ]; then
           runs+=("d10R=$(rate d10R "$batch" "$op" "$dist" --key-space $((10 * R)) | tr ' ' :)")
@@ -107,11 +119,13 @@ for dist in uniform zipf; do
 import statistics, sys
 dist, op, batch, equal = sys.argv[1:5]
 r, u = {}, {}
+c = {}
 for run in sys.argv[5:]:
     name, v = run.split("=")
-    rate, uniq = v.split(":")
+    rate, uniq, cpu = v.split(":")
     r.setdefault(name, []).append(int(rate))
     u.setdefault(name, []).append(int(uniq))
+    c.setdefault(name, []).append(float(cpu))
 med = {k: statistics.median(v) for k, v in r.items()}
 col = lambda k: " ".join(map(str, r[k]))
 line = "%-7s %-6s %6s  %-30s %-30s %5.2f" % (dist, "push" if op == "1" else "lookup", batch,
@@ -121,6 +135,13 @@ if equal == "1":
                                             med["hin"] / med["dense"])
     if op == "1":
         line += "  %d %d %d %d" % tuple(statistics.median(u[k]) for k in ("dense", "hash", "d10R", "hin"))
+print(line, flush=True)
+cm = {k: statistics.median(v) for k, v in c.items()}
+line = "%-7s %-6s %6s  cpu ms/batch: dense %.2f hash %.2f" % (dist, "", batch, cm["dense"], cm["hash"])
+line += "  hash/dense %.2f" % (cm["dense"] / cm["hash"])
+if equal == "1":
+    line += "  d10R %.2f hash/d10R %.2f  hin %.2f hin/dense %.2f" % (
+        cm["d10R"], cm["d10R"] / cm["hash"], cm["hin"], cm["dense"] / cm["hin"])
 print(line, flush=True)
 PY
     done
