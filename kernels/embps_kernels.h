@@ -127,17 +127,6 @@ void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, s
                                        size_t seg_lo, size_t seg_hi);
 
 /**
- * embps_segment_sum_stats_range_cpu, with the choice of streaming the sums of single-position
- * segments past the caches made as for a range of stream_span segments instead of
- * seg_hi - seg_lo: a loop split in many chunks (embps_workers_run_beside) streams when its
- * even split into threads would, not whenever a chunk is small. The same bits either way.
- */
-void embps_segment_sum_stats_chunk_cpu(const void *grads, embps_dtype_t dtype, size_t width,
-                                       const uint32_t *segment_ids, size_t n, size_t block,
-                                       float *out, float *partials, void *workspace, size_t seg_lo,
-                                       size_t seg_hi, size_t stream_span);
-
-/**
  * Where position i of a feature push takes its gradient row from, for
  * embps_segment_sum_bags_range_cpu: the push's own row (EMBPS_BAG_OWN: a feature without pooling
  * sent one per id), zeros (EMBPS_BAG_PAD: padding id 0), or bag `bag` of the pooled gradients

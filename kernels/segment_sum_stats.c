@@ -166,12 +166,6 @@ prefetch_sum(float *out, size_t width, const uint32_t *count, uint32_t s, int si
     embps_prefetch_row_kept(out + (size_t)s * width, width * sizeof(float));
 }
 
-/* A gradient row about to be read once. */
-static inline void prefetch_read(const unsigned char *row, size_t bytes) {
-  for (size_t off = 0; off < bytes; off += 64)
-    __builtin_prefetch(row + off, 0, 0);
-}
-
 /* Counts each segment of [seg_lo, seg_hi)'s positions into count. */
 static void count_positions(const uint32_t *segment_ids, size_t n, uint32_t *count, uint32_t lo,
                             uint32_t span) {
@@ -186,15 +180,6 @@ void embps_segment_sum_stats_range_cpu(const void *grads, embps_dtype_t dtype, s
                                        const uint32_t *segment_ids, size_t n, size_t num_unique,
                                        size_t block, float *out, float *partials, void *workspace,
                                        size_t seg_lo, size_t seg_hi) {
-  (void)num_unique;
-  embps_segment_sum_stats_chunk_cpu(grads, dtype, width, segment_ids, n, block, out, partials,
-                                    workspace, seg_lo, seg_hi, seg_hi - seg_lo);
-}
-
-void embps_segment_sum_stats_chunk_cpu(const void *grads, embps_dtype_t dtype, size_t width,
-                                       const uint32_t *segment_ids, size_t n, size_t block,
-                                       float *out, float *partials, void *workspace, size_t seg_lo,
-                                       size_t seg_hi, size_t stream_span) {
   const int bf16 = dtype == EMBPS_DTYPE_BF16;
   const size_t in_row = width * embps_dtype_size(dtype);
   const size_t nb = block ? width / block : 0;
@@ -202,13 +187,9 @@ void embps_segment_sum_stats_chunk_cpu(const void *grads, embps_dtype_t dtype, s
   uint32_t *count = workspace;
   const uint32_t lo = (uint32_t)seg_lo, span = (uint32_t)(seg_hi - seg_lo);
   size_t ahead = 0; /* positions before it are prefetched, or not this range's */
-  const int stream = streamable(out, width, stream_span); /* rows of one position bypass */
-  /* A chunk far narrower than a thread's even share reads its positions' gradient rows too
-   * sparsely for the hardware's prefetch (a row in 4 KiB or fewer): prefetched with their
-   * accumulators, or the sum waits on every row (a 65536-token push in 8 chunks summed 1.6x
-   * slower, perf). */
-  const int sparse = 2 * (seg_hi - seg_lo) < stream_span;
+  const int stream = streamable(out, width, span); /* rows of one position bypass out's lines */
 
+  (void)num_unique;
   if (span == 0)
     return;
   count_positions(segment_ids, n, count, lo, span);
@@ -218,8 +199,6 @@ void embps_segment_sum_stats_chunk_cpu(const void *grads, embps_dtype_t dtype, s
   for (size_t k = 0; ahead < n && k < EMBPS_PREFETCH_ROWS; ahead++)
     if (segment_ids[ahead] - lo < span) {
       prefetch_sum(out, width, count, segment_ids[ahead], stream);
-      if (sparse)
-        prefetch_read(g + ahead * in_row, in_row);
       k++;
     }
   for (size_t i = 0; i < n; i++) {
@@ -230,11 +209,8 @@ void embps_segment_sum_stats_chunk_cpu(const void *grads, embps_dtype_t dtype, s
     uint32_t c = count[s];
     while (ahead < n && segment_ids[ahead] - lo >= span)
       ahead++;
-    if (ahead < n) {
-      if (sparse)
-        prefetch_read(g + ahead * in_row, in_row);
+    if (ahead < n)
       prefetch_sum(out, width, count, segment_ids[ahead++], stream);
-    }
     if (stream && c == 1) {
       single_row(acc, g + i * in_row, bf16, width, block, partials + (size_t)s * nb);
       count[s] = SEEN;

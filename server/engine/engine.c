@@ -39,7 +39,6 @@ embps_status_t embps_engine_new(embps_engine_t **out, embps_comm_t *comm, embps_
     return EMBPS_RESOURCE_EXHAUSTED;
   e->comm = comm;
   e->store = store;
-  e->threads = 1;
   if (backend == EMBPS_BACKEND_CUDA) {
     e->ops = &embps__engine_cuda_ops;
     ret = embps__engine_cuda_new(&e->be, comm, stream);
@@ -70,7 +69,7 @@ void embps_engine_free(embps_engine_t *e) {
 }
 
 unsigned embps_engine_set_threads(embps_engine_t *e, unsigned threads) {
-  return e->threads = e->ops->set_threads ? e->ops->set_threads(e->be, threads) : 1;
+  return e->ops->set_threads ? e->ops->set_threads(e->be, threads) : 1;
 }
 
 embps_backend_t embps_engine_backend(const embps_engine_t *e) { return e->ops->backend; }
@@ -290,15 +289,10 @@ static embps_status_t hash_find(embps_engine_t *e, embps_table_t *t, const int64
   return e->ops->hash_slots(e->be, e->hslots, n, slots, err);
 }
 
-static embps_status_t hash_stepped(embps_engine_t *e, const embps__engine_shape_t *sh,
-                                   embps_table_t *t, size_t nfresh, size_t *m, float **g,
-                                   float **row_sumsq, const int64_t **rows, embps_error_t *err);
-
 /* The push's index step on its m unique nonzero keys `ordered` (backend memory, in HASH_ORDER)
  * with their summed gradients *g (m x w) and row figures *row_sumsq (m): resets the slots the
  * step (re)assigned, then keeps the rows of the keys that keep a slot (hash_keep: *g and
  * *row_sumsq may move), and sets *rows to their slots and *m to their number. */
-
 static embps_status_t hash_step(embps_engine_t *e, const embps__engine_shape_t *sh,
                                 embps_table_t *t, const int64_t *ordered, size_t *m, float **g,
                                 float **row_sumsq, const int64_t **rows, embps_error_t *err) {
@@ -313,16 +307,6 @@ static embps_status_t hash_step(embps_engine_t *e, const embps__engine_shape_t *
   if (ret != EMBPS_OK) /* the index is unchanged on this rank; the group cannot go on */
     return embps_error_set(err, ret, "the key index of table '%s' could not take a step (%s)",
                            embps_table_config(t)->name, embps_status_str(ret));
-  return hash_stepped(e, sh, t, nfresh, m, g, row_sumsq, rows, err);
-}
-
-/* What follows a push's index step (hash_step's, or a tried one kept): publishes the index's
- * counters, resets the nfresh slots it (re)assigned (e->hfresh) and keeps the rows of the keys
- * with a slot (e->hslots), as hash_step says. */
-static embps_status_t hash_stepped(embps_engine_t *e, const embps__engine_shape_t *sh,
-                                   embps_table_t *t, size_t nfresh, size_t *m, float **g,
-                                   float **row_sumsq, const int64_t **rows, embps_error_t *err) {
-  embps_status_t ret;
   embps_table_hindex_publish(t);
   for (size_t i = 0; i < nfresh; i++) {
     e->hfslot[i] = e->hfresh[i].slot;
@@ -331,28 +315,6 @@ static embps_status_t hash_stepped(embps_engine_t *e, const embps__engine_shape_
   if (nfresh && (ret = e->ops->hash_reset(e->be, t, e->hfslot, e->hfkey, nfresh, err)) != EMBPS_OK)
     return ret;
   return e->ops->hash_keep(e->be, e->hslots, m, sh->w, g, row_sumsq, rows, err);
-}
-
-/* A push's index step tried beside its segment sum (segment_sum_stats_beside), on the engine's
- * thread while the backend's other threads sum: the step does not wait for the finite gate, and
- * is undone (embps_hindex_settle) when the gate skips the push, so the index after any sequence
- * of pushes is what stepping after the gate gives. Only where the backend has a thread to sum
- * on meanwhile (e->threads > 1): on one, the undo record would cost and save nothing. */
-typedef struct hash_try {
-  embps_hindex_t *ix;
-  uint64_t *keys;      /* e->hkeys */
-  const int64_t *host; /* the m unique nonzero keys, in HASH_ORDER */
-  size_t m, nfresh;
-  int64_t *slots; /* e->hslots */
-  embps_hindex_fresh_t *fresh;
-  embps_status_t ret; /* embps_hindex_try_step's; EMBPS_OK: a step awaits settling */
-} hash_try_t;
-
-static void hash_try(void *arg) {
-  hash_try_t *h = arg;
-  for (size_t i = 0; i < h->m; i++)
-    h->keys[i] = (uint64_t)HASH_ORDER(h->host[i]);
-  h->ret = embps_hindex_try_step(h->ix, h->keys, h->m, h->slots, h->fresh, &h->nfresh);
 }
 
 /* ---- lookup ---------------------------------------------------------------------------------- */
@@ -514,7 +476,6 @@ embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_s
   const int rowwise = c->optimizer == EMBPS_OPTIMIZER_ROWWISE_ADAGRAD;
   const int hashed = embps_table_hindex(t) != NULL;
   embps__engine_scratch_t s = *sp;
-  hash_try_t ht = {.ret = EMBPS_FAILED_PRECONDITION};
   const int64_t *unique, *rows;
   const float *ready;
   int64_t first_unique = -1;
@@ -527,22 +488,9 @@ embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_s
 
   memset(res, 0, sizeof(*res));
   EMBPS__STEP(ops->unique(be, &U, &first_unique, &unique, err));
-  /* Unique tokens are ascending, so the padding row, when present, is the first. */
-  first = (U > 0 && first_unique == (hashed ? HASH_ORDER(0) : 0)) ? 1 : 0;
   /* Where the backend can, the row statistics are taken while each summed row is still in cache
-   * (kernels/segment_sum_stats.c says what that saves); a hash-keyed table's index steps
-   * meanwhile where the backend can (hash_try). */
-  if (hashed && !sources && ops->segment_sum_stats_beside && e->threads > 1 &&
-      embps_hindex_can_try(embps_table_hindex(t), U - first)) {
-    ht.ix = embps_table_hindex(t);
-    ht.keys = e->hkeys;
-    ht.slots = e->hslots;
-    ht.fresh = e->hfresh;
-    ht.m = U - first;
-    EMBPS__STEP(ops->keys_to_host(be, unique + first, ht.m, &ht.host, err));
-    EMBPS__STEP(ops->segment_sum_stats_beside(be, t, grads, T, U, sh->nb ? w / sh->nb : 0, s.summed,
-                                              s.partials, hash_try, &ht, err));
-  } else if (sources)
+   * (kernels/segment_sum_stats.c says what that saves). */
+  if (sources)
     EMBPS__STEP(ops->segment_sum_bags(be, t, grads, bags, sources, T, U, sh->nb ? w / sh->nb : 0,
                                       s.summed, s.partials, err));
   else if (ops->segment_sum_stats)
@@ -550,6 +498,8 @@ embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_s
                                        s.partials, err));
   else
     EMBPS__STEP(ops->segment_sum(be, t, grads, T, U, s.summed, err));
+  /* Unique tokens are ascending, so the padding row, when present, is the first. */
+  first = (U > 0 && first_unique == (hashed ? HASH_ORDER(0) : 0)) ? 1 : 0;
   rows = unique + first;
   m = U - first;
   g = s.summed + first * w;
@@ -561,24 +511,13 @@ embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_s
   EMBPS__STEP(row_figures(e, sh, &s, g, m, ready, &bad, &total, err));
   row_sumsq = s.row_sumsq;
   if (bad != 0) { /* the gate: one non-finite gradient anywhere skips the step */
-    if (ht.ret == EMBPS_OK && (ret = embps_hindex_settle(ht.ix, 0)) != EMBPS_OK) /* undone */
-      return embps_error_set(err, ret,
-                             "the key index of table '%s' could not undo the step of a push "
-                             "that the finite gate skipped (out of memory for its undo record)",
-                             c->name);
     res->skipped = 1;
     atomic_fetch_add_explicit(&counters->steps_skipped, 1, memory_order_relaxed);
     return EMBPS_OK;
   }
   res->grad_norm = sqrt(total);
-  /* from here on, rows are the slots of the keys that keep a gradient */
-  if (hashed && ht.ret == EMBPS_OK) { /* the step tried beside the sum stands */
-    embps_hindex_settle(ht.ix, 1);
-    ht.ret = EMBPS_FAILED_PRECONDITION;
-    EMBPS__STEP(hash_stepped(e, sh, t, ht.nfresh, &m, &g, &row_sumsq, &rows, err));
-  } else if (hashed) { /* not tried, or the try could not have its scratch: step it now */
+  if (hashed) /* from here on, rows are the slots of the keys that keep a gradient */
     EMBPS__STEP(hash_step(e, sh, t, rows, &m, &g, &row_sumsq, &rows, err));
-  }
   if (c->weight_decay != 0.0f) {
     EMBPS__STEP(ops->weight_decay(be, t, rows, m, g, err));
     if (rowwise) { /* the mean square of the gradient the update sees */
@@ -594,8 +533,6 @@ embps_status_t embps__engine_push_apply(embps_engine_t *e, const embps__engine_s
   atomic_fetch_add_explicit(&counters->steps_applied, 1, memory_order_relaxed);
   return EMBPS_OK;
 fail:
-  if (ht.ret == EMBPS_OK) /* the op failed: the index as it was before it */
-    embps_hindex_settle(ht.ix, 0);
   return ret;
 }
 

@@ -311,7 +311,6 @@ typedef struct sum_job {
   const embps_bag_source_t *sources; /* and its positions' sources; else NULL */
   embps_dtype_t dtype;
   size_t width, T, num_unique, block;
-  size_t stream_span; /* a chunked sum: the span the streaming choice is made for; else 0 */
   float *out, *partials;
 } sum_job_t;
 
@@ -321,10 +320,6 @@ static void sum_share(void *arg, size_t lo, size_t hi) {
     embps_segment_sum_bags_range_cpu(j->grads, j->dtype, j->width, j->bags, j->sources,
                                      j->be->order.p, j->be->starts.p, j->block, j->out, j->partials,
                                      lo, hi);
-  else if (j->stream_span)
-    embps_segment_sum_stats_chunk_cpu(j->grads, j->dtype, j->width, j->be->segment_ids.p, j->T,
-                                      j->block, j->out, j->partials, j->be->segment_counts.p, lo,
-                                      hi, j->stream_span);
   else
     embps_segment_sum_stats_range_cpu(j->grads, j->dtype, j->width, j->be->segment_ids.p, j->T,
                                       j->num_unique, j->block, j->out, j->partials,
@@ -347,35 +342,6 @@ static embps_status_t cpu_segment_sum_stats(embps__engine_backend_t *be, embps_t
                  .partials = partials};
   (void)err;
   embps_workers_run(be->workers, num_unique, MIN_SHARE_ROWS, sum_share, &j);
-  return EMBPS_OK;
-}
-
-/* The chunks of a sum beside another job: each chunk rescans the T segment ids (some tens of
- * microseconds for 65536), so a thread's share comes in about SUM_CHUNKS_PER_THREAD of them,
- * enough for the caller to join the helpers' work wherever its own job ends. */
-#define SUM_CHUNKS_PER_THREAD 4
-
-static embps_status_t cpu_segment_sum_stats_beside(embps__engine_backend_t *be, embps_table_t *t,
-                                                   const void *grads, size_t T, size_t num_unique,
-                                                   size_t block, float *out, float *partials,
-                                                   void (*beside)(void *), void *arg,
-                                                   embps_error_t *err) {
-  const size_t k = embps_workers_threads(be->workers);
-  size_t chunk = num_unique / (k * SUM_CHUNKS_PER_THREAD) + 1;
-  sum_job_t j = {.be = be,
-                 .grads = grads,
-                 .dtype = embps_table_config(t)->dtype,
-                 .width = embps_table_shard_width(t),
-                 .T = T,
-                 .num_unique = num_unique,
-                 .block = block,
-                 .stream_span = num_unique / k + 1,
-                 .out = out,
-                 .partials = partials};
-  (void)err;
-  if (chunk < MIN_SHARE_ROWS / 2)
-    chunk = MIN_SHARE_ROWS / 2;
-  embps_workers_run_beside(be->workers, num_unique, chunk, sum_share, &j, beside, arg);
   return EMBPS_OK;
 }
 
@@ -815,7 +781,6 @@ const embps__engine_ops_t embps__engine_cpu_ops = {
     .copy2d = cpu_copy2d,
     .segment_sum = cpu_segment_sum,
     .segment_sum_stats = cpu_segment_sum_stats,
-    .segment_sum_stats_beside = cpu_segment_sum_stats_beside,
     .row_partials = cpu_row_partials,
     .row_combine = cpu_row_combine,
     .row_sums = cpu_row_sums,

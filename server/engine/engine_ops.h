@@ -124,15 +124,6 @@ typedef struct embps__engine_ops {
   embps_status_t (*segment_sum_stats)(embps__engine_backend_t *be, embps_table_t *t,
                                       const void *grads, size_t T, size_t num_unique, size_t block,
                                       float *out, float *partials, embps_error_t *err);
-  /** segment_sum_stats, with beside(arg) run on the caller's thread while the backend's other
-   * threads start the sum (the caller joins them once beside returns): a hash-keyed push's index
-   * step (engine.c: hash_try). beside must not touch what the sum reads or writes. NULL where
-   * the backend has no threads to run the sum on meanwhile (engine.c then steps the index after
-   * the finite gate, as it always may). */
-  embps_status_t (*segment_sum_stats_beside)(embps__engine_backend_t *be, embps_table_t *t,
-                                             const void *grads, size_t T, size_t num_unique,
-                                             size_t block, float *out, float *partials,
-                                             void (*beside)(void *), void *arg, embps_error_t *err);
 
   /** embps_row_partials_cpu's contract. */
   embps_status_t (*row_partials)(embps__engine_backend_t *be, const float *g, size_t m, size_t w,
@@ -281,7 +272,6 @@ struct embps_engine {
   embps_store_t *store;
   const embps__engine_ops_t *ops;
   embps__engine_backend_t *be;
-  unsigned threads; /* the backend's threads (embps_engine_set_threads; 1 until set) */
   /* Hash-keyed tables' host scratch, T entries each (grown as the batches grow): the unique keys
    * of a push as the index takes them (hkeys), their slots (hslots), the slots a step
    * (re)assigned (hfresh) and the same as two arrays for hash_reset (hfslot, hfkey). */

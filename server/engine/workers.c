@@ -1,11 +1,8 @@
 /* Workers (workers.h): helpers that wait for a loop's generation number to change, run their
- * share (or, in a loop with a side job, claim chunks from a shared counter until none is left),
- * and count down; the caller runs share 0 (or its side job, then claims chunks too) and waits
- * for the count to reach zero. */
+ * share, and count down; the caller runs share 0 and waits for the count to reach zero. */
 #include "server/engine/workers.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
 
 #include "common/alloc.h"
 
@@ -26,26 +23,14 @@ struct embps_workers {
   void *arg;
   size_t n;
   unsigned shares;
-  size_t chunk;       /* 0: static shares; else chunks claimed from next */
-  atomic_size_t next; /* the next unclaimed index of a chunked loop */
-  unsigned pending;   /* helpers' shares not yet finished */
-  unsigned threads;   /* the caller's and the helpers' */
+  unsigned pending; /* helpers' shares not yet finished */
+  unsigned threads; /* the caller's and the helpers' */
   helper_t *helpers;
 };
 
 static size_t share_edge(size_t n, unsigned i, unsigned k) {
   /* n * i / k without overflow for any n below 2^64 / k */
   return (n / k) * i + (n % k) * i / k;
-}
-
-/* Runs chunks of [0, n) claimed from w->next until none is left. */
-static void claim(embps_workers_t *w, embps_workers_fn fn, void *arg, size_t n, size_t chunk) {
-  for (;;) {
-    size_t lo = atomic_fetch_add_explicit(&w->next, chunk, memory_order_relaxed);
-    if (lo >= n)
-      return;
-    fn(arg, lo, n - lo < chunk ? n : lo + chunk);
-  }
 }
 
 static void *helper_main(void *p) {
@@ -65,12 +50,9 @@ static void *helper_main(void *p) {
     embps_workers_fn fn = w->fn;
     void *arg = w->arg;
     size_t lo = share_edge(w->n, h->index, w->shares),
-           hi = share_edge(w->n, h->index + 1, w->shares), n = w->n, chunk = w->chunk;
+           hi = share_edge(w->n, h->index + 1, w->shares);
     pthread_mutex_unlock(&w->mu);
-    if (chunk)
-      claim(w, fn, arg, n, chunk);
-    else
-      fn(arg, lo, hi);
+    fn(arg, lo, hi);
     pthread_mutex_lock(&w->mu);
     if (--w->pending == 0)
       pthread_cond_signal(&w->done);
@@ -143,45 +125,12 @@ void embps_workers_run(embps_workers_t *w, size_t n, size_t min_share, embps_wor
   w->arg = arg;
   w->n = n;
   w->shares = (unsigned)k;
-  w->chunk = 0;
   w->pending = (unsigned)k - 1;
   w->generation++;
   pthread_cond_broadcast(&w->wake);
   pthread_mutex_unlock(&w->mu);
 
   fn(arg, 0, share_edge(n, 1, (unsigned)k));
-
-  pthread_mutex_lock(&w->mu);
-  while (w->pending > 0)
-    pthread_cond_wait(&w->done, &w->mu);
-  pthread_mutex_unlock(&w->mu);
-}
-
-void embps_workers_run_beside(embps_workers_t *w, size_t n, size_t chunk, embps_workers_fn fn,
-                              void *arg, void (*beside)(void *), void *beside_arg) {
-  const unsigned k = embps_workers_threads(w);
-  if (chunk == 0)
-    chunk = 1;
-  if (k <= 1 || n == 0) {
-    beside(beside_arg);
-    if (n)
-      fn(arg, 0, n);
-    return;
-  }
-  pthread_mutex_lock(&w->mu);
-  w->fn = fn;
-  w->arg = arg;
-  w->n = n;
-  w->shares = k;
-  w->chunk = chunk;
-  atomic_store_explicit(&w->next, 0, memory_order_relaxed);
-  w->pending = k - 1;
-  w->generation++;
-  pthread_cond_broadcast(&w->wake);
-  pthread_mutex_unlock(&w->mu);
-
-  beside(beside_arg);
-  claim(w, fn, arg, n, chunk);
 
   pthread_mutex_lock(&w->mu);
   while (w->pending > 0)

@@ -39,15 +39,4 @@ unsigned embps_workers_threads(const embps_workers_t *w);
 void embps_workers_run(embps_workers_t *w, size_t n, size_t min_share, embps_workers_fn fn,
                        void *arg);
 
-/**
- * Runs beside(beside_arg) on the caller while the helpers run fn over [0, n) in chunks of
- * `chunk` indices ([i*chunk, min(n, (i+1)*chunk)), each claimed by whichever thread comes
- * first); once beside returns, the caller claims the chunks left too. Returns when beside and
- * every chunk are done. Which thread runs a chunk depends on timing, so fn must give the same
- * result for any split (the per-row kernels do). With w NULL or one thread: beside, then
- * fn(arg, 0, n). chunk 0 counts as 1.
- */
-void embps_workers_run_beside(embps_workers_t *w, size_t n, size_t chunk, embps_workers_fn fn,
-                              void *arg, void (*beside)(void *), void *beside_arg);
-
 #endif

@@ -193,7 +193,6 @@ void embps_hindex_free(embps_hindex_t *ix) {
   if (!ix)
     return;
   embps_free(ix->scratch);
-  embps_free(ix->jrn);
   embps_map_free(ix->arena, ix->arena_bytes);
   embps_free(ix);
 }
@@ -241,9 +240,7 @@ void embps__hindex_map_insert(embps_hindex_t *ix, uint64_t key, uint32_t slot) {
   uint64_t h = key_hash(ix, key), i = home(ix, h);
   while (ix->buckets[i])
     i = (i + 1) & ix->mask;
-  embps__hix_log(ix, &ix->buckets[i]);
   ix->buckets[i] = (h >> 32) << 32 | ((uint64_t)slot + 1);
-  embps__hix_log(ix, &ix->key[slot]);
   ix->key[slot] = key;
 }
 
@@ -258,12 +255,10 @@ static void map_remove(embps_hindex_t *ix, uint32_t slot) {
   for (j = (i + 1) & ix->mask; ix->buckets[j]; j = (j + 1) & ix->mask) {
     uint64_t hj = bucket_home(ix, ix->buckets[j]);
     if (((j - hj) & ix->mask) >= ((j - i) & ix->mask)) {
-      embps__hix_log(ix, &ix->buckets[i]);
       ix->buckets[i] = ix->buckets[j];
       i = j;
     }
   }
-  embps__hix_log(ix, &ix->buckets[i]);
   ix->buckets[i] = 0;
 }
 
@@ -324,9 +319,7 @@ static int less(const embps_hindex_t *ix, uint32_t a, uint32_t b) {
 }
 
 static void heap_set(embps_hindex_t *ix, uint64_t i, uint32_t slot) {
-  embps__hix_log(ix, &ix->heap[i]);
   ix->heap[i] = slot;
-  embps__hix_log(ix, &ix->pos[slot]);
   ix->pos[slot] = (uint32_t)i;
 }
 
@@ -359,7 +352,6 @@ static void sift_down(embps_hindex_t *ix, uint64_t i) {
 }
 
 static void heap_push(embps_hindex_t *ix, uint32_t slot) {
-  embps__hix_log(ix, &ix->heap[ix->nheap]);
   ix->heap[ix->nheap++] = slot;
   sift_up(ix, ix->nheap - 1);
 }
@@ -367,7 +359,6 @@ static void heap_push(embps_hindex_t *ix, uint32_t slot) {
 static void heap_remove(embps_hindex_t *ix, uint32_t slot) {
   uint64_t i = ix->pos[slot];
   uint32_t last = ix->heap[--ix->nheap];
-  embps__hix_log(ix, &ix->pos[slot]);
   ix->pos[slot] = EMBPS__HIX_NONE;
   if (i == ix->nheap)
     return;
@@ -393,30 +384,23 @@ static void queue_remove(embps_hindex_t *ix, uint32_t s) {
   uint32_t p = ix->link[2 * (uint64_t)s], q = ix->link[2 * (uint64_t)s + 1];
   if (p == EMBPS__HIX_NONE)
     ix->head = q;
-  else {
-    embps__hix_log(ix, &ix->link[2 * (uint64_t)p + 1]);
+  else
     ix->link[2 * (uint64_t)p + 1] = q;
-  }
   if (q == EMBPS__HIX_NONE)
     ix->tail = p;
-  else {
-    embps__hix_log(ix, &ix->link[2 * (uint64_t)q]);
+  else
     ix->link[2 * (uint64_t)q] = p;
-  }
   ix->nheap--;
 }
 
 /* Appends s at the tail: its (score, key) must exceed every one in the queue. */
 static void queue_append(embps_hindex_t *ix, uint32_t s) {
-  embps__hix_log(ix, &ix->link[2 * (uint64_t)s]); /* one word: both links (8-aligned) */
   ix->link[2 * (uint64_t)s] = ix->tail;
   ix->link[2 * (uint64_t)s + 1] = EMBPS__HIX_NONE;
   if (ix->tail == EMBPS__HIX_NONE)
     ix->head = s;
-  else {
-    embps__hix_log(ix, &ix->link[2 * (uint64_t)ix->tail + 1]);
+  else
     ix->link[2 * (uint64_t)ix->tail + 1] = s;
-  }
   ix->tail = s;
   ix->nheap++;
 }
@@ -521,7 +505,6 @@ static uint32_t sketch_count(embps_hindex_t *ix, uint64_t key) {
   next = est < 255 ? est + 1 : 255;
   for (uint32_t r = 0; r < EMBPS_HINDEX_SKETCH_DEPTH; r++)
     if (*c[r] < next) {
-      embps__hix_log(ix, c[r]);
       *c[r] = (uint8_t)next;
       embps__hix_mark_sketch(ix, (uint64_t)(c[r] - ix->sketch));
     }
@@ -560,10 +543,8 @@ static void expire(embps_hindex_t *ix) {
     uint32_t s = victim(ix);
     order_remove(ix, s);
     map_remove(ix, s);
-    embps__hix_log(ix, &ix->key[s]);
     ix->key[s] = 0;
     embps__hix_mark(ix, s);
-    embps__hix_log(ix, &ix->free[ix->nfree]);
     ix->free[ix->nfree++] = s;
     ix->st.size--;
     ix->st.expired++;
@@ -656,7 +637,6 @@ embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_
     }
     if (s != EMBPS__HIX_NONE) {
       order_remove(ix, s);
-      embps__hix_log(ix, &ix->score[s]);
       ix->score[s] = weight ? ix->score[s] + weight : ix->st.clock;
       embps__hix_mark(ix, s);
     } else if (ix->admit_all || ix->cfg.admit_after == 1 ||
@@ -716,7 +696,6 @@ embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_
       break;
     }
     embps__hindex_map_insert(ix, u[i], s);
-    embps__hix_log(ix, &ix->score[s]);
     ix->score[s] = weight ? weight : ix->st.clock;
     embps__hix_mark(ix, s);
     us[i] = s;
@@ -731,10 +710,8 @@ embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_
     ix->head = walk;
     if (walk == EMBPS__HIX_NONE)
       ix->tail = EMBPS__HIX_NONE;
-    else {
-      embps__hix_log(ix, &ix->link[2 * (uint64_t)walk]);
+    else
       ix->link[2 * (uint64_t)walk] = EMBPS__HIX_NONE;
-    }
     ix->nheap -= nv;
   }
   /* Unpin: back into the victim order, in ascending key order (the queue stays sorted). */
@@ -772,103 +749,6 @@ void embps__hindex_order_add(embps_hindex_t *ix, uint32_t s) {
     heap_push(ix, s);
   else
     queue_append(ix, s);
-}
-
-/* ---- a tried step ---------------------------------------------------------------------------- */
-
-/* Grows the undo record to at least `want` entries; 0 if it cannot. */
-static int undo_reserve(embps_hindex_t *ix, size_t want) {
-  struct embps__hix_undo *p;
-  if (want <= ix->jcap)
-    return 1;
-  if (want > SIZE_MAX / sizeof(*p) || !(p = embps_realloc(ix->jrn, want * sizeof(*p))))
-    return 0;
-  ix->jrn = p;
-  ix->jcap = want;
-  return 1;
-}
-
-void embps__hix_log_slow(embps_hindex_t *ix, const void *p) {
-  uint64_t *w = (uint64_t *)((uintptr_t)p & ~(uintptr_t)7); /* arrays are 64-byte aligned */
-  if (ix->jn == ix->jcap && !undo_reserve(ix, ix->jcap < 1024 ? 1024 : 2 * ix->jcap)) {
-    ix->jlost = 1; /* the step goes on, and cannot be undone */
-    ix->jon = 0;
-    return;
-  }
-  ix->jrn[ix->jn].p = w;
-  ix->jrn[ix->jn].v = *w;
-  ix->jn++;
-}
-
-/* The most keys a tried step may expire beyond its n keys (each costs the record a few words). */
-#define TRY_EXPIRE_SLACK 1024u
-
-int embps_hindex_can_try(const embps_hindex_t *ix, size_t n) {
-  uint64_t clock = ix->st.clock + 1, limit = n + TRY_EXPIRE_SLACK;
-  if (ix->st.clock == UINT64_MAX || ix->jopen)
-    return 0;
-  if (ix->cfg.policy == EMBPS_HINDEX_LFU) /* no renormalisation (lfu_weight) in a tried step */
-    return clock / ix->cfg.half_life - ix->base <= ix->dmax;
-  if (ix->cfg.policy == EMBPS_HINDEX_TTL) { /* the queue's head: the keys expire() takes */
-    uint32_t s = ix->head;
-    for (uint64_t k = 0; s != EMBPS__HIX_NONE && clock - ix->score[s] > ix->cfg.ttl_steps;
-         s = ix->link[2 * (uint64_t)s + 1])
-      if (++k > limit)
-        return 0;
-  }
-  return 1;
-}
-
-embps_status_t embps_hindex_try_step(embps_hindex_t *ix, const uint64_t *keys, size_t n,
-                                     int64_t *slots, embps_hindex_fresh_t *fresh, size_t *nfresh) {
-  embps_status_t ret;
-  if (!embps_hindex_can_try(ix, n))
-    return EMBPS_FAILED_PRECONDITION;
-  /* About 8 words a key (touch: score, links; insert: bucket, key, score, links; evict: the
-   * map's shifts), reserved up front so that a step rarely grows the record midway. */
-  if (n > SIZE_MAX / 16 - 4096 || !undo_reserve(ix, 12 * n + 4096))
-    return EMBPS_RESOURCE_EXHAUSTED;
-  ix->jsave.st = ix->st;
-  ix->jsave.nheap = ix->nheap;
-  ix->jsave.nfree = ix->nfree;
-  ix->jsave.low_free = ix->low_free;
-  ix->jsave.base = ix->base;
-  ix->jsave.head = ix->head;
-  ix->jsave.tail = ix->tail;
-  ix->jn = 0;
-  ix->jlost = 0;
-  ix->jon = 1;
-  ret = embps_hindex_step(ix, keys, n, slots, fresh, nfresh);
-  if (ret != EMBPS_OK) { /* nothing changed */
-    ix->jon = 0;
-    ix->jn = 0;
-    return ret;
-  }
-  ix->jon = 0; /* the record is complete; it stays until settled */
-  ix->jopen = 1;
-  return EMBPS_OK;
-}
-
-embps_status_t embps_hindex_settle(embps_hindex_t *ix, int keep) {
-  const int lost = ix->jlost;
-  if (!ix->jopen)
-    return EMBPS_OK;
-  ix->jopen = ix->jlost = 0;
-  if (keep || lost) {
-    ix->jn = 0;
-    return keep ? EMBPS_OK : EMBPS_RESOURCE_EXHAUSTED;
-  }
-  for (size_t i = ix->jn; i-- > 0;) /* newest first: each word ends at its oldest value */
-    *ix->jrn[i].p = ix->jrn[i].v;
-  ix->jn = 0;
-  ix->st = ix->jsave.st;
-  ix->nheap = ix->jsave.nheap;
-  ix->nfree = ix->jsave.nfree;
-  ix->low_free = ix->jsave.low_free;
-  ix->base = ix->jsave.base;
-  ix->head = ix->jsave.head;
-  ix->tail = ix->jsave.tail;
-  return EMBPS_OK;
 }
 
 /* ---- an assign ------------------------------------------------------------------------------- */

@@ -136,35 +136,6 @@ void embps_hindex_find(const embps_hindex_t *ix, const uint64_t *keys, size_t n,
 embps_status_t embps_hindex_step(embps_hindex_t *ix, const uint64_t *keys, size_t n, int64_t *slots,
                                  embps_hindex_fresh_t *fresh, size_t *nfresh);
 
-/** Whether embps_hindex_try_step may take the next step of up to n keys: not when the clock is
- * at its end, a tried step is not yet settled, an LFU step would renormalise every score, or a
- * TTL step would expire more than n + 1024 keys (such a step's undo record would grow with the
- * table, not with n). Reads ix only (O(keys it would expire)). */
-int embps_hindex_can_try(const embps_hindex_t *ix, size_t n);
-
-/**
- * embps_hindex_step's step, taken so that it can be undone: a push steps the index while its
- * gradients are summed, before the finite gate has decided whether the step happens at all.
- * Every array word the step writes is logged first (its address and old value: 16 bytes, about
- * 2-8 words a key, kept with ix and grown as needed; like the scratch, not part of
- * embps_hindex_bytes). slots, fresh, *nfresh and the state after it as embps_hindex_step. Until
- * embps_hindex_settle, ix may be read (embps_hindex_find, encode) but not stepped.
- * Errors: EMBPS_FAILED_PRECONDITION when !embps_hindex_can_try(ix, n), EMBPS_RESOURCE_EXHAUSTED
- * when the scratch or the record cannot be had; ix is then unchanged and nothing is to settle.
- */
-embps_status_t embps_hindex_try_step(embps_hindex_t *ix, const uint64_t *keys, size_t n,
-                                     int64_t *slots, embps_hindex_fresh_t *fresh, size_t *nfresh);
-
-/**
- * Ends the step embps_hindex_try_step took: keep != 0 keeps it (ix as if embps_hindex_step had
- * taken it); keep == 0 undoes it: ix is bit for bit the index before the try (every array, the
- * counters, the clock, the change tracking since the last capture), as if the step had never
- * been asked for. Errors: EMBPS_RESOURCE_EXHAUSTED when keep == 0 and the record could not
- * grow during the step (out of memory): ix then keeps the step, and the caller must stop using
- * it (a group cannot go on). A no-op returning EMBPS_OK when no tried step is open.
- */
-embps_status_t embps_hindex_settle(embps_hindex_t *ix, int keep);
-
 /**
  * One assign step of the table (an Assign RPC writing rows directly): embps_hindex_step's step,
  * with the clock, expiry, scores, eviction and refusal alike, except that every absent key is

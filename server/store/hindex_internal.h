@@ -58,40 +58,7 @@ struct embps_hindex {
   uint32_t dmax;         /* LFU: the largest epoch - base kept before renormalising */
   embps_hindex_stats_t st;
   int admit_all; /* set by embps_hindex_assign for its step: every absent key is admitted */
-  /* A tried step's undo record (embps_hindex_try_step, until embps_hindex_settle): jon while
-   * it is kept; every array word a step writes is logged (its address and its value before)
-   * first, jn entries in jrn (jcap of room, grown as needed, freed with the index; not state),
-   * and the header fields a step changes are saved in jsave. jlost: the record could not grow,
-   * so the step cannot be undone. */
-  struct embps__hix_undo {
-    uint64_t *p, v;
-  } * jrn;
-  size_t jn, jcap;
-  int jopen, jon, jlost; /* jopen: a tried step awaits embps_hindex_settle */
-  struct {
-    embps_hindex_stats_t st;
-    uint64_t nheap, nfree, low_free, base;
-    uint32_t head, tail;
-  } jsave;
 };
-
-/** Logs the aligned 8-byte word holding *p (an arena byte about to be written) in the undo
- * record of a tried step, growing the record first (hindex.c). */
-void embps__hix_log_slow(struct embps_hindex *ix, const void *p);
-
-/** Logs *p before a write when a tried step keeps an undo record; else nothing. */
-static inline void embps__hix_log(struct embps_hindex *ix, const void *p) {
-  if (__builtin_expect(ix->jon, 0)) {
-    if (ix->jn < ix->jcap) { /* the aligned word (arrays are 64-byte aligned in the arena) */
-      uint64_t *w = (uint64_t *)((uintptr_t)p & ~(uintptr_t)7);
-      ix->jrn[ix->jn].p = w;
-      ix->jrn[ix->jn].v = *w;
-      ix->jn++;
-    } else {
-      embps__hix_log_slow(ix, p);
-    }
-  }
-}
 
 /** The key hash: a seeded bijection of 64-bit keys. */
 static inline uint64_t embps__hix_mix(uint64_t x) { return embps_mix64(x); }
@@ -104,20 +71,13 @@ static inline uint64_t embps__hix_sketch_col(const struct embps_hindex *ix, uint
 
 /** Marks slot s changed since the last capture. */
 static inline void embps__hix_mark(struct embps_hindex *ix, uint64_t s) {
-  const uint64_t bit = UINT64_C(1) << (s & 63);
-  if (!(ix->chg[s >> 6] & bit)) {
-    embps__hix_log(ix, &ix->chg[s >> 6]);
-    ix->chg[s >> 6] |= bit;
-  }
+  ix->chg[s >> 6] |= UINT64_C(1) << (s & 63);
 }
 
 /** Marks the sketch's counter at byte offset off changed since the last capture. */
 static inline void embps__hix_mark_sketch(struct embps_hindex *ix, uint64_t off) {
-  const uint64_t b = off / EMBPS__HIX_SKETCH_BLOCK, bit = UINT64_C(1) << (b & 63);
-  if (!(ix->schg[b >> 6] & bit)) {
-    embps__hix_log(ix, &ix->schg[b >> 6]);
-    ix->schg[b >> 6] |= bit;
-  }
+  uint64_t b = off / EMBPS__HIX_SKETCH_BLOCK;
+  ix->schg[b >> 6] |= UINT64_C(1) << (b & 63);
 }
 
 /** The sketch's blocks (EMBPS__HIX_SKETCH_BLOCK bytes, the last one maybe shorter) for c. */

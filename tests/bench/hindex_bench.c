@@ -13,10 +13,7 @@
  * Keys are 64-bit values scattered from the ranks by a bijective mix. Not a test: it asserts
  * nothing about speed; with --check it checks every found slot holds its key (the ctest smoke run).
  *
- * With --try, each step is a tried one (embps_hindex_try_step, then embps_hindex_settle keeping
- * it, as a push whose gate passed): the cost of its undo record.
- *
- *   hindex_bench [--capacity C[,C...]] [--batch B] [--queries Q] [--sorted] [--try] [--check] */
+ *   hindex_bench [--capacity C[,C...]] [--batch B] [--queries Q] [--sorted] [--check] */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -69,8 +66,6 @@ static double now(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
-
-static int g_try; /* --try */
 
 static int run(uint64_t capacity, int zipf, double load, size_t batch, size_t queries, int sorted,
                int check) {
@@ -126,9 +121,7 @@ static int run(uint64_t capacity, int zipf, double load, size_t batch, size_t qu
     if (sorted)
       n = sort_distinct(keys, batch);
     t = now();
-    if ((g_try ? embps_hindex_try_step(ix, keys, n, slots, fresh, &nfresh)
-               : embps_hindex_step(ix, keys, n, slots, fresh, &nfresh)) != EMBPS_OK ||
-        embps_hindex_settle(ix, 1) != EMBPS_OK) {
+    if (embps_hindex_step(ix, keys, n, slots, fresh, &nfresh) != EMBPS_OK) {
       fprintf(stderr, "hindex_bench: a step failed\n");
       return 1;
     }
@@ -171,11 +164,9 @@ int main(int argc, char **argv) {
       check = 1;
     else if (!strcmp(argv[i], "--sorted"))
       sorted = 1;
-    else if (!strcmp(argv[i], "--try"))
-      g_try = 1;
     else {
       fprintf(stderr, "usage: hindex_bench [--capacity C[,C...]] [--batch B] [--queries Q] "
-                      "[--sorted] [--try] [--check]\n");
+                      "[--sorted] [--check]\n");
       return 2;
     }
   }

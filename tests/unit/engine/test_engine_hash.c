@@ -1,9 +1,9 @@
 /* The engine on a hash-keyed table (a group of one, the cpu backend), against a reference model
  * written here: a table of CAP keys with LRU eviction (the least (last push step, key) not in the
  * step), new keys read as their initial rows, SGD on the stored keys, the non-finite gate before
- * any index step. With 1, 2 and 3 engine threads: from 2, the push tries its index step beside
- * the segment sum and undoes it when the gate skips the push (the index's bytes are checked
- * unchanged by a skipped push). */
+ * any index step. With 1, 2 and 3 engine threads (2 and 3 share the sum and the update), and a
+ * skipped push (NaN gradients, every ninth step) checked to leave the index's bytes as they
+ * were. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

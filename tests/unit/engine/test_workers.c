@@ -1,7 +1,5 @@
 /* Workers (server/engine/workers.h): every index of a loop runs exactly once, in the shares the
- * header promises, share 0 on the caller, over many loops in a row; a chunked loop beside a
- * side job (embps_workers_run_beside) runs its job once on the caller and every index once, in
- * whole chunks, interleaved with static loops. */
+ * header promises, share 0 on the caller, over many loops in a row. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -111,62 +109,10 @@ static void test_many_loops(void **state) {
   embps_workers_free(w);
 }
 
-/* A chunked loop's record: each index's hits and the chunks' edges. */
-typedef struct chunks {
-  atomic_uchar hits[MAX_N];
-  atomic_int bad, beside_runs, beside_elsewhere;
-  pthread_t caller;
-  size_t n, chunk;
-} chunks_t;
-
-static void visit_chunk(void *arg, size_t lo, size_t hi) {
-  chunks_t *c = arg;
-  if (!(lo < hi && hi <= c->n && lo % c->chunk == 0 && (hi == c->n || hi - lo == c->chunk)))
-    atomic_fetch_add(&c->bad, 1);
-  for (size_t i = lo; i < hi && i < c->n; i++)
-    atomic_fetch_add(&c->hits[i], 1);
-}
-
-static void beside(void *arg) {
-  chunks_t *c = arg;
-  atomic_fetch_add(&c->beside_runs, 1);
-  if (!pthread_equal(pthread_self(), c->caller))
-    atomic_fetch_add(&c->beside_elsewhere, 1);
-}
-
-static void test_beside(void **state) {
-  static chunks_t c;
-  static record_t r;
-  const size_t ns[] = {0, 1, 7, 256, 1000, 4096, MAX_N};
-  const size_t chunk_sizes[] = {0, 1, 3, 256, 5000};
-  (void)state;
-  for (unsigned threads = 1; threads <= 4; threads++) {
-    unsigned got = 1;
-    embps_workers_t *w = threads > 1 ? embps_workers_new(threads, &got) : NULL;
-    assert_int_equal(got, threads);
-    for (size_t a = 0; a < sizeof(ns) / sizeof(ns[0]); a++)
-      for (size_t b = 0; b < sizeof(chunk_sizes) / sizeof(chunk_sizes[0]); b++) {
-        memset(&c, 0, sizeof(c));
-        c.caller = pthread_self();
-        c.n = ns[a];
-        c.chunk = chunk_sizes[b] ? chunk_sizes[b] : 1;
-        embps_workers_run_beside(w, c.n, chunk_sizes[b], visit_chunk, &c, beside, &c);
-        assert_int_equal(atomic_load(&c.bad), 0);
-        assert_int_equal(atomic_load(&c.beside_runs), 1);
-        assert_int_equal(atomic_load(&c.beside_elsewhere), 0);
-        for (size_t i = 0; i < c.n; i++)
-          assert_int_equal(atomic_load(&c.hits[i]), 1);
-        check_loop(w, &r, 1000, 1); /* a static loop after a chunked one */
-      }
-    embps_workers_free(w);
-  }
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shares),
       cmocka_unit_test(test_many_loops),
-      cmocka_unit_test(test_beside),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -81,21 +81,6 @@ static void run_case(embps_dtype_t dtype, size_t n, size_t width, size_t vocab, 
   assert_memory_equal(got_p, want_p, nu * nb * sizeof(float));
   assert_true(isnan(got_p[nu * nb]));
 
-  /* In chunks of 5 segments, the streaming choice made for a span of 1 (streams) and of 2^30
-   * (does not), as embps_workers_run_beside's chunks call it: the same bits. */
-  for (size_t span = 1; span <= ((size_t)1 << 30); span <<= 30) {
-    for (size_t k = 0; k < nu * width; k++)
-      got[k] = NAN;
-    for (size_t k = 0; k < nu * nb + 1; k++)
-      got_p[k] = NAN;
-    for (size_t lo = 0; lo < nu; lo += 5)
-      embps_segment_sum_stats_chunk_cpu(grads, dtype, width, seg, n, block, got, got_p, cws, lo,
-                                        nu - lo < 5 ? nu : lo + 5, span);
-    assert_memory_equal(got, want, nu * width * sizeof(float));
-    assert_memory_equal(got_p, want_p, nu * nb * sizeof(float));
-    assert_true(isnan(got_p[nu * nb]));
-  }
-
   free(cws);
   free(got_p);
   free(want_p);
