@@ -1,7 +1,9 @@
 /* The engine on a hash-keyed table (a group of one, the cpu backend), against a reference model
  * written here: a table of CAP keys with LRU eviction (the least (last push step, key) not in the
  * step), new keys read as their initial rows, SGD on the stored keys, the non-finite gate before
- * any index step. */
+ * any index step. With 1, 2 and 3 engine threads (2 and 3 share the sum and the update), and a
+ * skipped push (NaN gradients, every ninth step) checked to leave the index's bytes as they
+ * were. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,7 @@
 
 #include "kernels/embps_kernels.h"
 #include "server/engine/engine.h"
+#include "server/store/hindex.h"
 
 #define WIDTH 8
 #define CAP 4
@@ -116,7 +119,16 @@ static uint64_t rng_next(uint64_t *s) {
   return *s >> 33;
 }
 
-static void test_lookup_and_push_match_the_reference(void **state) {
+static uint8_t *index_bytes(embps_table_t *t, size_t *len) {
+  const embps_hindex_t *ix = embps_table_hindex(t);
+  uint8_t *p;
+  *len = embps_hindex_encoded_bytes(ix);
+  assert_non_null(p = malloc(*len));
+  embps_hindex_encode(ix, p);
+  return p;
+}
+
+static void run_against_the_reference(unsigned threads) {
   embps_comm_t *comm;
   embps_store_t *store;
   embps_engine_t *engine;
@@ -128,7 +140,6 @@ static void test_lookup_and_push_match_the_reference(void **state) {
   ref_t ref;
   int fds[1] = {-1};
   uint64_t keys[NKEYS], seed = 42, skipped = 0;
-  (void)state;
 
   for (int i = 0; i < NKEYS; i++) /* large ids, half of them negative as int64 */
     keys[i] = (rng_next(&seed) << 33) ^ (rng_next(&seed) << 2) ^ (uint64_t)(i + 1) ^
@@ -145,6 +156,8 @@ static void test_lookup_and_push_match_the_reference(void **state) {
   assert_int_equal(embps_comm_tcp_new(&comm, 0, 1, fds, 10000), EMBPS_OK);
   assert_int_equal(embps_store_new(&store), EMBPS_OK);
   assert_int_equal(embps_engine_new(&engine, comm, store, EMBPS_BACKEND_CPU, NULL), EMBPS_OK);
+  if (threads > 1)
+    assert_int_equal(embps_engine_set_threads(engine, threads), threads);
   memset(&op, 0, sizeof(op));
   op.kind = EMBPS_OP_CREATE_TABLE;
   op.create = c;
@@ -156,12 +169,15 @@ static void test_lookup_and_push_match_the_reference(void **state) {
   for (int step = 0; step < STEPS; step++) {
     int64_t tokens[BATCH];
     float g[BATCH * WIDTH], out[BATCH * WIDTH], want[WIDTH];
+    const int nan_step = step == 7 || step % 9 == 5;
+    uint8_t *before = NULL, *after;
+    size_t lb = 0, la;
     for (int i = 0; i < BATCH; i++)
       tokens[i] = (int64_t)(i == step % BATCH ? 0 : keys[rng_next(&seed) % NKEYS]);
     for (int i = 0; i < BATCH * WIDTH; i++)
       g[i] = (float)((int)(rng_next(&seed) % 17) - 8) / 8.0f;
-    if (step == 7)
-      g[3 * WIDTH + 2] = NAN;
+    if (nan_step)
+      g[((step + 1) % BATCH) * WIDTH + 2] = NAN; /* never the padding's position */
     if (step == 8)
       g[(step % BATCH) * WIDTH] = NAN; /* on the padding: ignored as a dense table does */
 
@@ -178,6 +194,8 @@ static void test_lookup_and_push_match_the_reference(void **state) {
         assert_true(fabsf(out[i * WIDTH + col] - want[col]) <= 1e-5f);
     }
 
+    if (nan_step)
+      before = index_bytes(t, &lb);
     memset(&op, 0, sizeof(op));
     op.kind = EMBPS_OP_PUSH;
     op.table = t;
@@ -186,10 +204,15 @@ static void test_lookup_and_push_match_the_reference(void **state) {
     op.grads = g;
     assert_int_equal(embps_engine_run(engine, &op, &err), EMBPS_OK);
     assert_int_equal(op.error.status, EMBPS_OK);
-    if (step == 7) {
+    if (nan_step) {
       assert_true(op.skipped);
       skipped++;
-      continue; /* nothing changed: no index step either */
+      after = index_bytes(t, &la); /* nothing changed: no index step either */
+      assert_int_equal(la, lb);
+      assert_memory_equal(after, before, la);
+      free(before);
+      free(after);
+      continue;
     }
     assert_true(op.applied);
     ref_push(&ref, (const uint64_t *)tokens, g, BATCH);
@@ -205,6 +228,13 @@ static void test_lookup_and_push_match_the_reference(void **state) {
   embps_engine_free(engine);
   embps_store_free(store);
   embps_comm_free(comm);
+}
+
+static void test_lookup_and_push_match_the_reference(void **state) {
+  (void)state;
+  run_against_the_reference(1);
+  run_against_the_reference(2);
+  run_against_the_reference(3);
 }
 
 int main(void) {
