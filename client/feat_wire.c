@@ -116,25 +116,10 @@ static size_t split_before(const uint8_t *p, size_t n, uint32_t field) {
   size_t i = 0;
   while (i < n) {
     uint64_t key, v = 0;
-    size_t k = embps_varint_get(p + i, n - i, &key), at = i;
+    size_t k = embps_wire_next_field(p, n, i, &key, &v);
     if (!k || (key >> 3) > field)
-      return at;
-    i += k;
-    switch (key & 7) {
-    case EMBPS_WIRE_VARINT:
-      i += embps_varint_get(p + i, n - i, &v);
-      break;
-    case EMBPS_WIRE_I64:
-      i += 8;
-      break;
-    case EMBPS_WIRE_LEN:
-      k = embps_varint_get(p + i, n - i, &v);
-      i += k + (size_t)v;
-      break;
-    default: /* fixed32 */
-      i += 4;
-      break;
-    }
+      return i;
+    i += k + ((key & 7) == EMBPS_WIRE_LEN ? (size_t)v : 0);
   }
   return n;
 }
@@ -205,31 +190,15 @@ void embps__feat_wire_free(embps__feat_wire_t *w) {
  * length-delimited field its bytes' place into *at and their count into *v. Skips fixed fields.
  * 0 when it does not parse. */
 static int field_at(const uint8_t *p, size_t n, size_t *i, uint64_t *key, uint64_t *v, size_t *at) {
-  size_t k = embps_varint_get(p + *i, n - *i, key);
+  size_t k = embps_wire_next_field(p, n, *i, key, v);
   if (!k)
     return 0;
   *i += k;
-  switch (*key & 7) {
-  case EMBPS_WIRE_VARINT:
-    k = embps_varint_get(p + *i, n - *i, v);
-    break;
-  case EMBPS_WIRE_I64:
-    k = n - *i >= 8 ? 8 : 0;
-    break;
-  case 5: /* fixed32 */
-    k = n - *i >= 4 ? 4 : 0;
-    break;
-  case EMBPS_WIRE_LEN:
-    if ((k = embps_varint_get(p + *i, n - *i, v)) == 0 || *v > n - *i - k)
-      return 0;
-    *at = *i + k;
-    k += (size_t)*v;
-    break;
-  default:
-    return 0;
+  if ((*key & 7) == EMBPS_WIRE_LEN) {
+    *at = *i;
+    *i += (size_t)*v;
   }
-  *i += k;
-  return k != 0;
+  return 1;
 }
 
 /* One FeatureRows at p[0..n). */

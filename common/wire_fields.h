@@ -8,11 +8,49 @@
 #ifndef EMBPS_WIRE_FIELDS_H
 #define EMBPS_WIRE_FIELDS_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/varint.h"
+
 /** Protobuf wire types: a varint scalar (integers, enums, bools), a fixed 8-byte one (fixed64,
  * double) and a length-delimited field (string, bytes, message). */
 #define EMBPS_WIRE_VARINT 0
 #define EMBPS_WIRE_I64 1
 #define EMBPS_WIRE_LEN 2
+/** A fixed 4-byte scalar (fixed32, float): no field of embps's uses it, but a walker skips it. */
+#define EMBPS_WIRE_I32 5
+
+/** Reads the field whose key starts at p[i] of p[0..n): its key into *key and, for a varint, its
+ * value into *v, for a length-delimited field its length (its bytes follow what is returned).
+ * Returns the bytes of the key and the value, but of a length-delimited field only those of its
+ * length; 0 when they do not parse, run past n, or the wire type is none of the four above. The
+ * one walker of hand-read messages, client and server alike. */
+static inline size_t embps_wire_next_field(const uint8_t *p, size_t n, size_t i, uint64_t *key,
+                                           uint64_t *v) {
+  size_t k = embps_varint_get(p + i, n - i, key), m;
+  if (!k)
+    return 0;
+  i += k;
+  switch (*key & 7) {
+  case EMBPS_WIRE_VARINT:
+    m = embps_varint_get(p + i, n - i, v);
+    break;
+  case EMBPS_WIRE_I64:
+    m = n - i >= 8 ? 8 : 0;
+    break;
+  case EMBPS_WIRE_I32:
+    m = n - i >= 4 ? 4 : 0;
+    break;
+  case EMBPS_WIRE_LEN:
+    if ((m = embps_varint_get(p + i, n - i, v)) == 0 || *v > n - i - m)
+      m = 0;
+    break;
+  default:
+    m = 0;
+  }
+  return m ? k + m : 0;
+}
 
 /**
  * X(NAME, descriptor, message, field, number, wire_type): one row per field that hand-written

@@ -326,32 +326,12 @@ static void sum_share(void *arg, size_t lo, size_t hi) {
                                       j->be->segment_counts.p, lo, hi);
 }
 
-/* Split by segments: each thread reads every segment id but sums only its own segments' rows. */
-static embps_status_t cpu_segment_sum_stats(embps__engine_backend_t *be, embps_table_t *t,
-                                            const void *grads, size_t T, size_t num_unique,
-                                            size_t block, float *out, float *partials,
-                                            embps_error_t *err) {
-  sum_job_t j = {.be = be,
-                 .grads = grads,
-                 .dtype = embps_table_config(t)->dtype,
-                 .width = embps_table_shard_width(t),
-                 .T = T,
-                 .num_unique = num_unique,
-                 .block = block,
-                 .out = out,
-                 .partials = partials};
-  (void)err;
-  embps_workers_run(be->workers, num_unique, MIN_SHARE_ROWS, sum_share, &j);
-  return EMBPS_OK;
-}
-
-/* A feature push's sum, fused with the bags' expansion: split by segments as above, each thread
- * expanding the positions of its own segments as it adds them. */
-static embps_status_t cpu_segment_sum_bags(embps__engine_backend_t *be, embps_table_t *t,
-                                           const void *grads, const float *bags,
-                                           const embps_bag_source_t *sources, size_t T,
-                                           size_t num_unique, size_t block, float *out,
-                                           float *partials, embps_error_t *err) {
+/* Split by segments: each thread reads every segment id but sums only its own segments' rows;
+ * with sources (a feature push's sum fused with the bags' expansion), each thread expands the
+ * positions of its own segments as it adds them. */
+static void run_sum(embps__engine_backend_t *be, embps_table_t *t, const void *grads,
+                    const float *bags, const embps_bag_source_t *sources, size_t T,
+                    size_t num_unique, size_t block, float *out, float *partials) {
   sum_job_t j = {.be = be,
                  .grads = grads,
                  .bags = bags,
@@ -363,8 +343,25 @@ static embps_status_t cpu_segment_sum_bags(embps__engine_backend_t *be, embps_ta
                  .block = block,
                  .out = out,
                  .partials = partials};
-  (void)err;
   embps_workers_run(be->workers, num_unique, MIN_SHARE_ROWS, sum_share, &j);
+}
+
+static embps_status_t cpu_segment_sum_stats(embps__engine_backend_t *be, embps_table_t *t,
+                                            const void *grads, size_t T, size_t num_unique,
+                                            size_t block, float *out, float *partials,
+                                            embps_error_t *err) {
+  (void)err;
+  run_sum(be, t, grads, NULL, NULL, T, num_unique, block, out, partials);
+  return EMBPS_OK;
+}
+
+static embps_status_t cpu_segment_sum_bags(embps__engine_backend_t *be, embps_table_t *t,
+                                           const void *grads, const float *bags,
+                                           const embps_bag_source_t *sources, size_t T,
+                                           size_t num_unique, size_t block, float *out,
+                                           float *partials, embps_error_t *err) {
+  (void)err;
+  run_sum(be, t, grads, bags, sources, T, num_unique, block, out, partials);
   return EMBPS_OK;
 }
 

@@ -18,40 +18,12 @@
 #include "common/varint.h"
 #include "common/wire_fields.h"
 
-/* Reads the field whose key starts at msg[i] (of msg[0..len)): its key and, for a length-
- * delimited field, its length into *v (whose bytes then follow). Returns the bytes of the key and
- * of the value, but for a length-delimited field only of its length; 0 when they do not parse. */
-static size_t next_field(const uint8_t *msg, size_t len, size_t i, uint64_t *key, uint64_t *v) {
-  size_t k = embps_varint_get(msg + i, len - i, key), n;
-  if (!k)
-    return 0;
-  i += k;
-  switch (*key & 7) {
-  case 0:
-    n = embps_varint_get(msg + i, len - i, v);
-    break;
-  case 1:
-    n = len - i >= 8 ? 8 : 0;
-    break;
-  case 5:
-    n = len - i >= 4 ? 4 : 0;
-    break;
-  case 2:
-    if ((n = embps_varint_get(msg + i, len - i, v)) == 0 || *v > len - i - n)
-      n = 0;
-    break;
-  default:
-    n = 0;
-  }
-  return n ? k + n : 0;
-}
-
 int embps__svc_find_bytes_field(const uint8_t *msg, size_t len, uint32_t field, size_t *at,
                                 size_t *data, size_t *n) {
   size_t i = 0, seen = 0;
   while (i < len) {
     uint64_t key, v = 0;
-    size_t k = next_field(msg, len, i, &key, &v);
+    size_t k = embps_wire_next_field(msg, len, i, &key, &v);
     if (!k)
       return 0;
     if ((key >> 3) == field) {
@@ -75,7 +47,7 @@ static int find_inner(const uint8_t *sub, size_t n, uint32_t inner, size_t *at, 
   int seen = 0;
   while (i < n) {
     uint64_t key, v = 0;
-    size_t k = next_field(sub, n, i, &key, &v);
+    size_t k = embps_wire_next_field(sub, n, i, &key, &v);
     if (!k)
       return -1;
     if ((key >> 3) == inner) {
@@ -100,7 +72,7 @@ uint8_t *embps__svc_strip_nested_bytes(const uint8_t *msg, size_t len, uint32_t 
   for (int pass = 0; pass < 2; pass++) { /* count the occurrences, then write */
     for (i = 0, n = 0; i < len;) {
       uint64_t key, v = 0;
-      size_t k = next_field(msg, len, i, &key, &v), kl, at = 0, data = 0, blen = 0;
+      size_t k = embps_wire_next_field(msg, len, i, &key, &v), kl, at = 0, data = 0, blen = 0;
       const size_t vlen = (key & 7) == EMBPS_WIRE_LEN ? (size_t)v : 0;
       int has;
       if (!k)
@@ -157,7 +129,7 @@ embps_status_t embps__svc_check_names(const uint8_t *msg, size_t len, const uint
   embps_status_t ret;
   while (i < len) {
     uint64_t key, v = 0;
-    size_t n = next_field(msg, len, i, &key, &v);
+    size_t n = embps_wire_next_field(msg, len, i, &key, &v);
     if (!n)
       break;
     i += n;
